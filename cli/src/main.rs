@@ -1,0 +1,137 @@
+//! `tollgate`: `serve` runs every HTTP route of every function in one process (the same
+//! handlers the Lambdas run); `token` mints a JWT for local use.
+
+use std::net::SocketAddr;
+
+use clap::{Parser, Subcommand};
+use tollgate_api::config::Secret;
+use tollgate_api::{Auth, Backend, Config, Deps, Role};
+
+#[derive(Parser)]
+#[command(
+    name = "tollgate",
+    version,
+    about = "Human approval gates and replayable run streams for AI-agent tool calls"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve all routes on 127.0.0.1:PORT.
+    Serve {
+        #[arg(long, default_value_t = 8080, env = "TOLLGATE_PORT")]
+        port: u16,
+        /// `memory` (embedded, nothing to install) or `aws` (DynamoDB via the SDK's
+        /// endpoint resolution, so AWS_ENDPOINT_URL reaches an emulator).
+        #[arg(long, default_value = "memory", env = "TOLLGATE_BACKEND")]
+        backend: String,
+        /// With `--backend aws`: create missing tables from infra/template.yaml.
+        #[arg(long, env = "TOLLGATE_CREATE_TABLES")]
+        create_tables: bool,
+        /// Listen address (loopback by default).
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+    },
+    /// Print a JWT signed with TOLLGATE_SECRET.
+    Token {
+        #[arg(long)]
+        sub: String,
+        #[arg(long, value_parser = ["agent", "operator"])]
+        role: String,
+        #[arg(long, default_value_t = 3600)]
+        ttl: u64,
+        #[arg(long)]
+        project_id: Option<String>,
+    },
+}
+
+fn fail(msg: impl std::fmt::Display) -> ! {
+    eprintln!("tollgate: {msg}");
+    std::process::exit(2)
+}
+
+fn secret_from_env() -> Option<Secret> {
+    let value = std::env::var("TOLLGATE_SECRET")
+        .ok()
+        .filter(|v| !v.is_empty())?;
+    Some(Secret::new(value).unwrap_or_else(|e| fail(e)))
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Token {
+            sub,
+            role,
+            ttl,
+            project_id,
+        } => {
+            let secret = secret_from_env().unwrap_or_else(|| {
+                fail("TOLLGATE_SECRET is not set (use the one `tollgate serve` runs with)")
+            });
+            let role = if role == "operator" {
+                Role::Operator
+            } else {
+                Role::Agent
+            };
+            println!(
+                "{}",
+                Auth::new(secret.expose()).mint_jwt(&sub, role, ttl, project_id)
+            );
+        }
+        Command::Serve {
+            port,
+            backend,
+            create_tables,
+            host,
+        } => {
+            tollgate_api::telemetry::init(false);
+            let (secret, generated) = match secret_from_env() {
+                Some(s) => (s, false),
+                None => (Secret::generate(), true),
+            };
+            let mut config = Config::from_env_with_secret(secret).unwrap_or_else(|e| fail(e));
+            config.backend = backend.parse().unwrap_or_else(|e| fail(e));
+            config.create_tables |= create_tables;
+            let store = config.connect_store().await.unwrap_or_else(|e| fail(e));
+            let auth = Auth::new(config.secret.expose());
+            let agent = auth.mint_jwt("local-agent", Role::Agent, 86_400, None);
+            let operator = auth.mint_jwt("local-operator", Role::Operator, 86_400, None);
+            let addr: SocketAddr = format!("{host}:{port}").parse().unwrap_or_else(|e| fail(e));
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .unwrap_or_else(|e| fail(format!("cannot listen on {addr}: {e}")));
+            let url = format!("http://{}", listener.local_addr().unwrap_or(addr));
+            println!(
+                "Tollgate is listening on {url} (backend: {})",
+                match config.backend {
+                    Backend::Memory => "memory",
+                    Backend::Aws => "aws",
+                }
+            );
+            if generated {
+                println!("TOLLGATE_SECRET was not set; this process signs with a random secret.");
+                println!("To mint more tokens, restart with TOLLGATE_SECRET set and use `tollgate token`.");
+            }
+            println!();
+            println!("export TOLLGATE_URL={url}");
+            println!("export AGENT_TOKEN={agent}");
+            println!("export OPERATOR_TOKEN={operator}");
+            println!();
+            let app = tollgate_api::app(Deps::new(store, auth));
+            let shutdown = async {
+                let _ = tokio::signal::ctrl_c().await;
+            };
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+            {
+                fail(e);
+            }
+        }
+    }
+}

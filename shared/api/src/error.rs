@@ -1,0 +1,110 @@
+//! Every error leaves as JSON `{"error": "...", "state"?: "..."}` with the status the
+//! contract names. Nothing is written when a 4xx is returned: handlers validate fully
+//! before they call the store.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use tollgate_store::StoreError;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub error: String,
+    pub state: Option<&'static str>,
+    pub extra: Option<serde_json::Value>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, error: impl Into<String>) -> Self {
+        Self {
+            status,
+            error: error.into(),
+            state: None,
+            extra: None,
+        }
+    }
+
+    pub fn with_state(mut self, state: &'static str) -> Self {
+        self.state = Some(state);
+        self
+    }
+
+    pub fn bad_request(msg: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, msg)
+    }
+
+    pub fn unauthorized(msg: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, msg)
+    }
+
+    pub fn forbidden(msg: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, msg)
+    }
+
+    pub fn not_found(msg: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, msg)
+    }
+
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed on this route",
+        )
+    }
+
+    pub fn payload_too_large() -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request body is over 256 KiB",
+        )
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::NotFound => ApiError::not_found("run not found"),
+            StoreError::RunTerminal {
+                status,
+                terminal_seq,
+            } => ApiError {
+                status: StatusCode::CONFLICT,
+                error: format!("run has ended ({})", status.as_str()),
+                state: Some("run_terminal"),
+                extra: Some(json!({"status": status.as_str(), "terminal_sequence": terminal_seq})),
+            },
+            StoreError::Conflict(msg) => ApiError::new(StatusCode::CONFLICT, msg),
+            StoreError::Unavailable(detail) => {
+                // The detail may name tables or SDK internals: log it, don't serve it.
+                tracing::error!(%detail, "storage unavailable");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "storage is unavailable; retry",
+                )
+                .with_state("unavailable")
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = json!({ "error": self.error });
+        if let Some(state) = self.state {
+            body["state"] = state.into();
+        }
+        if let Some(serde_json::Value::Object(extra)) = self.extra {
+            for (k, v) in extra {
+                body[k] = v;
+            }
+        }
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}

@@ -1,0 +1,118 @@
+//! The `replay` function: sequenced replay of a run's stream as JSON pages.
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use tollgate_domain::validate_run_id;
+use tracing::instrument;
+
+use crate::auth::{Caller, Role};
+use crate::request::query_param;
+use crate::{ApiError, Deps};
+
+pub const DEFAULT_LIMIT: usize = 100;
+pub const MAX_LIMIT: usize = 1000;
+
+pub fn routes() -> Router<Deps> {
+    Router::new().route("/api/runs/{run_id}/events", get(replay_events))
+}
+
+fn parse_after(query: Option<&str>) -> Result<u64, ApiError> {
+    match query_param(query, "after") {
+        None => Ok(0),
+        Some(v) => v
+            .parse::<u64>()
+            .map_err(|_| ApiError::bad_request("after must be a sequence number ≥ 0")),
+    }
+}
+
+fn parse_limit(query: Option<&str>) -> Result<usize, ApiError> {
+    match query_param(query, "limit") {
+        None => Ok(DEFAULT_LIMIT),
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
+            _ => Err(ApiError::bad_request(format!(
+                "limit must be 1 to {MAX_LIMIT}"
+            ))),
+        },
+    }
+}
+
+#[instrument(skip_all, fields(run_id = %run_id))]
+async fn replay_events(
+    State(deps): State<Deps>,
+    Path(run_id): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let caller = deps.auth.caller(&headers, Some(&run_id))?;
+    let after = parse_after(query.as_deref())?;
+    let limit = parse_limit(query.as_deref())?;
+    if !validate_run_id(&run_id) {
+        return Err(ApiError::not_found("run not found"));
+    }
+    // The head is read before the events: if it says terminal, every event up to the
+    // terminal one is already stored, so `terminal: true` never hides a final event.
+    let head = deps
+        .store
+        .read_head(&run_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("run not found"))?;
+    match &caller {
+        Caller::Run { .. } => {}
+        Caller::Jwt(c) if c.role == Role::Operator => {}
+        Caller::Jwt(c) if c.sub == head.created_by => {}
+        Caller::Jwt(_) => {
+            return Err(ApiError::forbidden(
+                "an agent token reads only the runs it created",
+            ))
+        }
+    }
+    let page = deps.store.read_events(&run_id, after, limit).await?;
+    let next_after = page.events.last().map_or(after, |e| e.sequence);
+    let terminal = head.status.is_terminal() && !page.has_more;
+    // Bodies are served exactly as stored: assemble the page around them.
+    let mut out =
+        String::with_capacity(page.events.iter().map(|e| e.body.len() + 1).sum::<usize>() + 128);
+    out.push_str("{\"run_id\":");
+    out.push_str(&serde_json::Value::from(run_id.as_str()).to_string());
+    out.push_str(",\"events\":[");
+    for (i, e) in page.events.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&e.body);
+    }
+    out.push_str(&format!(
+        "],\"next_after\":{next_after},\"has_more\":{},\"terminal\":{terminal}}}",
+        page.has_more
+    ));
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        out,
+    )
+        .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_and_limit_are_validated() {
+        assert_eq!(parse_after(None).unwrap(), 0);
+        assert_eq!(parse_after(Some("after=7&limit=2")).unwrap(), 7);
+        for bad in ["after=-1", "after=abc", "after=", "after=1.5"] {
+            assert_eq!(parse_after(Some(bad)).unwrap_err().status, 400, "{bad}");
+        }
+        assert_eq!(parse_limit(Some("limit=1000")).unwrap(), 1000);
+        for bad in ["limit=0", "limit=1001", "limit=x"] {
+            assert_eq!(parse_limit(Some(bad)).unwrap_err().status, 400, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! Request-body and query parsing with the contract's limits and JSON errors.
+
+use axum::body::Body;
+use axum::extract::FromRequest;
+use axum::http::{header, Request};
+use serde_json::Value;
+
+use crate::ApiError;
+
+/// Bodies over 256 KiB are refused with 413 before they are parsed.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+
+/// A JSON body: empty bodies read as `Value::Null`; malformed JSON is a 400 naming the
+/// position; oversized bodies a 413.
+pub struct JsonBody(pub Value);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request<Body>, _state: &S) -> Result<Self, ApiError> {
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if declared.is_some_and(|len| len > MAX_BODY_BYTES) {
+            return Err(ApiError::payload_too_large());
+        }
+        let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES)
+            .await
+            .map_err(|_| ApiError::payload_too_large())?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(JsonBody(Value::Null));
+        }
+        serde_json::from_slice(&bytes)
+            .map(JsonBody)
+            .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))
+    }
+}
+
+impl JsonBody {
+    /// The body as an object (`null`/empty allowed when `optional`).
+    pub fn into_object(self, optional: bool) -> Result<serde_json::Map<String, Value>, ApiError> {
+        match self.0 {
+            Value::Object(map) => Ok(map),
+            Value::Null if optional => Ok(serde_json::Map::new()),
+            Value::Null => Err(ApiError::bad_request("request body must be a JSON object")),
+            _ => Err(ApiError::bad_request("request body must be a JSON object")),
+        }
+    }
+}
+
+/// Parses `key=value` pairs of a query string (percent-decoding is not needed for the
+/// numeric parameters we read).
+pub fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
+    query?
+        .split('&')
+        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+}

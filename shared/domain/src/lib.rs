@@ -1,0 +1,27 @@
+//! Tollgate's pure domain: the run head, the flat event envelope, and the rules a
+//! producer's event must obey. No AWS, HTTP or async types live here, so every adapter
+//! and every function shares exactly one definition of what a valid stream looks like.
+
+pub mod event;
+pub mod run;
+
+pub use event::{
+    is_server_owned, render_event, validate_producer_event, EventDraft, EventError,
+    MAX_BATCH_EVENTS, MAX_PAYLOAD_BYTES, PROTOCOL_VERSION, RESERVED_KEYS, SERVER_OWNED_TYPES,
+};
+pub use run::{
+    delivery_run_id, validate_run_id, NewRun, RunHead, RunKind, RunStatus, TerminalKind,
+};
+
+/// Milliseconds since the Unix epoch, the one clock representation stored on heads.
+pub fn now_millis() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// `timestamp_utc` as the envelope carries it: RFC 3339, millisecond precision, `Z`.
+pub fn format_timestamp(millis: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(millis)
+        .unwrap_or_default()
+        .format("%Y-%m-%dT%H:%M:%S%.3fZ")
+        .to_string()
+}

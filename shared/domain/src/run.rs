@@ -1,0 +1,259 @@
+//! The run head: the one item whose `next_seq` and `status` every append and terminal
+//! transition is conditioned on.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::event::EventDraft;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "running" => RunStatus::Running,
+            "completed" => RunStatus::Completed,
+            "failed" => RunStatus::Failed,
+            "cancelled" => RunStatus::Cancelled,
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(self) -> bool {
+        self != RunStatus::Running
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RunKind {
+    #[default]
+    Single,
+    Coordinator,
+    Child,
+}
+
+impl RunKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunKind::Single => "single",
+            RunKind::Coordinator => "coordinator",
+            RunKind::Child => "child",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "single" => RunKind::Single,
+            "coordinator" => RunKind::Coordinator,
+            "child" => RunKind::Child,
+            _ => return None,
+        })
+    }
+}
+
+/// The three ways a run ends; each appends its own terminal event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TerminalKind {
+    Complete,
+    Fail,
+    Cancel,
+}
+
+impl TerminalKind {
+    pub fn status(self) -> RunStatus {
+        match self {
+            TerminalKind::Complete => RunStatus::Completed,
+            TerminalKind::Fail => RunStatus::Failed,
+            TerminalKind::Cancel => RunStatus::Cancelled,
+        }
+    }
+
+    pub fn event_type(self) -> &'static str {
+        match self {
+            TerminalKind::Complete => "run_completed",
+            TerminalKind::Fail => "run_failed",
+            TerminalKind::Cancel => "run_cancelled",
+        }
+    }
+}
+
+/// A run's head as stored: identity, lifecycle and the next sequence to hand out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunHead {
+    pub run_id: String,
+    pub status: RunStatus,
+    /// The sequence the next appended event gets; the last event is `next_seq - 1`.
+    pub next_seq: u64,
+    pub kind: RunKind,
+    pub parent_run_id: Option<String>,
+    pub subtask_id: Option<Value>,
+    pub owner: Option<String>,
+    pub project_id: Option<String>,
+    pub channel_id: Option<String>,
+    /// The JWT subject that created the run.
+    pub created_by: String,
+    pub delivery_id: Option<String>,
+    pub execution_mode: Option<String>,
+    pub agenthost_origin: Option<String>,
+    /// `{tools:{name:max_starts}, call_ceiling}` as given at creation (JSON).
+    pub budget: Option<Value>,
+    pub created_at: i64,
+    pub last_event_at: i64,
+    /// Sequence of the terminal event once the run has ended.
+    pub terminal_seq: Option<u64>,
+}
+
+impl RunHead {
+    pub fn last_sequence(&self) -> u64 {
+        self.next_seq.saturating_sub(1)
+    }
+
+    #[doc(hidden)]
+    pub fn new_for_test(run_id: &str, channel_id: Option<&str>) -> Self {
+        NewRun {
+            run_id: run_id.into(),
+            channel_id: channel_id.map(Into::into),
+            ..NewRun::default()
+        }
+        .head(0)
+    }
+}
+
+/// What a creator asks for; the store turns it into a head plus `run_started`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NewRun {
+    pub run_id: String,
+    pub kind: RunKind,
+    pub parent_run_id: Option<String>,
+    pub subtask_id: Option<Value>,
+    pub owner: Option<String>,
+    pub project_id: Option<String>,
+    pub channel_id: Option<String>,
+    pub created_by: String,
+    pub delivery_id: Option<String>,
+    pub execution_mode: Option<String>,
+    pub agenthost_origin: Option<String>,
+    pub budget: Option<Value>,
+}
+
+impl NewRun {
+    /// The head as it is right after creation: `run_started` holds sequence 1.
+    pub fn head(&self, now_millis: i64) -> RunHead {
+        RunHead {
+            run_id: self.run_id.clone(),
+            status: RunStatus::Running,
+            next_seq: 2,
+            kind: self.kind,
+            parent_run_id: self.parent_run_id.clone(),
+            subtask_id: self.subtask_id.clone(),
+            owner: self.owner.clone(),
+            project_id: self.project_id.clone(),
+            channel_id: self.channel_id.clone(),
+            created_by: self.created_by.clone(),
+            delivery_id: self.delivery_id.clone(),
+            execution_mode: self.execution_mode.clone(),
+            agenthost_origin: self.agenthost_origin.clone(),
+            budget: self.budget.clone(),
+            created_at: now_millis,
+            last_event_at: now_millis,
+            terminal_seq: None,
+        }
+    }
+
+    /// `run_started`, always sequence 1. It names the run's shape, never its secrets.
+    pub fn started_event(&self) -> EventDraft {
+        let mut p = Map::new();
+        p.insert("kind".into(), self.kind.as_str().into());
+        let optional = [
+            ("parent_run_id", self.parent_run_id.clone().map(Value::from)),
+            ("subtask_id", self.subtask_id.clone()),
+            ("owner", self.owner.clone().map(Value::from)),
+            ("project_id", self.project_id.clone().map(Value::from)),
+            (
+                "execution_mode",
+                self.execution_mode.clone().map(Value::from),
+            ),
+        ];
+        for (k, v) in optional {
+            if let Some(v) = v {
+                p.insert(k.into(), v);
+            }
+        }
+        EventDraft::server("run_started", p)
+    }
+}
+
+/// Run ids travel in URL paths and DynamoDB keys: 1–128 of `[A-Za-z0-9_.:-]`.
+pub fn validate_run_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
+}
+
+/// The run id a `delivery_id` maps to when the creator names no run id. Deriving it
+/// (instead of storing a separate receipt item) makes "same delivery, same run" a plain
+/// conditional put on the head: a redelivered create finds the head already there.
+/// Scoped by the creator's subject so two agents never share a delivery space.
+pub fn delivery_run_id(created_by: &str, delivery_id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(b"tollgate-delivery\0")
+        .chain_update(created_by.as_bytes())
+        .chain_update(b"\0")
+        .chain_update(delivery_id.as_bytes())
+        .finalize();
+    format!("run-{}", hex::encode(&digest[..16]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_are_url_and_key_safe() {
+        assert!(validate_run_id("run-1"));
+        assert!(validate_run_id("a:b.c_d-E9"));
+        for bad in ["", "a/b", "a#b", "a b", &"x".repeat(129)] {
+            assert!(!validate_run_id(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn delivery_ids_map_to_stable_per_subject_run_ids() {
+        let a = delivery_run_id("agent-a", "d1");
+        assert_eq!(a, delivery_run_id("agent-a", "d1"));
+        assert_ne!(a, delivery_run_id("agent-b", "d1"));
+        assert_ne!(a, delivery_run_id("agent-a", "d2"));
+        assert!(validate_run_id(&a));
+    }
+
+    #[test]
+    fn new_run_starts_at_sequence_one() {
+        let head = NewRun {
+            run_id: "r".into(),
+            ..Default::default()
+        }
+        .head(7);
+        assert_eq!(head.next_seq, 2);
+        assert_eq!(head.last_sequence(), 1);
+        assert_eq!(head.status, RunStatus::Running);
+    }
+}

@@ -1,0 +1,440 @@
+//! The store contract: one suite, run unchanged against every adapter
+//! (`contract_suite!` instantiates it for a store factory). Each case uses fresh run ids,
+//! so adapters can share tables between cases and test runs.
+
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+use tollgate_domain::{EventDraft, NewRun, RunStatus, TerminalKind};
+
+use crate::{CreateOutcome, RunStore, StoreError};
+
+pub type Store = Arc<dyn RunStore>;
+
+fn fresh_id(tag: &str) -> String {
+    format!("contract-{tag}-{}", uuid::Uuid::new_v4().simple())
+}
+
+fn producer(event_type: &str, event_id: Option<&str>, payload: Value) -> EventDraft {
+    let Value::Object(payload) = payload else {
+        panic!("payload must be an object")
+    };
+    EventDraft {
+        event_type: event_type.into(),
+        event_id: event_id.map(Into::into),
+        payload,
+    }
+}
+
+async fn new_run(store: &Store, tag: &str) -> String {
+    let run_id = fresh_id(tag);
+    let outcome = store
+        .create_run(NewRun {
+            run_id: run_id.clone(),
+            created_by: "contract".into(),
+            channel_id: Some("C1".into()),
+            ..NewRun::default()
+        })
+        .await
+        .expect("create_run");
+    assert!(matches!(outcome, CreateOutcome::Created(_)));
+    run_id
+}
+
+async fn all_events(store: &Store, run_id: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store
+            .read_events(run_id, after, 1000)
+            .await
+            .expect("read_events");
+        for e in &page.events {
+            let v: Value = serde_json::from_str(&e.body).expect("stored body is JSON");
+            assert_eq!(v["sequence"], json!(e.sequence), "body and key agree");
+            out.push(v);
+        }
+        if !page.has_more {
+            return out;
+        }
+        after = page
+            .events
+            .last()
+            .map(|e| e.sequence)
+            .expect("has_more with no events");
+    }
+}
+
+fn sequences(events: &[Value]) -> Vec<u64> {
+    events
+        .iter()
+        .map(|e| e["sequence"].as_u64().unwrap())
+        .collect()
+}
+
+/// GIVEN a new run WHEN it is created THEN `run_started` is sequence 1 and a second
+/// create with the same id finds the first without writing.
+pub async fn create_is_idempotent_and_starts_at_one(store: Store) {
+    let run_id = new_run(&store, "create").await;
+    let again = store
+        .create_run(NewRun {
+            run_id: run_id.clone(),
+            created_by: "someone-else".into(),
+            ..NewRun::default()
+        })
+        .await
+        .unwrap();
+    let CreateOutcome::Existing(head) = again else {
+        panic!("second create must find the run")
+    };
+    assert_eq!(head.created_by, "contract");
+    assert_eq!(head.status, RunStatus::Running);
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0]["type"], "run_started");
+    assert_eq!(events[0]["sequence"], 1);
+    assert_eq!(events[0]["run_id"], json!(run_id));
+    assert_eq!(events[0]["channel_id"], "C1");
+    assert_eq!(events[0]["protocol_version"], "v2");
+}
+
+/// Batches append gaplessly, in order, with payloads stored verbatim.
+pub async fn appends_are_gapless_and_verbatim(store: Store) {
+    let run_id = new_run(&store, "gapless").await;
+    let seqs = store
+        .append_events(
+            &run_id,
+            vec![
+                producer("agent.message", None, json!({"text": "hi", "n": [1, 2]})),
+                producer("tool.call", Some("e-1"), json!({"tool": "x"})),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(seqs, vec![2, 3]);
+    let seqs = store
+        .append_events(&run_id, vec![producer("agent.message", None, json!({}))])
+        .await
+        .unwrap();
+    assert_eq!(seqs, vec![4]);
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(sequences(&events), vec![1, 2, 3, 4]);
+    assert_eq!(events[1]["text"], "hi");
+    assert_eq!(events[1]["n"], json!([1, 2]));
+    assert_eq!(events[2]["event_id"], "e-1");
+    let head = store.read_head(&run_id).await.unwrap().unwrap();
+    assert_eq!(head.next_seq, 5);
+}
+
+/// A full batch of 99 keyed events is one atomic append.
+pub async fn full_batch_of_keyed_events_fits_one_append(store: Store) {
+    let run_id = new_run(&store, "batch99").await;
+    let batch: Vec<_> = (0..99)
+        .map(|i| producer("agent.message", Some(&format!("k{i}")), json!({"i": i})))
+        .collect();
+    let seqs = store.append_events(&run_id, batch.clone()).await.unwrap();
+    assert_eq!(seqs, (2..=100).collect::<Vec<_>>());
+    // The same batch again adds nothing and answers the same sequences.
+    assert_eq!(store.append_events(&run_id, batch).await.unwrap(), seqs);
+    assert_eq!(all_events(&store, &run_id).await.len(), 100);
+    let too_many: Vec<_> = (0..100)
+        .map(|_| producer("agent.message", None, json!({})))
+        .collect();
+    assert!(matches!(
+        store.append_events(&run_id, too_many).await,
+        Err(StoreError::Conflict(_))
+    ));
+}
+
+/// A retried `event_id` returns its original sequence, alone or mixed with new events.
+pub async fn event_ids_deduplicate(store: Store) {
+    let run_id = new_run(&store, "dedupe").await;
+    let first = store
+        .append_events(
+            &run_id,
+            vec![producer("tool.call", Some("a"), json!({"v": 1}))],
+        )
+        .await
+        .unwrap();
+    assert_eq!(first, vec![2]);
+    let retry = store
+        .append_events(
+            &run_id,
+            vec![producer("tool.call", Some("a"), json!({"v": 2}))],
+        )
+        .await
+        .unwrap();
+    assert_eq!(retry, vec![2], "retry answers the original sequence");
+    let mixed = store
+        .append_events(
+            &run_id,
+            vec![
+                producer("tool.call", Some("b"), json!({})),
+                producer("tool.call", Some("a"), json!({})),
+                producer("agent.message", None, json!({})),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(mixed, vec![3, 2, 4]);
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(sequences(&events), vec![1, 2, 3, 4]);
+    assert_eq!(events[1]["v"], 1, "the first write wins");
+    let twice_in_one = store
+        .append_events(
+            &run_id,
+            vec![
+                producer("tool.call", Some("z"), json!({})),
+                producer("tool.call", Some("z"), json!({})),
+            ],
+        )
+        .await;
+    assert!(matches!(twice_in_one, Err(StoreError::Conflict(_))));
+    assert_eq!(
+        all_events(&store, &run_id).await.len(),
+        4,
+        "refused batch wrote nothing"
+    );
+}
+
+/// Concurrent writers on one run: every sequence handed out once, no gap.
+pub async fn concurrent_appends_are_gapless(store: Store, writers: usize, per_writer: usize) {
+    let run_id = new_run(&store, "concurrent").await;
+    let tasks: Vec<_> = (0..writers)
+        .map(|w| {
+            let store = store.clone();
+            let run_id = run_id.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                for i in 0..per_writer {
+                    let id = format!("w{w}-{i}");
+                    let s = store
+                        .append_events(
+                            &run_id,
+                            vec![producer("agent.message", Some(&id), json!({}))],
+                        )
+                        .await
+                        .expect("append under contention");
+                    got.extend(s);
+                }
+                got
+            })
+        })
+        .collect();
+    let mut all: Vec<u64> = Vec::new();
+    for t in futures::future::join_all(tasks).await {
+        all.extend(t.expect("writer task"));
+    }
+    all.sort_unstable();
+    let expected: Vec<u64> = (2..=(writers * per_writer + 1) as u64).collect();
+    assert_eq!(all, expected, "each writer got distinct, gapless sequences");
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(
+        sequences(&events),
+        (1..=(writers * per_writer + 1) as u64).collect::<Vec<_>>()
+    );
+}
+
+/// After the terminal event nothing lands; repeating the same end answers its sequence.
+pub async fn terminal_fencing(store: Store) {
+    let run_id = new_run(&store, "terminal").await;
+    store
+        .append_events(
+            &run_id,
+            vec![producer("tool.call", Some("before"), json!({}))],
+        )
+        .await
+        .unwrap();
+    let done = store
+        .finish_run(&run_id, TerminalKind::Complete, Map::new())
+        .await
+        .unwrap();
+    assert_eq!(done.sequence, 3);
+    assert!(!done.already_finished);
+    let again = store
+        .finish_run(&run_id, TerminalKind::Complete, Map::new())
+        .await
+        .unwrap();
+    assert_eq!(again.sequence, 3);
+    assert!(again.already_finished);
+    let other = store
+        .finish_run(&run_id, TerminalKind::Fail, Map::new())
+        .await;
+    assert_eq!(
+        other,
+        Err(StoreError::RunTerminal {
+            status: RunStatus::Completed,
+            terminal_seq: 3
+        })
+    );
+    let late = store
+        .append_events(&run_id, vec![producer("agent.message", None, json!({}))])
+        .await;
+    assert!(matches!(
+        late,
+        Err(StoreError::RunTerminal {
+            terminal_seq: 3,
+            ..
+        })
+    ));
+    // A retry of an event that landed before the end still gets its answer.
+    let retry = store
+        .append_events(
+            &run_id,
+            vec![producer("tool.call", Some("before"), json!({}))],
+        )
+        .await
+        .unwrap();
+    assert_eq!(retry, vec![2]);
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(sequences(&events), vec![1, 2, 3]);
+    assert_eq!(events[2]["type"], "run_completed");
+    let head = store.read_head(&run_id).await.unwrap().unwrap();
+    assert_eq!(head.status, RunStatus::Completed);
+    assert_eq!(head.terminal_seq, Some(3));
+}
+
+/// Appends racing a terminal transition never land after the terminal event.
+pub async fn appends_racing_terminal_never_follow_it(store: Store) {
+    let run_id = new_run(&store, "race").await;
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let store = store.clone();
+            let run_id = run_id.clone();
+            tokio::spawn(async move {
+                for i in 0..40 {
+                    let r = store
+                        .append_events(
+                            &run_id,
+                            vec![producer(
+                                "agent.message",
+                                Some(&format!("{w}-{i}")),
+                                json!({}),
+                            )],
+                        )
+                        .await;
+                    match r {
+                        Ok(_) => {}
+                        Err(StoreError::RunTerminal { .. }) => return,
+                        Err(e) => panic!("unexpected {e}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let done = store
+        .finish_run(&run_id, TerminalKind::Cancel, Map::new())
+        .await
+        .unwrap();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let events = all_events(&store, &run_id).await;
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "run_cancelled");
+    assert_eq!(last["sequence"], json!(done.sequence));
+    assert_eq!(sequences(&events), (1..=done.sequence).collect::<Vec<_>>());
+}
+
+/// Pages cover the stream exactly; `after` past the end is empty; unknown runs are NotFound.
+pub async fn replay_pages(store: Store) {
+    let run_id = new_run(&store, "pages").await;
+    for chunk in 0..5 {
+        let batch = (0..50)
+            .map(|i| producer("agent.message", None, json!({"i": chunk * 50 + i})))
+            .collect();
+        store.append_events(&run_id, batch).await.unwrap();
+    }
+    let page = store.read_events(&run_id, 10, 7).await.unwrap();
+    assert_eq!(
+        page.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+        (11..=17).collect::<Vec<_>>()
+    );
+    assert!(page.has_more);
+    let tail = store.read_events(&run_id, 245, 100).await.unwrap();
+    assert_eq!(
+        tail.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+        (246..=251).collect::<Vec<_>>()
+    );
+    assert!(!tail.has_more);
+    let exact = store.read_events(&run_id, 241, 10).await.unwrap();
+    assert_eq!(exact.events.len(), 10);
+    assert!(
+        !exact.has_more,
+        "a page ending at the last event has no more"
+    );
+    let past = store.read_events(&run_id, 10_000, 10).await.unwrap();
+    assert!(past.events.is_empty() && !past.has_more);
+    let mut seen = Vec::new();
+    let mut after = 0;
+    loop {
+        let p = store.read_events(&run_id, after, 33).await.unwrap();
+        seen.extend(p.events.iter().map(|e| e.sequence));
+        if !p.has_more {
+            break;
+        }
+        after = p.events.last().unwrap().sequence;
+    }
+    assert_eq!(seen, (1..=251).collect::<Vec<_>>());
+    let missing = fresh_id("missing");
+    assert_eq!(
+        store.read_events(&missing, 0, 10).await,
+        Err(StoreError::NotFound)
+    );
+    assert_eq!(store.read_head(&missing).await, Ok(None));
+    assert_eq!(
+        store
+            .append_events(&missing, vec![producer("agent.message", None, json!({}))])
+            .await,
+        Err(StoreError::NotFound)
+    );
+    assert_eq!(
+        store
+            .finish_run(&missing, TerminalKind::Complete, Map::new())
+            .await,
+        Err(StoreError::NotFound)
+    );
+}
+
+/// Instantiates the whole suite for one adapter: `contract_suite!(async { store })`.
+#[macro_export]
+macro_rules! contract_suite {
+    ($factory:expr) => {
+        async fn __store() -> $crate::contract::Store {
+            $factory.await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn create_is_idempotent_and_starts_at_one() {
+            $crate::contract::create_is_idempotent_and_starts_at_one(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn appends_are_gapless_and_verbatim() {
+            $crate::contract::appends_are_gapless_and_verbatim(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn full_batch_of_keyed_events_fits_one_append() {
+            $crate::contract::full_batch_of_keyed_events_fits_one_append(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn event_ids_deduplicate() {
+            $crate::contract::event_ids_deduplicate(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn concurrent_appends_are_gapless() {
+            $crate::contract::concurrent_appends_are_gapless(__store().await, 8, 25).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn terminal_fencing() {
+            $crate::contract::terminal_fencing(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn appends_racing_terminal_never_follow_it() {
+            $crate::contract::appends_racing_terminal_never_follow_it(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn replay_pages() {
+            $crate::contract::replay_pages(__store().await).await
+        }
+    };
+}

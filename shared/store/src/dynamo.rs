@@ -1,0 +1,703 @@
+//! The DynamoDB adapter. Every state change is one `TransactWriteItems`: the head update
+//! (conditioned on the `next_seq` we read and on the run still running) plus the event
+//! items it announces. A lost race re-reads the head from the cancellation reason
+//! (`ReturnValuesOnConditionCheckFailure = ALL_OLD`) and tries again with bounded,
+//! jittered backoff; SDK errors are translated here into [`StoreError`] variants.
+//!
+//! Events table layout: partition `run_id`, sort `event_key` — `id#<event_id>` for an
+//! event with an idempotency key, `seq#<sequence>` otherwise — plus the local secondary
+//! index `by_sequence` (`run_id`, `sequence`) that replay reads with strong consistency.
+//! Keying idempotent events by their id makes "same event_id twice" a failed
+//! `attribute_not_exists` inside the same transaction, so a batch of 99 keyed events
+//! still fits DynamoDB's 100-item transaction limit.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, CancellationReason, KeysAndAttributes, Put,
+    ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
+use aws_sdk_dynamodb::Client;
+use rand::Rng;
+use serde_json::{Map, Value};
+use tollgate_domain::{
+    now_millis, render_event, EventDraft, NewRun, RunHead, RunKind, RunStatus, TerminalKind,
+};
+
+use crate::{
+    check_batch, fill_page, CreateOutcome, EventPage, Finished, RunStore, StoreError, StoredEvent,
+};
+
+/// Physical table names, read once at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tables {
+    pub runs: String,
+    pub events: String,
+}
+
+impl Tables {
+    /// `TOLLGATE_RUNS_TABLE` / `TOLLGATE_EVENTS_TABLE`, or `<TOLLGATE_TABLE_PREFIX>runs`
+    /// and `…events` (prefix default `tollgate-`).
+    pub fn from_env() -> Self {
+        let prefix = std::env::var("TOLLGATE_TABLE_PREFIX").unwrap_or_else(|_| "tollgate-".into());
+        let pick = |var: &str, suffix: &str| {
+            std::env::var(var)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| format!("{prefix}{suffix}"))
+        };
+        Self {
+            runs: pick("TOLLGATE_RUNS_TABLE", "runs"),
+            events: pick("TOLLGATE_EVENTS_TABLE", "events"),
+        }
+    }
+
+    pub fn with_prefix(prefix: &str) -> Self {
+        Self {
+            runs: format!("{prefix}runs"),
+            events: format!("{prefix}events"),
+        }
+    }
+}
+
+pub const BY_SEQUENCE_INDEX: &str = "by_sequence";
+
+pub struct DynamoStore {
+    client: Client,
+    tables: Tables,
+    /// Items expire this long after they are written (DynamoDB TTL); `None` keeps them.
+    retention: Option<Duration>,
+    /// How long one call may keep retrying lost races and throttling before it gives up
+    /// with `Unavailable` (nothing written by the failed attempts).
+    contention_budget: Duration,
+}
+
+impl DynamoStore {
+    pub fn new(client: Client, tables: Tables) -> Self {
+        Self {
+            client,
+            tables,
+            retention: None,
+            contention_budget: Duration::from_secs(10),
+        }
+    }
+
+    pub fn with_retention(mut self, retention: Option<Duration>) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn tables(&self) -> &Tables {
+        &self.tables
+    }
+
+    fn expires_at(&self, now_millis: i64) -> Option<AttributeValue> {
+        self.retention
+            .map(|r| n(now_millis / 1000 + r.as_secs() as i64))
+    }
+
+    async fn get_head(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.tables.runs)
+            .key("run_id", s(run_id))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        out.item.map(|item| head_from_item(&item)).transpose()
+    }
+
+    fn event_put(
+        &self,
+        head: &RunHead,
+        sequence: u64,
+        draft: &EventDraft,
+        now: i64,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let key = match &draft.event_id {
+            Some(id) => format!("id#{id}"),
+            None => format!("seq#{sequence:020}"),
+        };
+        let mut put = Put::builder()
+            .table_name(&self.tables.events)
+            .item("run_id", s(&head.run_id))
+            .item("event_key", s(key))
+            .item("sequence", n(sequence))
+            .item("type", s(&draft.event_type))
+            .item("body", s(render_event(head, sequence, draft, now)))
+            // Invariant: one item per (run, event_id) and per sequence — a retried
+            // event_id fails here and reports the stored sequence back (ALL_OLD).
+            .condition_expression("attribute_not_exists(event_key)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if let Some(exp) = self.expires_at(now) {
+            put = put.item("expires_at", exp);
+        }
+        Ok(TransactWriteItem::builder()
+            .put(put.build().map_err(build_error)?)
+            .build())
+    }
+
+    /// The head update every append and terminal transition carries.
+    fn head_update(
+        &self,
+        head: &RunHead,
+        new_next_seq: u64,
+        now: i64,
+        terminal: Option<(RunStatus, u64)>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let mut set = String::from("next_seq = :new, last_event_at = :now");
+        let mut update = Update::builder()
+            .table_name(&self.tables.runs)
+            .key("run_id", s(&head.run_id))
+            // Invariant: gapless, single-writer sequences and no event after a terminal
+            // event — the head must still be exactly as we read it, and running.
+            .condition_expression("next_seq = :seen AND #status = :running")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":seen", n(head.next_seq))
+            .expression_attribute_values(":running", s(RunStatus::Running.as_str()))
+            .expression_attribute_values(":new", n(new_next_seq))
+            .expression_attribute_values(":now", n(now))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if let Some((status, seq)) = terminal {
+            set.push_str(", #status = :terminal, terminal_seq = :tseq");
+            update = update
+                .expression_attribute_values(":terminal", s(status.as_str()))
+                .expression_attribute_values(":tseq", n(seq));
+        }
+        update = update.update_expression(format!("SET {set}"));
+        Ok(TransactWriteItem::builder()
+            .update(update.build().map_err(build_error)?)
+            .build())
+    }
+
+    async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<(), TxFailure> {
+        let result = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            // Makes the SDK's own transport retries of this exact attempt idempotent.
+            .client_request_token(uuid::Uuid::new_v4().to_string())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(err) => Err(classify_tx_error(err)),
+        }
+    }
+
+    /// Sequences already stored for these event ids (used when a run has ended, to
+    /// still answer a retried append with its original result).
+    async fn existing_event_ids(
+        &self,
+        run_id: &str,
+        ids: &[&str],
+    ) -> Result<HashMap<String, u64>, StoreError> {
+        let mut found = HashMap::new();
+        for chunk in ids.chunks(100) {
+            let keys = chunk
+                .iter()
+                .map(|id| {
+                    HashMap::from([
+                        ("run_id".to_string(), s(run_id)),
+                        ("event_key".to_string(), s(format!("id#{id}"))),
+                    ])
+                })
+                .collect();
+            let mut request = Some(
+                KeysAndAttributes::builder()
+                    .set_keys(Some(keys))
+                    .consistent_read(true)
+                    .projection_expression("event_key, #seq")
+                    .expression_attribute_names("#seq", "sequence")
+                    .build()
+                    .map_err(build_error)?,
+            );
+            let mut attempt = 0u32;
+            while let Some(req) = request.take() {
+                let out = self
+                    .client
+                    .batch_get_item()
+                    .request_items(&self.tables.events, req)
+                    .send()
+                    .await
+                    .map_err(unavailable)?;
+                for item in out
+                    .responses
+                    .unwrap_or_default()
+                    .remove(&self.tables.events)
+                    .unwrap_or_default()
+                {
+                    let key = get_s(&item, "event_key")?;
+                    found.insert(
+                        key.trim_start_matches("id#").to_owned(),
+                        get_n(&item, "sequence")?,
+                    );
+                }
+                request = out
+                    .unprocessed_keys
+                    .and_then(|mut u| u.remove(&self.tables.events));
+                if request.is_some() {
+                    attempt += 1;
+                    backoff(attempt).await;
+                }
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// Why one transaction attempt did not commit.
+enum TxFailure {
+    /// Conditions failed: one reason per item, in order, with the stored item (ALL_OLD).
+    Cancelled(Vec<CancellationReason>),
+    /// Throttling, a conflicting concurrent transaction, or a transient server fault.
+    Retryable(String),
+    /// Anything else: fail closed.
+    Fatal(String),
+}
+
+fn classify_tx_error(err: SdkError<TransactWriteItemsError>) -> TxFailure {
+    match err {
+        SdkError::ServiceError(ctx) => match ctx.into_err() {
+            TransactWriteItemsError::TransactionCanceledException(e) => {
+                let reasons = e.cancellation_reasons.unwrap_or_default();
+                if reasons
+                    .iter()
+                    .any(|r| r.code() == Some("ConditionalCheckFailed"))
+                {
+                    TxFailure::Cancelled(reasons)
+                } else {
+                    // TransactionConflict, ThrottlingError, … on some item: transient.
+                    let codes: Vec<_> = reasons.iter().filter_map(|r| r.code()).collect();
+                    TxFailure::Retryable(format!("transaction cancelled: {codes:?}"))
+                }
+            }
+            e @ (TransactWriteItemsError::TransactionInProgressException(_)
+            | TransactWriteItemsError::ProvisionedThroughputExceededException(_)
+            | TransactWriteItemsError::RequestLimitExceeded(_)
+            | TransactWriteItemsError::ThrottlingException(_)
+            | TransactWriteItemsError::InternalServerError(_)) => {
+                TxFailure::Retryable(e.code().unwrap_or("transient").to_owned())
+            }
+            e => TxFailure::Fatal(format!(
+                "{}: {}",
+                e.code().unwrap_or("error"),
+                e.message().unwrap_or("")
+            )),
+        },
+        // Timeouts and dispatch failures: the SDK already retried; the attempt may or may
+        // not have committed, so callers re-read (event ids make that safe).
+        other => TxFailure::Retryable(format!("{other}")),
+    }
+}
+
+fn reason_failed(r: &CancellationReason) -> bool {
+    r.code() == Some("ConditionalCheckFailed")
+}
+
+async fn backoff(attempt: u32) {
+    // Full jitter, 2 ms doubling to a 100 ms ceiling.
+    let cap = (2u64 << attempt.min(6)).min(100);
+    let ms = rand::rng().random_range(1..=cap);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+#[async_trait]
+impl RunStore for DynamoStore {
+    async fn create_run(&self, new: NewRun) -> Result<CreateOutcome, StoreError> {
+        let now = now_millis();
+        let head = new.head(now);
+        let mut head_item = head_to_item(&head);
+        if let Some(exp) = self.expires_at(now) {
+            head_item.insert("expires_at".into(), exp);
+        }
+        let put_head = Put::builder()
+            .table_name(&self.tables.runs)
+            .set_item(Some(head_item))
+            // Invariant: a run id names one run; a second create finds the first.
+            .condition_expression("attribute_not_exists(run_id)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(build_error)?;
+        let items = vec![
+            TransactWriteItem::builder().put(put_head).build(),
+            self.event_put(&head, 1, &new.started_event(), now)?,
+        ];
+        let deadline = Instant::now() + self.contention_budget;
+        let mut attempt = 0;
+        loop {
+            match self.transact(items.clone()).await {
+                Ok(()) => return Ok(CreateOutcome::Created(head)),
+                Err(TxFailure::Cancelled(reasons)) => {
+                    let existing = reasons
+                        .first()
+                        .filter(|r| reason_failed(r))
+                        .and_then(|r| r.item());
+                    if let Some(item) = existing {
+                        return Ok(CreateOutcome::Existing(head_from_item(item)?));
+                    }
+                    // Only the `seq#1` event existed without a head: a half-deleted run
+                    // (TTL removed the head first). Refuse rather than guess.
+                    return Err(StoreError::Conflict(
+                        "run id has leftover events; choose another run id".into(),
+                    ));
+                }
+                Err(TxFailure::Retryable(why)) if Instant::now() < deadline => {
+                    tracing::debug!(run_id = %new.run_id, %why, "create_run retry");
+                    attempt += 1;
+                    backoff(attempt).await;
+                    if let Some(head) = self.get_head(&new.run_id).await? {
+                        return Ok(CreateOutcome::Existing(head));
+                    }
+                }
+                Err(TxFailure::Retryable(why) | TxFailure::Fatal(why)) => {
+                    return Err(StoreError::Unavailable(why))
+                }
+            }
+        }
+    }
+
+    async fn append_events(
+        &self,
+        run_id: &str,
+        events: Vec<EventDraft>,
+    ) -> Result<Vec<u64>, StoreError> {
+        check_batch(&events)?;
+        let deadline = Instant::now() + self.contention_budget;
+        let mut sequences: Vec<Option<u64>> = vec![None; events.len()];
+        let mut head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?;
+        let mut attempt = 0u32;
+        loop {
+            let pending: Vec<usize> = (0..events.len())
+                .filter(|i| sequences[*i].is_none())
+                .collect();
+            if pending.is_empty() {
+                break;
+            }
+            if head.status.is_terminal() {
+                // A retry of events that landed before the end still gets its answer.
+                let ids: Vec<&str> = pending
+                    .iter()
+                    .filter_map(|i| events[*i].event_id.as_deref())
+                    .collect();
+                if ids.len() == pending.len() {
+                    let found = self.existing_event_ids(run_id, &ids).await?;
+                    for i in &pending {
+                        let id = events[*i].event_id.as_deref().unwrap_or_default();
+                        sequences[*i] = found.get(id).copied();
+                    }
+                    if sequences.iter().all(Option::is_some) {
+                        break;
+                    }
+                }
+                return Err(StoreError::RunTerminal {
+                    status: head.status,
+                    terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
+                });
+            }
+            let now = now_millis();
+            let first = head.next_seq;
+            let mut items = Vec::with_capacity(pending.len() + 1);
+            items.push(self.head_update(&head, first + pending.len() as u64, now, None)?);
+            for (offset, i) in pending.iter().enumerate() {
+                items.push(self.event_put(&head, first + offset as u64, &events[*i], now)?);
+            }
+            match self.transact(items).await {
+                Ok(()) => {
+                    for (offset, i) in pending.iter().enumerate() {
+                        sequences[*i] = Some(first + offset as u64);
+                    }
+                    break;
+                }
+                Err(TxFailure::Cancelled(reasons)) => {
+                    // Keyed events already stored are duplicates: take their sequences.
+                    for (offset, i) in pending.iter().enumerate() {
+                        let Some(reason) = reasons.get(offset + 1) else {
+                            continue;
+                        };
+                        if reason_failed(reason) && events[*i].event_id.is_some() {
+                            if let Some(item) = reason.item() {
+                                sequences[*i] = Some(get_n(item, "sequence")?);
+                            }
+                        }
+                    }
+                    match reasons.first() {
+                        Some(r) if reason_failed(r) => {
+                            head = match r.item() {
+                                Some(item) => head_from_item(item)?,
+                                None => return Err(StoreError::NotFound),
+                            };
+                        }
+                        // Head held; only duplicates failed: retry the rest at once.
+                        _ => continue,
+                    }
+                }
+                Err(TxFailure::Retryable(why)) => {
+                    tracing::debug!(run_id, %why, "append retry");
+                    head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?;
+                }
+                Err(TxFailure::Fatal(why)) => return Err(StoreError::Unavailable(why)),
+            }
+            if Instant::now() >= deadline {
+                return Err(StoreError::Unavailable(
+                    "append kept losing to concurrent writers; retry".into(),
+                ));
+            }
+            attempt += 1;
+            backoff(attempt).await;
+        }
+        Ok(sequences.into_iter().flatten().collect())
+    }
+
+    async fn finish_run(
+        &self,
+        run_id: &str,
+        kind: TerminalKind,
+        payload: Map<String, Value>,
+    ) -> Result<Finished, StoreError> {
+        let deadline = Instant::now() + self.contention_budget;
+        let draft = EventDraft::server(kind.event_type(), payload);
+        let mut head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?;
+        let mut attempt = 0u32;
+        loop {
+            if head.status.is_terminal() {
+                let terminal_seq = head.terminal_seq.unwrap_or(head.last_sequence());
+                return if head.status == kind.status() {
+                    Ok(Finished {
+                        sequence: terminal_seq,
+                        already_finished: true,
+                    })
+                } else {
+                    Err(StoreError::RunTerminal {
+                        status: head.status,
+                        terminal_seq,
+                    })
+                };
+            }
+            let now = now_millis();
+            let seq = head.next_seq;
+            let items = vec![
+                self.head_update(&head, seq + 1, now, Some((kind.status(), seq)))?,
+                self.event_put(&head, seq, &draft, now)?,
+            ];
+            match self.transact(items).await {
+                Ok(()) => {
+                    return Ok(Finished {
+                        sequence: seq,
+                        already_finished: false,
+                    })
+                }
+                Err(TxFailure::Cancelled(reasons)) => {
+                    match reasons.first().and_then(|r| r.item()) {
+                        Some(item) if reasons.first().is_some_and(reason_failed) => {
+                            head = head_from_item(item)?
+                        }
+                        _ => head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?,
+                    }
+                }
+                Err(TxFailure::Retryable(why)) => {
+                    tracing::debug!(run_id, %why, "finish retry");
+                    head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?;
+                }
+                Err(TxFailure::Fatal(why)) => return Err(StoreError::Unavailable(why)),
+            }
+            if Instant::now() >= deadline {
+                return Err(StoreError::Unavailable(
+                    "terminal transition kept losing to concurrent writers; retry".into(),
+                ));
+            }
+            attempt += 1;
+            backoff(attempt).await;
+        }
+    }
+
+    async fn read_head(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {
+        self.get_head(run_id).await
+    }
+
+    async fn read_events(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<EventPage, StoreError> {
+        if self.get_head(run_id).await?.is_none() {
+            return Err(StoreError::NotFound);
+        }
+        // One more than asked tells whether more remain; DynamoDB may also stop at 1 MB,
+        // so keep querying until we have enough or the index is exhausted.
+        let want = limit.saturating_add(1);
+        let mut collected: Vec<StoredEvent> = Vec::new();
+        let mut bytes = 0usize;
+        let mut start_key = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.tables.events)
+                .index_name(BY_SEQUENCE_INDEX)
+                .consistent_read(true)
+                .key_condition_expression("run_id = :r AND #seq > :after")
+                .expression_attribute_names("#seq", "sequence")
+                .expression_attribute_values(":r", s(run_id))
+                .expression_attribute_values(":after", n(after))
+                .projection_expression("#seq, body")
+                .limit((want - collected.len()).min(1000) as i32)
+                .set_exclusive_start_key(start_key.take())
+                .send()
+                .await
+                .map_err(unavailable)?;
+            for item in out.items.unwrap_or_default() {
+                let body = get_s(&item, "body")?;
+                bytes += body.len();
+                collected.push(StoredEvent {
+                    sequence: get_n(&item, "sequence")?,
+                    body,
+                });
+            }
+            start_key = out.last_evaluated_key;
+            if start_key.is_none() || collected.len() >= want || bytes > crate::MAX_PAGE_BYTES {
+                break;
+            }
+        }
+        let reached_end = start_key.is_none() && collected.len() < want;
+        let mut page = fill_page(collected.into_iter(), limit);
+        page.has_more = page.has_more || !reached_end;
+        Ok(page)
+    }
+}
+
+// ---- item mapping ----------------------------------------------------------------
+
+fn s(v: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+fn n(v: impl ToString) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+fn get_s(item: &HashMap<String, AttributeValue>, key: &str) -> Result<String, StoreError> {
+    match item.get(key) {
+        Some(AttributeValue::S(v)) => Ok(v.clone()),
+        _ => Err(corrupt(key)),
+    }
+}
+
+fn opt_s(item: &HashMap<String, AttributeValue>, key: &str) -> Option<String> {
+    match item.get(key) {
+        Some(AttributeValue::S(v)) => Some(v.clone()),
+        _ => None,
+    }
+}
+
+fn get_n<T: std::str::FromStr>(
+    item: &HashMap<String, AttributeValue>,
+    key: &str,
+) -> Result<T, StoreError> {
+    match item.get(key) {
+        Some(AttributeValue::N(v)) => v.parse().map_err(|_| corrupt(key)),
+        _ => Err(corrupt(key)),
+    }
+}
+
+fn opt_json(
+    item: &HashMap<String, AttributeValue>,
+    key: &str,
+) -> Result<Option<Value>, StoreError> {
+    opt_s(item, key)
+        .map(|raw| serde_json::from_str(&raw).map_err(|_| corrupt(key)))
+        .transpose()
+}
+
+fn corrupt(key: &str) -> StoreError {
+    StoreError::Unavailable(format!("stored item has a missing or malformed {key:?}"))
+}
+
+fn head_to_item(h: &RunHead) -> HashMap<String, AttributeValue> {
+    let mut item = HashMap::from([
+        ("run_id".to_string(), s(&h.run_id)),
+        ("status".to_string(), s(h.status.as_str())),
+        ("next_seq".to_string(), n(h.next_seq)),
+        ("kind".to_string(), s(h.kind.as_str())),
+        ("created_by".to_string(), s(&h.created_by)),
+        ("created_at".to_string(), n(h.created_at)),
+        ("last_event_at".to_string(), n(h.last_event_at)),
+    ]);
+    let strings = [
+        ("parent_run_id", &h.parent_run_id),
+        ("owner", &h.owner),
+        ("project_id", &h.project_id),
+        ("channel_id", &h.channel_id),
+        ("delivery_id", &h.delivery_id),
+        ("execution_mode", &h.execution_mode),
+        ("agenthost_origin", &h.agenthost_origin),
+    ];
+    for (k, v) in strings {
+        if let Some(v) = v {
+            item.insert(k.into(), s(v));
+        }
+    }
+    for (k, v) in [("subtask_id", &h.subtask_id), ("budget", &h.budget)] {
+        if let Some(v) = v {
+            item.insert(k.into(), s(v.to_string()));
+        }
+    }
+    if let Some(t) = h.terminal_seq {
+        item.insert("terminal_seq".into(), n(t));
+    }
+    item
+}
+
+fn head_from_item(item: &HashMap<String, AttributeValue>) -> Result<RunHead, StoreError> {
+    Ok(RunHead {
+        run_id: get_s(item, "run_id")?,
+        status: RunStatus::parse(&get_s(item, "status")?).ok_or_else(|| corrupt("status"))?,
+        next_seq: get_n(item, "next_seq")?,
+        kind: RunKind::parse(&get_s(item, "kind")?).ok_or_else(|| corrupt("kind"))?,
+        parent_run_id: opt_s(item, "parent_run_id"),
+        subtask_id: opt_json(item, "subtask_id")?,
+        owner: opt_s(item, "owner"),
+        project_id: opt_s(item, "project_id"),
+        channel_id: opt_s(item, "channel_id"),
+        created_by: get_s(item, "created_by")?,
+        delivery_id: opt_s(item, "delivery_id"),
+        execution_mode: opt_s(item, "execution_mode"),
+        agenthost_origin: opt_s(item, "agenthost_origin"),
+        budget: opt_json(item, "budget")?,
+        created_at: get_n(item, "created_at")?,
+        last_event_at: get_n(item, "last_event_at")?,
+        terminal_seq: item
+            .get("terminal_seq")
+            .map(|_| get_n(item, "terminal_seq"))
+            .transpose()?,
+    })
+}
+
+fn unavailable<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::Debug>(
+    err: SdkError<E, R>,
+) -> StoreError {
+    let detail = match &err {
+        SdkError::ServiceError(ctx) => format!(
+            "{}: {}",
+            ctx.err().code().unwrap_or("error"),
+            ctx.err().message().unwrap_or("")
+        ),
+        other => other.to_string(),
+    };
+    StoreError::Unavailable(detail)
+}
+
+fn build_error(err: aws_sdk_dynamodb::error::BuildError) -> StoreError {
+    StoreError::Unavailable(format!("request build: {err}"))
+}

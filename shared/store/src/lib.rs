@@ -1,0 +1,141 @@
+//! The storage port: everything a handler may ask of durable state, phrased in the
+//! contract's words. Two adapters implement it — [`dynamo::DynamoStore`] for AWS and
+//! [`memory::MemoryStore`] for `tollgate serve` and tests — and both must pass the one
+//! suite in [`contract`]. Every method that changes state appends the event announcing
+//! the change in the same atomic step (DESIGN §1).
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+use tollgate_domain::{EventDraft, NewRun, RunHead, RunStatus, TerminalKind};
+
+#[cfg(feature = "contract")]
+pub mod contract;
+pub mod dynamo;
+pub mod memory;
+pub mod schema;
+
+/// A replay page never carries more than this many bytes of event bodies, so it fits a
+/// Lambda response (6 MB) whatever the `limit`; at least one event is always returned.
+pub const MAX_PAGE_BYTES: usize = 4 * 1024 * 1024;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StoreError {
+    #[error("run not found")]
+    NotFound,
+    /// The run has ended; nothing more may be appended.
+    #[error("run is {} (terminal event at sequence {terminal_seq})", status.as_str())]
+    RunTerminal {
+        status: RunStatus,
+        terminal_seq: u64,
+    },
+    /// The request contradicts what is stored (e.g. a duplicate `event_id` in one batch).
+    #[error("{0}")]
+    Conflict(String),
+    /// The backend could not be reached, throttled past our budget, or answered
+    /// something we cannot interpret. Nothing is assumed to have happened.
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// The answer to `create_run`: a new run, or the one already stored under that id.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CreateOutcome {
+    Created(RunHead),
+    Existing(RunHead),
+}
+
+/// The answer to `finish_run`: the terminal event's sequence, and whether this call
+/// wrote it or found it already written by an earlier identical call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finished {
+    pub sequence: u64,
+    pub already_finished: bool,
+}
+
+/// One stored event: its sequence and the exact JSON served to clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEvent {
+    pub sequence: u64,
+    pub body: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EventPage {
+    pub events: Vec<StoredEvent>,
+    /// More events exist after the last one in this page.
+    pub has_more: bool,
+}
+
+#[async_trait]
+pub trait RunStore: Send + Sync + 'static {
+    /// Creates the head and `run_started` (sequence 1) together. A run id already taken
+    /// answers `Existing` with the stored head and writes nothing.
+    async fn create_run(&self, new: NewRun) -> Result<CreateOutcome, StoreError>;
+
+    /// Appends up to 99 events in one atomic step, gapless after the current last
+    /// sequence. An event whose `event_id` is already in the run is not appended again:
+    /// its original sequence is returned in its place.
+    async fn append_events(
+        &self,
+        run_id: &str,
+        events: Vec<EventDraft>,
+    ) -> Result<Vec<u64>, StoreError>;
+
+    /// Ends the run: sets the terminal status and appends its terminal event in one
+    /// step. Repeating the same kind answers the existing terminal sequence; a different
+    /// kind on an ended run is `RunTerminal`.
+    async fn finish_run(
+        &self,
+        run_id: &str,
+        kind: TerminalKind,
+        payload: Map<String, Value>,
+    ) -> Result<Finished, StoreError>;
+
+    async fn read_head(&self, run_id: &str) -> Result<Option<RunHead>, StoreError>;
+
+    /// Events with sequence > `after`, ascending, at most `limit` (and at most
+    /// [`MAX_PAGE_BYTES`] of bodies).
+    async fn read_events(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<EventPage, StoreError>;
+}
+
+/// Checks a batch before any adapter touches storage: 1..=99 events, no `event_id` twice.
+pub fn check_batch(events: &[EventDraft]) -> Result<(), StoreError> {
+    if events.is_empty() || events.len() > tollgate_domain::MAX_BATCH_EVENTS {
+        return Err(StoreError::Conflict(format!(
+            "a batch holds 1 to {} events, got {}",
+            tollgate_domain::MAX_BATCH_EVENTS,
+            events.len()
+        )));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for id in events.iter().filter_map(|e| e.event_id.as_deref()) {
+        if !seen.insert(id) {
+            return Err(StoreError::Conflict(format!(
+                "event_id {id:?} appears twice in one batch"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Takes events into a page until `limit` or the byte cap; reports whether more remain.
+pub(crate) fn fill_page(mut events: impl Iterator<Item = StoredEvent>, limit: usize) -> EventPage {
+    let mut page = EventPage::default();
+    let mut bytes = 0usize;
+    for event in events.by_ref() {
+        let full = page.events.len() >= limit
+            || (!page.events.is_empty() && bytes + event.body.len() > MAX_PAGE_BYTES);
+        if full {
+            page.has_more = true;
+            return page;
+        }
+        bytes += event.body.len();
+        page.events.push(event);
+    }
+    page
+}

@@ -1,0 +1,183 @@
+//! The embedded store: one mutex over a map of runs. Holding the lock for a whole
+//! operation is what makes each operation atomic, the in-process analogue of one
+//! DynamoDB transaction; it obeys the same contract suite as the DynamoDB adapter.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+use tollgate_domain::{now_millis, render_event, EventDraft, NewRun, RunHead, TerminalKind};
+
+use crate::{
+    check_batch, fill_page, CreateOutcome, EventPage, Finished, RunStore, StoreError, StoredEvent,
+};
+
+#[derive(Default)]
+struct RunRecord {
+    head: Option<RunHead>,
+    events: BTreeMap<u64, String>,
+    event_ids: HashMap<String, u64>,
+}
+
+#[derive(Default)]
+pub struct MemoryStore {
+    runs: Mutex<HashMap<String, RunRecord>>,
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, RunRecord>> {
+        // A panic while holding the lock cannot leave a half-applied operation: every
+        // mutation below is computed first and applied last.
+        self.runs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn live_head<'a>(
+    runs: &'a mut HashMap<String, RunRecord>,
+    run_id: &str,
+) -> Result<&'a mut RunRecord, StoreError> {
+    match runs.get_mut(run_id) {
+        Some(r) if r.head.is_some() => Ok(r),
+        _ => Err(StoreError::NotFound),
+    }
+}
+
+#[async_trait]
+impl RunStore for MemoryStore {
+    async fn create_run(&self, new: NewRun) -> Result<CreateOutcome, StoreError> {
+        let mut runs = self.lock();
+        let record = runs.entry(new.run_id.clone()).or_default();
+        if let Some(head) = &record.head {
+            return Ok(CreateOutcome::Existing(head.clone()));
+        }
+        let now = now_millis();
+        let head = new.head(now);
+        record
+            .events
+            .insert(1, render_event(&head, 1, &new.started_event(), now));
+        record.head = Some(head.clone());
+        Ok(CreateOutcome::Created(head))
+    }
+
+    async fn append_events(
+        &self,
+        run_id: &str,
+        events: Vec<EventDraft>,
+    ) -> Result<Vec<u64>, StoreError> {
+        check_batch(&events)?;
+        let mut runs = self.lock();
+        let record = live_head(&mut runs, run_id)?;
+        let head = record.head.as_mut().ok_or(StoreError::NotFound)?;
+        // Duplicates answer with their original sequence even on an ended run, exactly
+        // as the DynamoDB adapter does: a retry must see the result of its first try.
+        let mut sequences = Vec::with_capacity(events.len());
+        let mut fresh = Vec::new();
+        for draft in &events {
+            match draft
+                .event_id
+                .as_ref()
+                .and_then(|id| record.event_ids.get(id))
+            {
+                Some(seq) => sequences.push(Some(*seq)),
+                None => {
+                    sequences.push(None);
+                    fresh.push(draft);
+                }
+            }
+        }
+        if !fresh.is_empty() {
+            if head.status.is_terminal() {
+                return Err(StoreError::RunTerminal {
+                    status: head.status,
+                    terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
+                });
+            }
+            let now = now_millis();
+            let mut next = head.next_seq;
+            for (slot, draft) in sequences.iter_mut().zip(&events) {
+                if slot.is_some() {
+                    continue;
+                }
+                record
+                    .events
+                    .insert(next, render_event(head, next, draft, now));
+                if let Some(id) = &draft.event_id {
+                    record.event_ids.insert(id.clone(), next);
+                }
+                *slot = Some(next);
+                next += 1;
+            }
+            head.next_seq = next;
+            head.last_event_at = now;
+        }
+        Ok(sequences.into_iter().flatten().collect())
+    }
+
+    async fn finish_run(
+        &self,
+        run_id: &str,
+        kind: TerminalKind,
+        payload: Map<String, Value>,
+    ) -> Result<Finished, StoreError> {
+        let mut runs = self.lock();
+        let record = live_head(&mut runs, run_id)?;
+        let head = record.head.as_mut().ok_or(StoreError::NotFound)?;
+        if head.status.is_terminal() {
+            let terminal_seq = head.terminal_seq.unwrap_or(head.last_sequence());
+            return if head.status == kind.status() {
+                Ok(Finished {
+                    sequence: terminal_seq,
+                    already_finished: true,
+                })
+            } else {
+                Err(StoreError::RunTerminal {
+                    status: head.status,
+                    terminal_seq,
+                })
+            };
+        }
+        let now = now_millis();
+        let seq = head.next_seq;
+        let draft = EventDraft::server(kind.event_type(), payload);
+        record
+            .events
+            .insert(seq, render_event(head, seq, &draft, now));
+        head.next_seq = seq + 1;
+        head.status = kind.status();
+        head.terminal_seq = Some(seq);
+        head.last_event_at = now;
+        Ok(Finished {
+            sequence: seq,
+            already_finished: false,
+        })
+    }
+
+    async fn read_head(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {
+        Ok(self.lock().get(run_id).and_then(|r| r.head.clone()))
+    }
+
+    async fn read_events(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<EventPage, StoreError> {
+        let runs = self.lock();
+        let Some(record) = runs.get(run_id).filter(|r| r.head.is_some()) else {
+            return Err(StoreError::NotFound);
+        };
+        let events = record
+            .events
+            .range(after.saturating_add(1)..)
+            .map(|(seq, body)| StoredEvent {
+                sequence: *seq,
+                body: body.clone(),
+            });
+        Ok(fill_page(events, limit))
+    }
+}
