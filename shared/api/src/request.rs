@@ -2,13 +2,16 @@
 
 use axum::body::Body;
 use axum::extract::FromRequest;
-use axum::http::{header, Request};
+use axum::http::Request;
 use serde_json::Value;
 
 use crate::ApiError;
 
 /// Bodies over 256 KiB are refused with 413 before they are parsed.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
+
+/// Beyond this a body is not even read to the end (the connection is closed).
+const DRAIN_LIMIT_BYTES: usize = 8 * 1024 * 1024;
 
 /// A JSON body: empty bodies read as `Value::Null`; malformed JSON is a 400 naming the
 /// position; oversized bodies a 413.
@@ -18,17 +21,14 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request<Body>, _state: &S) -> Result<Self, ApiError> {
-        let declared = req
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-        if declared.is_some_and(|len| len > MAX_BODY_BYTES) {
-            return Err(ApiError::payload_too_large());
-        }
-        let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES)
+        // Read (and discard) oversized bodies up to a bound before answering 413, so a
+        // client still sending is not cut off mid-request with a connection reset.
+        let bytes = axum::body::to_bytes(req.into_body(), DRAIN_LIMIT_BYTES)
             .await
             .map_err(|_| ApiError::payload_too_large())?;
+        if bytes.len() > MAX_BODY_BYTES {
+            return Err(ApiError::payload_too_large());
+        }
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(JsonBody(Value::Null));
         }

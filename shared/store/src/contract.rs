@@ -199,10 +199,21 @@ pub async fn event_ids_deduplicate(store: Store) {
 
 /// Concurrent writers on one run: every sequence handed out once, no gap.
 pub async fn concurrent_appends_are_gapless(store: Store, writers: usize, per_writer: usize) {
+    concurrent_appends_across_stores(vec![store], writers, per_writer).await
+}
+
+/// The same, with writers spread round-robin over several store instances that share
+/// one backend (several processes).
+pub async fn concurrent_appends_across_stores(
+    stores: Vec<Store>,
+    writers: usize,
+    per_writer: usize,
+) {
+    let store = stores[0].clone();
     let run_id = new_run(&store, "concurrent").await;
     let tasks: Vec<_> = (0..writers)
         .map(|w| {
-            let store = store.clone();
+            let store = stores[w % stores.len()].clone();
             let run_id = run_id.clone();
             tokio::spawn(async move {
                 let mut got = Vec::new();

@@ -74,6 +74,37 @@ pub struct DynamoStore {
     /// How long one call may keep retrying lost races and throttling before it gives up
     /// with `Unavailable` (nothing written by the failed attempts).
     contention_budget: Duration,
+    /// Per-run write lanes inside this process (see [`RunLanes`]); `None` lets every
+    /// call race on the head, as separate processes do.
+    lanes: Option<RunLanes>,
+}
+
+/// Appends to one run from one process queue on a lane instead of racing each other on
+/// the head's condition: under many concurrent writers (one `tollgate serve`, one warm
+/// Lambda with concurrency) that turns N-way optimistic retries into a queue. The
+/// conditional head update still decides between processes, so correctness never rests
+/// on the lane.
+#[derive(Default)]
+struct RunLanes(std::sync::Mutex<HashMap<String, std::sync::Weak<tokio::sync::Mutex<()>>>>);
+
+impl RunLanes {
+    async fn enter(&self, run_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lane = {
+            let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            if map.len() > 1024 {
+                map.retain(|_, weak| weak.strong_count() > 0);
+            }
+            match map.get(run_id).and_then(std::sync::Weak::upgrade) {
+                Some(lane) => lane,
+                None => {
+                    let lane = std::sync::Arc::new(tokio::sync::Mutex::new(()));
+                    map.insert(run_id.to_owned(), std::sync::Arc::downgrade(&lane));
+                    lane
+                }
+            }
+        };
+        lane.lock_owned().await
+    }
 }
 
 impl DynamoStore {
@@ -82,7 +113,22 @@ impl DynamoStore {
             client,
             tables,
             retention: None,
-            contention_budget: Duration::from_secs(10),
+            contention_budget: Duration::from_secs(20),
+            lanes: Some(RunLanes::default()),
+        }
+    }
+
+    /// Every call races on the head's condition, with no in-process queue: how separate
+    /// processes (Lambda instances) meet. Used to test the conditional writes alone.
+    pub fn without_lanes(mut self) -> Self {
+        self.lanes = None;
+        self
+    }
+
+    async fn enter_lane(&self, run_id: &str) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        match &self.lanes {
+            Some(lanes) => Some(lanes.enter(run_id).await),
+            None => None,
         }
     }
 
@@ -306,8 +352,9 @@ fn reason_failed(r: &CancellationReason) -> bool {
 }
 
 async fn backoff(attempt: u32) {
-    // Full jitter, 2 ms doubling to a 100 ms ceiling.
-    let cap = (2u64 << attempt.min(6)).min(100);
+    // Full jitter, 2 ms doubling to a 32 ms ceiling: a low ceiling keeps a writer that
+    // lost several times from starving behind fresh arrivals.
+    let cap = 2u64 << attempt.min(4);
     let ms = rand::rng().random_range(1..=cap);
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
@@ -373,6 +420,7 @@ impl RunStore for DynamoStore {
         events: Vec<EventDraft>,
     ) -> Result<Vec<u64>, StoreError> {
         check_batch(&events)?;
+        let _lane = self.enter_lane(run_id).await;
         let deadline = Instant::now() + self.contention_budget;
         let mut sequences: Vec<Option<u64>> = vec![None; events.len()];
         let mut head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?;
@@ -465,6 +513,7 @@ impl RunStore for DynamoStore {
         kind: TerminalKind,
         payload: Map<String, Value>,
     ) -> Result<Finished, StoreError> {
+        let _lane = self.enter_lane(run_id).await;
         let deadline = Instant::now() + self.contention_budget;
         let draft = EventDraft::server(kind.event_type(), payload);
         let mut head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?;

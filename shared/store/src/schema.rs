@@ -235,19 +235,23 @@ async fn create_table(client: &Client, name: &str, def: &TableDef) -> Result<(),
                 .map_err(|e| err(e.to_string()))?,
         );
     }
-    match req.send().await {
-        Ok(_) => {}
-        // Another process created it between our describe and create: fine.
+    let created_here = match req.send().await {
+        Ok(_) => true,
+        // Another process created it between our describe and create: it also owns the
+        // TTL step; we only wait for the table to become active.
         Err(e)
             if e.as_service_error()
-                .is_some_and(|se| se.is_resource_in_use_exception()) => {}
+                .is_some_and(|se| se.is_resource_in_use_exception()) =>
+        {
+            false
+        }
         Err(e) => {
             return Err(err(format!(
                 "{}",
                 aws_sdk_dynamodb::error::DisplayErrorContext(e)
             )))
         }
-    }
+    };
     for _ in 0..120 {
         let status = client
             .describe_table()
@@ -262,7 +266,7 @@ async fn create_table(client: &Client, name: &str, def: &TableDef) -> Result<(),
         }
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
-    if let Some(attr) = &def.ttl_attribute {
+    if let (true, Some(attr)) = (created_here, &def.ttl_attribute) {
         let spec = TimeToLiveSpecification::builder()
             .attribute_name(attr)
             .enabled(true)

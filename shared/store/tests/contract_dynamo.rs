@@ -5,6 +5,10 @@ use std::sync::Arc;
 use tollgate_store::dynamo::{DynamoStore, Tables};
 
 async fn dynamo_store() -> tollgate_store::contract::Store {
+    Arc::new(dynamo_store_raw().await)
+}
+
+async fn dynamo_store_raw() -> DynamoStore {
     assert!(
         std::env::var_os("AWS_ENDPOINT_URL_DYNAMODB").is_some()
             || std::env::var_os("AWS_ENDPOINT_URL").is_some()
@@ -19,7 +23,17 @@ async fn dynamo_store() -> tollgate_store::contract::Store {
     tollgate_store::schema::ensure_tables(&client, &tables)
         .await
         .expect("tables");
-    Arc::new(DynamoStore::new(client, tables))
+    DynamoStore::new(client, tables)
 }
 
 tollgate_store::contract_suite!(dynamo_store());
+
+/// Two store instances without in-process lanes stand for two Lambda instances: only the
+/// conditional head update keeps their appends gapless.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn separate_processes_race_only_on_the_head_condition() {
+    use std::sync::Arc;
+    let a = Arc::new(dynamo_store_raw().await.without_lanes()) as tollgate_store::contract::Store;
+    let b = Arc::new(dynamo_store_raw().await.without_lanes()) as tollgate_store::contract::Store;
+    tollgate_store::contract::concurrent_appends_across_stores(vec![a, b], 4, 15).await;
+}
