@@ -85,10 +85,17 @@ pub struct DynamoStore {
 /// conditional head update still decides between processes, so correctness never rests
 /// on the lane.
 #[derive(Default)]
-struct RunLanes(std::sync::Mutex<HashMap<String, std::sync::Weak<tokio::sync::Mutex<()>>>>);
+///
+/// The lane also remembers the head this process last wrote, so a queued append skips
+/// the read: a stale head only fails the condition, which returns the current head.
+struct RunLanes(
+    std::sync::Mutex<HashMap<String, std::sync::Weak<tokio::sync::Mutex<Option<RunHead>>>>>,
+);
+
+type Lane = tokio::sync::OwnedMutexGuard<Option<RunHead>>;
 
 impl RunLanes {
-    async fn enter(&self, run_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+    async fn enter(&self, run_id: &str) -> Lane {
         let lane = {
             let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
             if map.len() > 1024 {
@@ -97,7 +104,7 @@ impl RunLanes {
             match map.get(run_id).and_then(std::sync::Weak::upgrade) {
                 Some(lane) => lane,
                 None => {
-                    let lane = std::sync::Arc::new(tokio::sync::Mutex::new(()));
+                    let lane = std::sync::Arc::new(tokio::sync::Mutex::new(None));
                     map.insert(run_id.to_owned(), std::sync::Arc::downgrade(&lane));
                     lane
                 }
@@ -125,10 +132,22 @@ impl DynamoStore {
         self
     }
 
-    async fn enter_lane(&self, run_id: &str) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+    async fn enter_lane(&self, run_id: &str) -> Option<Lane> {
         match &self.lanes {
             Some(lanes) => Some(lanes.enter(run_id).await),
             None => None,
+        }
+    }
+
+    /// The head to start from: the one this lane last wrote, else a strong read.
+    async fn starting_head(
+        &self,
+        lane: &mut Option<Lane>,
+        run_id: &str,
+    ) -> Result<RunHead, StoreError> {
+        match lane.as_mut().and_then(|l| l.take()) {
+            Some(head) => Ok(head),
+            None => self.get_head(run_id).await?.ok_or(StoreError::NotFound),
         }
     }
 
@@ -420,10 +439,10 @@ impl RunStore for DynamoStore {
         events: Vec<EventDraft>,
     ) -> Result<Vec<u64>, StoreError> {
         check_batch(&events)?;
-        let _lane = self.enter_lane(run_id).await;
+        let mut lane = self.enter_lane(run_id).await;
         let deadline = Instant::now() + self.contention_budget;
         let mut sequences: Vec<Option<u64>> = vec![None; events.len()];
-        let mut head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?;
+        let mut head = self.starting_head(&mut lane, run_id).await?;
         let mut attempt = 0u32;
         loop {
             let pending: Vec<usize> = (0..events.len())
@@ -464,6 +483,11 @@ impl RunStore for DynamoStore {
                 Ok(()) => {
                     for (offset, i) in pending.iter().enumerate() {
                         sequences[*i] = Some(first + offset as u64);
+                    }
+                    head.next_seq = first + pending.len() as u64;
+                    head.last_event_at = now;
+                    if let Some(lane) = lane.as_mut() {
+                        **lane = Some(head);
                     }
                     break;
                 }
@@ -513,10 +537,10 @@ impl RunStore for DynamoStore {
         kind: TerminalKind,
         payload: Map<String, Value>,
     ) -> Result<Finished, StoreError> {
-        let _lane = self.enter_lane(run_id).await;
+        let mut lane = self.enter_lane(run_id).await;
         let deadline = Instant::now() + self.contention_budget;
         let draft = EventDraft::server(kind.event_type(), payload);
-        let mut head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?;
+        let mut head = self.starting_head(&mut lane, run_id).await?;
         let mut attempt = 0u32;
         loop {
             if head.status.is_terminal() {
@@ -541,10 +565,17 @@ impl RunStore for DynamoStore {
             ];
             match self.transact(items).await {
                 Ok(()) => {
+                    head.next_seq = seq + 1;
+                    head.status = kind.status();
+                    head.terminal_seq = Some(seq);
+                    head.last_event_at = now;
+                    if let Some(lane) = lane.as_mut() {
+                        **lane = Some(head);
+                    }
                     return Ok(Finished {
                         sequence: seq,
                         already_finished: false,
-                    })
+                    });
                 }
                 Err(TxFailure::Cancelled(reasons)) => {
                     match reasons.first().and_then(|r| r.item()) {

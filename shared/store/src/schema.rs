@@ -25,10 +25,12 @@ pub struct TableDef {
     pub attributes: Vec<(String, String)>,
     /// `(name, HASH|RANGE)`.
     pub key: Vec<(String, String)>,
-    /// `(index name, key, projection type)`.
-    pub local_indexes: Vec<(String, Vec<(String, String)>, String)>,
+    pub local_indexes: Vec<IndexDef>,
     pub ttl_attribute: Option<String>,
 }
+
+/// `(index name, key, projection type)`.
+pub type IndexDef = (String, Vec<(String, String)>, String);
 
 /// Which physical table a logical id maps to.
 pub fn physical_name(tables: &Tables, logical_id: &str) -> Option<String> {

@@ -1,0 +1,47 @@
+# Tollgate — the two commands are `make run` and `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+ARCH ?= arm64
+PORT ?= 8080
+EMULATORS := tests/harness/emulators.sh
+# Tests that need DynamoDB (and run only where an endpoint is configured).
+AWS_TESTS := binary(contract_dynamo) | test(/^dynamo::/)
+
+.PHONY: help run test test-unit test-integration lint emulators-up emulators-down bench build deploy
+
+help:
+	@echo "make run         build and start tollgate serve on 127.0.0.1:$(PORT) (embedded store)"
+	@echo "make test        everything: unit, store contract on both adapters, integration on emulators"
+	@echo "make test-unit   unit + contract + HTTP tests on the embedded store only (no emulators)"
+	@echo "make lint        rustfmt check + clippy -D warnings"
+	@echo "make bench       append/replay benchmarks on the embedded store and DynamoDB Local"
+	@echo "make emulators-up / emulators-down   start/stop DynamoDB Local + LocalStack (SQS) by hand"
+
+run:
+	cargo build -p tollgate
+	./target/debug/tollgate serve --port $(PORT)
+
+test: lint
+	$(EMULATORS) with $(MAKE) --no-print-directory test-integration
+
+# Runs every test; the AWS-backed ones use whatever AWS_ENDPOINT_URL* is set.
+test-integration:
+	cargo nextest run --workspace --no-fail-fast
+
+test-unit:
+	cargo nextest run --workspace --no-fail-fast -E 'not ($(AWS_TESTS))'
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+emulators-up:
+	$(EMULATORS) up
+	@echo "now: source .cache/emulators/env"
+
+emulators-down:
+	$(EMULATORS) down
+
+bench:
+	cargo build --release -p tollgate-tests --bin tollgate-bench
+	$(EMULATORS) with ./target/release/tollgate-bench
