@@ -22,6 +22,8 @@ run:
 	./target/debug/tollgate serve --port $(PORT)
 
 test: lint
+	cargo build -p tollgate
+	tests/readme_tour.sh
 	$(EMULATORS) with $(MAKE) --no-print-directory test-integration
 
 # Runs every test; the AWS-backed ones use whatever AWS_ENDPOINT_URL* is set.
