@@ -3,6 +3,8 @@
 //! optional `project_id`) for creating runs and for operators. Tokens are compared in
 //! constant time and never logged.
 
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use hmac::{Hmac, Mac};
 use jsonwebtoken::{DecodingKey, EncodingKey, Header, Validation};
@@ -35,6 +37,38 @@ pub enum Caller {
         run_id: String,
     },
     Jwt(Claims),
+}
+
+/// Claims an API Gateway JWT authorizer already verified, placed in the request's
+/// extensions by the Lambda entry point (only when `TOLLGATE_TRUST_GATEWAY_CLAIMS=1`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayClaims(pub Claims);
+
+/// What a request presents: its bearer (if any) and verified gateway claims (if any).
+#[derive(Debug, Clone, Default)]
+pub struct Credentials {
+    bearer: Option<Result<String, &'static str>>,
+    gateway: Option<Claims>,
+}
+
+impl Credentials {
+    pub fn from_headers(headers: &HeaderMap) -> Self {
+        Self {
+            bearer: bearer(headers),
+            gateway: None,
+        }
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Credentials {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self {
+            bearer: bearer(&parts.headers),
+            gateway: parts.extensions.get::<GatewayClaims>().map(|g| g.0.clone()),
+        })
+    }
 }
 
 pub struct Auth {
@@ -109,8 +143,19 @@ impl Auth {
 
     /// Verifies the bearer of a request. `run_id` is the run the route acts on, which a
     /// run token must belong to.
-    pub fn caller(&self, headers: &HeaderMap, run_id: Option<&str>) -> Result<Caller, ApiError> {
-        let token = bearer(headers)?;
+    pub fn caller(&self, creds: &Credentials, run_id: Option<&str>) -> Result<Caller, ApiError> {
+        if let Some(claims) = &creds.gateway {
+            return Ok(Caller::Jwt(claims.clone()));
+        }
+        let token = match &creds.bearer {
+            None => {
+                return Err(ApiError::unauthorized(
+                    "missing Authorization: Bearer token",
+                ))
+            }
+            Some(Err(why)) => return Err(ApiError::unauthorized(*why)),
+            Some(Ok(token)) => token.as_str(),
+        };
         if token.contains('.') {
             return self.verify_jwt(token).map(Caller::Jwt);
         }
@@ -130,16 +175,16 @@ impl Auth {
     }
 
     /// Producer calls on a run: the run's own token only.
-    pub fn require_run_token(&self, headers: &HeaderMap, run_id: &str) -> Result<(), ApiError> {
-        match self.caller(headers, Some(run_id))? {
+    pub fn require_run_token(&self, creds: &Credentials, run_id: &str) -> Result<(), ApiError> {
+        match self.caller(creds, Some(run_id))? {
             Caller::Run { .. } => Ok(()),
             Caller::Jwt(_) => Err(ApiError::forbidden("this route needs the run's token")),
         }
     }
 
     /// A JWT with the given role.
-    pub fn require_role(&self, headers: &HeaderMap, role: Role) -> Result<Claims, ApiError> {
-        match self.caller(headers, None)? {
+    pub fn require_role(&self, creds: &Credentials, role: Role) -> Result<Claims, ApiError> {
+        match self.caller(creds, None)? {
             Caller::Jwt(c) if c.role == role => Ok(c),
             Caller::Jwt(_) => Err(ApiError::forbidden(format!(
                 "this route needs the {} role",
@@ -153,23 +198,42 @@ impl Auth {
     }
 }
 
-fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
-    let value = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer token"))?;
-    let value = value
-        .to_str()
-        .map_err(|_| ApiError::unauthorized("invalid Authorization header"))?;
-    match value.split_once(' ') {
+/// The bearer token of `Authorization`, `None` when absent, or why it is unusable.
+fn bearer(headers: &HeaderMap) -> Option<Result<String, &'static str>> {
+    let value = headers.get(axum::http::header::AUTHORIZATION)?;
+    let Ok(value) = value.to_str() else {
+        return Some(Err("invalid Authorization header"));
+    };
+    Some(match value.split_once(' ') {
         Some((scheme, token))
             if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
         {
-            Ok(token.trim())
+            Ok(token.trim().to_owned())
         }
-        _ => Err(ApiError::unauthorized(
-            "Authorization must be `Bearer <token>`",
-        )),
-    }
+        _ => Err("Authorization must be `Bearer <token>`"),
+    })
+}
+
+/// Maps an API Gateway JWT authorizer's claims (strings) to ours: `sub`, the role from
+/// the claim named by `TOLLGATE_ROLE_CLAIM` (default `role`), optional `project_id`.
+pub fn claims_from_gateway(
+    claims: &std::collections::HashMap<String, String>,
+    role_claim: &str,
+) -> Option<Claims> {
+    let role = match claims.get(role_claim).map(String::as_str) {
+        Some("agent") => Role::Agent,
+        Some("operator") => Role::Operator,
+        _ => return None,
+    };
+    Some(Claims {
+        sub: claims.get("sub")?.clone(),
+        role,
+        exp: claims
+            .get("exp")
+            .and_then(|e| e.parse().ok())
+            .unwrap_or_default(),
+        project_id: claims.get("project_id").cloned(),
+    })
 }
 
 #[cfg(test)]
@@ -232,6 +296,23 @@ mod tests {
                 .status,
             StatusCode::UNAUTHORIZED
         );
+    }
+
+    #[test]
+    fn gateway_claims_stand_in_for_a_bearer() {
+        let auth = Auth::new(b"0123456789abcdef0123456789abcdef");
+        let map = std::collections::HashMap::from([
+            ("sub".to_string(), "bob".to_string()),
+            ("role".to_string(), "agent".to_string()),
+        ]);
+        let claims = claims_from_gateway(&map, "role").unwrap();
+        let creds = Credentials {
+            bearer: None,
+            gateway: Some(claims),
+        };
+        assert_eq!(auth.require_role(&creds, Role::Agent).unwrap().sub, "bob");
+        let no_role = std::collections::HashMap::from([("sub".to_string(), "bob".to_string())]);
+        assert!(claims_from_gateway(&no_role, "role").is_none());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The `ingress` function: create runs, append producer events, end runs.
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
@@ -14,7 +14,7 @@ use tollgate_domain::{
 use tollgate_store::CreateOutcome;
 use tracing::instrument;
 
-use crate::auth::Role;
+use crate::auth::{Credentials, Role};
 use crate::request::JsonBody;
 use crate::{ApiError, Deps};
 
@@ -81,10 +81,10 @@ fn validate_budget(budget: &Value) -> Result<(), ApiError> {
 #[instrument(skip_all, fields(run_id))]
 async fn create_run(
     State(deps): State<Deps>,
-    headers: HeaderMap,
+    creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    let claims = deps.auth.require_role(&headers, Role::Agent)?;
+    let claims = deps.auth.require_role(&creds, Role::Agent)?;
     let body: CreateRunBody = serde_json::from_value(match body.0 {
         Value::Null => json!({}),
         other => other,
@@ -220,11 +220,11 @@ fn checked_run_id(run_id: &str) -> Result<(), ApiError> {
 async fn append_events(
     State(deps): State<Deps>,
     Path(run_id): Path<String>,
-    headers: HeaderMap,
+    creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     checked_run_id(&run_id)?;
-    deps.auth.require_run_token(&headers, &run_id)?;
+    deps.auth.require_run_token(&creds, &run_id)?;
     let mut body = body.into_object(false)?;
     let Some(Value::Array(raw)) = body.remove("events") else {
         return Err(ApiError::bad_request("body must be {\"events\": [ … ]}"));
@@ -251,12 +251,12 @@ async fn append_events(
 async fn finish(
     deps: Deps,
     run_id: String,
-    headers: HeaderMap,
+    creds: Credentials,
     body: JsonBody,
     kind: TerminalKind,
 ) -> Result<Response, ApiError> {
     checked_run_id(&run_id)?;
-    deps.auth.require_run_token(&headers, &run_id)?;
+    deps.auth.require_run_token(&creds, &run_id)?;
     let payload: Map<String, Value> = body.into_object(true)?;
     validate_payload(&payload).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let finished = deps.store.finish_run(&run_id, kind, payload).await?;
@@ -277,28 +277,28 @@ async fn finish(
 async fn complete_run(
     State(deps): State<Deps>,
     Path(run_id): Path<String>,
-    headers: HeaderMap,
+    creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    finish(deps, run_id, headers, body, TerminalKind::Complete).await
+    finish(deps, run_id, creds, body, TerminalKind::Complete).await
 }
 
 #[instrument(skip_all, fields(run_id = %run_id))]
 async fn fail_run(
     State(deps): State<Deps>,
     Path(run_id): Path<String>,
-    headers: HeaderMap,
+    creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    finish(deps, run_id, headers, body, TerminalKind::Fail).await
+    finish(deps, run_id, creds, body, TerminalKind::Fail).await
 }
 
 #[instrument(skip_all, fields(run_id = %run_id))]
 async fn cancel_run(
     State(deps): State<Deps>,
     Path(run_id): Path<String>,
-    headers: HeaderMap,
+    creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    finish(deps, run_id, headers, body, TerminalKind::Cancel).await
+    finish(deps, run_id, creds, body, TerminalKind::Cancel).await
 }

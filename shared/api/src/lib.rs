@@ -6,6 +6,8 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod ingress;
+#[cfg(feature = "lambda")]
+pub mod lambda;
 pub mod replay;
 pub mod request;
 pub mod telemetry;

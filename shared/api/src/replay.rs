@@ -1,14 +1,14 @@
 //! The `replay` function: sequenced replay of a run's stream as JSON pages.
 
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use tollgate_domain::validate_run_id;
 use tracing::instrument;
 
-use crate::auth::{Caller, Role};
+use crate::auth::{Caller, Credentials, Role};
 use crate::request::query_param;
 use crate::{ApiError, Deps};
 
@@ -45,9 +45,9 @@ async fn replay_events(
     State(deps): State<Deps>,
     Path(run_id): Path<String>,
     RawQuery(query): RawQuery,
-    headers: HeaderMap,
+    creds: Credentials,
 ) -> Result<Response, ApiError> {
-    let caller = deps.auth.caller(&headers, Some(&run_id))?;
+    let caller = deps.auth.caller(&creds, Some(&run_id))?;
     let after = parse_after(query.as_deref())?;
     let limit = parse_limit(query.as_deref())?;
     if !validate_run_id(&run_id) {

@@ -1,0 +1,56 @@
+//! The Lambda entry point every HTTP function shares: the same router as `tollgate
+//! serve`, behind `lambda_http`, which turns API Gateway HTTP API (payload 2.0) and
+//! Function URL events into plain HTTP requests.
+//!
+//! - `TOLLGATE_TRUST_GATEWAY_CLAIMS=1`: claims verified by an API Gateway JWT authorizer
+//!   (`requestContext.authorizer.jwt.claims`) stand in for our own HS256 JWT; the role
+//!   comes from the claim named by `TOLLGATE_ROLE_CLAIM` (default `role`).
+//! - `TOLLGATE_RESPONSE_STREAMING=1`: answer in Lambda's response-streaming mode (a
+//!   Function URL with `InvokeMode: RESPONSE_STREAM`).
+
+use std::sync::OnceLock;
+
+use axum::extract::Request;
+use axum::Router;
+use lambda_http::request::RequestContext;
+use lambda_http::RequestExt;
+
+use crate::auth::{claims_from_gateway, GatewayClaims};
+
+fn flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1" || v == "true")
+}
+
+fn role_claim() -> &'static str {
+    static ROLE_CLAIM: OnceLock<String> = OnceLock::new();
+    ROLE_CLAIM
+        .get_or_init(|| std::env::var("TOLLGATE_ROLE_CLAIM").unwrap_or_else(|_| "role".into()))
+}
+
+async fn insert_gateway_claims(mut req: Request) -> Request {
+    let claims = match req.request_context_ref() {
+        Some(RequestContext::ApiGatewayV2(ctx)) => ctx
+            .authorizer
+            .as_ref()
+            .and_then(|a| a.jwt.as_ref())
+            .and_then(|jwt| claims_from_gateway(&jwt.claims, role_claim())),
+        _ => None,
+    };
+    if let Some(claims) = claims {
+        req.extensions_mut().insert(GatewayClaims(claims));
+    }
+    req
+}
+
+pub async fn run(router: Router) -> Result<(), lambda_http::Error> {
+    let router = if flag("TOLLGATE_TRUST_GATEWAY_CLAIMS") {
+        router.layer(axum::middleware::map_request(insert_gateway_claims))
+    } else {
+        router
+    };
+    if flag("TOLLGATE_RESPONSE_STREAMING") {
+        lambda_http::run_with_streaming_response(router).await
+    } else {
+        lambda_http::run(router).await
+    }
+}
