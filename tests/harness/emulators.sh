@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# AWS emulators for the tests, on loopback: DynamoDB Local (DynamoDB) and
-# LocalStack 3.8.1 in host mode (SQS). No Docker needed.
+# AWS emulators for the tests, reached on 127.0.0.1 at free ports: DynamoDB Local
+# (DynamoDB) and LocalStack 3.8.1 in host mode (SQS). No Docker needed. By default both
+# also listen on the other interfaces (see start_dynamodb, start_localstack).
 #
 #   emulators.sh install       install both into the cache dir (idempotent)
 #   emulators.sh up            start both; writes $CACHE/emulators/env (export lines,
@@ -211,10 +212,11 @@ start_dynamodb() { # port
 
 start_localstack() { # port
   local port=$1 fs=$RUN/localstack-fs
-  # Host mode with every directory inside the cache dir. The machine has /.dockerenv,
-  # so LocalStack would think it runs in its own container (binding 0.0.0.0, writing to
-  # /var/lib/localstack and /tmp/localstack) without OVERRIDE_IN_DOCKER=0. Its file
-  # cache (TLS cert, service catalog: ~4 s to build) is shared between runs.
+  # Host mode with every directory inside the cache dir. The machines have /.dockerenv,
+  # so without OVERRIDE_IN_DOCKER=0 LocalStack thinks it runs in its own container and
+  # uses /var/lib/localstack, /tmp/localstack, /etc/localstack, shared by all runs.
+  # Each run gets its own FILESYSTEM_ROOT; the file cache in it (TLS cert, service
+  # catalog: ~4 s to build) and plux's entry-point cache are shared between runs.
   rm -rf "$fs"
   mkdir -p "$fs/var/lib/localstack" "$CACHE/localstack-cache/xdg"
   ln -sfn "$CACHE/localstack-cache" "$fs/var/lib/localstack/cache"
@@ -369,6 +371,7 @@ cmd_status() {
 }
 
 WITH_DONE=
+CHILD=
 with_cleanup() {
   local rc=$?
   [[ -z $WITH_DONE ]] || exit "$rc"
@@ -384,6 +387,32 @@ with_cleanup() {
     rm -rf "$RUN"
   fi
   exit "$rc"
+}
+
+# Before CMD runs, a signal ends the script (and the EXIT trap stops the emulators);
+# once it runs, the signal is passed on to CMD, whose end then ends the script.
+on_signal() { # signal exit-code
+  if [[ -n $CHILD ]]; then
+    kill -"$1" "$CHILD" 2>/dev/null || true
+  else
+    exit "$2"
+  fi
+}
+
+# Runs CMD as a child that the traps can reach (bash defers traps while a foreground
+# command runs). It keeps stdin, and gets SIGINT/SIGQUIT back (bash makes background
+# commands ignore them).
+run_child() { # cmd...
+  local rc reset=(env '--default-signal=INT,QUIT' --)
+  env --default-signal=INT true 2>/dev/null || reset=()
+  "${reset[@]}" "$@" <&0 &
+  CHILD=$!
+  while :; do
+    rc=0
+    wait "$CHILD" || rc=$?
+    kill -0 "$CHILD" 2>/dev/null || break
+  done
+  return "$rc"
 }
 
 cmd_with() {
@@ -406,14 +435,14 @@ cmd_with() {
   prune_stale
   RUN=$CACHE/emulators/with-$$
   trap with_cleanup EXIT
-  trap 'exit 130' INT
-  trap 'exit 143' TERM
-  trap 'exit 129' HUP
+  trap 'on_signal INT 130' INT
+  trap 'on_signal TERM 143' TERM
+  trap 'on_signal HUP 129' HUP
   start_instance || exit 1
   # shellcheck disable=SC1091
   . "$RUN/env"
   local rc=0
-  "$@" || rc=$?
+  run_child "$@" || rc=$?
   exit "$rc"
 }
 

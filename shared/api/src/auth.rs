@@ -241,13 +241,13 @@ mod tests {
     use super::*;
     use axum::http::{HeaderValue, StatusCode};
 
-    fn headers(token: &str) -> HeaderMap {
+    fn headers(token: &str) -> Credentials {
         let mut h = HeaderMap::new();
         h.insert(
             "authorization",
             HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
         );
-        h
+        Credentials::from_headers(&h)
     }
 
     #[test]
@@ -263,7 +263,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(garbage.status, StatusCode::UNAUTHORIZED);
         let missing = auth
-            .require_run_token(&HeaderMap::new(), "run-1")
+            .require_run_token(&Credentials::default(), "run-1")
             .unwrap_err();
         assert_eq!(missing.status, StatusCode::UNAUTHORIZED);
     }
