@@ -22,6 +22,7 @@ run:
 	./target/debug/tollgate serve --port $(PORT)
 
 test: lint
+	tests/harness/cfn-lint.sh
 	cargo build -p tollgate
 	tests/readme_tour.sh
 	$(EMULATORS) with $(MAKE) --no-print-directory test-integration
@@ -36,6 +37,9 @@ test-unit:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+
+lint-template:
+	tests/harness/cfn-lint.sh
 
 emulators-up:
 	$(EMULATORS) up
