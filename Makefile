@@ -7,7 +7,11 @@ EMULATORS := tests/harness/emulators.sh
 # Tests that need DynamoDB (and run only where an endpoint is configured).
 AWS_TESTS := binary(contract_dynamo) | test(/^dynamo::/)
 
-.PHONY: help run test test-unit test-integration lint emulators-up emulators-down bench build deploy
+# Every Lambda function binary (one crate each under functions/).
+FUNCTIONS := ingress replay
+CARGO_LAMBDA_ARCH := $(if $(filter arm64,$(ARCH)),--arm64,$(if $(filter x86_64,$(ARCH)),--x86-64,$(error ARCH must be arm64 or x86_64)))
+
+.PHONY: help run test test-unit test-integration lint lint-template emulators-up emulators-down bench build deploy
 
 help:
 	@echo "make run         build and start tollgate serve on 127.0.0.1:$(PORT) (embedded store)"
@@ -15,6 +19,8 @@ help:
 	@echo "make test-unit   unit + contract + HTTP tests on the embedded store only (no emulators)"
 	@echo "make lint        rustfmt check + clippy -D warnings"
 	@echo "make bench       append/replay benchmarks on the embedded store and DynamoDB Local"
+	@echo "make build       release bootstrap zips per function (ARCH=arm64|x86_64)"
+	@echo "make deploy      sam build + sam deploy --guided"
 	@echo "make emulators-up / emulators-down   start/stop DynamoDB Local + LocalStack (SQS) by hand"
 
 run:
@@ -47,6 +53,21 @@ emulators-up:
 
 emulators-down:
 	$(EMULATORS) down
+
+# Release bootstrap zips for Lambda (provided.al2023), one per function, sizes printed.
+# arm64 needs `rustup target add aarch64-unknown-linux-gnu` first.
+build:
+	bin=$$(tests/harness/lambda-tools.sh) && PATH="$$bin:$$PATH" \
+	  cargo lambda build --release $(CARGO_LAMBDA_ARCH) --output-format zip $(foreach f,$(FUNCTIONS),-p $(f))
+	@for f in $(FUNCTIONS); do \
+	  z=target/lambda/$$f/bootstrap.zip; \
+	  printf '%-10s %s  %s bytes (%s)\n' "$$f" "$$z" "$$(stat -c %s $$z)" "$(ARCH)"; \
+	done
+
+# Needs the AWS SAM CLI and credentials; it cannot run on machines without AWS access.
+deploy:
+	sam build --template-file infra/template.yaml --parameter-overrides Architecture=$(ARCH)
+	sam deploy --guided --parameter-overrides Architecture=$(ARCH)
 
 bench:
 	cargo build --release -p tollgate-tests --bin tollgate-bench
