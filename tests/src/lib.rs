@@ -7,7 +7,6 @@ use std::sync::Arc;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tollgate_api::{Auth, Deps, Role};
-use tollgate_store::dynamo::{DynamoStore, Tables};
 use tollgate_store::memory::MemoryStore;
 use tollgate_store::RunStore;
 
@@ -19,33 +18,7 @@ pub enum Backend {
     Dynamo,
 }
 
-/// True when an AWS endpoint (emulator or real) is configured for the tests.
-pub fn aws_endpoint_configured() -> bool {
-    [
-        "AWS_ENDPOINT_URL_DYNAMODB",
-        "AWS_ENDPOINT_URL",
-        "TOLLGATE_TEST_REAL_AWS",
-    ]
-    .iter()
-    .any(|v| std::env::var_os(v).is_some())
-}
-
-/// The DynamoDB store the integration tests share; tables come from the template.
-pub async fn dynamo_store() -> DynamoStore {
-    assert!(
-        aws_endpoint_configured(),
-        "no DynamoDB endpoint: run `make test` (it starts DynamoDB Local) or set AWS_ENDPOINT_URL"
-    );
-    let config = aws_config::load_from_env().await;
-    let client = aws_sdk_dynamodb::Client::new(&config);
-    let prefix =
-        std::env::var("TOLLGATE_TEST_TABLE_PREFIX").unwrap_or_else(|_| "tollgate-test-".into());
-    let tables = Tables::with_prefix(&prefix);
-    tollgate_store::schema::ensure_tables(&client, &tables)
-        .await
-        .expect("create test tables from the template");
-    DynamoStore::new(client, tables)
-}
+pub use tollgate_store::contract::{aws_endpoint_configured, dynamo_test_store as dynamo_store};
 
 pub async fn store_for(backend: Backend) -> Arc<dyn RunStore> {
     match backend {

@@ -408,6 +408,35 @@ pub async fn replay_pages(store: Store) {
     );
 }
 
+/// True when an AWS endpoint (an emulator or real AWS) is configured for the tests.
+pub fn aws_endpoint_configured() -> bool {
+    [
+        "AWS_ENDPOINT_URL_DYNAMODB",
+        "AWS_ENDPOINT_URL",
+        "TOLLGATE_TEST_REAL_AWS",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some())
+}
+
+/// The DynamoDB store the AWS-backed tests share (tables `TOLLGATE_TEST_TABLE_PREFIX`,
+/// default `tollgate-test-`, created from the template when missing).
+pub async fn dynamo_test_store() -> crate::dynamo::DynamoStore {
+    assert!(
+        aws_endpoint_configured(),
+        "no DynamoDB endpoint: run `make test` (it starts DynamoDB Local) or set AWS_ENDPOINT_URL"
+    );
+    let config = aws_config::load_from_env().await;
+    let client = aws_sdk_dynamodb::Client::new(&config);
+    let prefix =
+        std::env::var("TOLLGATE_TEST_TABLE_PREFIX").unwrap_or_else(|_| "tollgate-test-".into());
+    let tables = crate::dynamo::Tables::with_prefix(&prefix);
+    crate::schema::ensure_tables(&client, &tables)
+        .await
+        .expect("create test tables from the template");
+    crate::dynamo::DynamoStore::new(client, tables)
+}
+
 /// Instantiates the whole suite for one adapter: `contract_suite!(async { store })`.
 #[macro_export]
 macro_rules! contract_suite {

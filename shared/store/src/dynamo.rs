@@ -29,7 +29,8 @@ use tollgate_domain::{
 };
 
 use crate::{
-    check_batch, fill_page, CreateOutcome, EventPage, Finished, RunStore, StoreError, StoredEvent,
+    check_batch, ended_run_answer, fill_page, CreateOutcome, EventPage, Finished, RunStore,
+    StoreError, StoredEvent,
 };
 
 /// Physical table names, read once at start-up.
@@ -544,18 +545,7 @@ impl RunStore for DynamoStore {
         let mut attempt = 0u32;
         loop {
             if head.status.is_terminal() {
-                let terminal_seq = head.terminal_seq.unwrap_or(head.last_sequence());
-                return if head.status == kind.status() {
-                    Ok(Finished {
-                        sequence: terminal_seq,
-                        already_finished: true,
-                    })
-                } else {
-                    Err(StoreError::RunTerminal {
-                        status: head.status,
-                        terminal_seq,
-                    })
-                };
+                return ended_run_answer(&head, kind);
             }
             let now = now_millis();
             let seq = head.next_seq;

@@ -123,6 +123,23 @@ pub fn check_batch(events: &[EventDraft]) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// `finish_run` on a run that has already ended: the same end repeated answers its
+/// terminal sequence; a different end is refused.
+pub(crate) fn ended_run_answer(head: &RunHead, kind: TerminalKind) -> Result<Finished, StoreError> {
+    let terminal_seq = head.terminal_seq.unwrap_or(head.last_sequence());
+    if head.status == kind.status() {
+        Ok(Finished {
+            sequence: terminal_seq,
+            already_finished: true,
+        })
+    } else {
+        Err(StoreError::RunTerminal {
+            status: head.status,
+            terminal_seq,
+        })
+    }
+}
+
 /// Takes events into a page until `limit` or the byte cap; reports whether more remain.
 pub(crate) fn fill_page(mut events: impl Iterator<Item = StoredEvent>, limit: usize) -> EventPage {
     let mut page = EventPage::default();

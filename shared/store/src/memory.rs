@@ -10,7 +10,8 @@ use serde_json::{Map, Value};
 use tollgate_domain::{now_millis, render_event, EventDraft, NewRun, RunHead, TerminalKind};
 
 use crate::{
-    check_batch, fill_page, CreateOutcome, EventPage, Finished, RunStore, StoreError, StoredEvent,
+    check_batch, ended_run_answer, fill_page, CreateOutcome, EventPage, Finished, RunStore,
+    StoreError, StoredEvent,
 };
 
 #[derive(Default)]
@@ -128,18 +129,7 @@ impl RunStore for MemoryStore {
         let record = live_head(&mut runs, run_id)?;
         let head = record.head.as_mut().ok_or(StoreError::NotFound)?;
         if head.status.is_terminal() {
-            let terminal_seq = head.terminal_seq.unwrap_or(head.last_sequence());
-            return if head.status == kind.status() {
-                Ok(Finished {
-                    sequence: terminal_seq,
-                    already_finished: true,
-                })
-            } else {
-                Err(StoreError::RunTerminal {
-                    status: head.status,
-                    terminal_seq,
-                })
-            };
+            return ended_run_answer(head, kind);
         }
         let now = now_millis();
         let seq = head.next_seq;

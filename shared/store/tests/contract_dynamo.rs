@@ -2,28 +2,14 @@
 //! endpoint in `AWS_ENDPOINT_URL` / `AWS_ENDPOINT_URL_DYNAMODB` (or real AWS credentials).
 use std::sync::Arc;
 
-use tollgate_store::dynamo::{DynamoStore, Tables};
+use tollgate_store::dynamo::DynamoStore;
 
 async fn dynamo_store() -> tollgate_store::contract::Store {
     Arc::new(dynamo_store_raw().await)
 }
 
 async fn dynamo_store_raw() -> DynamoStore {
-    assert!(
-        std::env::var_os("AWS_ENDPOINT_URL_DYNAMODB").is_some()
-            || std::env::var_os("AWS_ENDPOINT_URL").is_some()
-            || std::env::var_os("TOLLGATE_TEST_REAL_AWS").is_some(),
-        "no DynamoDB endpoint: run `make test` (it starts DynamoDB Local) or set AWS_ENDPOINT_URL"
-    );
-    let config = aws_config::load_from_env().await;
-    let client = aws_sdk_dynamodb::Client::new(&config);
-    let prefix =
-        std::env::var("TOLLGATE_TEST_TABLE_PREFIX").unwrap_or_else(|_| "tollgate-test-".into());
-    let tables = Tables::with_prefix(&prefix);
-    tollgate_store::schema::ensure_tables(&client, &tables)
-        .await
-        .expect("tables");
-    DynamoStore::new(client, tables)
+    tollgate_store::contract::dynamo_test_store().await
 }
 
 tollgate_store::contract_suite!(dynamo_store());
