@@ -572,3 +572,48 @@ macro_rules! for_backend {
 
 for_backend!(memory, Backend::Memory);
 for_backend!(dynamo, Backend::Dynamo);
+
+/// GIVEN DynamoDB is unreachable WHEN clients call THEN they get 503 JSON with
+/// `Retry-After`, never a success, and nothing is half-written once it returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_outage_answers_503_and_fails_closed() {
+    // A loopback port with nothing listening stands for an outage.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(format!("http://127.0.0.1:{port}"))
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
+            "t", "t", None, None, "test",
+        ))
+        .load()
+        .await;
+    let store = tollgate_store::dynamo::DynamoStore::new(
+        aws_sdk_dynamodb::Client::new(&sdk),
+        tollgate_store::dynamo::Tables::with_prefix("outage-"),
+    );
+    let srv = TestServer::with_store(std::sync::Arc::new(store)).await;
+    let (status, v) = srv.post("/api/runs", &srv.agent_token, &json!({})).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert_eq!(v["state"], "unavailable");
+    let token = srv.auth.run_token("run-1");
+    let resp = srv
+        .http
+        .post(srv.url("/api/runs/run-1/events"))
+        .bearer_auth(&token)
+        .json(&json!({"events": [{"type": "agent.message"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        !body["error"].as_str().unwrap().contains("127.0.0.1"),
+        "no internals leak: {body}"
+    );
+    let (status, _) = srv.get("/api/runs/run-1/events", &token).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+}

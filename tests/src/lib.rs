@@ -39,7 +39,10 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(backend: Backend) -> Self {
-        let store = store_for(backend).await;
+        Self::with_store(store_for(backend).await).await
+    }
+
+    pub async fn with_store(store: Arc<dyn RunStore>) -> Self {
         let deps = Deps::new(store, Auth::new(TEST_SECRET.as_bytes()));
         let auth = deps.auth.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
