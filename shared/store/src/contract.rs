@@ -246,6 +246,47 @@ pub async fn concurrent_appends_across_stores(
     );
 }
 
+/// A retry racing its original (same `event_id`, concurrently, many times over) lands
+/// once, and every caller gets that one sequence.
+pub async fn racing_retries_land_once(store: Store) {
+    let run_id = new_run(&store, "racing-retries").await;
+    let tasks: Vec<_> = (0..24)
+        .map(|i| {
+            let store = store.clone();
+            let run_id = run_id.clone();
+            tokio::spawn(async move {
+                let id = format!("same-{}", i % 3);
+                store
+                    .append_events(&run_id, vec![producer("tool.call", Some(&id), json!({}))])
+                    .await
+                    .expect("append")
+            })
+        })
+        .collect();
+    let mut by_id: std::collections::HashMap<usize, std::collections::HashSet<Vec<u64>>> =
+        std::collections::HashMap::new();
+    for (i, t) in futures::future::join_all(tasks)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        by_id.entry(i % 3).or_default().insert(t.expect("task"));
+    }
+    for answers in by_id.values() {
+        assert_eq!(
+            answers.len(),
+            1,
+            "every racer of one event_id got the same sequence"
+        );
+    }
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(
+        sequences(&events),
+        vec![1, 2, 3, 4],
+        "three ids, three events"
+    );
+}
+
 /// After the terminal event nothing lands; repeating the same end answers its sequence.
 pub async fn terminal_fencing(store: Store) {
     let run_id = new_run(&store, "terminal").await;
@@ -463,6 +504,10 @@ macro_rules! contract_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_appends_are_gapless() {
             $crate::contract::concurrent_appends_are_gapless(__store().await, 8, 25).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn racing_retries_land_once() {
+            $crate::contract::racing_retries_land_once(__store().await).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn terminal_fencing() {

@@ -80,38 +80,83 @@ pub struct DynamoStore {
     lanes: Option<RunLanes>,
 }
 
-/// Appends to one run from one process queue on a lane instead of racing each other on
-/// the head's condition: under many concurrent writers (one `tollgate serve`, one warm
-/// Lambda with concurrency) that turns N-way optimistic retries into a queue. The
-/// conditional head update still decides between processes, so correctness never rests
-/// on the lane.
+/// Appends to one run from one process go through a lane instead of racing each other
+/// on the head's condition. Waiting appends queue up, and whoever holds the lane writes
+/// the queue's head requests together in one transaction (group commit: whole requests,
+/// at most 99 events, no `event_id` twice), so N concurrent writers cost far fewer than
+/// N transactions. The lane also remembers the head it last wrote, so a queued append
+/// skips the read: a stale head only fails the condition, which returns the current
+/// head. The conditional head update still decides between processes (Lambda
+/// instances), so correctness never rests on the lane.
 #[derive(Default)]
-///
-/// The lane also remembers the head this process last wrote, so a queued append skips
-/// the read: a stale head only fails the condition, which returns the current head.
-struct RunLanes(
-    std::sync::Mutex<HashMap<String, std::sync::Weak<tokio::sync::Mutex<Option<RunHead>>>>>,
-);
+struct RunLanes(std::sync::Mutex<HashMap<String, std::sync::Weak<LaneState>>>);
 
-type Lane = tokio::sync::OwnedMutexGuard<Option<RunHead>>;
+#[derive(Default)]
+struct LaneState {
+    /// Appends waiting to be written, in arrival order.
+    queue: std::sync::Mutex<std::collections::VecDeque<QueuedAppend>>,
+    /// Held by whoever writes to the run from this process.
+    writer: std::sync::Arc<tokio::sync::Mutex<Option<RunHead>>>,
+}
+
+struct QueuedAppend {
+    events: Vec<EventDraft>,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<u64>, StoreError>>,
+}
+
+/// The right to write to one run from this process, with the head it last wrote.
+struct Lane {
+    state: std::sync::Arc<LaneState>,
+    head: tokio::sync::OwnedMutexGuard<Option<RunHead>>,
+}
 
 impl RunLanes {
-    async fn enter(&self, run_id: &str) -> Lane {
-        let lane = {
-            let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            if map.len() > 1024 {
-                map.retain(|_, weak| weak.strong_count() > 0);
+    fn state(&self, run_id: &str) -> std::sync::Arc<LaneState> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() > 1024 {
+            map.retain(|_, weak| weak.strong_count() > 0);
+        }
+        match map.get(run_id).and_then(std::sync::Weak::upgrade) {
+            Some(state) => state,
+            None => {
+                let state = std::sync::Arc::new(LaneState::default());
+                map.insert(run_id.to_owned(), std::sync::Arc::downgrade(&state));
+                state
             }
-            match map.get(run_id).and_then(std::sync::Weak::upgrade) {
-                Some(lane) => lane,
-                None => {
-                    let lane = std::sync::Arc::new(tokio::sync::Mutex::new(None));
-                    map.insert(run_id.to_owned(), std::sync::Arc::downgrade(&lane));
-                    lane
-                }
+        }
+    }
+}
+
+impl Lane {
+    async fn enter(state: std::sync::Arc<LaneState>) -> Self {
+        let head = state.writer.clone().lock_owned().await;
+        Self { state, head }
+    }
+
+    /// The next group of queued appends: whole requests in arrival order, at most
+    /// [`MAX_BATCH_EVENTS`] events, no `event_id` twice (a retry racing its original
+    /// waits for the next group, where it finds the original's sequence).
+    fn take_group(&self) -> Vec<QueuedAppend> {
+        let mut queue = self.state.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut group: Vec<QueuedAppend> = Vec::new();
+        let mut count = 0;
+        let mut ids = std::collections::HashSet::new();
+        while let Some(next) = queue.front() {
+            let next_ids: Vec<&str> = next
+                .events
+                .iter()
+                .filter_map(|e| e.event_id.as_deref())
+                .collect();
+            let fits = count + next.events.len() <= tollgate_domain::MAX_BATCH_EVENTS
+                && next_ids.iter().all(|id| !ids.contains(*id));
+            if !group.is_empty() && !fits {
+                break;
             }
-        };
-        lane.lock_owned().await
+            ids.extend(next_ids.into_iter().map(str::to_owned));
+            count += next.events.len();
+            group.extend(queue.pop_front());
+        }
+        group
     }
 }
 
@@ -135,7 +180,7 @@ impl DynamoStore {
 
     async fn enter_lane(&self, run_id: &str) -> Option<Lane> {
         match &self.lanes {
-            Some(lanes) => Some(lanes.enter(run_id).await),
+            Some(lanes) => Some(Lane::enter(lanes.state(run_id)).await),
             None => None,
         }
     }
@@ -143,12 +188,43 @@ impl DynamoStore {
     /// The head to start from: the one this lane last wrote, else a strong read.
     async fn starting_head(
         &self,
-        lane: &mut Option<Lane>,
+        lane: &mut Option<&mut Lane>,
         run_id: &str,
     ) -> Result<RunHead, StoreError> {
-        match lane.as_mut().and_then(|l| l.take()) {
+        match lane.as_mut().and_then(|l| l.head.take()) {
             Some(head) => Ok(head),
             None => self.get_head(run_id).await?.ok_or(StoreError::NotFound),
+        }
+    }
+
+    /// Writes one group of queued appends and answers each of them.
+    async fn write_group(&self, run_id: &str, group: Vec<QueuedAppend>, lane: &mut Lane) {
+        let combined: Vec<EventDraft> = group
+            .iter()
+            .flat_map(|q| q.events.iter().cloned())
+            .collect();
+        match self.append_in_lane(run_id, combined, Some(lane)).await {
+            Ok(sequences) => {
+                let mut rest = sequences.as_slice();
+                for q in group {
+                    let (mine, tail) = rest.split_at(q.events.len());
+                    rest = tail;
+                    let _ = q.reply.send(Ok(mine.to_vec()));
+                }
+            }
+            // On an ended run each request still deserves its own answer (a pure retry
+            // of events that landed before the end gets their sequences).
+            Err(StoreError::RunTerminal { .. }) if group.len() > 1 => {
+                for q in group {
+                    let answer = self.append_in_lane(run_id, q.events, Some(lane)).await;
+                    let _ = q.reply.send(answer);
+                }
+            }
+            Err(e) => {
+                for q in group {
+                    let _ = q.reply.send(Err(e.clone()));
+                }
+            }
         }
     }
 
@@ -379,6 +455,107 @@ async fn backoff(attempt: u32) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
+impl DynamoStore {
+    /// One append, in one transaction (retried on lost races and throttling), holding
+    /// the run's lane when there is one.
+    async fn append_in_lane(
+        &self,
+        run_id: &str,
+        events: Vec<EventDraft>,
+        mut lane: Option<&mut Lane>,
+    ) -> Result<Vec<u64>, StoreError> {
+        let deadline = Instant::now() + self.contention_budget;
+        let mut sequences: Vec<Option<u64>> = vec![None; events.len()];
+        let mut head = self.starting_head(&mut lane, run_id).await?;
+        let mut attempt = 0u32;
+        loop {
+            let pending: Vec<usize> = (0..events.len())
+                .filter(|i| sequences[*i].is_none())
+                .collect();
+            if pending.is_empty() {
+                break;
+            }
+            if head.status.is_terminal() {
+                // A retry of events that landed before the end still gets its answer.
+                let ids: Vec<&str> = pending
+                    .iter()
+                    .filter_map(|i| events[*i].event_id.as_deref())
+                    .collect();
+                if ids.len() == pending.len() {
+                    let found = self.existing_event_ids(run_id, &ids).await?;
+                    for i in &pending {
+                        let id = events[*i].event_id.as_deref().unwrap_or_default();
+                        sequences[*i] = found.get(id).copied();
+                    }
+                    if sequences.iter().all(Option::is_some) {
+                        break;
+                    }
+                }
+                return Err(StoreError::RunTerminal {
+                    status: head.status,
+                    terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
+                });
+            }
+            let now = now_millis();
+            let first = head.next_seq;
+            let mut items = Vec::with_capacity(pending.len() + 1);
+            items.push(self.head_update(&head, first + pending.len() as u64, now, None)?);
+            for (offset, i) in pending.iter().enumerate() {
+                items.push(self.event_put(&head, first + offset as u64, &events[*i], now)?);
+            }
+            match self.transact(items).await {
+                Ok(()) => {
+                    for (offset, i) in pending.iter().enumerate() {
+                        sequences[*i] = Some(first + offset as u64);
+                    }
+                    head.next_seq = first + pending.len() as u64;
+                    head.last_event_at = now;
+                    if let Some(lane) = lane.as_mut() {
+                        *lane.head = Some(head);
+                    }
+                    break;
+                }
+                Err(TxFailure::Cancelled(reasons)) => {
+                    // Keyed events already stored are duplicates: take their sequences.
+                    for (offset, i) in pending.iter().enumerate() {
+                        let Some(reason) = reasons.get(offset + 1) else {
+                            continue;
+                        };
+                        if reason_failed(reason) && events[*i].event_id.is_some() {
+                            if let Some(item) = reason.item() {
+                                sequences[*i] = Some(get_n(item, "sequence")?);
+                            }
+                        }
+                    }
+                    match reasons.first() {
+                        Some(r) if reason_failed(r) => {
+                            head = match r.item() {
+                                Some(item) => head_from_item(item)?,
+                                None => return Err(StoreError::NotFound),
+                            };
+                        }
+                        // Head held; only duplicates failed: retry the rest at once.
+                        _ => continue,
+                    }
+                }
+                Err(TxFailure::Retryable(why)) => {
+                    tracing::debug!(run_id, %why, "append retry");
+                    head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?;
+                }
+                Err(TxFailure::Fatal(why)) => return Err(StoreError::Unavailable(why)),
+            }
+            if Instant::now() >= deadline {
+                return Err(StoreError::Unavailable(
+                    "append kept losing to concurrent writers; retry".into(),
+                ));
+            }
+            attempt += 1;
+            backoff(attempt).await;
+        }
+        Ok(sequences.into_iter().flatten().collect())
+    }
+}
+
 #[async_trait]
 impl RunStore for DynamoStore {
     async fn create_run(&self, new: NewRun) -> Result<CreateOutcome, StoreError> {
@@ -440,98 +617,35 @@ impl RunStore for DynamoStore {
         events: Vec<EventDraft>,
     ) -> Result<Vec<u64>, StoreError> {
         check_batch(&events)?;
-        let mut lane = self.enter_lane(run_id).await;
-        let deadline = Instant::now() + self.contention_budget;
-        let mut sequences: Vec<Option<u64>> = vec![None; events.len()];
-        let mut head = self.starting_head(&mut lane, run_id).await?;
-        let mut attempt = 0u32;
+        let Some(lanes) = &self.lanes else {
+            return self.append_in_lane(run_id, events, None).await;
+        };
+        let state = lanes.state(run_id);
+        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        state
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(QueuedAppend { events, reply });
+        let mut lane = Lane::enter(state).await;
         loop {
-            let pending: Vec<usize> = (0..events.len())
-                .filter(|i| sequences[*i].is_none())
-                .collect();
-            if pending.is_empty() {
-                break;
-            }
-            if head.status.is_terminal() {
-                // A retry of events that landed before the end still gets its answer.
-                let ids: Vec<&str> = pending
-                    .iter()
-                    .filter_map(|i| events[*i].event_id.as_deref())
-                    .collect();
-                if ids.len() == pending.len() {
-                    let found = self.existing_event_ids(run_id, &ids).await?;
-                    for i in &pending {
-                        let id = events[*i].event_id.as_deref().unwrap_or_default();
-                        sequences[*i] = found.get(id).copied();
-                    }
-                    if sequences.iter().all(Option::is_some) {
-                        break;
-                    }
+            // Whoever held the lane before may have written this append already.
+            match answer.try_recv() {
+                Ok(result) => return result,
+                Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
+                    return Err(StoreError::Unavailable("append was dropped; retry".into()))
                 }
-                return Err(StoreError::RunTerminal {
-                    status: head.status,
-                    terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
-                });
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {}
             }
-            let now = now_millis();
-            let first = head.next_seq;
-            let mut items = Vec::with_capacity(pending.len() + 1);
-            items.push(self.head_update(&head, first + pending.len() as u64, now, None)?);
-            for (offset, i) in pending.iter().enumerate() {
-                items.push(self.event_put(&head, first + offset as u64, &events[*i], now)?);
-            }
-            match self.transact(items).await {
-                Ok(()) => {
-                    for (offset, i) in pending.iter().enumerate() {
-                        sequences[*i] = Some(first + offset as u64);
-                    }
-                    head.next_seq = first + pending.len() as u64;
-                    head.last_event_at = now;
-                    if let Some(lane) = lane.as_mut() {
-                        **lane = Some(head);
-                    }
-                    break;
-                }
-                Err(TxFailure::Cancelled(reasons)) => {
-                    // Keyed events already stored are duplicates: take their sequences.
-                    for (offset, i) in pending.iter().enumerate() {
-                        let Some(reason) = reasons.get(offset + 1) else {
-                            continue;
-                        };
-                        if reason_failed(reason) && events[*i].event_id.is_some() {
-                            if let Some(item) = reason.item() {
-                                sequences[*i] = Some(get_n(item, "sequence")?);
-                            }
-                        }
-                    }
-                    match reasons.first() {
-                        Some(r) if reason_failed(r) => {
-                            head = match r.item() {
-                                Some(item) => head_from_item(item)?,
-                                None => return Err(StoreError::NotFound),
-                            };
-                        }
-                        // Head held; only duplicates failed: retry the rest at once.
-                        _ => continue,
-                    }
-                }
-                Err(TxFailure::Retryable(why)) => {
-                    tracing::debug!(run_id, %why, "append retry");
-                    head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?;
-                }
-                Err(TxFailure::Fatal(why)) => return Err(StoreError::Unavailable(why)),
-            }
-            if Instant::now() >= deadline {
+            let group = lane.take_group();
+            if group.is_empty() {
                 return Err(StoreError::Unavailable(
-                    "append kept losing to concurrent writers; retry".into(),
+                    "append was lost from its lane; retry".into(),
                 ));
             }
-            attempt += 1;
-            backoff(attempt).await;
+            self.write_group(run_id, group, &mut lane).await;
         }
-        Ok(sequences.into_iter().flatten().collect())
     }
-
     async fn finish_run(
         &self,
         run_id: &str,
@@ -539,6 +653,7 @@ impl RunStore for DynamoStore {
         payload: Map<String, Value>,
     ) -> Result<Finished, StoreError> {
         let mut lane = self.enter_lane(run_id).await;
+        let mut lane = lane.as_mut();
         let deadline = Instant::now() + self.contention_budget;
         let draft = EventDraft::server(kind.event_type(), payload);
         let mut head = self.starting_head(&mut lane, run_id).await?;
@@ -560,7 +675,7 @@ impl RunStore for DynamoStore {
                     head.terminal_seq = Some(seq);
                     head.last_event_at = now;
                     if let Some(lane) = lane.as_mut() {
-                        **lane = Some(head);
+                        *lane.head = Some(head);
                     }
                     return Ok(Finished {
                         sequence: seq,

@@ -23,3 +23,10 @@ async fn separate_processes_race_only_on_the_head_condition() {
     let b = Arc::new(dynamo_store_raw().await.without_lanes()) as tollgate_store::contract::Store;
     tollgate_store::contract::concurrent_appends_across_stores(vec![a, b], 4, 15).await;
 }
+
+/// The same race across two processes (no shared lane).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_retries_land_once_across_processes() {
+    let a = Arc::new(dynamo_store_raw().await.without_lanes());
+    tollgate_store::contract::racing_retries_land_once(a).await;
+}
