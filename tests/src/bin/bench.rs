@@ -158,7 +158,12 @@ fn ms(d: Duration) -> String {
 }
 
 fn ratio(d: Duration, base: Duration) -> String {
-    format!("{:.2}×", d.as_secs_f64() / base.as_secs_f64())
+    let r = d.as_secs_f64() / base.as_secs_f64();
+    if r < 0.1 {
+        format!("{r:.4}×")
+    } else {
+        format!("{r:.2}×")
+    }
 }
 
 async fn bench(name: &str, store: Arc<dyn RunStore>, baseline: Option<&Baseline>) {
