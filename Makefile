@@ -11,12 +11,14 @@ AWS_TESTS := binary(contract_dynamo) | test(/^dynamo::/)
 FUNCTIONS := ingress replay
 CARGO_LAMBDA_ARCH := $(if $(filter arm64,$(ARCH)),--arm64,$(if $(filter x86_64,$(ARCH)),--x86-64,$(error ARCH must be arm64 or x86_64)))
 
-.PHONY: help run test test-unit test-integration lint lint-template emulators-up emulators-down bench build deploy
+.PHONY: help run test test-unit test-integration test-lambda cold-init lint lint-template emulators-up emulators-down bench build deploy
 
 help:
 	@echo "make run         build and start tollgate serve on 127.0.0.1:$(PORT) (embedded store)"
 	@echo "make test        everything: unit, store contract on both adapters, integration on emulators"
 	@echo "make test-unit   unit + contract + HTTP tests on the embedded store only (no emulators)"
+	@echo "make test-lambda each function under cargo lambda watch, invoked with API Gateway v2 / Function URL fixtures"
+	@echo "make cold-init   cold init per function under the local Runtime API (release build)"
 	@echo "make lint        rustfmt check + clippy -D warnings"
 	@echo "make bench       append/replay benchmarks on the embedded store and DynamoDB Local"
 	@echo "make build       release bootstrap zips per function (ARCH=arm64|x86_64)"
@@ -33,9 +35,19 @@ test: lint
 	tests/readme_tour.sh
 	$(EMULATORS) with $(MAKE) --no-print-directory test-integration
 
-# Runs every test; the AWS-backed ones use whatever AWS_ENDPOINT_URL* is set.
+# Runs every test; the AWS-backed ones use whatever AWS_ENDPOINT_URL* is set. Then the
+# Lambda-runtime tier: each function under `cargo lambda watch`, invoked with fixtures.
 test-integration:
 	cargo nextest run --workspace --no-fail-fast
+	tests/lambda/run.sh
+
+# Only the Lambda-runtime tier (starts its own emulators).
+test-lambda:
+	$(EMULATORS) with tests/lambda/run.sh
+
+# Cold init of each function under the local Runtime API (release build).
+cold-init:
+	$(EMULATORS) with tests/lambda/cold_init.sh
 
 test-unit:
 	cargo nextest run --workspace --no-fail-fast -E 'not ($(AWS_TESTS))'

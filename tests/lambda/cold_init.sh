@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# Cold init of each HTTP function under cargo-lambda's local Runtime API: the time from
+# starting the function process to the answer of its first invocation, which was queued
+# before the process started (so it is handed over by the first
+# `GET /runtime/invocation/next`). The event is an unknown route (a 404 that touches
+# no storage), so the figure is process start + init (config, AWS SDK, table check) +
+# one Runtime API round trip; the warm round trip is printed beside it.
+#
+#   tests/harness/emulators.sh with tests/lambda/cold_init.sh [--debug] [--samples N]
+#       [--bin-dir DIR]
+#
+# Three configurations per function:
+#   deployed        TOLLGATE_CREATE_TABLES unset (a deployed stack owns its tables)
+#   tables-exist    TOLLGATE_CREATE_TABLES=1, tables already there (the test tier)
+#   tables-create   TOLLGATE_CREATE_TABLES=1, tables created at start (fresh prefix)
+# Builds with --release unless --debug; --bin-dir DIR measures the binaries in DIR
+# instead, without building: DIR/<function>/bootstrap (what `cargo lambda build`
+# leaves in target/lambda) or DIR/<function>.
+# Needs the emulator environment (DynamoDB).
+# Prints a table; the numbers depend on the machine and its load.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+CACHE=${TOLLGATE_CACHE:-$REPO/.cache}
+PROFILE=release
+BIN_DIR=
+SAMPLES=5
+FUNCTIONS=(ingress replay)
+while (($#)); do
+  case $1 in
+    --debug) PROFILE=debug ;;
+    --samples) SAMPLES=$2; shift ;;
+    --bin-dir) BIN_DIR=$(cd "$2" && pwd); shift ;;
+    *) echo "usage: $0 [--debug] [--samples N] [--bin-dir DIR]" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+log() { printf 'cold-init: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+[[ -n ${AWS_ENDPOINT_URL_DYNAMODB:-}${AWS_ENDPOINT_URL:-} ]] ||
+  die "no DynamoDB endpoint in the environment; run: tests/harness/emulators.sh with $0"
+
+TOOLS=$("$REPO/tests/harness/lambda-tools.sh")
+export PATH="$TOOLS:$PATH"
+
+if [[ -z $BIN_DIR ]]; then
+  bins=()
+  for f in "${FUNCTIONS[@]}"; do bins+=(--bin "$f"); done
+  flag=()
+  [[ $PROFILE == release ]] && flag=(--release)
+  t0=$SECONDS
+  (cd "$REPO" && cargo build "${flag[@]}" "${bins[@]}" </dev/null) >&2 ||
+    die "cargo build failed"
+  log "built ${FUNCTIONS[*]} ($PROFILE) in $((SECONDS - t0))s"
+  TARGET_DIR=$(cd "$REPO" && cargo metadata --format-version 1 --no-deps 2>/dev/null |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+  BIN_DIR=$TARGET_DIR/$PROFILE
+fi
+
+while read -r v; do
+  [[ $v == TOLLGATE_CACHE ]] || unset "$v"
+done < <(compgen -e | grep '^TOLLGATE_' || true)
+export AWS_REGION=${AWS_REGION:-us-east-1}
+
+mkdir -p "$CACHE/lambda-test"
+WORK=$(mktemp -d "$CACHE/lambda-test/cold-init-XXXXXX")
+trap 'rc=$?; ((rc == 0)) && rm -rf "$WORK" || log "logs kept in $WORK"' EXIT
+
+python3 - "$REPO" "$BIN_DIR" "$WORK" "$SAMPLES" "${FUNCTIONS[@]}" <<'PY'
+import json, os, signal, socket, statistics, subprocess, sys, threading, time, urllib.request, uuid
+
+repo, bindir, work, samples, *functions = sys.argv[1:]
+samples = int(samples)
+SECRET = "tollgate-lambda-fixtures-secret-not-for-production"
+
+def free_port():
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
+
+port = free_port()
+watch_log = open(os.path.join(work, "watch.log"), "w")
+watch = subprocess.Popen(
+    ["cargo", "lambda", "watch", "--only-lambda-apis", "--color", "never",
+     "--invoke-address", "127.0.0.1", "--invoke-port", str(port)],
+    cwd=repo, stdin=subprocess.DEVNULL, stdout=watch_log, stderr=subprocess.STDOUT,
+    start_new_session=True)
+
+def stop(p):
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(5)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL); p.wait()
+
+try:
+    invoke_url = f"http://127.0.0.1:{port}/2015-03-31/functions/_/invocations"
+    deadline = time.time() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            break  # listening
+        except OSError:
+            if time.time() > deadline or watch.poll() is not None:
+                sys.exit("cold-init: cargo lambda watch did not start")
+            time.sleep(0.1)
+
+    with open(os.path.join(repo, "fixtures/lambda/ingress/09-unknown-route-apigw.json")) as f:
+        event = f.read().encode()
+
+    def invoke(result, timeout=60):
+        try:
+            req = urllib.request.Request(invoke_url, data=event, method="POST")
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                result["body"] = json.loads(r.read())
+        except Exception as e:  # noqa: BLE001
+            result["error"] = repr(e)
+        result["t"] = time.perf_counter()
+
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("TOLLGATE_")}
+    base_env.update({
+        "TOLLGATE_SECRET": SECRET, "TOLLGATE_BACKEND": "aws", "RUST_LOG": "info",
+        "AWS_LAMBDA_RUNTIME_API": f"http://127.0.0.1:{port}/.rt",
+        "AWS_LAMBDA_FUNCTION_NAME": "_", "AWS_LAMBDA_FUNCTION_VERSION": "1",
+        "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512",
+    })
+    modes = {
+        "deployed": lambda: {"TOLLGATE_TABLE_PREFIX": "tollgate-coldinit-"},
+        "tables-exist": lambda: {"TOLLGATE_TABLE_PREFIX": "tollgate-coldinit-",
+                                 "TOLLGATE_CREATE_TABLES": "1"},
+        "tables-create": lambda: {"TOLLGATE_TABLE_PREFIX": f"tollgate-coldinit-{uuid.uuid4().hex[:8]}-",
+                                  "TOLLGATE_CREATE_TABLES": "1"},
+    }
+
+    def binary(fn):
+        for p in (os.path.join(bindir, fn, "bootstrap"), os.path.join(bindir, fn)):
+            if os.path.isfile(p):
+                return p
+        sys.exit(f"cold-init: no {fn} binary in {bindir}")
+
+    def sample(fn, extra):
+        result = {}
+        th = threading.Thread(target=invoke, args=(result,))
+        th.start()
+        time.sleep(0.3)  # the invoke is queued before the function exists
+        env = dict(base_env, **extra)
+        flog = open(os.path.join(work, f"{fn}.log"), "a")
+        t0 = time.perf_counter()
+        p = subprocess.Popen([binary(fn)], env=env, stdin=subprocess.DEVNULL,
+                             stdout=flog, stderr=subprocess.STDOUT, start_new_session=True)
+        th.join()
+        cold = result["t"] - t0
+        ok = result.get("body", {}).get("statusCode") == 404
+        rss = None
+        try:
+            with open(f"/proc/{p.pid}/status") as f:
+                rss = next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
+        except (OSError, StopIteration):
+            pass
+        warm = {}
+        t1 = time.perf_counter()
+        invoke(warm)
+        warm_s = warm["t"] - t1
+        ok = ok and warm.get("body", {}).get("statusCode") == 404
+        stop(p)
+        if not ok:
+            sys.exit(f"cold-init: {fn}: unexpected answer {result} / {warm}; see {work}")
+        return cold, warm_s, rss
+
+    # One throw-away start, so that the tables of tables-exist exist and the binaries
+    # are in the page cache (a Lambda cold start reads them from its own disk).
+    for fn in functions:
+        sample(fn, modes["tables-exist"]())
+
+    print(f"cold init under cargo lambda's Runtime API ({bindir}, "
+          f"{samples} samples; median [min-max] ms)")
+    print(f"{'function':<9} {'config':<14} {'cold':>20} {'warm invoke':>12} {'max RSS':>8} {'binary':>8}")
+    for fn in functions:
+        size = os.path.getsize(binary(fn)) / 1e6
+        for mode, make_env in modes.items():
+            colds, warms, rsss = [], [], []
+            for _ in range(samples):
+                c, w, r = sample(fn, make_env())
+                colds.append(c * 1000); warms.append(w * 1000)
+                if r: rsss.append(r)
+            cold = f"{statistics.median(colds):.0f} [{min(colds):.0f}-{max(colds):.0f}]"
+            print(f"{fn:<9} {mode:<14} {cold:>20} {statistics.median(warms):>10.1f}ms "
+                  f"{(max(rsss) if rsss else 0):>6.0f}MB {size:>6.1f}MB", flush=True)
+finally:
+    stop(watch)
+PY
