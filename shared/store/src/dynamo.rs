@@ -67,6 +67,10 @@ impl Tables {
 
 pub const BY_SEQUENCE_INDEX: &str = "by_sequence";
 
+/// How long one transaction attempt keeps resending after answers that leave its outcome
+/// unknown before it gives up as `Unavailable`.
+const AMBIGUITY_BUDGET: Duration = Duration::from_secs(5);
+
 pub struct DynamoStore {
     client: Client,
     tables: Tables,
@@ -322,18 +326,35 @@ impl DynamoStore {
             .build())
     }
 
+    /// One transaction attempt. Its client request token stays the same while we resend
+    /// after an answer that leaves the outcome unknown (timeout, dispatch failure,
+    /// `InternalServerError`, `TransactionInProgress`): DynamoDB answers a resend of a
+    /// committed token with success and writes nothing, so an attempt never lands twice.
+    /// If the outcome is still unknown after the ambiguity budget, fail closed.
     async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<(), TxFailure> {
-        let result = self
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(items))
-            // Makes the SDK's own transport retries of this exact attempt idempotent.
-            .client_request_token(uuid::Uuid::new_v4().to_string())
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(err) => Err(classify_tx_error(err)),
+        let token = uuid::Uuid::new_v4().to_string();
+        let give_up = Instant::now() + AMBIGUITY_BUDGET;
+        let mut attempt = 0u32;
+        loop {
+            let result = self
+                .client
+                .transact_write_items()
+                .set_transact_items(Some(items.clone()))
+                .client_request_token(&token)
+                .send()
+                .await;
+            match result.map_err(classify_tx_error) {
+                Ok(_) => return Ok(()),
+                Err(TxFailure::Ambiguous(why)) if Instant::now() < give_up => {
+                    tracing::warn!(%why, "transaction outcome unknown; resending with the same token");
+                    attempt += 1;
+                    backoff(attempt + 3).await;
+                }
+                Err(TxFailure::Ambiguous(why)) => {
+                    return Err(TxFailure::Fatal(format!("outcome unknown: {why}")))
+                }
+                Err(other) => return Err(other),
+            }
         }
     }
 
@@ -402,8 +423,11 @@ impl DynamoStore {
 enum TxFailure {
     /// Conditions failed: one reason per item, in order, with the stored item (ALL_OLD).
     Cancelled(Vec<CancellationReason>),
-    /// Throttling, a conflicting concurrent transaction, or a transient server fault.
+    /// Rejected before it could commit (throttling, a conflicting transaction): safe
+    /// to rebuild from a fresh read and try again.
     Retryable(String),
+    /// It may or may not have committed: resend the same request (same token).
+    Ambiguous(String),
     /// Anything else: fail closed.
     Fatal(String),
 }
@@ -424,12 +448,14 @@ fn classify_tx_error(err: SdkError<TransactWriteItemsError>) -> TxFailure {
                     TxFailure::Retryable(format!("transaction cancelled: {codes:?}"))
                 }
             }
-            e @ (TransactWriteItemsError::TransactionInProgressException(_)
-            | TransactWriteItemsError::ProvisionedThroughputExceededException(_)
+            e @ (TransactWriteItemsError::ProvisionedThroughputExceededException(_)
             | TransactWriteItemsError::RequestLimitExceeded(_)
-            | TransactWriteItemsError::ThrottlingException(_)
+            | TransactWriteItemsError::ThrottlingException(_)) => {
+                TxFailure::Retryable(e.code().unwrap_or("throttled").to_owned())
+            }
+            e @ (TransactWriteItemsError::TransactionInProgressException(_)
             | TransactWriteItemsError::InternalServerError(_)) => {
-                TxFailure::Retryable(e.code().unwrap_or("transient").to_owned())
+                TxFailure::Ambiguous(e.code().unwrap_or("transient").to_owned())
             }
             e => TxFailure::Fatal(format!(
                 "{}: {}",
@@ -437,9 +463,9 @@ fn classify_tx_error(err: SdkError<TransactWriteItemsError>) -> TxFailure {
                 e.message().unwrap_or("")
             )),
         },
-        // Timeouts and dispatch failures: the SDK already retried; the attempt may or may
-        // not have committed, so callers re-read (event ids make that safe).
-        other => TxFailure::Retryable(format!("{other}")),
+        // Timeouts and dispatch failures (the SDK already retried): the request may have
+        // reached DynamoDB and committed.
+        other => TxFailure::Ambiguous(format!("{other}")),
     }
 }
 
@@ -517,6 +543,7 @@ impl DynamoStore {
                 }
                 Err(TxFailure::Cancelled(reasons)) => {
                     // Keyed events already stored are duplicates: take their sequences.
+                    let unanswered = pending.len();
                     for (offset, i) in pending.iter().enumerate() {
                         let Some(reason) = reasons.get(offset + 1) else {
                             continue;
@@ -535,14 +562,25 @@ impl DynamoStore {
                             };
                         }
                         // Head held; only duplicates failed: retry the rest at once.
-                        _ => continue,
+                        _ if sequences.iter().filter(|s| s.is_none()).count() < unanswered => {
+                            continue
+                        }
+                        // Head held yet an event key was taken: the stored events are
+                        // ahead of the head. Never guess a sequence; fail closed.
+                        _ => {
+                            return Err(StoreError::Unavailable(format!(
+                                "run {run_id}: stored events are ahead of the run head"
+                            )))
+                        }
                     }
                 }
                 Err(TxFailure::Retryable(why)) => {
                     tracing::debug!(run_id, %why, "append retry");
                     head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?;
                 }
-                Err(TxFailure::Fatal(why)) => return Err(StoreError::Unavailable(why)),
+                Err(TxFailure::Fatal(why) | TxFailure::Ambiguous(why)) => {
+                    return Err(StoreError::Unavailable(why))
+                }
             }
             if Instant::now() >= deadline {
                 return Err(StoreError::Unavailable(
@@ -604,9 +642,9 @@ impl RunStore for DynamoStore {
                         return Ok(CreateOutcome::Existing(head));
                     }
                 }
-                Err(TxFailure::Retryable(why) | TxFailure::Fatal(why)) => {
-                    return Err(StoreError::Unavailable(why))
-                }
+                Err(
+                    TxFailure::Retryable(why) | TxFailure::Fatal(why) | TxFailure::Ambiguous(why),
+                ) => return Err(StoreError::Unavailable(why)),
             }
         }
     }
@@ -694,7 +732,9 @@ impl RunStore for DynamoStore {
                     tracing::debug!(run_id, %why, "finish retry");
                     head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?;
                 }
-                Err(TxFailure::Fatal(why)) => return Err(StoreError::Unavailable(why)),
+                Err(TxFailure::Fatal(why) | TxFailure::Ambiguous(why)) => {
+                    return Err(StoreError::Unavailable(why))
+                }
             }
             if Instant::now() >= deadline {
                 return Err(StoreError::Unavailable(
