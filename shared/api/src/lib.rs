@@ -44,11 +44,36 @@ impl Deps {
     }
 }
 
-/// JSON 404/405 for anything no route claims, so every answer is JSON.
+/// JSON 404/405 for anything no route claims, so every answer is JSON; one access-log
+/// line per request.
 fn with_fallbacks(router: Router) -> Router {
     router
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(axum::middleware::from_fn(access_log))
+}
+
+/// Method, route template (never the raw path's query or any header), status, latency.
+async fn access_log(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let method = req.method().clone();
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".into());
+    let started = std::time::Instant::now();
+    let response = next.run(req).await;
+    tracing::info!(
+        %method,
+        route,
+        status = response.status().as_u16(),
+        latency_ms = started.elapsed().as_secs_f64() * 1e3,
+        "request"
+    );
+    response
 }
 
 /// The `ingress` function's routes.
