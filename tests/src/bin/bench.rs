@@ -245,6 +245,10 @@ async fn main() {
         Some(d) => {
             let store: Arc<dyn RunStore> = d.clone();
             let run_id = filled_run(&store).await;
+            // A fresh emulator JIT-compiles as it goes: warm it up before measuring.
+            dynamo_baseline(d, &run_id).await;
+            append_throughput(&store, WRITERS).await;
+            append_throughput(&store, 1).await;
             let b = dynamo_baseline(d, &run_id).await;
             println!(
                 "\nbaseline on this DynamoDB endpoint: PutItem {}, Query of 100 items {}",
