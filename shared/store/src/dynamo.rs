@@ -71,6 +71,7 @@ pub const BY_SEQUENCE_INDEX: &str = "by_sequence";
 /// unknown before it gives up as `Unavailable`.
 const AMBIGUITY_BUDGET: Duration = Duration::from_secs(5);
 
+#[derive(Clone)]
 pub struct DynamoStore {
     client: Client,
     tables: Tables,
@@ -81,7 +82,7 @@ pub struct DynamoStore {
     contention_budget: Duration,
     /// Per-run write lanes inside this process (see [`RunLanes`]); `None` lets every
     /// call race on the head, as separate processes do.
-    lanes: Option<RunLanes>,
+    lanes: Option<std::sync::Arc<RunLanes>>,
 }
 
 /// Appends to one run from one process go through a lane instead of racing each other
@@ -171,7 +172,7 @@ impl DynamoStore {
             tables,
             retention: None,
             contention_budget: Duration::from_secs(20),
-            lanes: Some(RunLanes::default()),
+            lanes: Some(std::sync::Arc::new(RunLanes::default())),
         }
     }
 
@@ -659,31 +660,32 @@ impl RunStore for DynamoStore {
             return self.append_in_lane(run_id, events, None).await;
         };
         let state = lanes.state(run_id);
-        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        let (reply, answer) = tokio::sync::oneshot::channel();
         state
             .queue
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push_back(QueuedAppend { events, reply });
-        let mut lane = Lane::enter(state).await;
-        loop {
-            // Whoever held the lane before may have written this append already.
-            match answer.try_recv() {
-                Ok(result) => return result,
-                Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
-                    return Err(StoreError::Unavailable("append was dropped; retry".into()))
+        // The lane is drained by a task of its own, so a caller that goes away (a client
+        // disconnecting drops its request future) cannot abandon a transaction half-way
+        // or strand the appends grouped with its own.
+        let store = self.clone();
+        let run_id = run_id.to_owned();
+        tokio::spawn(async move {
+            let mut lane = Lane::enter(state).await;
+            loop {
+                let group = lane.take_group();
+                if group.is_empty() {
+                    break;
                 }
-                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {}
+                store.write_group(&run_id, group, &mut lane).await;
             }
-            let group = lane.take_group();
-            if group.is_empty() {
-                return Err(StoreError::Unavailable(
-                    "append was lost from its lane; retry".into(),
-                ));
-            }
-            self.write_group(run_id, group, &mut lane).await;
-        }
+        });
+        answer
+            .await
+            .unwrap_or_else(|_| Err(StoreError::Unavailable("append was dropped; retry".into())))
     }
+
     async fn finish_run(
         &self,
         run_id: &str,
