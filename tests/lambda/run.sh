@@ -39,7 +39,7 @@
 #   __RUN_ID__, __RUN_ID_<X>__       a run id unique to this session
 #                                    (DynamoDB Local keeps state while it is up, so
 #                                    repeated runs must not reuse run ids)
-#   __RUN_TOKEN__, __RUN_TOKEN_<X>__ that run's token, hex(HMAC-SHA256(secret, run id))
+#   __RUN_TOKEN__, __RUN_TOKEN_<X>__ that run's token, hex(HMAC-SHA256(HMAC-SHA256(secret, "tollgate run-token key v1"), run id))
 # A `content-length` header is corrected to the rendered body's length. Placeholders
 # inside a base64 body are not replaced: keep run ids in the path there.
 # JWTs are static in the fixtures (HS256, exp in 2121) and signed with SECRET below;
@@ -194,7 +194,8 @@ suffixes = sorted({m.group(2) for t in texts.values() for m in pat.finditer(t)})
 run_ids = {s: f"lt-{session}{s.lower().replace('_', '-')}" for s in suffixes}
 
 def token(run_id):
-    return hmac.new(secret.encode(), run_id.encode(), hashlib.sha256).hexdigest()
+    key = hmac.new(secret.encode(), b"tollgate run-token key v1", hashlib.sha256).digest()
+    return hmac.new(key, run_id.encode(), hashlib.sha256).hexdigest()
 
 vars_ = {"session": session}
 for s, run_id in run_ids.items():

@@ -1,4 +1,4 @@
-//! Two kinds of bearer: the run token (`HMAC-SHA256(secret, run_id)`, re-derivable and
+//! Two kinds of bearer: the run token (`HMAC-SHA256` of the run id under a key derived from the secret, re-derivable and
 //! never stored) for producer calls on one run, and an HS256 JWT (`sub`, `role`, `exp`,
 //! optional `project_id`) for creating runs and for operators. Tokens are compared in
 //! constant time and never logged.
@@ -72,7 +72,10 @@ impl<S: Send + Sync> FromRequestParts<S> for Credentials {
 }
 
 pub struct Auth {
-    secret: Vec<u8>,
+    /// Key of the run tokens, derived from the secret. Never the JWT key itself: with one
+    /// key, a run id shaped like `header.payload` would get a run token that is a valid
+    /// JWT signature (an agent could mint itself an operator token).
+    run_key: Vec<u8>,
     decoding: DecodingKey,
     encoding: EncodingKey,
 }
@@ -85,17 +88,23 @@ impl std::fmt::Debug for Auth {
 
 type HmacSha256 = Hmac<Sha256>;
 
+/// `run_key = HMAC-SHA256(secret, RUN_TOKEN_KEY_LABEL)`; run token =
+/// `hex(HMAC-SHA256(run_key, run_id))`.
+pub const RUN_TOKEN_KEY_LABEL: &[u8] = b"tollgate run-token key v1";
+
 impl Auth {
     pub fn new(secret: &[u8]) -> Self {
+        let mut derive = HmacSha256::new_from_slice(secret).expect("HMAC takes any key length");
+        derive.update(RUN_TOKEN_KEY_LABEL);
         Self {
-            secret: secret.to_vec(),
+            run_key: derive.finalize().into_bytes().to_vec(),
             decoding: DecodingKey::from_secret(secret).expect("an HMAC key of any length"),
             encoding: EncodingKey::from_secret(secret).expect("an HMAC key of any length"),
         }
     }
 
     fn mac(&self, run_id: &str) -> HmacSha256 {
-        let mut mac = HmacSha256::new_from_slice(&self.secret).expect("HMAC takes any key length");
+        let mut mac = HmacSha256::new_from_slice(&self.run_key).expect("HMAC takes any key length");
         mac.update(run_id.as_bytes());
         mac
     }
@@ -313,6 +322,23 @@ mod tests {
         assert_eq!(auth.require_role(&creds, Role::Agent).unwrap().sub, "bob");
         let no_role = std::collections::HashMap::from([("sub".to_string(), "bob".to_string())]);
         assert!(claims_from_gateway(&no_role, "role").is_none());
+    }
+
+    /// A run token must never double as a JWT signature, whatever the run id looks like.
+    #[test]
+    fn run_tokens_cannot_forge_jwts() {
+        use base64::Engine;
+        let auth = Auth::new(b"0123456789abcdef0123456789abcdef");
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let header = b64.encode(br#"{"alg":"HS256"}"#);
+        let claims = b64.encode(br#"{"sub":"x","role":"operator","exp":9999999999}"#);
+        let run_id = format!("{header}.{claims}");
+        let signature = b64.encode(hex::decode(auth.run_token(&run_id)).unwrap());
+        let forged = format!("{run_id}.{signature}");
+        let err = auth
+            .require_role(&headers(&forged), Role::Operator)
+            .unwrap_err();
+        assert_eq!(err.status, StatusCode::UNAUTHORIZED);
     }
 
     #[test]
