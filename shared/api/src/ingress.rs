@@ -8,8 +8,8 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tollgate_domain::{
-    delivery_run_id, event::validate_payload, validate_producer_event, validate_run_id, NewRun,
-    RunKind, TerminalKind, MAX_BATCH_EVENTS,
+    delivery_run_id, event::validate_payload, run::DELIVERY_RUN_PREFIX, validate_producer_event,
+    validate_run_id, NewRun, RunKind, TerminalKind, MAX_BATCH_EVENTS,
 };
 use tollgate_store::CreateOutcome;
 use tracing::instrument;
@@ -85,7 +85,7 @@ async fn create_run(
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Agent)?;
-    let body: CreateRunBody = serde_json::from_value(match body.0 {
+    let body: CreateRunBody = serde_json::from_value(match body.value().await? {
         Value::Null => json!({}),
         other => other,
     })
@@ -100,6 +100,13 @@ async fn create_run(
         short_text(field, value, 256)?;
     }
     let run_id = match (&body.run_id, &body.delivery_id) {
+        // The derived namespace is reserved, so nobody can take another agent's
+        // delivery id's run in advance.
+        (Some(id), _) if id.starts_with(DELIVERY_RUN_PREFIX) => {
+            return Err(ApiError::bad_request(format!(
+                "run ids starting with {DELIVERY_RUN_PREFIX:?} are reserved for delivery_id runs"
+            )))
+        }
         (Some(id), _) => id.clone(),
         (None, Some(delivery)) => delivery_run_id(&claims.sub, delivery),
         (None, None) => format!("run-{}", uuid::Uuid::new_v4().simple()),
@@ -128,6 +135,13 @@ async fn create_run(
             if parent_head.kind != RunKind::Coordinator {
                 return Err(ApiError::bad_request(
                     "parent_run_id must name a coordinator run",
+                ));
+            }
+            let same_project =
+                parent_head.project_id.is_some() && parent_head.project_id == claims.project_id;
+            if parent_head.created_by != claims.sub && !same_project {
+                return Err(ApiError::forbidden(
+                    "a child run joins only a coordinator of the same agent or project",
                 ));
             }
         }
@@ -225,7 +239,7 @@ async fn append_events(
 ) -> Result<Response, ApiError> {
     checked_run_id(&run_id)?;
     deps.auth.require_run_token(&creds, &run_id)?;
-    let mut body = body.into_object(false)?;
+    let mut body = body.object(false).await?;
     let Some(Value::Array(raw)) = body.remove("events") else {
         return Err(ApiError::bad_request("body must be {\"events\": [ … ]}"));
     };
@@ -257,7 +271,7 @@ async fn finish(
 ) -> Result<Response, ApiError> {
     checked_run_id(&run_id)?;
     deps.auth.require_run_token(&creds, &run_id)?;
-    let payload: Map<String, Value> = body.into_object(true)?;
+    let payload: Map<String, Value> = body.object(true).await?;
     validate_payload(&payload).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let finished = deps.store.finish_run(&run_id, kind, payload).await?;
     tracing::info!(

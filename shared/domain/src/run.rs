@@ -208,6 +208,9 @@ pub fn validate_run_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
 }
 
+/// Run ids derived from a delivery id start with this; creators may not choose it.
+pub const DELIVERY_RUN_PREFIX: &str = "dlv-";
+
 /// The run id a `delivery_id` maps to when the creator names no run id. Deriving it
 /// (instead of storing a separate receipt item) makes "same delivery, same run" a plain
 /// conditional put on the head: a redelivered create finds the head already there.
@@ -220,7 +223,7 @@ pub fn delivery_run_id(created_by: &str, delivery_id: &str) -> String {
         .chain_update(b"\0")
         .chain_update(delivery_id.as_bytes())
         .finalize();
-    format!("run-{}", hex::encode(&digest[..16]))
+    format!("{DELIVERY_RUN_PREFIX}{}", hex::encode(&digest[..16]))
 }
 
 #[cfg(test)]

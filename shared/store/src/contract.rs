@@ -219,31 +219,54 @@ pub async fn concurrent_appends_across_stores(
                 let mut got = Vec::new();
                 for i in 0..per_writer {
                     let id = format!("w{w}-{i}");
+                    // Every other append carries two events, so grouped requests of
+                    // different sizes must be split back correctly.
+                    let mut batch = vec![producer("agent.message", Some(&id), json!({}))];
+                    if i % 2 == 1 {
+                        batch.push(producer(
+                            "agent.message",
+                            Some(&format!("{id}-b")),
+                            json!({}),
+                        ));
+                    }
                     let s = store
-                        .append_events(
-                            &run_id,
-                            vec![producer("agent.message", Some(&id), json!({}))],
-                        )
+                        .append_events(&run_id, batch.clone())
                         .await
                         .expect("append under contention");
-                    got.extend(s);
+                    assert_eq!(s.len(), batch.len());
+                    assert!(
+                        s.windows(2).all(|p| p[1] == p[0] + 1),
+                        "one request stays contiguous"
+                    );
+                    for (draft, seq) in batch.iter().zip(s) {
+                        got.push((draft.event_id.clone().unwrap(), seq));
+                    }
                 }
                 got
             })
         })
         .collect();
-    let mut all: Vec<u64> = Vec::new();
+    let mut answered: Vec<(String, u64)> = Vec::new();
     for t in futures::future::join_all(tasks).await {
-        all.extend(t.expect("writer task"));
+        answered.extend(t.expect("writer task"));
     }
+    let total = answered.len() as u64;
+    let mut all: Vec<u64> = answered.iter().map(|(_, s)| *s).collect();
     all.sort_unstable();
-    let expected: Vec<u64> = (2..=(writers * per_writer + 1) as u64).collect();
-    assert_eq!(all, expected, "each writer got distinct, gapless sequences");
-    let events = all_events(&store, &run_id).await;
     assert_eq!(
-        sequences(&events),
-        (1..=(writers * per_writer + 1) as u64).collect::<Vec<_>>()
+        all,
+        (2..=total + 1).collect::<Vec<_>>(),
+        "distinct, gapless sequences"
     );
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(sequences(&events), (1..=total + 1).collect::<Vec<_>>());
+    for (id, seq) in &answered {
+        assert_eq!(
+            events[(*seq - 1) as usize]["event_id"],
+            json!(id),
+            "the event stored at an answered sequence is the caller's"
+        );
+    }
 }
 
 /// A retry racing its original (same `event_id`, concurrently, many times over) lands
@@ -293,7 +316,7 @@ pub async fn terminal_fencing(store: Store) {
     store
         .append_events(
             &run_id,
-            vec![producer("tool.call", Some("before"), json!({}))],
+            vec![producer("tool.call", Some("id#before"), json!({}))],
         )
         .await
         .unwrap();
@@ -333,7 +356,7 @@ pub async fn terminal_fencing(store: Store) {
     let retry = store
         .append_events(
             &run_id,
-            vec![producer("tool.call", Some("before"), json!({}))],
+            vec![producer("tool.call", Some("id#before"), json!({}))],
         )
         .await
         .unwrap();
@@ -354,39 +377,62 @@ pub async fn appends_racing_terminal_never_follow_it(store: Store) {
             let store = store.clone();
             let run_id = run_id.clone();
             tokio::spawn(async move {
-                for i in 0..40 {
+                let mut landed = Vec::new();
+                for i in 0..20_000 {
+                    let id = format!("{w}-{i}");
                     let r = store
                         .append_events(
                             &run_id,
-                            vec![producer(
-                                "agent.message",
-                                Some(&format!("{w}-{i}")),
-                                json!({}),
-                            )],
+                            vec![producer("agent.message", Some(&id), json!({}))],
                         )
                         .await;
                     match r {
-                        Ok(_) => {}
-                        Err(StoreError::RunTerminal { .. }) => return,
+                        Ok(seqs) => landed.push((id, seqs[0])),
+                        Err(StoreError::RunTerminal { .. }) => return (landed, true),
                         Err(e) => panic!("unexpected {e}"),
                     }
                 }
+                (landed, false)
             })
         })
         .collect();
-    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    // End the run while the writers are mid-stream.
+    loop {
+        let head = store.read_head(&run_id).await.unwrap().unwrap();
+        if head.next_seq > 20 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
     let done = store
         .finish_run(&run_id, TerminalKind::Cancel, Map::new())
         .await
         .unwrap();
+    let mut landed = Vec::new();
+    let mut refused = 0;
     for w in writers {
-        w.await.unwrap();
+        let (l, was_refused) = w.await.unwrap();
+        landed.extend(l);
+        refused += usize::from(was_refused);
     }
+    assert!(refused > 0, "the end raced live writers");
     let events = all_events(&store, &run_id).await;
     let last = events.last().unwrap();
     assert_eq!(last["type"], "run_cancelled");
     assert_eq!(last["sequence"], json!(done.sequence));
     assert_eq!(sequences(&events), (1..=done.sequence).collect::<Vec<_>>());
+    assert_eq!(
+        landed.len() as u64,
+        done.sequence - 2,
+        "every event before the end was answered"
+    );
+    for (id, seq) in landed {
+        assert!(
+            seq < done.sequence,
+            "an answered append precedes the terminal event"
+        );
+        assert_eq!(events[(seq - 1) as usize]["event_id"], json!(id));
+    }
 }
 
 /// Pages cover the stream exactly; `after` past the end is empty; unknown runs are NotFound.

@@ -67,6 +67,8 @@ impl Tables {
 
 pub const BY_SEQUENCE_INDEX: &str = "by_sequence";
 
+const AMBIGUOUS: &str = "outcome unknown";
+
 /// How long one transaction attempt keeps resending after answers that leave its outcome
 /// unknown before it gives up as `Unavailable`.
 const AMBIGUITY_BUDGET: Duration = Duration::from_secs(5);
@@ -106,8 +108,14 @@ struct LaneState {
 
 struct QueuedAppend {
     events: Vec<EventDraft>,
+    /// Rough size of the events as stored (payload JSON plus envelope allowance).
+    bytes: usize,
     reply: tokio::sync::oneshot::Sender<Result<Vec<u64>, StoreError>>,
 }
+
+/// A group stays well under DynamoDB's 4 MB transaction size (one request alone is at
+/// most 256 KiB of body).
+const MAX_GROUP_BYTES: usize = 3 * 1024 * 1024;
 
 /// The right to write to one run from this process, with the head it last wrote.
 struct Lane {
@@ -145,7 +153,11 @@ impl Lane {
         let mut queue = self.state.queue.lock().unwrap_or_else(|p| p.into_inner());
         let mut group: Vec<QueuedAppend> = Vec::new();
         let mut count = 0;
+        let mut bytes = 0;
         let mut ids = std::collections::HashSet::new();
+        // A caller that went away before its turn is not written: it was told nothing,
+        // so its retry is the one that lands.
+        queue.retain(|q| !q.reply.is_closed());
         while let Some(next) = queue.front() {
             let next_ids: Vec<&str> = next
                 .events
@@ -153,12 +165,14 @@ impl Lane {
                 .filter_map(|e| e.event_id.as_deref())
                 .collect();
             let fits = count + next.events.len() <= tollgate_domain::MAX_BATCH_EVENTS
+                && bytes + next.bytes <= MAX_GROUP_BYTES
                 && next_ids.iter().all(|id| !ids.contains(*id));
             if !group.is_empty() && !fits {
                 break;
             }
             ids.extend(next_ids.into_iter().map(str::to_owned));
             count += next.events.len();
+            bytes += next.bytes;
             group.extend(queue.pop_front());
         }
         group
@@ -303,6 +317,11 @@ impl DynamoStore {
         terminal: Option<(RunStatus, u64)>,
     ) -> Result<TransactWriteItem, StoreError> {
         let mut set = String::from("next_seq = :new, last_event_at = :now");
+        // Keep the head alive as long as its newest events (TTL retention).
+        let expires = self.expires_at(now);
+        if expires.is_some() {
+            set.push_str(", expires_at = :exp");
+        }
         let mut update = Update::builder()
             .table_name(&self.tables.runs)
             .key("run_id", s(&head.run_id))
@@ -315,6 +334,9 @@ impl DynamoStore {
             .expression_attribute_values(":new", n(new_next_seq))
             .expression_attribute_values(":now", n(now))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if let Some(exp) = expires {
+            update = update.expression_attribute_values(":exp", exp);
+        }
         if let Some((status, seq)) = terminal {
             set.push_str(", #status = :terminal, terminal_seq = :tseq");
             update = update
@@ -336,6 +358,7 @@ impl DynamoStore {
         let token = uuid::Uuid::new_v4().to_string();
         let give_up = Instant::now() + AMBIGUITY_BUDGET;
         let mut attempt = 0u32;
+        let mut unknown = false;
         loop {
             let result = self
                 .client
@@ -346,14 +369,21 @@ impl DynamoStore {
                 .await;
             match result.map_err(classify_tx_error) {
                 Ok(_) => return Ok(()),
-                Err(TxFailure::Ambiguous(why)) if Instant::now() < give_up => {
+                // Once an attempt's outcome is unknown, only this token may settle it: a
+                // throttled or conflicting resend says nothing about the first attempt.
+                Err(TxFailure::Ambiguous(why) | TxFailure::Retryable(why))
+                    if unknown || why.starts_with(AMBIGUOUS) =>
+                {
+                    if Instant::now() >= give_up {
+                        return Err(TxFailure::Fatal(format!("outcome unknown: {why}")));
+                    }
+                    unknown = true;
                     tracing::warn!(%why, "transaction outcome unknown; resending with the same token");
                     attempt += 1;
                     backoff(attempt + 3).await;
                 }
-                Err(TxFailure::Ambiguous(why)) => {
-                    return Err(TxFailure::Fatal(format!("outcome unknown: {why}")))
-                }
+                // A condition failure under the same token proves nothing committed
+                // (a committed token answers success).
                 Err(other) => return Err(other),
             }
         }
@@ -403,7 +433,7 @@ impl DynamoStore {
                 {
                     let key = get_s(&item, "event_key")?;
                     found.insert(
-                        key.trim_start_matches("id#").to_owned(),
+                        key.strip_prefix("id#").unwrap_or(&key).to_owned(),
                         get_n(&item, "sequence")?,
                     );
                 }
@@ -412,6 +442,11 @@ impl DynamoStore {
                     .and_then(|mut u| u.remove(&self.tables.events));
                 if request.is_some() {
                     attempt += 1;
+                    if attempt > 10 {
+                        return Err(StoreError::Unavailable(
+                            "event lookups kept coming back unprocessed".into(),
+                        ));
+                    }
                     backoff(attempt).await;
                 }
             }
@@ -427,7 +462,8 @@ enum TxFailure {
     /// Rejected before it could commit (throttling, a conflicting transaction): safe
     /// to rebuild from a fresh read and try again.
     Retryable(String),
-    /// It may or may not have committed: resend the same request (same token).
+    /// It may or may not have committed: resend the same request (same token). The
+    /// text starts with [`AMBIGUOUS`].
     Ambiguous(String),
     /// Anything else: fail closed.
     Fatal(String),
@@ -456,7 +492,7 @@ fn classify_tx_error(err: SdkError<TransactWriteItemsError>) -> TxFailure {
             }
             e @ (TransactWriteItemsError::TransactionInProgressException(_)
             | TransactWriteItemsError::InternalServerError(_)) => {
-                TxFailure::Ambiguous(e.code().unwrap_or("transient").to_owned())
+                TxFailure::Ambiguous(format!("{AMBIGUOUS}: {}", e.code().unwrap_or("transient")))
             }
             e => TxFailure::Fatal(format!(
                 "{}: {}",
@@ -466,12 +502,19 @@ fn classify_tx_error(err: SdkError<TransactWriteItemsError>) -> TxFailure {
         },
         // Timeouts and dispatch failures (the SDK already retried): the request may have
         // reached DynamoDB and committed.
-        other => TxFailure::Ambiguous(format!("{other}")),
+        other => TxFailure::Ambiguous(format!("{AMBIGUOUS}: {other}")),
     }
 }
 
 fn reason_failed(r: &CancellationReason) -> bool {
     r.code() == Some("ConditionalCheckFailed")
+}
+
+fn approx_stored_bytes(events: &[EventDraft]) -> usize {
+    events
+        .iter()
+        .map(|e| serde_json::to_vec(&e.payload).map_or(0, |v| v.len()) + 512)
+        .sum()
 }
 
 async fn backoff(attempt: u32) {
@@ -665,15 +708,21 @@ impl RunStore for DynamoStore {
             .queue
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push_back(QueuedAppend { events, reply });
+            .push_back(QueuedAppend {
+                bytes: approx_stored_bytes(&events),
+                events,
+                reply,
+            });
         // The lane is drained by a task of its own, so a caller that goes away (a client
         // disconnecting drops its request future) cannot abandon a transaction half-way
         // or strand the appends grouped with its own.
         let store = self.clone();
         let run_id = run_id.to_owned();
         tokio::spawn(async move {
-            let mut lane = Lane::enter(state).await;
+            // One group per turn on the lane: a waiting `finish_run` gets its turn between
+            // groups instead of waiting for the queue to run dry.
             loop {
+                let mut lane = Lane::enter(state.clone()).await;
                 let group = lane.take_group();
                 if group.is_empty() {
                     break;
