@@ -574,7 +574,7 @@ for_backend!(memory, Backend::Memory);
 for_backend!(dynamo, Backend::Dynamo);
 
 /// GIVEN DynamoDB is unreachable WHEN clients call THEN they get 503 JSON with
-/// `Retry-After`, never a success, and nothing is half-written once it returns.
+/// `Retry-After` and no internals, never a success.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn storage_outage_answers_503_and_fails_closed() {
     // A loopback port with nothing listening stands for an outage.

@@ -435,6 +435,26 @@ pub async fn appends_racing_terminal_never_follow_it(store: Store) {
     }
 }
 
+/// Big events: a page stops at [`crate::MAX_PAGE_BYTES`] whatever the limit, and paging
+/// still covers the stream (on DynamoDB this also crosses its 1 MB query pages).
+pub async fn pages_stop_at_the_byte_cap(store: Store) {
+    let run_id = new_run(&store, "big").await;
+    let blob = "x".repeat(60 * 1024);
+    for _ in 0..24 {
+        let batch = (0..3)
+            .map(|_| producer("tool.result", None, json!({ "output": blob })))
+            .collect();
+        store.append_events(&run_id, batch).await.unwrap();
+    }
+    let first = store.read_events(&run_id, 0, 1000).await.unwrap();
+    let bytes: usize = first.events.iter().map(|e| e.body.len()).sum();
+    assert!(first.has_more, "72 × 60 KiB does not fit one page");
+    assert!(bytes <= crate::MAX_PAGE_BYTES, "page of {bytes} bytes");
+    assert!(first.events.len() > 40, "the page is filled up to the cap");
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(sequences(&events), (1..=73).collect::<Vec<_>>());
+}
+
 /// Pages cover the stream exactly; `after` past the end is empty; unknown runs are NotFound.
 pub async fn replay_pages(store: Store) {
     let run_id = new_run(&store, "pages").await;
@@ -562,6 +582,10 @@ macro_rules! contract_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn appends_racing_terminal_never_follow_it() {
             $crate::contract::appends_racing_terminal_never_follow_it(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn pages_stop_at_the_byte_cap() {
+            $crate::contract::pages_stop_at_the_byte_cap(__store().await).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn replay_pages() {
