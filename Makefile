@@ -8,7 +8,7 @@ EMULATORS := tests/harness/emulators.sh
 AWS_TESTS := binary(contract_dynamo) | test(/^dynamo::/)
 
 # Every Lambda function binary (one crate each under functions/).
-FUNCTIONS := ingress replay
+FUNCTIONS := ingress replay replay-stream
 CARGO_LAMBDA_ARCH := $(if $(filter arm64,$(ARCH)),--arm64,$(if $(filter x86_64,$(ARCH)),--x86-64,$(error ARCH must be arm64 or x86_64)))
 
 .PHONY: help run test test-unit test-integration test-lambda cold-init lint lint-template emulators-up emulators-down bench build deploy

@@ -289,8 +289,12 @@ start_watch() {
 # exited" and keeps the invoke waiting forever), the invoke is stopped at once.
 invoke() { # function event out err timeout watch-log-lines-before
   local rc=0
-  timeout -k 5 "$5" cargo lambda invoke "$1" --data-file "$2" \
-    --invoke-address 127.0.0.1 --invoke-port "$PORT" --color never </dev/null >"$3" 2>"$4" &
+  local cmd=(cargo lambda invoke "$1" --data-file "$2"
+    --invoke-address 127.0.0.1 --invoke-port "$PORT" --color never)
+  # Response-streaming functions (named *-stream) answer with a prelude that
+  # `cargo lambda invoke` cannot read; invoke_stream.py reads it as a Function URL would.
+  [[ $1 == *-stream ]] && cmd=(python3 "$HERE/invoke_stream.py" "$PORT" "$1" "$2")
+  timeout -k 5 "$5" "${cmd[@]}" </dev/null >"$3" 2>"$4" &
   CHILD=$!
   while kill -0 "$CHILD" 2>/dev/null; do
     if tail -n +"$(($6 + 1))" "$WORK/watch.log" | grep -q 'command exited'; then

@@ -5,8 +5,10 @@
 //! - `TOLLGATE_TRUST_GATEWAY_CLAIMS=1`: claims verified by an API Gateway JWT authorizer
 //!   (`requestContext.authorizer.jwt.claims`) stand in for our own HS256 JWT; the role
 //!   comes from the claim named by `TOLLGATE_ROLE_CLAIM` (default `role`).
-//! - `TOLLGATE_RESPONSE_STREAMING=1`: answer in Lambda's response-streaming mode (a
-//!   Function URL with `InvokeMode: RESPONSE_STREAM`).
+//!
+//! [`run`] answers buffered (API Gateway, `BUFFERED` Function URLs); [`run_streaming`]
+//! answers in Lambda's response-streaming mode (a Function URL with
+//! `InvokeMode: RESPONSE_STREAM`).
 
 use std::sync::OnceLock;
 
@@ -42,15 +44,18 @@ async fn insert_gateway_claims(mut req: Request) -> Request {
     req
 }
 
-pub async fn run(router: Router) -> Result<(), lambda_http::Error> {
-    let router = if flag("TOLLGATE_TRUST_GATEWAY_CLAIMS") {
+fn with_gateway_claims(router: Router) -> Router {
+    if flag("TOLLGATE_TRUST_GATEWAY_CLAIMS") {
         router.layer(axum::middleware::map_request(insert_gateway_claims))
     } else {
         router
-    };
-    if flag("TOLLGATE_RESPONSE_STREAMING") {
-        lambda_http::run_with_streaming_response(router).await
-    } else {
-        lambda_http::run(router).await
     }
+}
+
+pub async fn run(router: Router) -> Result<(), lambda_http::Error> {
+    lambda_http::run(with_gateway_claims(router)).await
+}
+
+pub async fn run_streaming(router: Router) -> Result<(), lambda_http::Error> {
+    lambda_http::run_with_streaming_response(with_gateway_claims(router)).await
 }
