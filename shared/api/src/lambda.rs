@@ -17,6 +17,8 @@ use axum::Router;
 use lambda_http::request::RequestContext;
 use lambda_http::RequestExt;
 
+pub use lambda_http::Error;
+
 use crate::auth::{claims_from_gateway, GatewayClaims};
 
 fn flag(name: &str) -> bool {
@@ -49,6 +51,29 @@ fn with_gateway_claims(router: Router) -> Router {
         router.layer(axum::middleware::map_request(insert_gateway_claims))
     } else {
         router
+    }
+}
+
+/// How a function answers: buffered, or in Lambda's response-streaming mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Response {
+    Buffered,
+    Streaming,
+}
+
+/// A whole function's `main`: JSON logs, configuration and store from the environment
+/// (failing start-up with a clear log line), then the router under the Runtime API.
+pub async fn serve(
+    router: fn(crate::Deps) -> Router,
+    response: Response,
+) -> Result<(), lambda_http::Error> {
+    crate::telemetry::init(true);
+    let deps = crate::Deps::from_env().await.inspect_err(|e| {
+        tracing::error!(error = %e, "start-up failed");
+    })?;
+    match response {
+        Response::Buffered => run(router(deps)).await,
+        Response::Streaming => run_streaming(router(deps)).await,
     }
 }
 
