@@ -807,9 +807,6 @@ impl RunStore for DynamoStore {
         after: u64,
         limit: usize,
     ) -> Result<EventPage, StoreError> {
-        if self.get_head(run_id).await?.is_none() {
-            return Err(StoreError::NotFound);
-        }
         // One more than asked tells whether more remain; DynamoDB may also stop at 1 MB,
         // so keep querying until we have enough or the index is exhausted.
         let want = limit.saturating_add(1);
@@ -845,6 +842,11 @@ impl RunStore for DynamoStore {
             if start_key.is_none() || collected.len() >= want || bytes > crate::MAX_PAGE_BYTES {
                 break;
             }
+        }
+        // Every run holds `run_started`, so events found prove the run exists; only an
+        // empty page needs the head read to tell "past the end" from "no such run".
+        if collected.is_empty() && self.get_head(run_id).await?.is_none() {
+            return Err(StoreError::NotFound);
         }
         let reached_end = start_key.is_none() && collected.len() < want;
         let mut page = fill_page(collected.into_iter(), limit);
