@@ -447,8 +447,12 @@ async fn bad_input_writes_nothing(backend: Backend) {
         .post("/api/runs", &srv.agent_token, &json!({"colour": "red"}))
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    // Another agent naming a taken run id (the creator's own retry is a 200 receipt).
+    let intruder = srv
+        .auth
+        .mint_jwt("intruder", tollgate_api::Role::Agent, 60, None);
     let (status, v) = srv
-        .post("/api/runs", &srv.agent_token, &json!({"run_id": run_id}))
+        .post("/api/runs", &intruder, &json!({"run_id": run_id}))
         .await;
     assert_eq!(
         (status, v["state"].clone()),
@@ -483,10 +487,16 @@ async fn bad_input_writes_nothing(backend: Backend) {
 /// A redelivered create (same `delivery_id`) answers 200 with the same run.
 async fn create_receipts(backend: Backend) {
     let srv = TestServer::start(backend).await;
+    let agent = srv.auth.mint_jwt(
+        "test-agent",
+        tollgate_api::Role::Agent,
+        60,
+        Some("p1".into()),
+    );
     let delivery = format!("delivery-{}", uuid::Uuid::new_v4());
     let body = json!({"delivery_id": delivery, "kind": "coordinator", "project_id": "p1"});
-    let (s1, first) = srv.post("/api/runs", &srv.agent_token, &body).await;
-    let (s2, second) = srv.post("/api/runs", &srv.agent_token, &body).await;
+    let (s1, first) = srv.post("/api/runs", &agent, &body).await;
+    let (s2, second) = srv.post("/api/runs", &agent, &body).await;
     assert_eq!((s1, s2), (StatusCode::CREATED, StatusCode::OK));
     assert_eq!(first, second, "the receipt repeats the first answer");
     let run_id = first["run_id"].as_str().unwrap();
@@ -494,9 +504,12 @@ async fn create_receipts(backend: Backend) {
     assert_eq!(events.len(), 1, "one run_started, not two");
     assert_eq!(events[0]["kind"], "coordinator");
     // Another agent's identical delivery id is a different run.
-    let other_agent = srv
-        .auth
-        .mint_jwt("other-agent", tollgate_api::Role::Agent, 60, None);
+    let other_agent = srv.auth.mint_jwt(
+        "other-agent",
+        tollgate_api::Role::Agent,
+        60,
+        Some("p1".into()),
+    );
     let (s3, third) = srv.post("/api/runs", &other_agent, &body).await;
     assert_eq!(s3, StatusCode::CREATED);
     assert_ne!(third["run_id"], first["run_id"]);
@@ -504,7 +517,7 @@ async fn create_receipts(backend: Backend) {
     let (status, child) = srv
         .post(
             "/api/runs",
-            &srv.agent_token,
+            &agent,
             &json!({"kind": "child", "parent_run_id": run_id, "subtask_id": 3}),
         )
         .await;
@@ -598,7 +611,7 @@ async fn storage_outage_answers_503_and_fails_closed() {
     let (status, v) = srv.post("/api/runs", &srv.agent_token, &json!({})).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
     assert_eq!(v["state"], "unavailable");
-    let token = srv.auth.run_token("run-1");
+    let token = srv.auth.run_token("run-1", "0123456789abcdef");
     let resp = srv
         .http
         .post(srv.url("/api/runs/run-1/events"))

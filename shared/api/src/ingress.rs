@@ -9,12 +9,12 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tollgate_domain::{
     delivery_run_id, event::validate_payload, run::DELIVERY_RUN_PREFIX, validate_producer_event,
-    validate_run_id, NewRun, RunKind, TerminalKind, MAX_BATCH_EVENTS,
+    validate_run_id, NewRun, RunHead, RunKind, TerminalKind, MAX_BATCH_EVENTS,
 };
-use tollgate_store::CreateOutcome;
+use tollgate_store::{CreateOutcome, RunRef};
 use tracing::instrument;
 
-use crate::auth::{Credentials, Role};
+use crate::auth::{Claims, Credentials, Role};
 use crate::request::JsonBody;
 use crate::{ApiError, Deps};
 
@@ -44,6 +44,14 @@ struct CreateRunBody {
     agenthost_origin: Option<String>,
 }
 
+/// Every field stored in the run head is bounded: the head is rewritten by every append,
+/// so its size is paid on each one (a 250 KB head would make every append cost ~500 WCU).
+const MAX_TEXT: usize = 256;
+const MAX_ORIGIN: usize = 2048;
+const MAX_SUBTASK_ID_BYTES: usize = 256;
+const MAX_BUDGET_TOOLS: usize = 64;
+const MAX_TOOL_NAME: usize = 128;
+
 fn short_text(field: &str, value: &Option<String>, max: usize) -> Result<(), ApiError> {
     match value {
         Some(v) if v.is_empty() || v.chars().count() > max => Err(ApiError::bad_request(format!(
@@ -53,11 +61,27 @@ fn short_text(field: &str, value: &Option<String>, max: usize) -> Result<(), Api
     }
 }
 
+fn validate_subtask_id(subtask_id: &Value) -> Result<(), ApiError> {
+    let fits = match subtask_id {
+        Value::String(s) => !s.is_empty() && s.len() <= MAX_SUBTASK_ID_BYTES,
+        Value::Number(_) => true,
+        _ => false,
+    };
+    if fits {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "subtask_id must be a number or a string of 1 to {MAX_SUBTASK_ID_BYTES} bytes"
+        )))
+    }
+}
+
 fn validate_budget(budget: &Value) -> Result<(), ApiError> {
     let bad = || {
-        ApiError::bad_request(
-            "budget must be {\"tools\": {\"<tool>\": <max starts>}, \"call_ceiling\": <n>}",
-        )
+        ApiError::bad_request(format!(
+            "budget must be {{\"tools\": {{\"<tool>\": <max starts>}}, \"call_ceiling\": <n>}} \
+             with at most {MAX_BUDGET_TOOLS} tools named in 1 to {MAX_TOOL_NAME} characters"
+        ))
     };
     let obj = budget.as_object().ok_or_else(bad)?;
     if obj.keys().any(|k| k != "tools" && k != "call_ceiling") {
@@ -65,7 +89,11 @@ fn validate_budget(budget: &Value) -> Result<(), ApiError> {
     }
     if let Some(tools) = obj.get("tools") {
         let tools = tools.as_object().ok_or_else(bad)?;
-        if tools.values().any(|v| v.as_u64().is_none()) {
+        if tools.len() > MAX_BUDGET_TOOLS
+            || tools.iter().any(|(k, v)| {
+                k.is_empty() || k.chars().count() > MAX_TOOL_NAME || v.as_u64().is_none()
+            })
+        {
             return Err(bad());
         }
     }
@@ -76,6 +104,18 @@ fn validate_budget(budget: &Value) -> Result<(), ApiError> {
         return Err(bad());
     }
     Ok(())
+}
+
+/// The run's project is its creator's `project_id` claim: a body naming another (or
+/// any, when the token has none) is refused, so a token cannot place runs in a tenant
+/// it does not belong to.
+fn run_project(claims: &Claims, asked: Option<String>) -> Result<Option<String>, ApiError> {
+    match (&claims.project_id, asked) {
+        (claimed, Some(asked)) if claimed.as_deref() != Some(asked.as_str()) => Err(
+            ApiError::forbidden("project_id must be the token's project_id claim"),
+        ),
+        (claimed, _) => Ok(claimed.clone()),
+    }
 }
 
 #[instrument(skip_all, fields(run_id))]
@@ -91,13 +131,18 @@ async fn create_run(
     })
     .map_err(|e| ApiError::bad_request(format!("invalid run: {e}")))?;
 
-    short_text("delivery_id", &body.delivery_id, 256)?;
     for (field, value) in [
+        ("delivery_id", &body.delivery_id),
         ("owner", &body.owner),
         ("project_id", &body.project_id),
         ("channel_id", &body.channel_id),
+        ("execution_mode", &body.execution_mode),
     ] {
-        short_text(field, value, 256)?;
+        short_text(field, value, MAX_TEXT)?;
+    }
+    short_text("agenthost_origin", &body.agenthost_origin, MAX_ORIGIN)?;
+    if let Some(subtask_id) = &body.subtask_id {
+        validate_subtask_id(subtask_id)?;
     }
     let run_id = match (&body.run_id, &body.delivery_id) {
         // The derived namespace is reserved, so nobody can take another agent's
@@ -112,9 +157,7 @@ async fn create_run(
         (None, None) => format!("run-{}", uuid::Uuid::new_v4().simple()),
     };
     if !validate_run_id(&run_id) {
-        return Err(ApiError::bad_request(
-            "run_id must be 1 to 128 characters of A-Z a-z 0-9 _ . : -",
-        ));
+        return Err(ApiError::bad_request(RUN_ID_RULE));
     }
     tracing::Span::current().record("run_id", run_id.as_str());
     let kind = match body.kind.as_deref() {
@@ -122,35 +165,12 @@ async fn create_run(
         Some(k) => RunKind::parse(k)
             .ok_or_else(|| ApiError::bad_request("kind must be single, coordinator or child"))?,
     };
-    match (kind, &body.parent_run_id) {
-        (RunKind::Child, None) => {
-            return Err(ApiError::bad_request("a child run needs parent_run_id"))
+    if let Some(parent) = &body.parent_run_id {
+        if !validate_run_id(parent) {
+            return Err(ApiError::bad_request(format!(
+                "parent_run_id: {RUN_ID_RULE}"
+            )));
         }
-        (RunKind::Child, Some(parent)) => {
-            let parent_head = deps
-                .store
-                .read_head(parent)
-                .await?
-                .ok_or_else(|| ApiError::bad_request("parent_run_id names no run"))?;
-            if parent_head.kind != RunKind::Coordinator {
-                return Err(ApiError::bad_request(
-                    "parent_run_id must name a coordinator run",
-                ));
-            }
-            let same_project =
-                parent_head.project_id.is_some() && parent_head.project_id == claims.project_id;
-            if parent_head.created_by != claims.sub && !same_project {
-                return Err(ApiError::forbidden(
-                    "a child run joins only a coordinator of the same agent or project",
-                ));
-            }
-        }
-        (_, Some(_)) => {
-            return Err(ApiError::bad_request(
-                "only a child run has a parent_run_id",
-            ))
-        }
-        _ => {}
     }
     match body.execution_mode.as_deref() {
         None | Some("inline") => {}
@@ -171,14 +191,41 @@ async fn create_run(
     if let Some(budget) = &body.budget {
         validate_budget(budget)?;
     }
-    let project_id = match (&claims.project_id, body.project_id) {
-        (Some(claimed), Some(asked)) if *claimed != asked => {
-            return Err(ApiError::forbidden(
-                "project_id differs from the token's project",
+    let project_id = run_project(&claims, body.project_id)?;
+    match (kind, &body.parent_run_id) {
+        (RunKind::Child, None) => {
+            return Err(ApiError::bad_request("a child run needs parent_run_id"))
+        }
+        (RunKind::Child, Some(parent)) => {
+            let parent_head = deps
+                .store
+                .read_head(parent)
+                .await?
+                .ok_or_else(|| ApiError::bad_request("parent_run_id names no run"))?;
+            if parent_head.kind != RunKind::Coordinator {
+                return Err(ApiError::bad_request(
+                    "parent_run_id must name a coordinator run",
+                ));
+            }
+            // A child lives in its coordinator's project; without a project only the
+            // coordinator's own creator may attach children to it.
+            let joins = match &parent_head.project_id {
+                Some(p) => project_id.as_deref() == Some(p.as_str()),
+                None => project_id.is_none() && parent_head.created_by == claims.sub,
+            };
+            if !joins {
+                return Err(ApiError::forbidden(
+                    "a child run joins only a coordinator of its own project (or, without one, of its own agent)",
+                ));
+            }
+        }
+        (_, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "only a child run has a parent_run_id",
             ))
         }
-        (claimed, asked) => asked.or_else(|| claimed.clone()),
-    };
+        _ => {}
+    }
     let new = NewRun {
         run_id: run_id.clone(),
         kind,
@@ -193,18 +240,18 @@ async fn create_run(
         agenthost_origin: body.agenthost_origin,
         budget: body.budget,
     };
-    let receipt = |status: StatusCode| {
-        let token = deps.auth.run_token(&run_id);
+    let receipt = |status: StatusCode, head: &RunHead| {
+        let token = deps.auth.run_token(&head.run_id, &head.incarnation);
         (
             status,
-            Json(json!({"run_id": run_id, "run_token": token, "sequence": 1})),
+            Json(json!({"run_id": head.run_id, "run_token": token, "sequence": 1})),
         )
             .into_response()
     };
-    match deps.store.create_run(new).await? {
-        CreateOutcome::Created(_) => {
+    match deps.store.create_run(new.clone()).await? {
+        CreateOutcome::Created(head) => {
             tracing::info!("run created");
-            Ok(receipt(StatusCode::CREATED))
+            Ok(receipt(StatusCode::CREATED, &head))
         }
         // Same creator, same delivery: the receipt of the first create.
         CreateOutcome::Existing(head)
@@ -212,8 +259,11 @@ async fn create_run(
                 && head.delivery_id == body.delivery_id
                 && head.created_by == claims.sub =>
         {
-            Ok(receipt(StatusCode::OK))
+            Ok(receipt(StatusCode::OK, &head))
         }
+        // The same agent retrying the same create (its first answer was lost): the run
+        // it made. Anyone else, or different fields, is a conflict.
+        CreateOutcome::Existing(head) if new.matches(&head) => Ok(receipt(StatusCode::OK, &head)),
         CreateOutcome::Existing(_) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "a run with this run_id already exists",
@@ -221,6 +271,9 @@ async fn create_run(
         .with_state("run_exists")),
     }
 }
+
+const RUN_ID_RULE: &str =
+    "run_id must be 1 to 128 characters of A-Z a-z 0-9 _ . : - (and not . or ..)";
 
 fn checked_run_id(run_id: &str) -> Result<(), ApiError> {
     if validate_run_id(run_id) {
@@ -238,7 +291,7 @@ async fn append_events(
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     checked_run_id(&run_id)?;
-    deps.auth.require_run_token(&creds, &run_id)?;
+    let incarnation = deps.auth.require_run_token(&creds, &run_id)?;
     let mut body = body.object(false).await?;
     let Some(Value::Array(raw)) = body.remove("events") else {
         return Err(ApiError::bad_request("body must be {\"events\": [ … ]}"));
@@ -258,7 +311,10 @@ async fn append_events(
         })
         .collect::<Result<Vec<_>, _>>()?;
     tollgate_store::check_batch(&drafts).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let sequences = deps.store.append_events(&run_id, drafts).await?;
+    let sequences = deps
+        .store
+        .append_events(RunRef::exact(&run_id, &incarnation), drafts)
+        .await?;
     Ok(Json(json!({ "run_id": run_id, "sequences": sequences })).into_response())
 }
 
@@ -270,10 +326,20 @@ async fn finish(
     kind: TerminalKind,
 ) -> Result<Response, ApiError> {
     checked_run_id(&run_id)?;
-    deps.auth.require_run_token(&creds, &run_id)?;
+    let incarnation = deps.auth.require_run_token(&creds, &run_id)?;
     let payload: Map<String, Value> = body.object(true).await?;
+    // A terminal call is idempotent by itself; an `event_id` here would read as a
+    // producer idempotency key that nothing honours.
+    if payload.contains_key("event_id") {
+        return Err(ApiError::bad_request(
+            "a terminal body has no event_id (complete, fail and cancel are idempotent)",
+        ));
+    }
     validate_payload(&payload).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let finished = deps.store.finish_run(&run_id, kind, payload).await?;
+    let finished = deps
+        .store
+        .finish_run(RunRef::exact(&run_id, &incarnation), kind, payload)
+        .await?;
     tracing::info!(
         sequence = finished.sequence,
         repeated = finished.already_finished,

@@ -5,7 +5,8 @@ use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use tollgate_domain::validate_run_id;
+use tollgate_domain::{validate_run_id, RunHead};
+use tollgate_store::read_page;
 use tracing::instrument;
 
 use crate::auth::{Caller, Credentials, Role};
@@ -53,26 +54,14 @@ async fn replay_events(
     if !validate_run_id(&run_id) {
         return Err(ApiError::not_found("run not found"));
     }
-    // The head is read before the events: if it says terminal, every event up to the
-    // terminal one is already stored, so `terminal: true` never hides a final event.
+    // The head is read before the events (read_page's rules rely on that order).
     let head = deps
         .store
         .read_head(&run_id)
         .await?
         .ok_or_else(|| ApiError::not_found("run not found"))?;
-    match &caller {
-        Caller::Run { .. } => {}
-        Caller::Jwt(c) if c.role == Role::Operator => {}
-        Caller::Jwt(c) if c.sub == head.created_by => {}
-        Caller::Jwt(_) => {
-            return Err(ApiError::forbidden(
-                "an agent token reads only the runs it created",
-            ))
-        }
-    }
-    let page = deps.store.read_events(&run_id, after, limit).await?;
-    let next_after = page.events.last().map_or(after, |e| e.sequence);
-    let terminal = head.status.is_terminal() && !page.has_more;
+    authorize_read(&caller, &head)?;
+    let page = read_page(deps.store.as_ref(), &head, after, limit).await?;
     // Bodies are served exactly as stored: assemble the page around them.
     let mut out =
         String::with_capacity(page.events.iter().map(|e| e.body.len() + 1).sum::<usize>() + 128);
@@ -86,8 +75,8 @@ async fn replay_events(
         out.push_str(&e.body);
     }
     out.push_str(&format!(
-        "],\"next_after\":{next_after},\"has_more\":{},\"terminal\":{terminal}}}",
-        page.has_more
+        "],\"next_after\":{},\"has_more\":{},\"terminal\":{}}}",
+        page.next_after, page.has_more, page.terminal
     ));
     Ok((
         [(
@@ -97,6 +86,23 @@ async fn replay_events(
         out,
     )
         .into_response())
+}
+
+/// Who may read a run: its own token (of this incarnation), the creating agent, an
+/// operator — limited to one project when the token carries a `project_id`. A run
+/// outside the caller's project answers as if it did not exist.
+pub(crate) fn authorize_read(caller: &Caller, head: &RunHead) -> Result<(), ApiError> {
+    let in_project = |claim: &Option<String>| claim.is_none() || *claim == head.project_id;
+    match caller {
+        Caller::Run { incarnation, .. } if *incarnation == head.incarnation => Ok(()),
+        Caller::Run { .. } => Err(ApiError::not_found("run not found")),
+        Caller::Jwt(c) if !in_project(&c.project_id) => Err(ApiError::not_found("run not found")),
+        Caller::Jwt(c) if c.role == Role::Operator => Ok(()),
+        Caller::Jwt(c) if c.sub == head.created_by => Ok(()),
+        Caller::Jwt(_) => Err(ApiError::forbidden(
+            "an agent token reads only the runs it created",
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -74,7 +74,7 @@ pub enum EventError {
     MissingType,
     #[error("event type {0:?} does not match ^[a-z][a-z0-9_.]{{0,63}}$")]
     InvalidType(String),
-    #[error("event type {0:?} is emitted by Tollgate only")]
+    #[error("event type {0:?} is emitted by Tollgate only (or starts with such a type)")]
     ServerOwned(String),
     #[error("field {0:?} is part of the envelope and set by Tollgate")]
     ReservedKey(String),
@@ -105,7 +105,9 @@ pub fn validate_producer_event(value: Value) -> Result<EventDraft, EventError> {
     if !valid_type(&event_type) {
         return Err(EventError::InvalidType(event_type));
     }
-    if is_server_owned(&event_type) {
+    // Not only the exact names: `run_completed.x` or `tool.approval_resolved_` would
+    // read as the server's own events to a client matching by prefix.
+    if SERVER_OWNED_TYPES.iter().any(|t| event_type.starts_with(t)) {
         return Err(EventError::ServerOwned(event_type));
     }
     let event_id = match fields.shift_remove("event_id") {
@@ -185,6 +187,30 @@ mod tests {
                 validate_producer_event(json!({"type": t})),
                 Err(EventError::ServerOwned((*t).to_owned()))
             );
+        }
+    }
+
+    #[test]
+    fn types_extending_a_server_owned_name_are_refused() {
+        for t in [
+            "run_completed.x",
+            "tool.approval_resolved_",
+            "heartbeat2",
+            "run_started.v2",
+        ] {
+            assert_eq!(
+                validate_producer_event(json!({"type": t})),
+                Err(EventError::ServerOwned(t.to_owned())),
+                "{t}"
+            );
+        }
+        for ok in [
+            "run.completed",
+            "tool.approval",
+            "tool_executor",
+            "heart.beat",
+        ] {
+            assert!(validate_producer_event(json!({"type": ok})).is_ok(), "{ok}");
         }
     }
 

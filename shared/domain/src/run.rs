@@ -118,6 +118,9 @@ pub struct RunHead {
     pub last_event_at: i64,
     /// Sequence of the terminal event once the run has ended.
     pub terminal_seq: Option<u64>,
+    /// Random per creation: run tokens are bound to it, so if retention ever lets a run
+    /// id be created again, the old run's tokens do not open the new run.
+    pub incarnation: String,
 }
 
 impl RunHead {
@@ -154,7 +157,25 @@ pub struct NewRun {
 }
 
 impl NewRun {
-    /// The head as it is right after creation: `run_started` holds sequence 1.
+    /// True when `head` is what this request would have created: a retried create
+    /// (same creator, same fields) answers with the stored run instead of a conflict.
+    pub fn matches(&self, head: &RunHead) -> bool {
+        head.run_id == self.run_id
+            && head.created_by == self.created_by
+            && head.kind == self.kind
+            && head.parent_run_id == self.parent_run_id
+            && head.subtask_id == self.subtask_id
+            && head.owner == self.owner
+            && head.project_id == self.project_id
+            && head.channel_id == self.channel_id
+            && head.delivery_id == self.delivery_id
+            && head.execution_mode == self.execution_mode
+            && head.agenthost_origin == self.agenthost_origin
+            && head.budget == self.budget
+    }
+
+    /// The head as it is right after creation: `run_started` holds sequence 1. Each call
+    /// draws a fresh incarnation.
     pub fn head(&self, now_millis: i64) -> RunHead {
         RunHead {
             run_id: self.run_id.clone(),
@@ -174,6 +195,7 @@ impl NewRun {
             created_at: now_millis,
             last_event_at: now_millis,
             terminal_seq: None,
+            incarnation: hex::encode(rand::random::<[u8; 8]>()),
         }
     }
 
@@ -200,9 +222,12 @@ impl NewRun {
     }
 }
 
-/// Run ids travel in URL paths and DynamoDB keys: 1–128 of `[A-Za-z0-9_.:-]`.
+/// Run ids travel in URL paths and DynamoDB keys: 1–128 of `[A-Za-z0-9_.:-]`, and
+/// never `.` or `..` (a path segment a proxy or client library would rewrite).
 pub fn validate_run_id(id: &str) -> bool {
     (1..=128).contains(&id.len())
+        && id != "."
+        && id != ".."
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
@@ -234,7 +259,7 @@ mod tests {
     fn run_ids_are_url_and_key_safe() {
         assert!(validate_run_id("run-1"));
         assert!(validate_run_id("a:b.c_d-E9"));
-        for bad in ["", "a/b", "a#b", "a b", &"x".repeat(129)] {
+        for bad in ["", ".", "..", "a/b", "a#b", "a b", &"x".repeat(129)] {
             assert!(!validate_run_id(bad), "{bad}");
         }
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::{json, Map, Value};
 use tollgate_domain::{EventDraft, NewRun, RunStatus, TerminalKind};
 
-use crate::{CreateOutcome, RunStore, StoreError};
+use crate::{CreateOutcome, RunRef, RunStore, StoreError};
 
 pub type Store = Arc<dyn RunStore>;
 
@@ -103,7 +103,7 @@ pub async fn appends_are_gapless_and_verbatim(store: Store) {
     let run_id = new_run(&store, "gapless").await;
     let seqs = store
         .append_events(
-            &run_id,
+            RunRef::any(&run_id),
             vec![
                 producer("agent.message", None, json!({"text": "hi", "n": [1, 2]})),
                 producer("tool.call", Some("e-1"), json!({"tool": "x"})),
@@ -113,7 +113,10 @@ pub async fn appends_are_gapless_and_verbatim(store: Store) {
         .unwrap();
     assert_eq!(seqs, vec![2, 3]);
     let seqs = store
-        .append_events(&run_id, vec![producer("agent.message", None, json!({}))])
+        .append_events(
+            RunRef::any(&run_id),
+            vec![producer("agent.message", None, json!({}))],
+        )
         .await
         .unwrap();
     assert_eq!(seqs, vec![4]);
@@ -132,16 +135,25 @@ pub async fn full_batch_of_keyed_events_fits_one_append(store: Store) {
     let batch: Vec<_> = (0..99)
         .map(|i| producer("agent.message", Some(&format!("k{i}")), json!({"i": i})))
         .collect();
-    let seqs = store.append_events(&run_id, batch.clone()).await.unwrap();
+    let seqs = store
+        .append_events(RunRef::any(&run_id), batch.clone())
+        .await
+        .unwrap();
     assert_eq!(seqs, (2..=100).collect::<Vec<_>>());
     // The same batch again adds nothing and answers the same sequences.
-    assert_eq!(store.append_events(&run_id, batch).await.unwrap(), seqs);
+    assert_eq!(
+        store
+            .append_events(RunRef::any(&run_id), batch)
+            .await
+            .unwrap(),
+        seqs
+    );
     assert_eq!(all_events(&store, &run_id).await.len(), 100);
     let too_many: Vec<_> = (0..100)
         .map(|_| producer("agent.message", None, json!({})))
         .collect();
     assert!(matches!(
-        store.append_events(&run_id, too_many).await,
+        store.append_events(RunRef::any(&run_id), too_many).await,
         Err(StoreError::Conflict(_))
     ));
 }
@@ -151,7 +163,7 @@ pub async fn event_ids_deduplicate(store: Store) {
     let run_id = new_run(&store, "dedupe").await;
     let first = store
         .append_events(
-            &run_id,
+            RunRef::any(&run_id),
             vec![producer("tool.call", Some("a"), json!({"v": 1}))],
         )
         .await
@@ -159,7 +171,7 @@ pub async fn event_ids_deduplicate(store: Store) {
     assert_eq!(first, vec![2]);
     let retry = store
         .append_events(
-            &run_id,
+            RunRef::any(&run_id),
             vec![producer("tool.call", Some("a"), json!({"v": 2}))],
         )
         .await
@@ -167,7 +179,7 @@ pub async fn event_ids_deduplicate(store: Store) {
     assert_eq!(retry, vec![2], "retry answers the original sequence");
     let mixed = store
         .append_events(
-            &run_id,
+            RunRef::any(&run_id),
             vec![
                 producer("tool.call", Some("b"), json!({})),
                 producer("tool.call", Some("a"), json!({})),
@@ -182,7 +194,7 @@ pub async fn event_ids_deduplicate(store: Store) {
     assert_eq!(events[1]["v"], 1, "the first write wins");
     let twice_in_one = store
         .append_events(
-            &run_id,
+            RunRef::any(&run_id),
             vec![
                 producer("tool.call", Some("z"), json!({})),
                 producer("tool.call", Some("z"), json!({})),
@@ -230,7 +242,7 @@ pub async fn concurrent_appends_across_stores(
                         ));
                     }
                     let s = store
-                        .append_events(&run_id, batch.clone())
+                        .append_events(RunRef::any(&run_id), batch.clone())
                         .await
                         .expect("append under contention");
                     assert_eq!(s.len(), batch.len());
@@ -280,7 +292,10 @@ pub async fn racing_retries_land_once(store: Store) {
             tokio::spawn(async move {
                 let id = format!("same-{}", i % 3);
                 store
-                    .append_events(&run_id, vec![producer("tool.call", Some(&id), json!({}))])
+                    .append_events(
+                        RunRef::any(&run_id),
+                        vec![producer("tool.call", Some(&id), json!({}))],
+                    )
                     .await
                     .expect("append")
             })
@@ -315,25 +330,25 @@ pub async fn terminal_fencing(store: Store) {
     let run_id = new_run(&store, "terminal").await;
     store
         .append_events(
-            &run_id,
+            RunRef::any(&run_id),
             vec![producer("tool.call", Some("id#before"), json!({}))],
         )
         .await
         .unwrap();
     let done = store
-        .finish_run(&run_id, TerminalKind::Complete, Map::new())
+        .finish_run(RunRef::any(&run_id), TerminalKind::Complete, Map::new())
         .await
         .unwrap();
     assert_eq!(done.sequence, 3);
     assert!(!done.already_finished);
     let again = store
-        .finish_run(&run_id, TerminalKind::Complete, Map::new())
+        .finish_run(RunRef::any(&run_id), TerminalKind::Complete, Map::new())
         .await
         .unwrap();
     assert_eq!(again.sequence, 3);
     assert!(again.already_finished);
     let other = store
-        .finish_run(&run_id, TerminalKind::Fail, Map::new())
+        .finish_run(RunRef::any(&run_id), TerminalKind::Fail, Map::new())
         .await;
     assert_eq!(
         other,
@@ -343,7 +358,10 @@ pub async fn terminal_fencing(store: Store) {
         })
     );
     let late = store
-        .append_events(&run_id, vec![producer("agent.message", None, json!({}))])
+        .append_events(
+            RunRef::any(&run_id),
+            vec![producer("agent.message", None, json!({}))],
+        )
         .await;
     assert!(matches!(
         late,
@@ -355,7 +373,7 @@ pub async fn terminal_fencing(store: Store) {
     // A retry of an event that landed before the end still gets its answer.
     let retry = store
         .append_events(
-            &run_id,
+            RunRef::any(&run_id),
             vec![producer("tool.call", Some("id#before"), json!({}))],
         )
         .await
@@ -382,7 +400,7 @@ pub async fn appends_racing_terminal_never_follow_it(store: Store) {
                     let id = format!("{w}-{i}");
                     let r = store
                         .append_events(
-                            &run_id,
+                            RunRef::any(&run_id),
                             vec![producer("agent.message", Some(&id), json!({}))],
                         )
                         .await;
@@ -405,7 +423,7 @@ pub async fn appends_racing_terminal_never_follow_it(store: Store) {
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
     let done = store
-        .finish_run(&run_id, TerminalKind::Cancel, Map::new())
+        .finish_run(RunRef::any(&run_id), TerminalKind::Cancel, Map::new())
         .await
         .unwrap();
     let mut landed = Vec::new();
@@ -444,7 +462,10 @@ pub async fn pages_stop_at_the_byte_cap(store: Store) {
         let batch = (0..3)
             .map(|_| producer("tool.result", None, json!({ "output": blob })))
             .collect();
-        store.append_events(&run_id, batch).await.unwrap();
+        store
+            .append_events(RunRef::any(&run_id), batch)
+            .await
+            .unwrap();
     }
     let first = store.read_events(&run_id, 0, 1000).await.unwrap();
     let bytes: usize = first.events.iter().map(|e| e.body.len()).sum();
@@ -462,7 +483,10 @@ pub async fn replay_pages(store: Store) {
         let batch = (0..50)
             .map(|i| producer("agent.message", None, json!({"i": chunk * 50 + i})))
             .collect();
-        store.append_events(&run_id, batch).await.unwrap();
+        store
+            .append_events(RunRef::any(&run_id), batch)
+            .await
+            .unwrap();
     }
     let page = store.read_events(&run_id, 10, 7).await.unwrap();
     assert_eq!(
@@ -503,16 +527,90 @@ pub async fn replay_pages(store: Store) {
     assert_eq!(store.read_head(&missing).await, Ok(None));
     assert_eq!(
         store
-            .append_events(&missing, vec![producer("agent.message", None, json!({}))])
+            .append_events(
+                RunRef::any(&missing),
+                vec![producer("agent.message", None, json!({}))]
+            )
             .await,
         Err(StoreError::NotFound)
     );
     assert_eq!(
         store
-            .finish_run(&missing, TerminalKind::Complete, Map::new())
+            .finish_run(RunRef::any(&missing), TerminalKind::Complete, Map::new())
             .await,
         Err(StoreError::NotFound)
     );
+}
+
+/// GIVEN a run WHEN a write names another incarnation of its id THEN it is NotFound and
+/// nothing is written; the run's own incarnation writes and ends it.
+pub async fn writes_name_one_incarnation(store: Store) {
+    let run_id = new_run(&store, "incarnation").await;
+    let head = store.read_head(&run_id).await.unwrap().unwrap();
+    assert_eq!(head.incarnation.len(), 16);
+    let stale = RunRef::exact(&run_id, "00000000deadbeef");
+    assert_eq!(
+        store
+            .append_events(stale, vec![producer("agent.message", None, json!({}))])
+            .await,
+        Err(StoreError::NotFound)
+    );
+    assert_eq!(
+        store
+            .finish_run(stale, TerminalKind::Complete, Map::new())
+            .await,
+        Err(StoreError::NotFound)
+    );
+    let own = RunRef::exact(&run_id, &head.incarnation);
+    let seqs = store
+        .append_events(own, vec![producer("agent.message", None, json!({}))])
+        .await
+        .unwrap();
+    assert_eq!(seqs, vec![2]);
+    let done = store
+        .finish_run(own, TerminalKind::Complete, Map::new())
+        .await
+        .unwrap();
+    assert_eq!(done.sequence, 3);
+    assert_eq!(sequences(&all_events(&store, &run_id).await), vec![1, 2, 3]);
+}
+
+/// Pages served through [`crate::read_page`] are gapless, end with `terminal` exactly
+/// when they hold the terminal event, and carry each event's type.
+pub async fn served_pages_end_at_the_terminal_event(store: Store) {
+    let run_id = new_run(&store, "served").await;
+    for _ in 0..3 {
+        store
+            .append_events(
+                RunRef::any(&run_id),
+                vec![producer("agent.message", None, json!({}))],
+            )
+            .await
+            .unwrap();
+    }
+    let head = store.read_head(&run_id).await.unwrap().unwrap();
+    let page = crate::read_page(store.as_ref(), &head, 0, 2).await.unwrap();
+    assert_eq!(page.events.len(), 2);
+    assert_eq!(page.events[0].event_type, "run_started");
+    assert!(page.has_more && !page.terminal);
+    store
+        .finish_run(RunRef::any(&run_id), TerminalKind::Fail, Map::new())
+        .await
+        .unwrap();
+    let head = store.read_head(&run_id).await.unwrap().unwrap();
+    let rest = crate::read_page(store.as_ref(), &head, page.next_after, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        rest.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+        vec![3, 4, 5]
+    );
+    assert_eq!(rest.events[2].event_type, "run_failed");
+    assert!(rest.terminal && !rest.has_more);
+    let past = crate::read_page(store.as_ref(), &head, 5, 100)
+        .await
+        .unwrap();
+    assert!(past.events.is_empty() && past.terminal && !past.has_more);
 }
 
 /// True when an AWS endpoint (an emulator or real AWS) is configured for the tests.
@@ -534,7 +632,7 @@ pub async fn dynamo_test_store() -> crate::dynamo::DynamoStore {
         "no DynamoDB endpoint: run `make test` (it starts DynamoDB Local) or set AWS_ENDPOINT_URL"
     );
     let config = aws_config::load_from_env().await;
-    let client = aws_sdk_dynamodb::Client::new(&config);
+    let client = crate::dynamo::client(&config);
     let prefix =
         std::env::var("TOLLGATE_TEST_TABLE_PREFIX").unwrap_or_else(|_| "tollgate-test-".into());
     let tables = crate::dynamo::Tables::with_prefix(&prefix);
@@ -586,6 +684,14 @@ macro_rules! contract_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn pages_stop_at_the_byte_cap() {
             $crate::contract::pages_stop_at_the_byte_cap(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn writes_name_one_incarnation() {
+            $crate::contract::writes_name_one_incarnation(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn served_pages_end_at_the_terminal_event() {
+            $crate::contract::served_pages_end_at_the_terminal_event(__store().await).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn replay_pages() {

@@ -29,7 +29,7 @@ use tollgate_domain::{
 };
 
 use crate::{
-    check_batch, ended_run_answer, fill_page, CreateOutcome, EventPage, Finished, RunStore,
+    check_batch, ended_run_answer, fill_page, CreateOutcome, EventPage, Finished, RunRef, RunStore,
     StoreError, StoredEvent,
 };
 
@@ -67,11 +67,36 @@ impl Tables {
 
 pub const BY_SEQUENCE_INDEX: &str = "by_sequence";
 
+/// SDK timeouts for every DynamoDB call: a hung connection or answer becomes an error
+/// (and so a 503) within seconds instead of holding the function until its timeout.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A DynamoDB client from the shared SDK configuration, with Tollgate's timeouts.
+pub fn client(sdk: &aws_config::SdkConfig) -> Client {
+    let timeouts = aws_config::timeout::TimeoutConfig::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .operation_attempt_timeout(ATTEMPT_TIMEOUT)
+        .operation_timeout(OPERATION_TIMEOUT)
+        .build();
+    Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(sdk)
+            .timeout_config(timeouts)
+            .build(),
+    )
+}
+
 const AMBIGUOUS: &str = "outcome unknown";
 
 /// How long one transaction attempt keeps resending after answers that leave its outcome
 /// unknown before it gives up as `Unavailable`.
-const AMBIGUITY_BUDGET: Duration = Duration::from_secs(5);
+const AMBIGUITY_BUDGET: Duration = Duration::from_secs(4);
+
+/// How long one call keeps retrying lost races and throttling. With the ambiguity budget
+/// and one SDK operation timeout (3 s, set where the client is built) a call ends within
+/// about 15 s, well inside the functions' 25 s timeout, so a client always gets an answer.
+pub const CONTENTION_BUDGET: Duration = Duration::from_secs(8);
 
 #[derive(Clone)]
 pub struct DynamoStore {
@@ -107,6 +132,8 @@ struct LaneState {
 }
 
 struct QueuedAppend {
+    /// The incarnation the caller's token names (`None`: any).
+    incarnation: Option<String>,
     events: Vec<EventDraft>,
     /// Rough size of the events as stored (payload JSON plus envelope allowance).
     bytes: usize,
@@ -158,6 +185,7 @@ impl Lane {
         // A caller that went away before its turn is not written: it was told nothing,
         // so its retry is the one that lands.
         queue.retain(|q| !q.reply.is_closed());
+        let incarnation = queue.front().map(|q| q.incarnation.clone());
         while let Some(next) = queue.front() {
             let next_ids: Vec<&str> = next
                 .events
@@ -166,6 +194,7 @@ impl Lane {
                 .collect();
             let fits = count + next.events.len() <= tollgate_domain::MAX_BATCH_EVENTS
                 && bytes + next.bytes <= MAX_GROUP_BYTES
+                && incarnation.as_ref() == Some(&next.incarnation)
                 && next_ids.iter().all(|id| !ids.contains(*id));
             if !group.is_empty() && !fits {
                 break;
@@ -185,7 +214,7 @@ impl DynamoStore {
             client,
             tables,
             retention: None,
-            contention_budget: Duration::from_secs(20),
+            contention_budget: CONTENTION_BUDGET,
             lanes: Some(std::sync::Arc::new(RunLanes::default())),
         }
     }
@@ -208,21 +237,38 @@ impl DynamoStore {
     async fn starting_head(
         &self,
         lane: &mut Option<&mut Lane>,
-        run_id: &str,
+        run: RunRef<'_>,
     ) -> Result<RunHead, StoreError> {
-        match lane.as_mut().and_then(|l| l.head.take()) {
-            Some(head) => Ok(head),
-            None => self.get_head(run_id).await?.ok_or(StoreError::NotFound),
-        }
+        let head = match lane.as_mut().and_then(|l| l.head.take()) {
+            Some(head) => head,
+            None => self.live_head(run).await?,
+        };
+        run.check(&head)?;
+        Ok(head)
     }
 
-    /// Writes one group of queued appends and answers each of them.
+    /// A strong read of the head `run` names (`NotFound` if gone or another incarnation).
+    async fn live_head(&self, run: RunRef<'_>) -> Result<RunHead, StoreError> {
+        let head = self
+            .get_head(run.run_id)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        run.check(&head)?;
+        Ok(head)
+    }
+
+    /// Writes one group of queued appends (all naming one incarnation) and answers each.
     async fn write_group(&self, run_id: &str, group: Vec<QueuedAppend>, lane: &mut Lane) {
         let combined: Vec<EventDraft> = group
             .iter()
             .flat_map(|q| q.events.iter().cloned())
             .collect();
-        match self.append_in_lane(run_id, combined, Some(lane)).await {
+        let incarnation = group.first().and_then(|q| q.incarnation.clone());
+        let run = RunRef {
+            run_id,
+            incarnation: incarnation.as_deref(),
+        };
+        match self.append_in_lane(run, combined, Some(lane)).await {
             Ok(sequences) => {
                 let mut rest = sequences.as_slice();
                 for q in group {
@@ -235,7 +281,7 @@ impl DynamoStore {
             // of events that landed before the end gets their sequences).
             Err(StoreError::RunTerminal { .. }) if group.len() > 1 => {
                 for q in group {
-                    let answer = self.append_in_lane(run_id, q.events, Some(lane)).await;
+                    let answer = self.append_in_lane(run, q.events, Some(lane)).await;
                     let _ = q.reply.send(answer);
                 }
             }
@@ -263,6 +309,24 @@ impl DynamoStore {
     fn expires_at(&self, now_millis: i64) -> Option<AttributeValue> {
         self.retention
             .map(|r| n(now_millis / 1000 + r.as_secs() as i64))
+    }
+
+    /// Whether any item of the run's partition is in the events table (one strongly
+    /// consistent `Query` with `Limit 1`).
+    async fn has_any_event(&self, run_id: &str) -> Result<bool, StoreError> {
+        let out = self
+            .client
+            .query()
+            .table_name(&self.tables.events)
+            .consistent_read(true)
+            .key_condition_expression("run_id = :r")
+            .expression_attribute_values(":r", s(run_id))
+            .projection_expression("run_id")
+            .limit(1)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(out.count > 0)
     }
 
     async fn get_head(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {
@@ -326,10 +390,12 @@ impl DynamoStore {
             .table_name(&self.tables.runs)
             .key("run_id", s(&head.run_id))
             // Invariant: gapless, single-writer sequences and no event after a terminal
-            // event — the head must still be exactly as we read it, and running.
-            .condition_expression("next_seq = :seen AND #status = :running")
+            // event — the head must still be exactly as we read it (the same incarnation
+            // of the run id), and running.
+            .condition_expression("next_seq = :seen AND #status = :running AND incarnation = :inc")
             .expression_attribute_names("#status", "status")
             .expression_attribute_values(":seen", n(head.next_seq))
+            .expression_attribute_values(":inc", s(&head.incarnation))
             .expression_attribute_values(":running", s(RunStatus::Running.as_str()))
             .expression_attribute_values(":new", n(new_next_seq))
             .expression_attribute_values(":now", n(now))
@@ -530,13 +596,14 @@ impl DynamoStore {
     /// the run's lane when there is one.
     async fn append_in_lane(
         &self,
-        run_id: &str,
+        run: RunRef<'_>,
         events: Vec<EventDraft>,
         mut lane: Option<&mut Lane>,
     ) -> Result<Vec<u64>, StoreError> {
+        let run_id = run.run_id;
         let deadline = Instant::now() + self.contention_budget;
         let mut sequences: Vec<Option<u64>> = vec![None; events.len()];
-        let mut head = self.starting_head(&mut lane, run_id).await?;
+        let mut head = self.starting_head(&mut lane, run).await?;
         let mut attempt = 0u32;
         loop {
             let pending: Vec<usize> = (0..events.len())
@@ -604,6 +671,7 @@ impl DynamoStore {
                                 Some(item) => head_from_item(item)?,
                                 None => return Err(StoreError::NotFound),
                             };
+                            run.check(&head)?;
                         }
                         // Head held; only duplicates failed: retry the rest at once.
                         _ if sequences.iter().filter(|s| s.is_none()).count() < unanswered => {
@@ -620,7 +688,7 @@ impl DynamoStore {
                 }
                 Err(TxFailure::Retryable(why)) => {
                     tracing::debug!(run_id, %why, "append retry");
-                    head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?;
+                    head = self.live_head(run).await?;
                 }
                 Err(TxFailure::Fatal(why) | TxFailure::Ambiguous(why)) => {
                     return Err(StoreError::Unavailable(why))
@@ -659,6 +727,18 @@ impl RunStore for DynamoStore {
             TransactWriteItem::builder().put(put_head).build(),
             self.event_put(&head, 1, &new.started_event(), now)?,
         ];
+        // Invariant: a run id is never created again over another run's leftovers (TTL
+        // may delete a head before its events, or `run_started` before the rest). No
+        // event can appear between this read and the transaction: every write but this
+        // create needs the head.
+        if self.has_any_event(&new.run_id).await? {
+            return match self.get_head(&new.run_id).await? {
+                Some(existing) => Ok(CreateOutcome::Existing(existing)),
+                None => Err(StoreError::Conflict(
+                    "run id has leftover events; choose another run id".into(),
+                )),
+            };
+        }
         let deadline = Instant::now() + self.contention_budget;
         let mut attempt = 0;
         loop {
@@ -695,20 +775,21 @@ impl RunStore for DynamoStore {
 
     async fn append_events(
         &self,
-        run_id: &str,
+        run: RunRef<'_>,
         events: Vec<EventDraft>,
     ) -> Result<Vec<u64>, StoreError> {
         check_batch(&events)?;
         let Some(lanes) = &self.lanes else {
-            return self.append_in_lane(run_id, events, None).await;
+            return self.append_in_lane(run, events, None).await;
         };
-        let state = lanes.state(run_id);
+        let state = lanes.state(run.run_id);
         let (reply, answer) = tokio::sync::oneshot::channel();
         state
             .queue
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push_back(QueuedAppend {
+                incarnation: run.incarnation.map(str::to_owned),
                 bytes: approx_stored_bytes(&events),
                 events,
                 reply,
@@ -717,7 +798,7 @@ impl RunStore for DynamoStore {
         // disconnecting drops its request future) cannot abandon a transaction half-way
         // or strand the appends grouped with its own.
         let store = self.clone();
-        let run_id = run_id.to_owned();
+        let run_id = run.run_id.to_owned();
         tokio::spawn(async move {
             // One group per turn on the lane: a waiting `finish_run` gets its turn between
             // groups instead of waiting for the queue to run dry.
@@ -737,15 +818,16 @@ impl RunStore for DynamoStore {
 
     async fn finish_run(
         &self,
-        run_id: &str,
+        run: RunRef<'_>,
         kind: TerminalKind,
         payload: Map<String, Value>,
     ) -> Result<Finished, StoreError> {
+        let run_id = run.run_id;
         let mut lane = self.enter_lane(run_id).await;
         let mut lane = lane.as_mut();
         let deadline = Instant::now() + self.contention_budget;
         let draft = EventDraft::server(kind.event_type(), payload);
-        let mut head = self.starting_head(&mut lane, run_id).await?;
+        let mut head = self.starting_head(&mut lane, run).await?;
         let mut attempt = 0u32;
         loop {
             if head.status.is_terminal() {
@@ -774,14 +856,15 @@ impl RunStore for DynamoStore {
                 Err(TxFailure::Cancelled(reasons)) => {
                     match reasons.first().and_then(|r| r.item()) {
                         Some(item) if reasons.first().is_some_and(reason_failed) => {
-                            head = head_from_item(item)?
+                            head = head_from_item(item)?;
+                            run.check(&head)?;
                         }
-                        _ => head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?,
+                        _ => head = self.live_head(run).await?,
                     }
                 }
                 Err(TxFailure::Retryable(why)) => {
                     tracing::debug!(run_id, %why, "finish retry");
-                    head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?;
+                    head = self.live_head(run).await?;
                 }
                 Err(TxFailure::Fatal(why) | TxFailure::Ambiguous(why)) => {
                     return Err(StoreError::Unavailable(why))
@@ -822,9 +905,10 @@ impl RunStore for DynamoStore {
                 .consistent_read(true)
                 .key_condition_expression("run_id = :r AND #seq > :after")
                 .expression_attribute_names("#seq", "sequence")
+                .expression_attribute_names("#type", "type")
                 .expression_attribute_values(":r", s(run_id))
                 .expression_attribute_values(":after", n(after))
-                .projection_expression("#seq, body")
+                .projection_expression("#seq, #type, body")
                 .limit((want - collected.len()).min(1000) as i32)
                 .set_exclusive_start_key(start_key.take())
                 .send()
@@ -835,6 +919,7 @@ impl RunStore for DynamoStore {
                 bytes += body.len();
                 collected.push(StoredEvent {
                     sequence: get_n(&item, "sequence")?,
+                    event_type: get_s(&item, "type")?,
                     body,
                 });
             }
@@ -911,6 +996,7 @@ fn head_to_item(h: &RunHead) -> HashMap<String, AttributeValue> {
         ("created_by".to_string(), s(&h.created_by)),
         ("created_at".to_string(), n(h.created_at)),
         ("last_event_at".to_string(), n(h.last_event_at)),
+        ("incarnation".to_string(), s(&h.incarnation)),
     ]);
     let strings = [
         ("parent_run_id", &h.parent_run_id),
@@ -959,6 +1045,7 @@ fn head_from_item(item: &HashMap<String, AttributeValue>) -> Result<RunHead, Sto
             .get("terminal_seq")
             .map(|_| get_n(item, "terminal_seq"))
             .transpose()?,
+        incarnation: get_s(item, "incarnation")?,
     })
 }
 

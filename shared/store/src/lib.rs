@@ -8,15 +8,54 @@ use async_trait::async_trait;
 use serde_json::{Map, Value};
 use tollgate_domain::{EventDraft, NewRun, RunHead, RunStatus, TerminalKind};
 
+pub use page::{read_page, ReplayPage};
+
 #[cfg(feature = "contract")]
 pub mod contract;
 pub mod dynamo;
 pub mod memory;
+pub mod page;
 pub mod schema;
 
-/// A replay page never carries more than this many bytes of event bodies, so it fits a
-/// Lambda response (6 MB) whatever the `limit`; at least one event is always returned.
+/// One `read_events` call reads at most this many bytes of event bodies (at least one
+/// event), whatever the `limit`; [`page`] then bounds what is served.
 pub const MAX_PAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// The run a write is meant for: its id and, when the caller holds a run token, the
+/// incarnation that token was issued for. A write whose incarnation differs from the
+/// stored head's is `NotFound` — the run the token opened no longer exists, even if the
+/// id has been created again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunRef<'a> {
+    pub run_id: &'a str,
+    pub incarnation: Option<&'a str>,
+}
+
+impl<'a> RunRef<'a> {
+    /// Exactly the incarnation a run token names.
+    pub fn exact(run_id: &'a str, incarnation: &'a str) -> Self {
+        Self {
+            run_id,
+            incarnation: Some(incarnation),
+        }
+    }
+
+    /// Whatever run holds this id now (server-internal writers and tests).
+    pub fn any(run_id: &'a str) -> Self {
+        Self {
+            run_id,
+            incarnation: None,
+        }
+    }
+
+    /// `NotFound` unless `head` is the incarnation this reference names.
+    pub fn check(&self, head: &RunHead) -> Result<(), StoreError> {
+        match self.incarnation {
+            Some(inc) if inc != head.incarnation => Err(StoreError::NotFound),
+            _ => Ok(()),
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum StoreError {
@@ -52,10 +91,11 @@ pub struct Finished {
     pub already_finished: bool,
 }
 
-/// One stored event: its sequence and the exact JSON served to clients.
+/// One stored event: its sequence, type and the exact JSON served to clients.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredEvent {
     pub sequence: u64,
+    pub event_type: String,
     pub body: String,
 }
 
@@ -77,7 +117,7 @@ pub trait RunStore: Send + Sync + 'static {
     /// its original sequence is returned in its place.
     async fn append_events(
         &self,
-        run_id: &str,
+        run: RunRef<'_>,
         events: Vec<EventDraft>,
     ) -> Result<Vec<u64>, StoreError>;
 
@@ -86,7 +126,7 @@ pub trait RunStore: Send + Sync + 'static {
     /// kind on an ended run is `RunTerminal`.
     async fn finish_run(
         &self,
-        run_id: &str,
+        run: RunRef<'_>,
         kind: TerminalKind,
         payload: Map<String, Value>,
     ) -> Result<Finished, StoreError>;
@@ -94,7 +134,9 @@ pub trait RunStore: Send + Sync + 'static {
     async fn read_head(&self, run_id: &str) -> Result<Option<RunHead>, StoreError>;
 
     /// Events with sequence > `after`, ascending, at most `limit` (and at most
-    /// [`MAX_PAGE_BYTES`] of bodies).
+    /// [`MAX_PAGE_BYTES`] of bodies). On DynamoDB a read may miss events of a
+    /// transaction that is committing (`Query` is read-committed, not serializable):
+    /// serve pages through [`page::read_page`], which never lets a client skip them.
     async fn read_events(
         &self,
         run_id: &str,

@@ -10,14 +10,15 @@ use serde_json::{Map, Value};
 use tollgate_domain::{now_millis, render_event, EventDraft, NewRun, RunHead, TerminalKind};
 
 use crate::{
-    check_batch, ended_run_answer, fill_page, CreateOutcome, EventPage, Finished, RunStore,
+    check_batch, ended_run_answer, fill_page, CreateOutcome, EventPage, Finished, RunRef, RunStore,
     StoreError, StoredEvent,
 };
 
 #[derive(Default)]
 struct RunRecord {
     head: Option<RunHead>,
-    events: BTreeMap<u64, String>,
+    /// sequence → (type, body)
+    events: BTreeMap<u64, (String, String)>,
     event_ids: HashMap<String, u64>,
 }
 
@@ -40,12 +41,19 @@ impl MemoryStore {
 
 fn live_head<'a>(
     runs: &'a mut HashMap<String, RunRecord>,
-    run_id: &str,
+    run: RunRef<'_>,
 ) -> Result<&'a mut RunRecord, StoreError> {
-    match runs.get_mut(run_id) {
-        Some(r) if r.head.is_some() => Ok(r),
+    match runs.get_mut(run.run_id) {
+        Some(r) if r.head.as_ref().is_some_and(|h| run.check(h).is_ok()) => Ok(r),
         _ => Err(StoreError::NotFound),
     }
+}
+
+fn stored(head: &RunHead, seq: u64, draft: &EventDraft, now: i64) -> (String, String) {
+    (
+        draft.event_type.clone(),
+        render_event(head, seq, draft, now),
+    )
 }
 
 #[async_trait]
@@ -58,21 +66,28 @@ impl RunStore for MemoryStore {
         }
         let now = now_millis();
         let head = new.head(now);
+        // Invariant (as on DynamoDB): a run id whose events outlived their head is never
+        // created again, so nobody is served another run's leftovers.
+        if !record.events.is_empty() {
+            return Err(StoreError::Conflict(
+                "run id has leftover events; choose another run id".into(),
+            ));
+        }
         record
             .events
-            .insert(1, render_event(&head, 1, &new.started_event(), now));
+            .insert(1, stored(&head, 1, &new.started_event(), now));
         record.head = Some(head.clone());
         Ok(CreateOutcome::Created(head))
     }
 
     async fn append_events(
         &self,
-        run_id: &str,
+        run: RunRef<'_>,
         events: Vec<EventDraft>,
     ) -> Result<Vec<u64>, StoreError> {
         check_batch(&events)?;
         let mut runs = self.lock();
-        let record = live_head(&mut runs, run_id)?;
+        let record = live_head(&mut runs, run)?;
         let head = record.head.as_mut().ok_or(StoreError::NotFound)?;
         // Duplicates answer with their original sequence even on an ended run, exactly
         // as the DynamoDB adapter does: a retry must see the result of its first try.
@@ -104,9 +119,7 @@ impl RunStore for MemoryStore {
                 if slot.is_some() {
                     continue;
                 }
-                record
-                    .events
-                    .insert(next, render_event(head, next, draft, now));
+                record.events.insert(next, stored(head, next, draft, now));
                 if let Some(id) = &draft.event_id {
                     record.event_ids.insert(id.clone(), next);
                 }
@@ -121,12 +134,12 @@ impl RunStore for MemoryStore {
 
     async fn finish_run(
         &self,
-        run_id: &str,
+        run: RunRef<'_>,
         kind: TerminalKind,
         payload: Map<String, Value>,
     ) -> Result<Finished, StoreError> {
         let mut runs = self.lock();
-        let record = live_head(&mut runs, run_id)?;
+        let record = live_head(&mut runs, run)?;
         let head = record.head.as_mut().ok_or(StoreError::NotFound)?;
         if head.status.is_terminal() {
             return ended_run_answer(head, kind);
@@ -134,9 +147,7 @@ impl RunStore for MemoryStore {
         let now = now_millis();
         let seq = head.next_seq;
         let draft = EventDraft::server(kind.event_type(), payload);
-        record
-            .events
-            .insert(seq, render_event(head, seq, &draft, now));
+        record.events.insert(seq, stored(head, seq, &draft, now));
         head.next_seq = seq + 1;
         head.status = kind.status();
         head.terminal_seq = Some(seq);
@@ -161,13 +172,15 @@ impl RunStore for MemoryStore {
         let Some(record) = runs.get(run_id).filter(|r| r.head.is_some()) else {
             return Err(StoreError::NotFound);
         };
-        let events = record
-            .events
-            .range(after.saturating_add(1)..)
-            .map(|(seq, body)| StoredEvent {
-                sequence: *seq,
-                body: body.clone(),
-            });
+        let events =
+            record
+                .events
+                .range(after.saturating_add(1)..)
+                .map(|(seq, (event_type, body))| StoredEvent {
+                    sequence: *seq,
+                    event_type: event_type.clone(),
+                    body: body.clone(),
+                });
         Ok(fill_page(events, limit))
     }
 }
