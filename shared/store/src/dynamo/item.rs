@@ -1,0 +1,145 @@
+//! Item mapping: attribute values to domain values and back, and the translation of SDK
+//! errors into [`StoreError`] (never by parsing message strings).
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::types::AttributeValue;
+use serde_json::Value;
+use tollgate_domain::{RunHead, RunKind, RunStatus};
+
+use crate::StoreError;
+
+pub(crate) type Item = HashMap<String, AttributeValue>;
+pub(crate) fn s(v: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+pub(crate) fn n(v: impl ToString) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+pub(crate) fn get_s(
+    item: &HashMap<String, AttributeValue>,
+    key: &str,
+) -> Result<String, StoreError> {
+    match item.get(key) {
+        Some(AttributeValue::S(v)) => Ok(v.clone()),
+        _ => Err(corrupt(key)),
+    }
+}
+
+pub(crate) fn opt_s(item: &HashMap<String, AttributeValue>, key: &str) -> Option<String> {
+    match item.get(key) {
+        Some(AttributeValue::S(v)) => Some(v.clone()),
+        _ => None,
+    }
+}
+
+pub(crate) fn get_n<T: std::str::FromStr>(
+    item: &HashMap<String, AttributeValue>,
+    key: &str,
+) -> Result<T, StoreError> {
+    match item.get(key) {
+        Some(AttributeValue::N(v)) => v.parse().map_err(|_| corrupt(key)),
+        _ => Err(corrupt(key)),
+    }
+}
+
+pub(crate) fn opt_json(
+    item: &HashMap<String, AttributeValue>,
+    key: &str,
+) -> Result<Option<Value>, StoreError> {
+    opt_s(item, key)
+        .map(|raw| serde_json::from_str(&raw).map_err(|_| corrupt(key)))
+        .transpose()
+}
+
+pub(crate) fn corrupt(key: &str) -> StoreError {
+    StoreError::Unavailable(format!("stored item has a missing or malformed {key:?}"))
+}
+
+pub(crate) fn head_to_item(h: &RunHead) -> HashMap<String, AttributeValue> {
+    let mut item = HashMap::from([
+        ("run_id".to_string(), s(&h.run_id)),
+        ("status".to_string(), s(h.status.as_str())),
+        ("next_seq".to_string(), n(h.next_seq)),
+        ("kind".to_string(), s(h.kind.as_str())),
+        ("created_by".to_string(), s(&h.created_by)),
+        ("created_at".to_string(), n(h.created_at)),
+        ("last_event_at".to_string(), n(h.last_event_at)),
+        ("incarnation".to_string(), s(&h.incarnation)),
+    ]);
+    let strings = [
+        ("parent_run_id", &h.parent_run_id),
+        ("owner", &h.owner),
+        ("project_id", &h.project_id),
+        ("channel_id", &h.channel_id),
+        ("delivery_id", &h.delivery_id),
+        ("execution_mode", &h.execution_mode),
+        ("agenthost_origin", &h.agenthost_origin),
+    ];
+    for (k, v) in strings {
+        if let Some(v) = v {
+            item.insert(k.into(), s(v));
+        }
+    }
+    for (k, v) in [("subtask_id", &h.subtask_id), ("budget", &h.budget)] {
+        if let Some(v) = v {
+            item.insert(k.into(), s(v.to_string()));
+        }
+    }
+    if let Some(t) = h.terminal_seq {
+        item.insert("terminal_seq".into(), n(t));
+    }
+    item
+}
+
+pub(crate) fn head_from_item(
+    item: &HashMap<String, AttributeValue>,
+) -> Result<RunHead, StoreError> {
+    Ok(RunHead {
+        run_id: get_s(item, "run_id")?,
+        status: RunStatus::parse(&get_s(item, "status")?).ok_or_else(|| corrupt("status"))?,
+        next_seq: get_n(item, "next_seq")?,
+        kind: RunKind::parse(&get_s(item, "kind")?).ok_or_else(|| corrupt("kind"))?,
+        parent_run_id: opt_s(item, "parent_run_id"),
+        subtask_id: opt_json(item, "subtask_id")?,
+        owner: opt_s(item, "owner"),
+        project_id: opt_s(item, "project_id"),
+        channel_id: opt_s(item, "channel_id"),
+        created_by: get_s(item, "created_by")?,
+        delivery_id: opt_s(item, "delivery_id"),
+        execution_mode: opt_s(item, "execution_mode"),
+        agenthost_origin: opt_s(item, "agenthost_origin"),
+        budget: opt_json(item, "budget")?,
+        created_at: get_n(item, "created_at")?,
+        last_event_at: get_n(item, "last_event_at")?,
+        terminal_seq: item
+            .get("terminal_seq")
+            .map(|_| get_n(item, "terminal_seq"))
+            .transpose()?,
+        incarnation: get_s(item, "incarnation")?,
+    })
+}
+
+pub(crate) fn unavailable<
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+>(
+    err: SdkError<E, R>,
+) -> StoreError {
+    let detail = match &err {
+        SdkError::ServiceError(ctx) => format!(
+            "{}: {}",
+            ctx.err().code().unwrap_or("error"),
+            ctx.err().message().unwrap_or("")
+        ),
+        other => other.to_string(),
+    };
+    StoreError::Unavailable(detail)
+}
+
+pub(crate) fn build_error(err: aws_sdk_dynamodb::error::BuildError) -> StoreError {
+    StoreError::Unavailable(format!("request build: {err}"))
+}

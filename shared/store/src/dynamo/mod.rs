@@ -1,0 +1,274 @@
+//! The DynamoDB adapter. Every state change is one `TransactWriteItems` planned and
+//! written by the commit engine ([`commit`]): run heads conditioned on the `next_seq`
+//! and incarnation we read and on the run still running, plus the events they announce
+//! and any conditioned side items. A lost race reads the current head from the
+//! cancellation reason (`ReturnValuesOnConditionCheckFailure = ALL_OLD`) and tries again
+//! with bounded, jittered backoff; SDK errors are translated into [`StoreError`].
+//!
+//! Events table layout: partition `run_id`, sort `event_key` — `id#<event_id>` for an
+//! event with an idempotency key, `seq#<sequence>` otherwise — plus the local secondary
+//! index `by_sequence` (`run_id`, `sequence`) that replay reads with strong consistency.
+//! Keying idempotent events by their id makes "same event_id twice" a failed
+//! `attribute_not_exists` inside the same transaction, so a batch of 99 keyed events
+//! still fits DynamoDB's 100-item transaction limit.
+//!
+//! Modules by job: [`tables`] (names, client), [`item`] (mapping, error translation),
+//! [`commit`] (the engine), [`lanes`] (group commit in one process), [`runs`] (the
+//! [`crate::RunStore`] port as plans).
+
+mod commit;
+mod item;
+mod lanes;
+mod runs;
+mod tables;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes};
+use aws_sdk_dynamodb::Client;
+use tollgate_domain::RunHead;
+
+pub use commit::CONTENTION_BUDGET;
+pub use tables::{
+    client, Tables, ATTEMPT_TIMEOUT, BY_SEQUENCE_INDEX, CONNECT_TIMEOUT, OPERATION_TIMEOUT,
+};
+
+use commit::backoff;
+use item::{build_error, get_n, get_s, head_from_item, n, s, unavailable};
+use lanes::{Lane, RunLanes};
+
+use crate::{fill_page, EventPage, RunRef, StoreError, StoredEvent};
+
+#[derive(Clone)]
+pub struct DynamoStore {
+    client: Client,
+    tables: Tables,
+    /// Items expire this long after they are written (DynamoDB TTL); `None` keeps them.
+    retention: Option<Duration>,
+    /// How long one call may keep retrying lost races and throttling before it gives up
+    /// with `Unavailable` (nothing written by the failed attempts).
+    contention_budget: Duration,
+    /// Per-run write lanes inside this process (see [`lanes`]); `None` lets every call
+    /// race on the head, as separate processes do.
+    lanes: Option<std::sync::Arc<RunLanes>>,
+}
+
+impl DynamoStore {
+    pub fn new(client: Client, tables: Tables) -> Self {
+        Self {
+            client,
+            tables,
+            retention: None,
+            contention_budget: CONTENTION_BUDGET,
+            lanes: Some(std::sync::Arc::new(RunLanes::default())),
+        }
+    }
+
+    /// Every call races on the head's condition, with no in-process queue: how separate
+    /// processes (Lambda instances) meet. Used to test the conditional writes alone.
+    pub fn without_lanes(mut self) -> Self {
+        self.lanes = None;
+        self
+    }
+
+    pub fn with_retention(mut self, retention: Option<Duration>) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn tables(&self) -> &Tables {
+        &self.tables
+    }
+
+    fn expires_at(&self, now_millis: i64) -> Option<AttributeValue> {
+        self.retention
+            .map(|r| n(now_millis / 1000 + r.as_secs() as i64))
+    }
+
+    async fn enter_lane(&self, run_id: &str) -> Option<Lane> {
+        match &self.lanes {
+            Some(lanes) => Some(Lane::enter(lanes.state(run_id)).await),
+            None => None,
+        }
+    }
+
+    /// The head to start from: the one this lane last wrote, else a strong read.
+    async fn starting_head(
+        &self,
+        lane: &mut Option<&mut Lane>,
+        run: RunRef<'_>,
+    ) -> Result<RunHead, StoreError> {
+        let head = match lane.as_mut().and_then(|l| l.head.take()) {
+            Some(head) => head,
+            None => self.live_head(run).await?,
+        };
+        run.check(&head)?;
+        Ok(head)
+    }
+
+    /// A strong read of the head `run` names (`NotFound` if gone or another incarnation).
+    async fn live_head(&self, run: RunRef<'_>) -> Result<RunHead, StoreError> {
+        let head = self
+            .get_head(run.run_id)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        run.check(&head)?;
+        Ok(head)
+    }
+
+    /// Whether any item of the run's partition is in the events table (one strongly
+    /// consistent `Query` with `Limit 1`).
+    async fn has_any_event(&self, run_id: &str) -> Result<bool, StoreError> {
+        let out = self
+            .client
+            .query()
+            .table_name(&self.tables.events)
+            .consistent_read(true)
+            .key_condition_expression("run_id = :r")
+            .expression_attribute_values(":r", s(run_id))
+            .projection_expression("run_id")
+            .limit(1)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(out.count > 0)
+    }
+
+    async fn get_head(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.tables.runs)
+            .key("run_id", s(run_id))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        out.item.map(|item| head_from_item(&item)).transpose()
+    }
+
+    /// Sequences already stored for these event ids (used when a run has ended, to
+    /// still answer a retried append with its original result).
+    async fn existing_event_ids(
+        &self,
+        run_id: &str,
+        ids: &[&str],
+    ) -> Result<HashMap<String, u64>, StoreError> {
+        let mut found = HashMap::new();
+        for chunk in ids.chunks(100) {
+            let keys = chunk
+                .iter()
+                .map(|id| {
+                    HashMap::from([
+                        ("run_id".to_string(), s(run_id)),
+                        ("event_key".to_string(), s(format!("id#{id}"))),
+                    ])
+                })
+                .collect();
+            let mut request = Some(
+                KeysAndAttributes::builder()
+                    .set_keys(Some(keys))
+                    .consistent_read(true)
+                    .projection_expression("event_key, #seq")
+                    .expression_attribute_names("#seq", "sequence")
+                    .build()
+                    .map_err(build_error)?,
+            );
+            let mut attempt = 0u32;
+            while let Some(req) = request.take() {
+                let out = self
+                    .client
+                    .batch_get_item()
+                    .request_items(&self.tables.events, req)
+                    .send()
+                    .await
+                    .map_err(unavailable)?;
+                for item in out
+                    .responses
+                    .unwrap_or_default()
+                    .remove(&self.tables.events)
+                    .unwrap_or_default()
+                {
+                    let key = get_s(&item, "event_key")?;
+                    found.insert(
+                        key.strip_prefix("id#").unwrap_or(&key).to_owned(),
+                        get_n(&item, "sequence")?,
+                    );
+                }
+                request = out
+                    .unprocessed_keys
+                    .and_then(|mut u| u.remove(&self.tables.events));
+                if request.is_some() {
+                    attempt += 1;
+                    if attempt > 10 {
+                        return Err(StoreError::Unavailable(
+                            "event lookups kept coming back unprocessed".into(),
+                        ));
+                    }
+                    backoff(attempt).await;
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    async fn query_events(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<EventPage, StoreError> {
+        // One more than asked tells whether more remain; DynamoDB may also stop at 1 MB,
+        // so keep querying until we have enough or the index is exhausted.
+        let want = limit.saturating_add(1);
+        let mut collected: Vec<StoredEvent> = Vec::new();
+        let mut bytes = 0usize;
+        let mut start_key = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.tables.events)
+                .index_name(BY_SEQUENCE_INDEX)
+                .consistent_read(true)
+                .key_condition_expression("run_id = :r AND #seq > :after")
+                .expression_attribute_names("#seq", "sequence")
+                .expression_attribute_names("#type", "type")
+                .expression_attribute_values(":r", s(run_id))
+                .expression_attribute_values(":after", n(after))
+                .projection_expression("#seq, #type, body")
+                .limit((want - collected.len()).min(1000) as i32)
+                .set_exclusive_start_key(start_key.take())
+                .send()
+                .await
+                .map_err(unavailable)?;
+            for item in out.items.unwrap_or_default() {
+                let body = get_s(&item, "body")?;
+                bytes += body.len();
+                collected.push(StoredEvent {
+                    sequence: get_n(&item, "sequence")?,
+                    event_type: get_s(&item, "type")?,
+                    body,
+                });
+            }
+            start_key = out.last_evaluated_key;
+            if start_key.is_none() || collected.len() >= want || bytes > crate::MAX_PAGE_BYTES {
+                break;
+            }
+        }
+        // Every run holds `run_started`, so events found prove the run exists; only an
+        // empty page needs the head read to tell "past the end" from "no such run".
+        if collected.is_empty() && self.get_head(run_id).await?.is_none() {
+            return Err(StoreError::NotFound);
+        }
+        let reached_end = start_key.is_none() && collected.len() < want;
+        let mut page = fill_page(collected.into_iter(), limit);
+        page.has_more = page.has_more || !reached_end;
+        Ok(page)
+    }
+}
