@@ -25,9 +25,14 @@ fn of_type<'a>(doc: &'a Value, ty: &str) -> Vec<(String, &'a Value)> {
         .collect()
 }
 
-/// The logical id a `Resource` entry points at: `!GetAtt X.Arn` or `!Sub "${X.Arn}/…"`.
+/// The logical id a `Resource` entry points at: `!GetAtt X.Arn`, `!Sub "${X.Arn}/…"` or
+/// `!Ref X` (for resources whose `Ref` is their ARN, such as a secret).
 fn referenced(resource: &Value) -> (String, String) {
     match resource {
+        Value::Tagged(t) if t.tag == "!Ref" => {
+            let target = t.value.as_str().expect("!Ref X");
+            (target.to_owned(), target.to_owned())
+        }
         Value::Tagged(t) if t.tag == "!GetAtt" => {
             let target = t.value.as_str().expect("!GetAtt X.Arn");
             (
@@ -77,6 +82,7 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                     "IngressLogGroup",
                     &["logs:CreateLogStream", "logs:PutLogEvents"],
                 ),
+                ("SigningSecret", &["secretsmanager:GetSecretValue"]),
                 (
                     "RunsTable",
                     &[
@@ -87,7 +93,7 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                 ),
                 (
                     "EventsTable",
-                    &["dynamodb:BatchGetItem", "dynamodb:PutItem"],
+                    &["dynamodb:BatchGetItem", "dynamodb:PutItem", "dynamodb:Query"],
                 ),
             ]),
         ),
@@ -98,6 +104,7 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                     "ReplayLogGroup",
                     &["logs:CreateLogStream", "logs:PutLogEvents"],
                 ),
+                ("SigningSecret", &["secretsmanager:GetSecretValue"]),
                 ("RunsTable", &["dynamodb:GetItem"]),
                 ("EventsTable/index/by_sequence", &["dynamodb:Query"]),
             ]),
@@ -109,6 +116,7 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                     "ReplayStreamLogGroup",
                     &["logs:CreateLogStream", "logs:PutLogEvents"],
                 ),
+                ("SigningSecret", &["secretsmanager:GetSecretValue"]),
                 ("RunsTable", &["dynamodb:GetItem"]),
                 ("EventsTable/index/by_sequence", &["dynamodb:Query"]),
             ]),
@@ -182,6 +190,245 @@ fn every_function_has_its_own_least_privilege_role() {
 
 fn resources_contains(doc: &Value, id: &str) -> bool {
     resources(doc).contains_key(id)
+}
+
+/// Dynamic references that CloudFormation resolves to a secret's value at deploy time;
+/// in a function's environment that value is readable by anyone allowed
+/// `lambda:GetFunctionConfiguration`.
+const SECRET_DYNAMIC_REFERENCES: [&str; 2] = ["{{resolve:secretsmanager", "{{resolve:ssm-secure"];
+
+/// Parts of a variable name that say it holds a secret itself (an `_ARN` names one).
+const SECRET_NAME_PARTS: [&str; 4] = ["SECRET", "PASSWORD", "PRIVATE_KEY", "ACCESS_KEY"];
+
+/// The string leaves of an environment value (not the logical ids of `!Ref`/`!GetAtt`
+/// nor an `!If`'s condition name), with a `!Sub`'s literal variables substituted into
+/// its template.
+fn leaves(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::String(s) => out.push(s.clone()),
+        Value::Sequence(seq) => seq.iter().for_each(|x| leaves(x, out)),
+        Value::Mapping(m) => m.values().for_each(|x| leaves(x, out)),
+        Value::Tagged(t) if t.tag == "!Ref" || t.tag == "!GetAtt" => {}
+        Value::Tagged(t) if t.tag == "!If" => match t.value.as_sequence() {
+            Some(branches) => branches.iter().skip(1).for_each(|x| leaves(x, out)),
+            None => leaves(&t.value, out),
+        },
+        Value::Tagged(t) if t.tag == "!Sub" => match t.value.as_sequence() {
+            Some(parts) if parts.len() == 2 => {
+                let mut template = parts[0].as_str().unwrap_or_default().to_owned();
+                if let Some(vars) = parts[1].as_mapping() {
+                    for (k, v) in vars {
+                        if let (Some(k), Some(v)) = (k.as_str(), v.as_str()) {
+                            template = template.replace(&format!("${{{k}}}"), v);
+                        }
+                    }
+                    vars.values().for_each(|x| leaves(x, out));
+                }
+                out.push(template);
+            }
+            _ => leaves(&t.value, out),
+        },
+        Value::Tagged(t) => leaves(&t.value, out),
+        Value::Number(_) | Value::Bool(_) | Value::Null => {}
+    }
+}
+
+/// A literal that reads as a credential or key rather than a setting: a PEM block, a
+/// JWT, an AWS access key id, or a long unbroken token of key characters mixing letters
+/// and digits (hex, base64, base64url).
+fn looks_like_key_material(s: &str) -> bool {
+    let key_chars = s
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '/' | '=' | '_' | '-'));
+    let access_key_id = s.len() == 20
+        && (s.starts_with("AKIA") || s.starts_with("ASIA"))
+        && s.chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit());
+    s.contains("-----BEGIN")
+        || (s.starts_with("eyJ") && s.matches('.').count() == 2)
+        || access_key_id
+        || (s.len() >= 32
+            && key_chars
+            && s.chars().any(|c| c.is_ascii_digit())
+            && s.chars().any(|c| c.is_ascii_alphabetic()))
+}
+
+/// Why an environment variable would put secret material into a function's
+/// configuration, if it would.
+fn secret_material(name: &str, value: &Value) -> Option<String> {
+    let upper = name.to_ascii_uppercase();
+    if !upper.ends_with("_ARN") && SECRET_NAME_PARTS.iter().any(|p| upper.contains(p)) {
+        return Some(format!(
+            "{name}: the name says it holds a secret (pass its ARN)"
+        ));
+    }
+    let mut parts = Vec::new();
+    leaves(value, &mut parts);
+    // All parts joined too: a dynamic reference split over `!Join` pieces shows whole.
+    for text in parts.iter().chain([&parts.concat()]) {
+        let lower = text.to_ascii_lowercase();
+        if let Some(r) = SECRET_DYNAMIC_REFERENCES
+            .iter()
+            .find(|r| lower.contains(*r))
+        {
+            return Some(format!(
+                "{name}: {r}…}} puts the secret's value in the environment"
+            ));
+        }
+    }
+    parts
+        .iter()
+        .find(|t| looks_like_key_material(t))
+        .map(|_| format!("{name}: the value looks like key material"))
+}
+
+/// The environment variables of every function: `Globals` (which SAM copies into each
+/// function) and each function's own.
+fn function_environments(doc: &Value) -> Vec<(String, String, Value)> {
+    let mut scopes = vec![("Globals.Function".to_owned(), &doc["Globals"]["Function"])];
+    for (name, f) in of_type(doc, "AWS::Serverless::Function") {
+        scopes.push((name, &f["Properties"]));
+    }
+    for (name, f) in of_type(doc, "AWS::Lambda::Function") {
+        scopes.push((name, &f["Properties"]));
+    }
+    let mut vars = Vec::new();
+    for (scope, props) in scopes {
+        if let Some(m) = props["Environment"]["Variables"].as_mapping() {
+            for (k, v) in m {
+                vars.push((scope.clone(), k.as_str().unwrap().to_owned(), v.clone()));
+            }
+        }
+    }
+    vars
+}
+
+#[test]
+fn no_function_environment_holds_secret_material() {
+    let doc = template();
+    let vars = function_environments(&doc);
+    assert!(
+        vars.iter().any(|(_, k, _)| k == "TOLLGATE_SECRET_ARN"),
+        "the functions are told where the secret is"
+    );
+    let found: Vec<String> = vars
+        .iter()
+        .filter_map(|(scope, k, v)| secret_material(k, v).map(|why| format!("{scope}: {why}")))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "secret material in environments: {found:#?}"
+    );
+    let (target, _) =
+        referenced(&doc["Globals"]["Function"]["Environment"]["Variables"]["TOLLGATE_SECRET_ARN"]);
+    assert_eq!(
+        resources(&doc)[target.as_str()]["Type"].as_str(),
+        Some("AWS::SecretsManager::Secret")
+    );
+}
+
+/// The check above would catch the ways secret material gets into an environment.
+#[test]
+fn secret_material_check_catches_dynamic_references_names_and_keys() {
+    let var = |yaml: &str| -> Value { serde_yaml_ng::from_str(yaml).unwrap() };
+    let caught = [
+        (
+            "TOLLGATE_SECRET",
+            r#"!Sub "{{resolve:secretsmanager:${SigningSecret}:SecretString}}""#,
+        ),
+        (
+            "SIGNING",
+            r#"!Sub "{{resolve:secretsmanager:${SigningSecret}:SecretString}}""#,
+        ),
+        ("SIGNING", r#""{{resolve:ssm-secure:/tollgate/key:1}}""#),
+        (
+            "SIGNING",
+            r#"!Join ["", ["{{resolve:", "secretsmanager:", !Ref S, "}}"]]"#,
+        ),
+        (
+            "SIGNING",
+            r#"!Sub ["{{resolve:${k}:${S}}}", {k: secretsmanager}]"#,
+        ),
+        ("SIGNING", r#"!If [C, "{{resolve:ssm-secure:/k}}", "x"]"#),
+        ("DB_PASSWORD", r#""hunter2""#),
+        ("KEY", r#""4f1c2a9be0d37c5e8a6b1f0d2c3e4a5b""#),
+        ("KEY", r#""dGhpcyBpcyBhIHRlc3Qga2V5IG9mIDMyIGJ5dGVz""#),
+        ("KEY", r#""AKIAIOSFODNN7EXAMPLE""#),
+        ("TOKEN", r#""eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln""#),
+        ("KEY", r#"!Sub "-----BEGIN PRIVATE KEY-----\nMII""#),
+    ];
+    for (name, yaml) in caught {
+        assert!(
+            secret_material(name, &var(yaml)).is_some(),
+            "{name}: {yaml}"
+        );
+    }
+    let fine = [
+        ("TOLLGATE_SECRET_ARN", "!Ref SigningSecret"),
+        ("TOLLGATE_BACKEND", "aws"),
+        (
+            "TOLLGATE_TRUST_GATEWAY_CLAIMS",
+            r#"!If [UseJwtAuthorizer, "1", "0"]"#,
+        ),
+        ("TOLLGATE_RUNS_TABLE", "!Ref RunsTable"),
+        ("RUST_LOG", "info,tollgate_api=debug"),
+        (
+            "TOLLGATE_URL",
+            "https://k7x2m9q4ab.execute-api.us-east-1.amazonaws.com",
+        ),
+        ("TOLLGATE_TABLE_PREFIX", r#"!Sub "${AWS::StackName}-""#),
+    ];
+    for (name, yaml) in fine {
+        assert_eq!(secret_material(name, &var(yaml)), None, "{name}: {yaml}");
+    }
+}
+
+/// Each function reserves (and is capped at) its own concurrency, set by a parameter
+/// that `-1` turns off: the public streaming Function URL cannot take the account's
+/// concurrency from ingress.
+#[test]
+fn every_function_reserves_concurrency_through_a_parameter() {
+    let doc = template();
+    let tag = |v: &Value, name: &str| match v {
+        Value::Tagged(t) if t.tag == name => Some(t.value.clone()),
+        _ => None,
+    };
+    let ref_of = |v: &Value| tag(v, "!Ref").and_then(|t| t.as_str().map(str::to_owned));
+    for (name, f) in of_type(&doc, "AWS::Serverless::Function") {
+        let reserved = &f["Properties"]["ReservedConcurrentExecutions"];
+        let branches = tag(reserved, "!If")
+            .and_then(|v| v.as_sequence().cloned())
+            .unwrap_or_else(|| {
+                panic!("{name}: ReservedConcurrentExecutions: !If [C, !Ref P, !Ref AWS::NoValue]")
+            });
+        assert_eq!(branches.len(), 3, "{name}");
+        let condition = branches[0].as_str().expect("condition name");
+        let param = ref_of(&branches[1]).unwrap_or_else(|| panic!("{name}: !Ref of a parameter"));
+        assert_eq!(
+            ref_of(&branches[2]).as_deref(),
+            Some("AWS::NoValue"),
+            "{name}"
+        );
+        let p = &doc["Parameters"][param.as_str()];
+        assert_eq!(p["Type"].as_str(), Some("Number"), "{name}: {param}");
+        let default = p["Default"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("{param}: Default"));
+        assert!(default >= 1, "{param}: reserves by default ({default})");
+        assert_eq!(p["MinValue"].as_i64(), Some(-1), "{param}: -1 turns it off");
+        // The condition is `!Not [!Equals [!Ref P, "-1"]]`.
+        let equals = tag(&doc["Conditions"][condition], "!Not")
+            .and_then(|v| v.as_sequence().and_then(|s| s.first().cloned()))
+            .and_then(|v| tag(&v, "!Equals"))
+            .and_then(|v| v.as_sequence().cloned())
+            .unwrap_or_else(|| panic!("{condition}: !Not [!Equals [!Ref {param}, \"-1\"]]"));
+        assert_eq!(
+            ref_of(&equals[0]).as_deref(),
+            Some(param.as_str()),
+            "{condition}"
+        );
+        assert_eq!(equals[1].as_str(), Some("-1"), "{condition}");
+    }
 }
 
 #[test]

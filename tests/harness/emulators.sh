@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # AWS emulators for the tests, reached on 127.0.0.1 at free ports: DynamoDB Local
-# (DynamoDB) and LocalStack 3.8.1 in host mode (SQS). No Docker needed. By default both
-# also listen on the other interfaces (see start_dynamodb, start_localstack).
+# (DynamoDB) and LocalStack 3.8.1 in host mode (SQS, Secrets Manager). No Docker needed.
+# By default both also listen on the other interfaces (see start_dynamodb,
+# start_localstack).
 #
 #   emulators.sh install       install both into the cache dir (idempotent)
 #   emulators.sh up            start both; writes $CACHE/emulators/env (export lines,
@@ -229,14 +230,15 @@ start_localstack() { # port
     OVERRIDE_IN_DOCKER=0 FILESYSTEM_ROOT="$fs" \
     GATEWAY_SERVER="${TOLLGATE_LOCALSTACK_GATEWAY:-twisted}" \
     GATEWAY_LISTEN="127.0.0.1:$port" LOCALSTACK_HOST="127.0.0.1:$port" \
-    SERVICES=sqs EAGER_SERVICE_LOADING=1 SQS_ENDPOINT_STRATEGY=path \
+    SERVICES=sqs,secretsmanager EAGER_SERVICE_LOADING=1 SQS_ENDPOINT_STRATEGY=path \
     DNS_ADDRESS=0 DISABLE_EVENTS=1 SKIP_SSL_CERT_DOWNLOAD=1 \
     "$CACHE/localstack/bin/python" -m localstack.runtime.main
 }
 
-aws_json() { # port target service body: a POST signed well enough for the emulators
+aws_json() { # port target service body [json version]: a POST signed well enough for
+  # the emulators (they do not check signatures)
   curl -sf -m 5 -X POST "http://127.0.0.1:$1/" -H "X-Amz-Target: $2" \
-    -H 'Content-Type: application/x-amz-json-1.0' \
+    -H "Content-Type: application/x-amz-json-${5:-1.0}" \
     -H "Authorization: AWS4-HMAC-SHA256 Credential=test/20200101/us-east-1/$3/aws4_request, SignedHeaders=host, Signature=0" \
     -d "$4"
 }
@@ -246,11 +248,13 @@ dynamodb_ready() { # port
   out=$(aws_json "$1" DynamoDB_20120810.ListTables dynamodb '{}') && [[ $out == *TableNames* ]]
 }
 
-localstack_ready() { # port: health lists sqs, and an SQS call answers (loads the service)
+localstack_ready() { # port: health lists both services, and a call to each answers
   local out
   out=$(curl -sf -m 2 "http://127.0.0.1:$1/_localstack/health") &&
     [[ $out =~ \"sqs\":\ *\"(available|running)\" ]] &&
-    aws_json "$1" AmazonSQS.ListQueues sqs '{}' >/dev/null
+    [[ $out =~ \"secretsmanager\":\ *\"(available|running)\" ]] &&
+    aws_json "$1" AmazonSQS.ListQueues sqs '{}' >/dev/null &&
+    aws_json "$1" secretsmanager.ListSecrets secretsmanager '{}' 1.1 >/dev/null
 }
 
 wait_ready() { # name port deadline
@@ -274,26 +278,27 @@ show_logs() {
 
 # Starts both emulators in $RUN and writes $RUN/env. On failure stops them, returns 1.
 start_instance() {
-  local attempt p_ddb p_sqs deadline t0=$SECONDS
+  local attempt p_ddb p_ls deadline t0=$SECONDS
   mkdir -p "$RUN"
   rm -f "$RUN/env"
   for attempt in 1 2 3; do
-    read -r p_ddb p_sqs < <(free_ports) || true
-    [[ -n ${p_ddb:-} && -n ${p_sqs:-} ]] || die "could not pick free ports"
+    read -r p_ddb p_ls < <(free_ports) || true
+    [[ -n ${p_ddb:-} && -n ${p_ls:-} ]] || die "could not pick free ports"
     start_dynamodb "$p_ddb"
-    start_localstack "$p_sqs"
+    start_localstack "$p_ls"
     deadline=$((SECONDS + READY_TIMEOUT))
-    if wait_ready dynamodb "$p_ddb" "$deadline" && wait_ready localstack "$p_sqs" "$deadline"; then
+    if wait_ready dynamodb "$p_ddb" "$deadline" && wait_ready localstack "$p_ls" "$deadline"; then
       cat >"$RUN/env.tmp" <<EOF
 export AWS_ENDPOINT_URL_DYNAMODB=http://127.0.0.1:$p_ddb
-export AWS_ENDPOINT_URL_SQS=http://127.0.0.1:$p_sqs
+export AWS_ENDPOINT_URL_SQS=http://127.0.0.1:$p_ls
+export AWS_ENDPOINT_URL_SECRETS_MANAGER=http://127.0.0.1:$p_ls
 export AWS_ACCESS_KEY_ID=test
 export AWS_SECRET_ACCESS_KEY=test
 export AWS_REGION=us-east-1
 export AWS_DEFAULT_REGION=us-east-1
 EOF
       mv "$RUN/env.tmp" "$RUN/env"
-      log "up in $((SECONDS - t0))s: DynamoDB 127.0.0.1:$p_ddb, SQS 127.0.0.1:$p_sqs"
+      log "up in $((SECONDS - t0))s: DynamoDB 127.0.0.1:$p_ddb, SQS and Secrets Manager 127.0.0.1:$p_ls"
       return 0
     fi
     if ((attempt < 3)) && grep -qiE 'address already in use|BindException' \

@@ -4,7 +4,9 @@
 # before the process started (so it is handed over by the first
 # `GET /runtime/invocation/next`). The event is an unknown route (a 404 that touches
 # no storage), so the figure is process start + init (config, AWS SDK, table check) +
-# one Runtime API round trip; the warm round trip is printed beside it.
+# one Runtime API round trip; the warm round trip is printed beside it. The init
+# includes the one Secrets Manager read of the signing secret (TOLLGATE_SECRET_ARN: a
+# secret this script creates in the emulator), as deployed functions do.
 #
 #   tests/harness/emulators.sh with tests/lambda/cold_init.sh [--debug] [--samples N]
 #       [--bin-dir DIR]
@@ -16,7 +18,7 @@
 # Builds with --release unless --debug; --bin-dir DIR measures the binaries in DIR
 # instead, without building: DIR/<function>/bootstrap (what `cargo lambda build`
 # leaves in target/lambda) or DIR/<function>.
-# Needs the emulator environment (DynamoDB).
+# Needs the emulator environment (DynamoDB, Secrets Manager).
 # Prints a table; the numbers depend on the machine and its load.
 set -euo pipefail
 
@@ -41,6 +43,8 @@ log() { printf 'cold-init: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 [[ -n ${AWS_ENDPOINT_URL_DYNAMODB:-}${AWS_ENDPOINT_URL:-} ]] ||
   die "no DynamoDB endpoint in the environment; run: tests/harness/emulators.sh with $0"
+[[ -n ${AWS_ENDPOINT_URL_SECRETS_MANAGER:-}${AWS_ENDPOINT_URL:-} ]] ||
+  die "no Secrets Manager endpoint in the environment; run: tests/harness/emulators.sh with $0"
 
 TOOLS=$("$REPO/tests/harness/lambda-tools.sh")
 export PATH="$TOOLS:$PATH"
@@ -119,9 +123,33 @@ try:
             result["error"] = repr(e)
         result["t"] = time.perf_counter()
 
+    def create_secret():
+        """The signing secret in the emulator's Secrets Manager (a fresh name per run):
+        the functions read it at cold start, as deployed."""
+        endpoint = (os.environ.get("AWS_ENDPOINT_URL_SECRETS_MANAGER")
+                    or os.environ["AWS_ENDPOINT_URL"])
+        region = os.environ.get("AWS_REGION", "us-east-1")
+        req = urllib.request.Request(
+            endpoint.rstrip("/") + "/", method="POST",
+            data=json.dumps({"Name": f"tollgate-coldinit-{uuid.uuid4().hex[:12]}",
+                             "SecretString": SECRET,
+                             "ClientRequestToken": str(uuid.uuid4())}).encode(),
+            headers={
+                "X-Amz-Target": "secretsmanager.CreateSecret",
+                "Content-Type": "application/x-amz-json-1.1",
+                # The emulator does not check signatures; it reads the region from here.
+                "Authorization": f"AWS4-HMAC-SHA256 Credential=test/20200101/{region}/"
+                                 "secretsmanager/aws4_request, SignedHeaders=host, Signature=0",
+            })
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.load(r)["ARN"]
+        except Exception as e:  # noqa: BLE001
+            sys.exit(f"cold-init: CreateSecret at {endpoint} failed: {e!r}")
+
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("TOLLGATE_")}
     base_env.update({
-        "TOLLGATE_SECRET": SECRET, "TOLLGATE_BACKEND": "aws", "RUST_LOG": "info",
+        "TOLLGATE_SECRET_ARN": create_secret(), "TOLLGATE_BACKEND": "aws", "RUST_LOG": "info",
         "AWS_LAMBDA_RUNTIME_API": f"http://127.0.0.1:{port}/.rt",
         "AWS_LAMBDA_FUNCTION_NAME": "_", "AWS_LAMBDA_FUNCTION_VERSION": "1",
         "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512",

@@ -8,11 +8,11 @@
 #
 # REGEX (optional) keeps only the cases whose "<function>/<case>" matches it (later
 # cases usually depend on earlier ones in the same session, so filter with care).
-# Assumes the emulator environment is exported (AWS_ENDPOINT_URL_DYNAMODB or
-# AWS_ENDPOINT_URL, AWS_REGION, credentials); installs cargo-lambda with
-# tests/harness/lambda-tools.sh. Prints one line per case and a final
-# `lambda-runtime: N passed, M failed`; exits non-zero on any failure. Logs of a failed
-# run (events sent, answers, watch and function logs) are kept in
+# Assumes the emulator environment is exported (AWS_ENDPOINT_URL_DYNAMODB and
+# AWS_ENDPOINT_URL_SECRETS_MANAGER, or AWS_ENDPOINT_URL; AWS_REGION, credentials);
+# installs cargo-lambda with tests/harness/lambda-tools.sh. Prints one line per case
+# and a final `lambda-runtime: N passed, M failed`; exits non-zero on any failure. Logs
+# of a failed run (events sent, answers, watch and function logs) are kept in
 # $CACHE/lambda-test/last-failed.
 #
 # ---------------------------------------------------------------- the case table
@@ -23,7 +23,9 @@
 #
 # <function> is the binary's name (cargo lambda watch serves every bin of the
 # workspace under its name). Cases run in the order of NN across all functions (so
-# ingress 01-19 write a run, replay 20-29 read it back), one `cargo lambda invoke` each.
+# ingress 01-19 write a run, replay 20-29 read it back; 40-49 are the big-page run),
+# one `cargo lambda invoke` each (or N, see x-tollgate-repeat). Each case is rendered
+# just before it is invoked, so it can use what earlier answers carried.
 #
 # The jq filter's input is the function's response payload, e.g. for an HTTP event
 # {"statusCode": 201, "headers": {...}, "body": "...", "isBase64Encoded": false, ...}.
@@ -32,14 +34,34 @@
 # Helpers and variables available in every filter:
 #   json                  the response body parsed as JSON (base64-decoded first when
 #                         isBase64Encoded)
-#   $run_id, $run_token   and $run_id_<x>, $run_token_<x> for every placeholder below
+#   $run_id, $run_id_<x>  for every __RUN_ID__/__RUN_ID_<X>__ placeholder below
+#   $run_token, $run_token_<x>  that run's captured token (below), once an answer
+#                         (this case's included) has carried one; referring to it
+#                         before fails the case
 #   $session, $function
+#
+# Run tokens are not computed here (they are bound to a run's incarnation, which only
+# the server knows): whenever an answer's body is JSON with string `run_id` and
+# `run_token` (a create, a receipt), the runner remembers that token for that run id.
 #
 # Placeholders, replaced in the event text before it is sent:
 #   __RUN_ID__, __RUN_ID_<X>__       a run id unique to this session
 #                                    (DynamoDB Local keeps state while it is up, so
 #                                    repeated runs must not reuse run ids)
-#   __RUN_TOKEN__, __RUN_TOKEN_<X>__ that run's token, hex(HMAC-SHA256(HMAC-SHA256(secret, "tollgate run-token key v1"), run id))
+#   __RUN_TOKEN__, __RUN_TOKEN_<X>__ the captured token of __RUN_ID_<X>__'s run; a case
+#                                    needing one that no earlier answer carried fails
+#                                    without being invoked (so every run a case uses a
+#                                    token of must be created by an earlier case)
+# and, after the event is parsed (also inside a JSON `body` string):
+#   "__QUOTES_64K__"                 a JSON string exactly this: a string of `"`
+#                                    characters as long as fits the enclosing object's
+#                                    payload (serialized, without type and event_id)
+#                                    just under the 65536-byte producer limit; each `"`
+#                                    serializes as two bytes (\"), so the stored event
+#                                    is ~64 KiB that doubles again when escaped
+# A top-level "x-tollgate-repeat": N in the event is removed before sending; the case
+# is then invoked N times, and its expectation must hold for every answer (the first
+# one that fails stops the case).
 # A `content-length` header is corrected to the rendered body's length. Placeholders
 # inside a base64 body are not replaced: keep run ids in the path there.
 # JWTs are static in the fixtures (HS256, exp in 2121) and signed with SECRET below;
@@ -58,7 +80,9 @@
 # no other change; the function gets the same environment as ingress and replay.
 #
 # Environment of the functions: every TOLLGATE_* variable of the caller is dropped
-# (except TOLLGATE_CACHE); then TOLLGATE_SECRET=SECRET, TOLLGATE_BACKEND=aws,
+# (except TOLLGATE_CACHE); then TOLLGATE_SECRET_ARN (a secret holding SECRET, created in
+# the emulator's Secrets Manager under a fresh name per session: the functions read it
+# at cold start, as deployed), TOLLGATE_BACKEND=aws,
 # TOLLGATE_TABLE_PREFIX=tollgate-lambda-test-, TOLLGATE_CREATE_TABLES=1, RUST_LOG=info
 # (TOLLGATE_LAMBDA_RUST_LOG overrides). cargo lambda watch starts each function with
 # `cargo run --bin <function>` (which execs the binary) with watch's own environment
@@ -95,6 +119,9 @@ need setsid
 need pgrep
 [[ -n ${AWS_ENDPOINT_URL_DYNAMODB:-}${AWS_ENDPOINT_URL:-} ]] ||
   die "no DynamoDB endpoint in the environment; run: tests/harness/emulators.sh with $0"
+SECRETS_ENDPOINT=${AWS_ENDPOINT_URL_SECRETS_MANAGER:-${AWS_ENDPOINT_URL:-}}
+[[ -n $SECRETS_ENDPOINT ]] ||
+  die "no Secrets Manager endpoint in the environment; run: tests/harness/emulators.sh with $0"
 
 T_START=$SECONDS
 TOOLS=$("$REPO/tests/harness/lambda-tools.sh")
@@ -179,39 +206,101 @@ mapfile -t FUNCTIONS < <(printf '%s\n' "${CASES[@]%%/*}" | sort -u)
 
 SESSION=$(date -u +%Y%m%d%H%M%S)-$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
 
-# Renders every case's event into $WORK/events (placeholders, content-length) and
-# writes the jq variables to $WORK/vars.json.
-python3 - "$CASES_DIR" "$WORK" "$SESSION" "$SECRET" "${CASES[@]}" <<'PY'
-import base64, hashlib, hmac, json, os, re, sys
+# The case helper, one call per step (state in $WORK: run_ids.json, tokens.json):
+#   init CASE...     picks this session's run id for every __RUN_ID[_<X>]__ suffix
+#   render CASE      writes $WORK/events/CASE (placeholders, __QUOTES_64K__,
+#                    content-length, x-tollgate-repeat removed); prints the repeat
+#                    count; fails with the reason on stderr (e.g. a missing token)
+#   capture OUT JQ   remembers the run token an answer carries; prints the jq
+#                    variables as TSV lines (and on stderr why JQ would miss one)
+cat >"$WORK/cases.py" <<'PY'
+import base64, json, os, re, sys
 
-src, work, session, secret, *cases = sys.argv[1:]
-pat = re.compile(r"__RUN_(ID|TOKEN)((?:_[A-Z0-9]+)*)__")
-texts = {}
-for case in cases:
-    with open(os.path.join(src, case), encoding="utf-8") as f:
-        texts[case] = f.read()
-suffixes = sorted({m.group(2) for t in texts.values() for m in pat.finditer(t)})
-run_ids = {s: f"lt-{session}{s.lower().replace('_', '-')}" for s in suffixes}
+PAYLOAD_LIMIT = 65536  # bytes of a producer event's serialized payload
+QUOTES = "__QUOTES_64K__"
+ID_OR_TOKEN = re.compile(r"__RUN_(ID|TOKEN)((?:_[A-Z0-9]+)*)__")
+cmd, src, work, session, *args = sys.argv[1:]
+state = lambda name: os.path.join(work, name)
 
-def token(run_id):
-    key = hmac.new(secret.encode(), b"tollgate run-token key v1", hashlib.sha256).digest()
-    return hmac.new(key, run_id.encode(), hashlib.sha256).hexdigest()
 
-vars_ = {"session": session}
-for s, run_id in run_ids.items():
-    vars_["run_id" + s.lower()] = run_id
-    vars_["run_token" + s.lower()] = token(run_id)
-
-def sub(m):
-    run_id = run_ids[m.group(2)]
-    return run_id if m.group(1) == "ID" else token(run_id)
-
-for case, text in texts.items():
+def load(name, default):
     try:
-        event = json.loads(pat.sub(sub, text))
+        with open(state(name), encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return default
+
+
+def save(name, value):
+    with open(state(name) + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(value, f)
+    os.replace(state(name) + ".tmp", state(name))
+
+
+def compact(value):
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def fill_quotes(node):
+    """Replaces every "__QUOTES_64K__" string under node. The payload a placeholder
+    fills is its nearest enclosing object without type and event_id, the way the
+    server measures it (serde_json, compact): the quotes fill it to just under the
+    limit (split evenly if the object holds several)."""
+    found = False
+    if isinstance(node, list):
+        for item in node:
+            found |= fill_quotes(item)
+        return found
+    if not isinstance(node, dict):
+        return False
+    slots = [k for k, v in node.items() if v == QUOTES]
+    for k, v in node.items():
+        if k not in slots:
+            found |= fill_quotes(v)
+    if slots:
+        payload = {k: v for k, v in node.items() if k not in ("type", "event_id")}
+        for k in slots:
+            payload[k] = node[k] = ""
+        room = PAYLOAD_LIMIT - 1 - len(compact(payload).encode())
+        for k in slots:
+            node[k] = '"' * (room // (2 * len(slots)))
+        found = True
+    return found
+
+
+def render(case):
+    run_ids, tokens = load("run_ids.json", {}), load("tokens.json", {})
+    with open(os.path.join(src, case), encoding="utf-8") as f:
+        text = f.read()
+
+    def sub(m):
+        run_id = run_ids[m.group(2)]
+        if m.group(1) == "ID":
+            return run_id
+        if run_id not in tokens:
+            x = m.group(2)
+            sys.exit(f"{m.group(0)}: no earlier answer carried a run_token for run {run_id} "
+                     f"(__RUN_ID{x}__): create it in an earlier case")
+        return tokens[run_id]
+
+    try:
+        event = json.loads(ID_OR_TOKEN.sub(sub, text))
     except json.JSONDecodeError as e:
-        sys.exit(f"lambda: {case}: not valid JSON: {e}")
+        sys.exit(f"{case}: not valid JSON: {e}")
+    repeat = 1
+    if isinstance(event, dict) and "x-tollgate-repeat" in event:
+        repeat = event.pop("x-tollgate-repeat")
+        if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+            sys.exit(f"{case}: x-tollgate-repeat must be a whole number >= 1")
+    fill_quotes(event)
     headers, body = event.get("headers"), event.get("body")
+    if isinstance(body, str) and not event.get("isBase64Encoded") and QUOTES in body:
+        try:
+            parsed = json.loads(body)
+        except json.JSONDecodeError as e:
+            sys.exit(f"{case}: {QUOTES} in a body that is not JSON: {e}")
+        if fill_quotes(parsed):
+            event["body"] = body = compact(parsed)
     if isinstance(headers, dict) and isinstance(body, str):
         raw = base64.b64decode(body) if event.get("isBase64Encoded") else body.encode()
         for key in headers:
@@ -221,13 +310,56 @@ for case, text in texts.items():
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         json.dump(event, f)
-with open(os.path.join(work, "vars.json"), "w") as f:
-    json.dump(vars_, f)
-PY
+    print(repeat)
 
-JQ_VARS=()
-while IFS=$'\t' read -r k v; do JQ_VARS+=(--arg "$k" "$v"); done \
-  < <(jq -r 'to_entries[] | [.key, .value] | @tsv' "$WORK/vars.json")
+
+def capture(out, jq_file):
+    run_ids, tokens = load("run_ids.json", {}), load("tokens.json", {})
+    try:
+        with open(out, encoding="utf-8") as f:
+            answer = json.load(f)
+        body = answer["body"]
+        if answer.get("isBase64Encoded"):
+            body = base64.b64decode(body)
+        body = json.loads(body)
+    except Exception:  # no JSON body: nothing to capture
+        body = None
+    if (isinstance(body, dict) and isinstance(body.get("run_id"), str)
+            and isinstance(body.get("run_token"), str)):
+        tokens[body["run_id"]] = body["run_token"]
+        save("tokens.json", tokens)
+    print(f"session\t{session}")
+    wanted = ""
+    if os.path.exists(jq_file):
+        with open(jq_file, encoding="utf-8") as f:
+            wanted = f.read()
+    for suffix, run_id in run_ids.items():
+        name = suffix.lower()
+        print(f"run_id{name}\t{run_id}")
+        if run_id in tokens:
+            print(f"run_token{name}\t{tokens[run_id]}")
+        elif re.search(rf"\$run_token{name}\b", wanted):
+            print(f"$run_token{name}: no answer so far carried a run_token for run "
+                  f"{run_id} (__RUN_ID{suffix.upper()}__)", file=sys.stderr)
+
+
+if cmd == "init":
+    texts = []
+    for case in args:
+        with open(os.path.join(src, case), encoding="utf-8") as f:
+            texts.append(f.read())
+    suffixes = sorted({m.group(2) for t in texts for m in ID_OR_TOKEN.finditer(t)})
+    save("run_ids.json", {s: f"lt-{session}{s.lower().replace('_', '-')}" for s in suffixes})
+    save("tokens.json", {})
+elif cmd == "render":
+    render(*args)
+elif cmd == "capture":
+    capture(*args)
+else:
+    sys.exit(f"unknown command {cmd}")
+PY
+cases() { python3 "$WORK/cases.py" "$1" "$CASES_DIR" "$WORK" "$SESSION" "${@:2}"; }
+cases init "${CASES[@]}"
 
 JQ_PRELUDE='def json: (if .isBase64Encoded then (.body | @base64d) else .body end) | fromjson;
 '
@@ -238,7 +370,34 @@ JQ_PRELUDE='def json: (if .isBase64Encoded then (.body | @base64d) else .body en
 while read -r v; do
   [[ $v == TOLLGATE_CACHE ]] || unset "$v"
 done < <(compgen -e | grep '^TOLLGATE_' || true)
-export TOLLGATE_SECRET=$SECRET TOLLGATE_BACKEND=aws TOLLGATE_TABLE_PREFIX=$TABLE_PREFIX \
+# The functions read the signing secret from Secrets Manager at cold start, as deployed:
+# a secret of this session holding SECRET (the JWTs in the fixtures are signed with it).
+TOLLGATE_SECRET_ARN=$(python3 - "$SECRETS_ENDPOINT" "${AWS_REGION:-us-east-1}" \
+    "tollgate-lambda-test-$SESSION" "$SECRET" <<'PY'
+import json, sys, urllib.error, urllib.request, uuid
+
+endpoint, region, name, value = sys.argv[1:]
+request = urllib.request.Request(
+    endpoint.rstrip("/") + "/", method="POST",
+    data=json.dumps({"Name": name, "SecretString": value,
+                     "ClientRequestToken": str(uuid.uuid4())}).encode(),
+    headers={
+        "X-Amz-Target": "secretsmanager.CreateSecret",
+        "Content-Type": "application/x-amz-json-1.1",
+        # The emulator does not check signatures; it reads the region from here.
+        "Authorization": f"AWS4-HMAC-SHA256 Credential=test/20200101/{region}/"
+                         "secretsmanager/aws4_request, SignedHeaders=host, Signature=0",
+    })
+try:
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        print(json.load(answer)["ARN"])
+except (urllib.error.URLError, OSError, KeyError, ValueError) as e:
+    detail = e.read().decode(errors="replace") if isinstance(e, urllib.error.HTTPError) else ""
+    sys.exit(f"lambda: CreateSecret at {endpoint} failed: {e} {detail}")
+PY
+) || die "could not create the signing secret in Secrets Manager ($SECRETS_ENDPOINT)"
+log "signing secret: $TOLLGATE_SECRET_ARN"
+export TOLLGATE_SECRET_ARN TOLLGATE_BACKEND=aws TOLLGATE_TABLE_PREFIX=$TABLE_PREFIX \
   TOLLGATE_CREATE_TABLES=1 RUST_LOG=${TOLLGATE_LAMBDA_RUST_LOG:-info}
 export AWS_REGION=${AWS_REGION:-us-east-1}
 
@@ -325,57 +484,87 @@ declare -A STARTED=() DEAD=()
 width=0
 for c in "${CASES[@]}"; do ((${#c} - 5 > width)) && width=$((${#c} - 5)); done
 
-for c in "${CASES[@]}"; do
-  name=${c%.json}
-  fn=${c%%/*}
-  event=$WORK/events/$c
-  out=$WORK/out/$name.json
-  err=$WORK/out/$name.err
-  mkdir -p "$(dirname "$out")"
-  timeout=$INVOKE_TIMEOUT
-  cold=
-  if [[ -z ${STARTED[$fn]:-} ]]; then
-    timeout=$FIRST_TIMEOUT cold=" cold"
-    STARTED[$fn]=1
-  fi
-  watch_lines=$(wc -l <"$WORK/watch.log")
-  t_case=$(date +%s%N)
-  rc=0
+# One answer of a case: invoke (unless the function's process is gone), capture the run
+# token the answer carries, evaluate the expectation. Sets STATUS and VERDICT.
+answer_once() { # function name event out err jqerr timeout watch-lines
+  local fn=$1 name=$2 event=$3 out=$4 err=$5 jqerr=$6 rc=0 k v vars=()
   if [[ -n ${DEAD[$fn]:-} ]]; then
     # watch does not start a new instance after one exited: its invokes would hang.
     echo "not invoked: the $fn process exited in ${DEAD[$fn]}" >"$err"
     rc=125
   else
-    invoke "$fn" "$event" "$out" "$err" "$timeout" "$watch_lines" || rc=$?
+    invoke "$fn" "$event" "$out" "$err" "$7" "$8" || rc=$?
     ((rc != 125)) || DEAD[$fn]=$name
   fi
-  ms=$((($(date +%s%N) - t_case) / 1000000))
   if ((rc != 0)) || ! jq -e . "$out" >/dev/null 2>&1; then
     jq -n --rawfile e "$err" --argjson rc "$rc" '{invokeError: $e, exitCode: $rc}' >"$out.invoke"
     mv "$out.invoke" "$out"
   fi
-  status=$(jq -r '.statusCode // (if .invokeError then "error" else "-" end)' "$out" 2>/dev/null || echo '?')
-  verdict=
+  STATUS=$(jq -r '.statusCode // (if .invokeError then "error" else "-" end)' "$out" 2>/dev/null || echo '?')
+  : >"$jqerr"
+  while IFS=$'\t' read -r k v; do vars+=(--arg "$k" "$v"); done \
+    < <(cases capture "$out" "$CASES_DIR/$name.jq" 2>>"$jqerr")
+  VERDICT=
   if [[ -f $CASES_DIR/$name.jq ]]; then
-    verdict=$(jq -c "${JQ_VARS[@]}" --arg function "$fn" \
-      "$JQ_PRELUDE$(cat "$CASES_DIR/$name.jq")" "$out" 2>"$WORK/out/$name.jqerr" || true)
+    VERDICT=$(jq -c "${vars[@]}" --arg function "$fn" \
+      "$JQ_PRELUDE$(cat "$CASES_DIR/$name.jq")" "$out" 2>>"$jqerr" || true)
   else
-    echo "no expectation file $name.jq" >"$WORK/out/$name.jqerr"
+    echo "no expectation file $name.jq" >>"$jqerr"
   fi
-  if [[ $verdict == true ]]; then
+}
+
+for c in "${CASES[@]}"; do
+  name=${c%.json}
+  fn=${c%%/*}
+  event=$WORK/events/$c
+  base=$WORK/out/$name
+  mkdir -p "$(dirname "$base")"
+  timeout=$INVOKE_TIMEOUT
+  cold=
+  if [[ -z ${STARTED[$fn]:-} ]]; then
+    timeout=$FIRST_TIMEOUT cold=" cold"
+  fi
+  t_case=$(date +%s%N)
+  STATUS=- VERDICT= repeat=1 i=0 out= watch_lines=$(wc -l <"$WORK/watch.log")
+  # Rendered now, so that tokens captured from earlier answers are filled in.
+  if repeat=$(cases render "$c" 2>"$base.render"); then
+    STARTED[$fn]=1
+    for ((i = 1; i <= repeat; i++)); do
+      suffix=
+      ((repeat == 1)) || suffix=.$i
+      out=$base$suffix.json
+      watch_lines=$(wc -l <"$WORK/watch.log")
+      answer_once "$fn" "$name" "$event" "$out" "$base$suffix.err" "$base$suffix.jqerr" \
+        "$timeout" "$watch_lines"
+      timeout=$INVOKE_TIMEOUT
+      [[ $VERDICT == true ]] || break
+    done
+  else
+    repeat=1 cold=
+  fi
+  ms=$((($(date +%s%N) - t_case) / 1000000))
+  times=
+  ((repeat == 1)) || times=" x$repeat"
+  if [[ $VERDICT == true ]]; then
     PASSED=$((PASSED + 1))
-    printf 'ok    %-*s %5s %6sms%s\n' "$width" "$name" "$status" "$ms" "$cold"
+    printf 'ok    %-*s %5s %6sms%s%s\n' "$width" "$name" "$STATUS" "$ms" "$cold" "$times"
   else
     FAILED=$((FAILED + 1))
-    printf 'FAIL  %-*s %5s %6sms%s\n' "$width" "$name" "$status" "$ms" "$cold"
-    {
-      echo "  expectation ($name.jq) gave: ${verdict:-nothing}"
-      sed 's/^/  jq: /' "$WORK/out/$name.jqerr"
-      echo "  response:"
-      jq . "$out" 2>/dev/null | head -c 3000 | sed 's/^/  | /'
-      echo "  function log (this invoke):"
-      tail -n +"$((watch_lines + 1))" "$WORK/watch.log" | tail -n 15 | cut -c1-400 | sed 's/^/  | /'
-    }
+    printf 'FAIL  %-*s %5s %6sms%s%s\n' "$width" "$name" "$STATUS" "$ms" "$cold" "$times"
+    if [[ -z $out ]]; then
+      echo "  not invoked: the case could not be rendered:"
+      sed 's/^/  | /' "$base.render"
+    else
+      {
+        ((repeat == 1)) || echo "  answer $i of $repeat:"
+        echo "  expectation ($name.jq) gave: ${VERDICT:-nothing}"
+        sed 's/^/  jq: /' "${out%.json}.jqerr"
+        echo "  response:"
+        jq . "$out" 2>/dev/null | head -c 3000 | sed 's/^/  | /'
+        echo "  function log (this invoke):"
+        tail -n +"$((watch_lines + 1))" "$WORK/watch.log" | tail -n 15 | cut -c1-400 | sed 's/^/  | /'
+      }
+    fi
   fi
 done
 

@@ -7,7 +7,6 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use hmac::{Hmac, Mac};
-use jsonwebtoken::{DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
@@ -35,6 +34,8 @@ pub enum Caller {
     /// Holds a valid run token for this run.
     Run {
         run_id: String,
+        /// The run incarnation the token was issued for.
+        incarnation: String,
     },
     Jwt(Claims),
 }
@@ -45,10 +46,25 @@ pub enum Caller {
 pub struct GatewayClaims(pub Claims);
 
 /// What a request presents: its bearer (if any) and verified gateway claims (if any).
-#[derive(Debug, Clone, Default)]
+/// Its `Debug` never shows the bearer.
+#[derive(Clone, Default)]
 pub struct Credentials {
     bearer: Option<Result<String, &'static str>>,
     gateway: Option<Claims>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bearer = match &self.bearer {
+            None => "none",
+            Some(Ok(_)) => "<redacted>",
+            Some(Err(why)) => why,
+        };
+        f.debug_struct("Credentials")
+            .field("bearer", &bearer)
+            .field("gateway", &self.gateway)
+            .finish()
+    }
 }
 
 impl Credentials {
@@ -76,8 +92,8 @@ pub struct Auth {
     /// key, a run id shaped like `header.payload` would get a run token that is a valid
     /// JWT signature (an agent could mint itself an operator token).
     run_key: Vec<u8>,
-    decoding: DecodingKey,
-    encoding: EncodingKey,
+    /// Key of the HS256 JWTs: the secret itself.
+    jwt_key: crate::jwt::Hs256Key,
 }
 
 impl std::fmt::Debug for Auth {
@@ -92,26 +108,34 @@ type HmacSha256 = Hmac<Sha256>;
 /// `hex(HMAC-SHA256(run_key, run_id))`.
 pub const RUN_TOKEN_KEY_LABEL: &[u8] = b"tollgate run-token key v1";
 
+/// A run token starts with the run's incarnation: 16 hex digits.
+const INCARNATION_HEX: usize = 16;
+
 impl Auth {
     pub fn new(secret: &[u8]) -> Self {
         let mut derive = HmacSha256::new_from_slice(secret).expect("HMAC takes any key length");
         derive.update(RUN_TOKEN_KEY_LABEL);
         Self {
             run_key: derive.finalize().into_bytes().to_vec(),
-            decoding: DecodingKey::from_secret(secret).expect("an HMAC key of any length"),
-            encoding: EncodingKey::from_secret(secret).expect("an HMAC key of any length"),
+            jwt_key: crate::jwt::Hs256Key::new(secret),
         }
     }
 
-    fn mac(&self, run_id: &str) -> HmacSha256 {
+    fn mac(&self, run_id: &str, incarnation: &str) -> HmacSha256 {
         let mut mac = HmacSha256::new_from_slice(&self.run_key).expect("HMAC takes any key length");
         mac.update(run_id.as_bytes());
+        mac.update(b"\0");
+        mac.update(incarnation.as_bytes());
         mac
     }
 
-    /// The run token handed out at creation; anyone with the secret can re-derive it.
-    pub fn run_token(&self, run_id: &str) -> String {
-        hex::encode(self.mac(run_id).finalize().into_bytes())
+    /// The run token handed out at creation: the run's incarnation (16 hex digits) and
+    /// `hex(HMAC-SHA256(run_key, run_id ‖ 0 ‖ incarnation))`. Anyone with the secret can
+    /// re-derive it from the head; it is never stored. Binding the incarnation means a
+    /// token of a run whose id was later created again does not open the new run.
+    pub fn run_token(&self, run_id: &str, incarnation: &str) -> String {
+        let mac = hex::encode(self.mac(run_id, incarnation).finalize().into_bytes());
+        format!("{incarnation}{mac}")
     }
 
     /// Signs a JWT (used by `tollgate token` and `tollgate serve`).
@@ -132,22 +156,18 @@ impl Auth {
             exp: now + ttl_seconds,
             project_id,
         };
-        jsonwebtoken::encode(&Header::default(), &claims, &self.encoding)
-            .expect("HS256 signing cannot fail")
+        crate::jwt::encode(&self.jwt_key, &claims).expect("claims serialize to JSON")
     }
 
     fn verify_jwt(&self, token: &str) -> Result<Claims, ApiError> {
-        let mut validation = Validation::new(jsonwebtoken::Algorithm::HS256);
-        validation.set_required_spec_claims(&["exp", "sub"]);
-        validation.leeway = 30;
-        jsonwebtoken::decode::<Claims>(token, &self.decoding, &validation)
-            .map(|data| data.claims)
-            .map_err(|e| match e.kind() {
-                jsonwebtoken::errors::ErrorKind::ExpiredSignature => {
-                    ApiError::unauthorized("token has expired")
-                }
-                _ => ApiError::unauthorized("invalid token"),
-            })
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        crate::jwt::decode::<Claims>(&self.jwt_key, token, now).map_err(|e| match e {
+            crate::jwt::JwtError::Expired => ApiError::unauthorized("token has expired"),
+            crate::jwt::JwtError::Invalid(_) => ApiError::unauthorized("invalid token"),
+        })
     }
 
     /// Verifies the bearer of a request. `run_id` is the run the route acts on, which a
@@ -168,14 +188,21 @@ impl Auth {
         if token.contains('.') {
             return self.verify_jwt(token).map(Caller::Jwt);
         }
-        let bytes = match hex::decode(token) {
+        let (incarnation, mac) = match token.split_at_checked(INCARNATION_HEX) {
+            Some((inc, mac)) if inc.bytes().all(|b| b.is_ascii_hexdigit()) => (inc, mac),
+            _ => return Err(ApiError::unauthorized("invalid token")),
+        };
+        let mac = match hex::decode(mac) {
             Ok(b) if b.len() == 32 => b,
             _ => return Err(ApiError::unauthorized("invalid token")),
         };
         match run_id {
-            Some(run_id) if self.mac(run_id).verify_slice(&bytes).is_ok() => Ok(Caller::Run {
-                run_id: run_id.to_owned(),
-            }),
+            Some(run_id) if self.mac(run_id, incarnation).verify_slice(&mac).is_ok() => {
+                Ok(Caller::Run {
+                    run_id: run_id.to_owned(),
+                    incarnation: incarnation.to_owned(),
+                })
+            }
             Some(_) => Err(ApiError::forbidden("token is not valid for this run")),
             None => Err(ApiError::forbidden(
                 "this route needs a JWT, not a run token",
@@ -183,10 +210,15 @@ impl Auth {
         }
     }
 
-    /// Producer calls on a run: the run's own token only.
-    pub fn require_run_token(&self, creds: &Credentials, run_id: &str) -> Result<(), ApiError> {
+    /// Producer calls on a run: the run's own token only. Answers the incarnation the
+    /// token was issued for (the store refuses writes to any other).
+    pub fn require_run_token(
+        &self,
+        creds: &Credentials,
+        run_id: &str,
+    ) -> Result<String, ApiError> {
         match self.caller(creds, Some(run_id))? {
-            Caller::Run { .. } => Ok(()),
+            Caller::Run { incarnation, .. } => Ok(incarnation),
             Caller::Jwt(_) => Err(ApiError::forbidden("this route needs the run's token")),
         }
     }
@@ -262,9 +294,16 @@ mod tests {
     #[test]
     fn run_token_opens_only_its_run() {
         let auth = Auth::new(b"0123456789abcdef0123456789abcdef");
-        let t = auth.run_token("run-1");
-        assert_eq!(t.len(), 64);
-        assert!(auth.require_run_token(&headers(&t), "run-1").is_ok());
+        let t = auth.run_token("run-1", "0123456789abcdef");
+        assert_eq!(t.len(), 80);
+        assert_eq!(
+            auth.require_run_token(&headers(&t), "run-1").unwrap(),
+            "0123456789abcdef"
+        );
+        // Another incarnation under the same MAC is not the same token.
+        let forged = format!("fedcba9876543210{}", &t[16..]);
+        let err = auth.require_run_token(&headers(&forged), "run-1").unwrap_err();
+        assert_eq!(err.status, StatusCode::FORBIDDEN);
         let other = auth.require_run_token(&headers(&t), "run-2").unwrap_err();
         assert_eq!(other.status, StatusCode::FORBIDDEN);
         let garbage = auth
@@ -333,12 +372,20 @@ mod tests {
         let header = b64.encode(br#"{"alg":"HS256"}"#);
         let claims = b64.encode(br#"{"sub":"x","role":"operator","exp":9999999999}"#);
         let run_id = format!("{header}.{claims}");
-        let signature = b64.encode(hex::decode(auth.run_token(&run_id)).unwrap());
+        let signature = b64.encode(hex::decode(auth.run_token(&run_id, "")).unwrap());
         let forged = format!("{run_id}.{signature}");
         let err = auth
             .require_role(&headers(&forged), Role::Operator)
             .unwrap_err();
         assert_eq!(err.status, StatusCode::UNAUTHORIZED);
+    }
+
+    #[test]
+    fn credentials_never_print_the_bearer() {
+        let creds = headers("s3cr3t-bearer-value");
+        let printed = format!("{creds:?} {:#?}", creds);
+        assert!(!printed.contains("s3cr3t"), "{printed}");
+        assert!(printed.contains("redacted"));
     }
 
     #[test]
@@ -350,7 +397,7 @@ mod tests {
             exp: 1_000,
             project_id: None,
         };
-        let token = jsonwebtoken::encode(&Header::default(), &claims, &auth.encoding).unwrap();
+        let token = crate::jwt::encode(&auth.jwt_key, &claims).unwrap();
         let err = auth
             .require_role(&headers(&token), Role::Agent)
             .unwrap_err();

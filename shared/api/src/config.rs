@@ -88,13 +88,85 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
+/// Where deployed functions find the signing secret: its Secrets Manager ARN (or name).
+pub const SECRET_ARN_VAR: &str = "TOLLGATE_SECRET_ARN";
+
+/// A hung or unreachable Secrets Manager endpoint fails start-up within seconds instead
+/// of holding the cold start until the function's timeout (the DynamoDB client's
+/// bounds).
+const SECRETS_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const SECRETS_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+const SECRETS_OPERATION_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The deployed functions' signing secret: one `GetSecretValue` of the secret named by
+/// `TOLLGATE_SECRET_ARN` (its `SecretString`, at least [`Secret::MIN_LEN`] bytes).
+///
+/// `TOLLGATE_SECRET` is refused here, not just ignored: a secret in a function's
+/// environment is readable by anyone allowed `lambda:GetFunctionConfiguration`. The
+/// endpoint is the SDK's own (`AWS_ENDPOINT_URL_SECRETS_MANAGER`, `AWS_ENDPOINT_URL`),
+/// so an emulator works unchanged. Errors name the ARN, never the value.
+pub async fn signing_secret_from_secrets_manager() -> Result<Secret, ConfigError> {
+    let secret_id = signing_secret_id(env)?;
+    let sdk = aws_config::load_from_env().await;
+    let timeouts = aws_config::timeout::TimeoutConfig::builder()
+        .connect_timeout(SECRETS_CONNECT_TIMEOUT)
+        .operation_attempt_timeout(SECRETS_ATTEMPT_TIMEOUT)
+        .operation_timeout(SECRETS_OPERATION_TIMEOUT)
+        .build();
+    let client = aws_sdk_secretsmanager::Client::from_conf(
+        aws_sdk_secretsmanager::config::Builder::from(&sdk)
+            .timeout_config(timeouts)
+            .build(),
+    );
+    let answer = client
+        .get_secret_value()
+        .secret_id(&secret_id)
+        .send()
+        .await
+        .map_err(|e| {
+            ConfigError::Invalid(format!(
+                "cannot read the signing secret {secret_id} ({SECRET_ARN_VAR}) from Secrets \
+                 Manager: {}",
+                aws_sdk_secretsmanager::error::DisplayErrorContext(&e)
+            ))
+        })?;
+    let value = answer.secret_string.ok_or_else(|| {
+        ConfigError::Invalid(format!(
+            "the signing secret {secret_id} ({SECRET_ARN_VAR}) has no SecretString"
+        ))
+    })?;
+    Secret::new(value).map_err(|_| {
+        ConfigError::Invalid(format!(
+            "the signing secret {secret_id} ({SECRET_ARN_VAR}) must be at least {} bytes",
+            Secret::MIN_LEN
+        ))
+    })
+}
+
+/// The secret id from `TOLLGATE_SECRET_ARN`; refuses a `TOLLGATE_SECRET` in the
+/// environment.
+fn signing_secret_id(env: impl Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
+    if env("TOLLGATE_SECRET").is_some() {
+        return Err(ConfigError::Invalid(format!(
+            "TOLLGATE_SECRET is set in the environment; functions do not read it (it would be \
+             readable by lambda:GetFunctionConfiguration): remove it and set {SECRET_ARN_VAR} \
+             to the signing secret's Secrets Manager ARN"
+        )));
+    }
+    env(SECRET_ARN_VAR).ok_or_else(|| {
+        ConfigError::Invalid(format!(
+            "{SECRET_ARN_VAR} is not set (the Secrets Manager ARN or name of the signing secret)"
+        ))
+    })
+}
+
 impl Config {
-    /// The Lambda functions' configuration: `TOLLGATE_SECRET` is required and the
-    /// backend defaults to `aws`.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        let secret = env("TOLLGATE_SECRET")
-            .ok_or_else(|| ConfigError::Invalid("TOLLGATE_SECRET is not set".into()))?;
-        Self::from_env_with_secret(Secret::new(secret)?)
+    /// The Lambda functions' configuration: the signing secret comes from Secrets
+    /// Manager ([`signing_secret_from_secrets_manager`], `TOLLGATE_SECRET_ARN`), never
+    /// from the environment — read once at cold start, the process keeps it; the backend
+    /// defaults to `aws`.
+    pub async fn from_env() -> Result<Self, ConfigError> {
+        Self::from_env_with_secret(signing_secret_from_secrets_manager().await?)
     }
 
     pub fn from_env_with_secret(secret: Secret) -> Result<Self, ConfigError> {
@@ -124,7 +196,7 @@ impl Config {
             Backend::Memory => Ok(Arc::new(MemoryStore::new())),
             Backend::Aws => {
                 let sdk = aws_config::load_from_env().await;
-                let client = aws_sdk_dynamodb::Client::new(&sdk);
+                let client = tollgate_store::dynamo::client(&sdk);
                 if self.create_tables {
                     tollgate_store::schema::ensure_tables(&client, &self.tables).await?;
                 }
@@ -135,6 +207,43 @@ impl Config {
                     DynamoStore::new(client, self.tables.clone()).with_retention(retention),
                 ))
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lookup<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn functions_need_the_secret_arn() {
+        let err = signing_secret_id(lookup(&[])).unwrap_err().to_string();
+        assert!(err.contains("TOLLGATE_SECRET_ARN is not set"), "{err}");
+        let arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:s-AbCdEf";
+        assert_eq!(
+            signing_secret_id(lookup(&[("TOLLGATE_SECRET_ARN", arn)])).unwrap(),
+            arn
+        );
+    }
+
+    #[test]
+    fn functions_refuse_a_secret_in_their_environment() {
+        let value = "a-secret-that-must-never-appear-in-an-error-message";
+        for vars in [
+            &[("TOLLGATE_SECRET", value)][..],
+            &[("TOLLGATE_SECRET", value), ("TOLLGATE_SECRET_ARN", "s")][..],
+        ] {
+            let err = signing_secret_id(lookup(vars)).unwrap_err().to_string();
+            assert!(err.contains("TOLLGATE_SECRET_ARN"), "{err}");
+            assert!(!err.contains(value), "{err}");
         }
     }
 }

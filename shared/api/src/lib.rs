@@ -6,6 +6,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod ingress;
+pub mod jwt;
 #[cfg(feature = "lambda")]
 pub mod lambda;
 pub mod replay;
@@ -38,7 +39,7 @@ impl Deps {
 
     /// Reads [`Config`] from the environment and connects the configured store.
     pub async fn from_env() -> Result<Self, ConfigError> {
-        let config = Config::from_env()?;
+        let config = Config::from_env().await?;
         let store = config.connect_store().await?;
         Ok(Self::new(store, Auth::new(config.secret.expose())))
     }

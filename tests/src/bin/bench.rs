@@ -1,15 +1,21 @@
 //! `make bench`: append and replay throughput of the run event log, on the embedded
 //! store and on DynamoDB (DynamoDB Local under `make bench`). Every figure is printed
 //! beside a baseline measured in the same process against the same emulator — one
-//! plain `PutItem` and one plain `Query` — so the ratios, not the absolute times, are
-//! what to compare across machines.
+//! plain `PutItem`, one plain `Query`, and the append's own two-item
+//! `TransactWriteItems` written by hand — so the ratios, not the absolute times, are
+//! what to compare across machines. On DynamoDB it also sets eight writers through one
+//! store (in-process lanes, group commit) beside eight separate stores without lanes,
+//! which is how eight Lambda instances meet on one run.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
 use serde_json::{json, Map};
-use tollgate_domain::{EventDraft, NewRun};
+use tollgate_domain::{now_millis, render_event, EventDraft, NewRun, RunStatus};
+use tollgate_store::dynamo::DynamoStore;
 use tollgate_store::memory::MemoryStore;
 use tollgate_store::RunStore;
 use tollgate_tests::{aws_endpoint_configured, dynamo_store};
@@ -46,15 +52,30 @@ async fn new_run(store: &Arc<dyn RunStore>) -> String {
 /// `APPENDS` single-event appends to one run from `writers` concurrent tasks; returns
 /// the mean time per append (wall time / appends).
 async fn append_throughput(store: &Arc<dyn RunStore>, writers: usize) -> Duration {
-    let run_id = new_run(store).await;
+    append_throughput_on(std::slice::from_ref(store), writers, APPENDS).await
+}
+
+/// `appends` single-event appends to one run from `writers` concurrent tasks, writer `w`
+/// through `stores[w % stores.len()]`; returns the mean time per append (wall time /
+/// appends). `appends` is a multiple of `writers`.
+async fn append_throughput_on(
+    stores: &[Arc<dyn RunStore>],
+    writers: usize,
+    appends: usize,
+) -> Duration {
+    assert_eq!(appends % writers, 0, "every writer appends as many");
+    let run_id = new_run(&stores[0]).await;
     let start = Instant::now();
     let tasks: Vec<_> = (0..writers)
         .map(|w| {
-            let (store, run_id) = (store.clone(), run_id.clone());
+            let (store, run_id) = (stores[w % stores.len()].clone(), run_id.clone());
             tokio::spawn(async move {
-                for i in 0..APPENDS / writers {
+                for i in 0..appends / writers {
                     store
-                        .append_events(&run_id, vec![event(w * APPENDS + i)])
+                        .append_events(
+                            tollgate_store::RunRef::any(&run_id),
+                            vec![event(w * appends + i)],
+                        )
                         .await
                         .expect("append");
                 }
@@ -65,13 +86,13 @@ async fn append_throughput(store: &Arc<dyn RunStore>, writers: usize) -> Duratio
         t.await.expect("writer");
     }
     let elapsed = start.elapsed();
-    let head = store.read_head(&run_id).await.unwrap().unwrap();
+    let head = stores[0].read_head(&run_id).await.unwrap().unwrap();
     assert_eq!(
         head.last_sequence() as usize,
-        APPENDS + 1,
+        appends + 1,
         "every append landed once"
     );
-    elapsed / APPENDS as u32
+    elapsed / appends as u32
 }
 
 /// Replays a 10,000-event run in pages of `limit`; returns (whole replay, per page).
@@ -98,7 +119,10 @@ async fn filled_run(store: &Arc<dyn RunStore>) -> String {
     while n < REPLAY_EVENTS {
         let k = (REPLAY_EVENTS - n).min(99) as usize;
         store
-            .append_events(&run_id, (0..k).map(event).collect())
+            .append_events(
+                tollgate_store::RunRef::any(&run_id),
+                (0..k).map(event).collect(),
+            )
             .await
             .expect("fill");
         n += k as u64;
@@ -109,6 +133,113 @@ async fn filled_run(store: &Arc<dyn RunStore>) -> String {
 struct Baseline {
     put_item: Duration,
     query: Duration,
+    /// One append's transaction written by hand (see [`raw_append_transaction`]).
+    transact_2: Duration,
+}
+
+/// What one append transaction of the store is on the wire, written by hand: the head
+/// `Update` (conditioned on the `next_seq` last written, status `running` and, where
+/// the head carries one, its incarnation; `ALL_OLD` on failure) plus one event `Put`
+/// (`attribute_not_exists(event_key)`, `ALL_OLD`), with the same attributes, body and
+/// a client request token. Runs `ops` of them, one at a time, on a fresh run of the
+/// bench's own (created by the store, so the items are the store's) and returns the
+/// mean time per transaction. With `read_head_first` each transaction is preceded by
+/// the strongly consistent `GetItem` of the head that an append without a remembered
+/// head makes; without it, what an append costs beyond this is the store's own work.
+async fn raw_append_transaction(
+    store: &DynamoStore,
+    ops: usize,
+    read_head_first: bool,
+) -> Duration {
+    let (client, tables) = (store.client(), store.tables());
+    let shared: Arc<dyn RunStore> = Arc::new(store.clone());
+    let run_id = new_run(&shared).await;
+    let mut head = shared.read_head(&run_id).await.unwrap().unwrap();
+    let stored_head = client
+        .get_item()
+        .table_name(&tables.runs)
+        .key("run_id", AttributeValue::S(run_id.clone()))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("GetItem")
+        .item
+        .expect("the head the store wrote");
+    let incarnation = stored_head.get("incarnation").cloned();
+    let start = Instant::now();
+    for i in 0..ops {
+        if read_head_first {
+            let item = client
+                .get_item()
+                .table_name(&tables.runs)
+                .key("run_id", AttributeValue::S(run_id.clone()))
+                .consistent_read(true)
+                .send()
+                .await
+                .expect("GetItem")
+                .item
+                .expect("the head");
+            let Some(AttributeValue::N(next_seq)) = item.get("next_seq") else {
+                panic!("head without next_seq");
+            };
+            head.next_seq = next_seq.parse().expect("numeric next_seq");
+        }
+        let (seq, now, draft) = (head.next_seq, now_millis(), event(i));
+        let mut condition = String::from("next_seq = :seen AND #status = :running");
+        let mut update = Update::builder()
+            .table_name(&tables.runs)
+            .key("run_id", AttributeValue::S(run_id.clone()))
+            .update_expression("SET next_seq = :new, last_event_at = :now")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":seen", AttributeValue::N(seq.to_string()))
+            .expression_attribute_values(
+                ":running",
+                AttributeValue::S(RunStatus::Running.as_str().into()),
+            )
+            .expression_attribute_values(":new", AttributeValue::N((seq + 1).to_string()))
+            .expression_attribute_values(":now", AttributeValue::N(now.to_string()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if let Some(incarnation) = &incarnation {
+            condition.push_str(" AND incarnation = :inc");
+            update = update.expression_attribute_values(":inc", incarnation.clone());
+        }
+        let update = update
+            .condition_expression(condition)
+            .build()
+            .expect("Update");
+        let put = Put::builder()
+            .table_name(&tables.events)
+            .item("run_id", AttributeValue::S(run_id.clone()))
+            .item("event_key", AttributeValue::S(format!("seq#{seq:020}")))
+            .item("sequence", AttributeValue::N(seq.to_string()))
+            .item("type", AttributeValue::S(draft.event_type.clone()))
+            .item(
+                "body",
+                AttributeValue::S(render_event(&head, seq, &draft, now)),
+            )
+            .condition_expression("attribute_not_exists(event_key)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .expect("Put");
+        client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().update(update).build())
+            .transact_items(TransactWriteItem::builder().put(put).build())
+            .client_request_token(uuid::Uuid::new_v4().to_string())
+            .send()
+            .await
+            .expect("TransactWriteItems");
+        head.next_seq = seq + 1;
+        head.last_event_at = now;
+    }
+    let per_op = start.elapsed() / ops as u32;
+    let stored = shared.read_head(&run_id).await.unwrap().unwrap();
+    assert_eq!(
+        stored.last_sequence() as usize,
+        ops + 1,
+        "the hand-written appends form a gapless run"
+    );
+    per_op
 }
 
 /// One plain `PutItem`, and one plain `Query` of 100 items, on the same emulator.
@@ -147,9 +278,11 @@ async fn dynamo_baseline(store: &tollgate_store::dynamo::DynamoStore, run_id: &s
             .await
             .expect("Query");
     }
+    let query = start.elapsed() / (BASELINE_OPS / 3) as u32;
     Baseline {
         put_item,
-        query: start.elapsed() / (BASELINE_OPS / 3) as u32,
+        query,
+        transact_2: raw_append_transaction(store, BASELINE_OPS, false).await,
     }
 }
 
@@ -166,7 +299,13 @@ fn ratio(d: Duration, base: Duration) -> String {
     }
 }
 
-async fn bench(name: &str, store: Arc<dyn RunStore>, baseline: Option<&Baseline>) {
+/// Mean time per append with one writer and with `WRITERS` writers (one store).
+struct AppendFigures {
+    one: Duration,
+    eight: Duration,
+}
+
+async fn bench(name: &str, store: Arc<dyn RunStore>, baseline: Option<&Baseline>) -> AppendFigures {
     println!("\n== {name}");
     append_throughput(&store, WRITERS).await; // warm-up (JIT, connections), not reported
     let one = append_throughput(&store, 1).await;
@@ -231,6 +370,38 @@ async fn bench(name: &str, store: Arc<dyn RunStore>, baseline: Option<&Baseline>
         "  8 writers vs 1 writer: {:.2}× the throughput",
         one.as_secs_f64() / eight.as_secs_f64()
     );
+    AppendFigures { one, eight }
+}
+
+/// `WRITERS` writers on one run, each through its own `DynamoStore` (own client, no
+/// lanes): how as many Lambda instances, one request at a time each, meet on one run.
+/// Every append races on the head's condition and the losers retry; printed beside the
+/// same writers through one store, whose lane queues them and commits them in groups.
+async fn separate_stores(shared: &DynamoStore, lanes: &AppendFigures) {
+    let stores: Vec<Arc<dyn RunStore>> = (0..WRITERS)
+        .map(|_| {
+            // Same settings (endpoint, timeouts), its own client as each Lambda has.
+            let client =
+                aws_sdk_dynamodb::Client::from_conf(shared.client().config().to_builder().build());
+            Arc::new(DynamoStore::new(client, shared.tables().clone()).without_lanes())
+                as Arc<dyn RunStore>
+        })
+        .collect();
+    append_throughput_on(&stores, WRITERS, WRITERS * 10).await; // warm-up (connections)
+    let separate = append_throughput_on(&stores, WRITERS, APPENDS).await;
+    let row = |what: &str, d: Duration| {
+        println!(
+            "  {what:<42} {:>11} {:>9.0} appends/s",
+            ms(d),
+            1.0 / d.as_secs_f64()
+        )
+    };
+    row("append, 8 writers, 1 store with lanes", lanes.eight);
+    row("append, 8 writers, 8 stores without lanes", separate);
+    println!(
+        "  8 writers: 1 store with lanes = {:.2}× the throughput of 8 separate stores",
+        separate.as_secs_f64() / lanes.eight.as_secs_f64()
+    );
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
@@ -251,9 +422,11 @@ async fn main() {
             append_throughput(&store, 1).await;
             let b = dynamo_baseline(d, &run_id).await;
             println!(
-                "\nbaseline on this DynamoDB endpoint: PutItem {}, Query of 100 items {}",
+                "\nbaseline on this DynamoDB endpoint: PutItem {}, Query of 100 items {}, \
+                 raw 2-item TransactWriteItems (head Update + event Put) {}/op",
                 ms(b.put_item),
-                ms(b.query)
+                ms(b.query),
+                ms(b.transact_2)
             );
             Some(b)
         }
@@ -268,7 +441,25 @@ async fn main() {
         baseline.as_ref(),
     )
     .await;
-    if let Some(d) = dynamo {
-        bench("DynamoDB", d, baseline.as_ref()).await;
+    if let (Some(d), Some(b)) = (dynamo, baseline.as_ref()) {
+        let lanes = bench("DynamoDB", d.clone(), Some(b)).await;
+        // Measured again right after the appends it is compared with: the emulator
+        // speeds up as it warms, which would flatter whichever ran later.
+        let raw = raw_append_transaction(&d, BASELINE_OPS, false).await;
+        let read_raw = raw_append_transaction(&d, BASELINE_OPS, true).await;
+        println!(
+            "  append 1 writer = {:.2}× raw 2-item TransactWriteItems ({} vs {} per op; \
+             {} at the start)",
+            lanes.one.as_secs_f64() / raw.as_secs_f64(),
+            ms(lanes.one),
+            ms(raw),
+            ms(b.transact_2)
+        );
+        println!(
+            "  append 1 writer = {:.2}× raw GetItem(head, consistent) + the same transaction ({} per op)",
+            lanes.one.as_secs_f64() / read_raw.as_secs_f64(),
+            ms(read_raw)
+        );
+        separate_stores(&d, &lanes).await;
     }
 }
