@@ -212,11 +212,7 @@ impl Auth {
 
     /// Producer calls on a run: the run's own token only. Answers the incarnation the
     /// token was issued for (the store refuses writes to any other).
-    pub fn require_run_token(
-        &self,
-        creds: &Credentials,
-        run_id: &str,
-    ) -> Result<String, ApiError> {
+    pub fn require_run_token(&self, creds: &Credentials, run_id: &str) -> Result<String, ApiError> {
         match self.caller(creds, Some(run_id))? {
             Caller::Run { incarnation, .. } => Ok(incarnation),
             Caller::Jwt(_) => Err(ApiError::forbidden("this route needs the run's token")),
@@ -302,7 +298,9 @@ mod tests {
         );
         // Another incarnation under the same MAC is not the same token.
         let forged = format!("fedcba9876543210{}", &t[16..]);
-        let err = auth.require_run_token(&headers(&forged), "run-1").unwrap_err();
+        let err = auth
+            .require_run_token(&headers(&forged), "run-1")
+            .unwrap_err();
         assert_eq!(err.status, StatusCode::FORBIDDEN);
         let other = auth.require_run_token(&headers(&t), "run-2").unwrap_err();
         assert_eq!(other.status, StatusCode::FORBIDDEN);
