@@ -93,7 +93,11 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                 ),
                 (
                     "EventsTable",
-                    &["dynamodb:BatchGetItem", "dynamodb:PutItem", "dynamodb:Query"],
+                    &[
+                        "dynamodb:BatchGetItem",
+                        "dynamodb:PutItem",
+                        "dynamodb:Query",
+                    ],
                 ),
             ]),
         ),
