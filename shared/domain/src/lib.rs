@@ -2,9 +2,11 @@
 //! producer's event must obey. No AWS, HTTP or async types live here, so every adapter
 //! and every function shares exactly one definition of what a valid stream looks like.
 
+pub mod approval;
 pub mod event;
 pub mod run;
 
+pub use approval::{ApprovalRequest, ApprovalState, Resolution, Scope};
 pub use event::{
     is_server_owned, render_event, validate_producer_event, EventDraft, EventError,
     MAX_BATCH_EVENTS, MAX_PAYLOAD_BYTES, PROTOCOL_VERSION, RESERVED_KEYS, SERVER_OWNED_TYPES,

@@ -5,11 +5,13 @@
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
-use tollgate_domain::{EventDraft, NewRun, RunStatus, TerminalKind};
+use tollgate_domain::{
+    ApprovalRequest, ApprovalState, EventDraft, NewRun, Resolution, RunStatus, Scope, TerminalKind,
+};
 
-use crate::{CreateOutcome, RunRef, RunStore, StoreError};
+use crate::{Armed, Beat, CreateOutcome, Resolved, RunRef, StoreError};
 
-pub type Store = Arc<dyn RunStore>;
+pub type Store = Arc<dyn crate::Store>;
 
 fn fresh_id(tag: &str) -> String {
     format!("contract-{tag}-{}", uuid::Uuid::new_v4().simple())
@@ -613,6 +615,354 @@ pub async fn served_pages_end_at_the_terminal_event(store: Store) {
     assert!(past.events.is_empty() && past.terminal && !past.has_more);
 }
 
+// ---- approval cards ----------------------------------------------------------------
+
+fn card_for(run_id: &str, request_id: &str, coordinator: Option<&str>) -> ApprovalRequest {
+    let now = tollgate_domain::now_millis();
+    ApprovalRequest {
+        run_id: run_id.into(),
+        request_id: request_id.into(),
+        tool_name: "web_fetch".into(),
+        tool_call_id: request_id.into(),
+        approval_id: request_id.into(),
+        explicit_ids: false,
+        url: Some("https://example.com/a".into()),
+        intention: Some("read the docs".into()),
+        message: Some("The agent wants to fetch a URL.".into()),
+        arguments_hash: Some("sha256:abc".into()),
+        state: ApprovalState::Pending,
+        scope: None,
+        decided_by: None,
+        decided_at: None,
+        created_at: now,
+        expires_at: now + 300_000,
+        coordinator_run_id: coordinator.map(str::to_owned),
+        subtask_id: Some(json!(3)),
+        project_id: None,
+    }
+}
+
+async fn child_of(store: &Store, coordinator: &str, tag: &str) -> String {
+    let run_id = fresh_id(tag);
+    store
+        .create_run(NewRun {
+            run_id: run_id.clone(),
+            kind: tollgate_domain::RunKind::Child,
+            parent_run_id: Some(coordinator.into()),
+            subtask_id: Some(json!(3)),
+            created_by: "contract".into(),
+            ..NewRun::default()
+        })
+        .await
+        .expect("create child");
+    run_id
+}
+
+fn types(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| e["type"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn approve(by: &str) -> Resolution {
+    Resolution::Approved {
+        scope: Scope::Once,
+        by: by.into(),
+    }
+}
+
+/// GIVEN a running run WHEN a card is armed (twice, as a retry would) THEN one card, one
+/// `tool.approval_required` with seed 003's payload, listed as pending.
+pub async fn arming_writes_one_card_and_one_event(store: Store) {
+    let run_id = new_run(&store, "arm").await;
+    let rid = format!("req-{}", uuid::Uuid::new_v4());
+    let armed = store
+        .arm(RunRef::any(&run_id), card_for(&run_id, &rid, None))
+        .await
+        .unwrap();
+    let Armed::Created { card, sequence } = armed else {
+        panic!("first arm creates")
+    };
+    assert_eq!(sequence, 2);
+    assert_eq!(card.state, ApprovalState::Pending);
+    let again = store
+        .arm(RunRef::any(&run_id), card_for(&run_id, &rid, None))
+        .await
+        .unwrap();
+    assert!(matches!(again, Armed::Existing(c) if c.request_id == rid));
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(types(&events), ["run_started", "tool.approval_required"]);
+    assert_eq!(events[1]["requestId"], json!(rid));
+    assert_eq!(events[1]["displayId"], json!(&rid[..8]));
+    assert_eq!(events[1]["toolName"], "web_fetch");
+    assert_eq!(events[1]["url"], "https://example.com/a");
+    let stored = store.read_card(&run_id, &rid).await.unwrap().unwrap();
+    assert_eq!(stored.arguments_hash.as_deref(), Some("sha256:abc"));
+    let pending = store.pending_cards(&run_id).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    let open = store.open_cards(None, None, 1000).await.unwrap();
+    assert!(open.iter().any(|c| c.request_id == rid));
+    // A stale incarnation arms nothing.
+    assert_eq!(
+        store
+            .arm(
+                RunRef::exact(&run_id, "0000000000000000"),
+                card_for(&run_id, "other", None)
+            )
+            .await,
+        Err(StoreError::NotFound)
+    );
+}
+
+/// GIVEN a child of a coordinator WHEN its card is armed and approved THEN both streams
+/// tell it, the route leads to the child, and the request id cannot be reused by a
+/// sibling.
+pub async fn coordinators_mirror_their_children(store: Store) {
+    let coordinator = fresh_id("coord");
+    store
+        .create_run(NewRun {
+            run_id: coordinator.clone(),
+            kind: tollgate_domain::RunKind::Coordinator,
+            created_by: "contract".into(),
+            ..NewRun::default()
+        })
+        .await
+        .unwrap();
+    let child = child_of(&store, &coordinator, "child").await;
+    let sibling = child_of(&store, &coordinator, "sibling").await;
+    let rid = format!("req-{}", uuid::Uuid::new_v4());
+    store
+        .arm(
+            RunRef::any(&child),
+            card_for(&child, &rid, Some(&coordinator)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store.read_route(&coordinator, &rid).await.unwrap(),
+        Some(child.clone())
+    );
+    assert!(matches!(
+        store
+            .arm(
+                RunRef::any(&sibling),
+                card_for(&sibling, &rid, Some(&coordinator))
+            )
+            .await,
+        Err(StoreError::Conflict(_))
+    ));
+    let at = tollgate_domain::now_millis();
+    let resolved = store
+        .resolve(&child, &rid, approve("alice"), at)
+        .await
+        .unwrap();
+    assert!(matches!(&resolved, Resolved::Fresh(c) if c.state == ApprovalState::Approved));
+    let child_events = all_events(&store, &child).await;
+    assert_eq!(
+        types(&child_events),
+        [
+            "run_started",
+            "tool.approval_required",
+            "tool.approval_resolved"
+        ]
+    );
+    assert_eq!(child_events[2]["runId"], json!(child));
+    assert_eq!(child_events[2]["approved"], true);
+    assert_eq!(child_events[2]["expired"], false);
+    assert_eq!(child_events[2]["decidedBy"], "alice");
+    let coord_events = all_events(&store, &coordinator).await;
+    assert_eq!(
+        types(&coord_events),
+        [
+            "run_started",
+            "coordinator.child_approval_required",
+            "coordinator.child_approval_resolved"
+        ]
+    );
+    assert_eq!(coord_events[1]["childRunId"], json!(child));
+    assert_eq!(coord_events[1]["subtaskId"], 3);
+    assert_eq!(coord_events[2]["approved"], true);
+    assert!(store.pending_cards(&child).await.unwrap().is_empty());
+}
+
+/// GIVEN one pending card WHEN 24 approvals and denials race (over every store given)
+/// THEN exactly one wins, one `tool.approval_resolved` is written, and every loser reads
+/// the winner's state.
+pub async fn one_resolution_wins(stores: Vec<Store>) {
+    let store = stores[0].clone();
+    let run_id = new_run(&store, "race").await;
+    let rid = format!("req-{}", uuid::Uuid::new_v4());
+    store
+        .arm(RunRef::any(&run_id), card_for(&run_id, &rid, None))
+        .await
+        .unwrap();
+    let at = tollgate_domain::now_millis();
+    let racers: Vec<_> = (0..24)
+        .map(|i| {
+            let store = stores[i % stores.len()].clone();
+            let (run_id, rid) = (run_id.clone(), rid.clone());
+            tokio::spawn(async move {
+                let resolution = if i % 2 == 0 {
+                    approve(&format!("op{i}"))
+                } else {
+                    Resolution::Denied {
+                        by: format!("op{i}"),
+                    }
+                };
+                store.resolve(&run_id, &rid, resolution, at).await.unwrap()
+            })
+        })
+        .collect();
+    let mut fresh = Vec::new();
+    let mut states = std::collections::HashSet::new();
+    for r in racers {
+        match r.await.unwrap() {
+            Resolved::Fresh(c) => {
+                states.insert(c.state);
+                fresh.push(c);
+            }
+            Resolved::Already(c) => {
+                states.insert(c.state);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(fresh.len(), 1, "exactly one click wins");
+    assert_eq!(states.len(), 1, "every answer reports the same final state");
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(
+        types(&events),
+        [
+            "run_started",
+            "tool.approval_required",
+            "tool.approval_resolved"
+        ]
+    );
+    assert_eq!(events[2]["decidedBy"], json!(fresh[0].decided_by));
+}
+
+/// A click at or after the deadline expires the card instead of deciding it; a run that
+/// ended refuses decisions (409 upstream) and expires its cards without an event.
+pub async fn deadlines_and_ended_runs(store: Store) {
+    let run_id = new_run(&store, "deadline").await;
+    let mut late = card_for(&run_id, "late-1", None);
+    late.expires_at = tollgate_domain::now_millis() - 1;
+    store.arm(RunRef::any(&run_id), late).await.unwrap();
+    let answer = store
+        .resolve(
+            &run_id,
+            "late-1",
+            approve("alice"),
+            tollgate_domain::now_millis(),
+        )
+        .await
+        .unwrap();
+    let Resolved::Fresh(card) = answer else {
+        panic!("the late click moved the card")
+    };
+    assert_eq!(card.state, ApprovalState::Expired);
+    assert_eq!(card.decided_by, None, "nobody decided an expired card");
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(events[2]["type"], "tool.approval_resolved");
+    assert_eq!(
+        (events[2]["approved"].clone(), events[2]["expired"].clone()),
+        (json!(false), json!(true))
+    );
+    // An unknown card is NotFound.
+    assert_eq!(
+        store.resolve(&run_id, "nope", Resolution::Expired, 0).await,
+        Err(StoreError::NotFound)
+    );
+    // Ended run: decisions refused, expiry silent.
+    store
+        .arm(RunRef::any(&run_id), card_for(&run_id, "open-1", None))
+        .await
+        .unwrap();
+    store
+        .finish_run(RunRef::any(&run_id), TerminalKind::Complete, Map::new())
+        .await
+        .unwrap();
+    let now = tollgate_domain::now_millis();
+    assert!(matches!(
+        store.resolve(&run_id, "open-1", approve("bob"), now).await.unwrap(),
+        Resolved::RunNotActive(c) if c.state == ApprovalState::Pending
+    ));
+    assert!(matches!(
+        store.resolve(&run_id, "open-1", Resolution::Expired, now).await.unwrap(),
+        Resolved::Fresh(c) if c.state == ApprovalState::Expired
+    ));
+    let after = all_events(&store, &run_id).await;
+    assert_eq!(
+        after.last().unwrap()["type"],
+        "run_completed",
+        "nothing after the end"
+    );
+    assert!(matches!(
+        store
+            .arm(RunRef::any(&run_id), card_for(&run_id, "after-end", None))
+            .await,
+        Err(StoreError::RunTerminal { .. })
+    ));
+}
+
+/// Heartbeats while pending; none once resolved, even when they race the resolution.
+pub async fn heartbeats_never_follow_the_resolution(store: Store) {
+    let run_id = new_run(&store, "beat").await;
+    let rid = "beat-1";
+    store
+        .arm(RunRef::any(&run_id), card_for(&run_id, rid, None))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.heartbeat(&run_id, rid).await.unwrap(),
+        Beat::Emitted(3)
+    ));
+    let beaters: Vec<_> = (0..4)
+        .map(|_| {
+            let (store, run_id) = (store.clone(), run_id.clone());
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    if store.heartbeat(&run_id, rid).await.unwrap() == Beat::Stopped {
+                        return;
+                    }
+                }
+            })
+        })
+        .collect();
+    store
+        .resolve(
+            &run_id,
+            rid,
+            approve("alice"),
+            tollgate_domain::now_millis(),
+        )
+        .await
+        .unwrap();
+    for b in beaters {
+        b.await.unwrap();
+    }
+    assert_eq!(store.heartbeat(&run_id, rid).await.unwrap(), Beat::Stopped);
+    let events = all_events(&store, &run_id).await;
+    let resolved_at = events
+        .iter()
+        .position(|e| e["type"] == "tool.approval_resolved")
+        .expect("resolved");
+    assert!(
+        events[resolved_at + 1..]
+            .iter()
+            .all(|e| e["type"] != "tool.approval_pending"),
+        "no heartbeat after the resolution: {:?}",
+        types(&events)
+    );
+    assert_eq!(events[2]["type"], "tool.approval_pending");
+    assert_eq!(events[2]["displayId"], "beat-1");
+    assert_eq!(
+        sequences(&events),
+        (1..=events.len() as u64).collect::<Vec<_>>()
+    );
+}
+
 /// True when an AWS endpoint (an emulator or real AWS) is configured for the tests.
 pub fn aws_endpoint_configured() -> bool {
     [
@@ -692,6 +1042,26 @@ macro_rules! contract_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn served_pages_end_at_the_terminal_event() {
             $crate::contract::served_pages_end_at_the_terminal_event(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn arming_writes_one_card_and_one_event() {
+            $crate::contract::arming_writes_one_card_and_one_event(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn coordinators_mirror_their_children() {
+            $crate::contract::coordinators_mirror_their_children(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn one_resolution_wins() {
+            $crate::contract::one_resolution_wins(vec![__store().await]).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn deadlines_and_ended_runs() {
+            $crate::contract::deadlines_and_ended_runs(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn heartbeats_never_follow_the_resolution() {
+            $crate::contract::heartbeats_never_follow_the_resolution(__store().await).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn replay_pages() {

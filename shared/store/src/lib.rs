@@ -6,7 +6,9 @@
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
-use tollgate_domain::{EventDraft, NewRun, RunHead, RunStatus, TerminalKind};
+use tollgate_domain::{
+    ApprovalRequest, EventDraft, NewRun, Resolution, RunHead, RunStatus, TerminalKind,
+};
 
 pub use page::{read_page, ReplayPage};
 
@@ -144,6 +146,97 @@ pub trait RunStore: Send + Sync + 'static {
         limit: usize,
     ) -> Result<EventPage, StoreError>;
 }
+
+/// The answer to [`ApprovalStore::arm`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Armed {
+    /// The card is stored and `tool.approval_required` holds `sequence` on its run.
+    Created { card: ApprovalRequest, sequence: u64 },
+    /// A card with this `request_id` was armed before (a retry): nothing was written.
+    Existing(ApprovalRequest),
+}
+
+/// The answer to [`ApprovalStore::resolve`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolved {
+    /// This call moved the card out of `pending` (to the asked state, or to `expired` when
+    /// the deadline had passed) and appended `tool.approval_resolved`.
+    Fresh(ApprovalRequest),
+    /// The card had already ended: its real state.
+    Already(ApprovalRequest),
+    /// The card is pending but its run is not running: nothing was written.
+    RunNotActive(ApprovalRequest),
+}
+
+/// The answer to [`ApprovalStore::heartbeat`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Beat {
+    /// `tool.approval_pending` was appended at this sequence.
+    Emitted(u64),
+    /// The card is no longer pending (or its run ended): no heartbeat, none later.
+    Stopped,
+}
+
+/// Approval cards (seed 003). Every transition writes the card and the events that
+/// announce it in one atomic step, conditioned on the card still being `pending`.
+#[async_trait]
+pub trait ApprovalStore: Send + Sync + 'static {
+    /// Stores the pending card and appends `tool.approval_required` on its run and, when
+    /// `card.coordinator_run_id` is set and that run is running, the route item and
+    /// `coordinator.child_approval_required` on the coordinator — all in one step. The
+    /// run must be the incarnation `run` names and running (`RunTerminal` otherwise).
+    /// A `request_id` already routed under the coordinator for another child is a
+    /// `Conflict`.
+    async fn arm(&self, run: RunRef<'_>, card: ApprovalRequest) -> Result<Armed, StoreError>;
+
+    async fn read_card(
+        &self,
+        run_id: &str,
+        request_id: &str,
+    ) -> Result<Option<ApprovalRequest>, StoreError>;
+
+    /// The child run that owns `request_id` under coordinator `coordinator_run_id`.
+    async fn read_route(
+        &self,
+        coordinator_run_id: &str,
+        request_id: &str,
+    ) -> Result<Option<String>, StoreError>;
+
+    /// Ends a pending card: `Approved`/`Denied` only while `at` is before its deadline (a
+    /// decision at or after it expires the card instead) and only while its run is
+    /// running; `Expired` always (on an ended run the card expires without an event —
+    /// nothing may follow a terminal event). Appends `tool.approval_resolved` on the run
+    /// and `coordinator.child_approval_resolved` on a running coordinator, in the same
+    /// step. `NotFound` when there is no such card.
+    async fn resolve(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        resolution: Resolution,
+        at: i64,
+    ) -> Result<Resolved, StoreError>;
+
+    /// One `tool.approval_pending` on the card's run if the card is still pending and the
+    /// run running, conditioned so that it can never follow the resolution.
+    async fn heartbeat(&self, run_id: &str, request_id: &str) -> Result<Beat, StoreError>;
+
+    /// Pending cards of one run.
+    async fn pending_cards(&self, run_id: &str) -> Result<Vec<ApprovalRequest>, StoreError>;
+
+    /// Pending cards of every run (of one project when `project_id` is given), soonest
+    /// deadline first, at most `limit`; with `due_before`, only cards whose deadline is
+    /// at or before it (the sweeper).
+    async fn open_cards(
+        &self,
+        project_id: Option<&str>,
+        due_before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRequest>, StoreError>;
+}
+
+/// Everything a deployment stores: the run log and the approval cards, on one backend.
+pub trait Store: RunStore + ApprovalStore {}
+impl<T: RunStore + ApprovalStore> Store for T {}
 
 /// Checks a batch before any adapter touches storage: 1..=99 events, no `event_id` twice.
 pub fn check_batch(events: &[EventDraft]) -> Result<(), StoreError> {

@@ -7,11 +7,14 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
-use tollgate_domain::{now_millis, render_event, EventDraft, NewRun, RunHead, TerminalKind};
+use tollgate_domain::{
+    now_millis, render_event, ApprovalRequest, ApprovalState, EventDraft, NewRun, Resolution,
+    RunHead, TerminalKind,
+};
 
 use crate::{
-    check_batch, ended_run_answer, fill_page, CreateOutcome, EventPage, Finished, RunRef, RunStore,
-    StoreError, StoredEvent,
+    check_batch, ended_run_answer, fill_page, ApprovalStore, Armed, Beat, CreateOutcome, EventPage,
+    Finished, Resolved, RunRef, RunStore, StoreError, StoredEvent,
 };
 
 #[derive(Default)]
@@ -19,6 +22,10 @@ struct RunRecord {
     head: Option<RunHead>,
     /// sequence → (type, body)
     events: BTreeMap<u64, (String, String)>,
+    /// request_id → card (cards raised on this run).
+    cards: BTreeMap<String, ApprovalRequest>,
+    /// request_id → child run id (on a coordinator).
+    routes: HashMap<String, String>,
     event_ids: HashMap<String, u64>,
 }
 
@@ -182,5 +189,190 @@ impl RunStore for MemoryStore {
                     body: body.clone(),
                 });
         Ok(fill_page(events, limit))
+    }
+}
+
+impl RunRecord {
+    fn running_head(&self) -> Option<&RunHead> {
+        self.head.as_ref().filter(|h| !h.status.is_terminal())
+    }
+
+    /// Appends server events to a run (the caller checked it runs); the first sequence.
+    fn push(&mut self, drafts: &[EventDraft], now: i64) -> Option<u64> {
+        let head = self.head.as_mut()?;
+        let first = head.next_seq;
+        for draft in drafts {
+            let seq = head.next_seq;
+            self.events.insert(seq, stored(head, seq, draft, now));
+            head.next_seq += 1;
+        }
+        head.last_event_at = now;
+        Some(first)
+    }
+}
+
+#[async_trait]
+impl ApprovalStore for MemoryStore {
+    async fn arm(&self, run: RunRef<'_>, card: ApprovalRequest) -> Result<Armed, StoreError> {
+        let mut runs = self.lock();
+        let record = live_head(&mut runs, run)?;
+        if let Some(existing) = record.cards.get(&card.request_id) {
+            return Ok(Armed::Existing(existing.clone()));
+        }
+        if let Some(head) = record.head.as_ref().filter(|h| h.status.is_terminal()) {
+            return Err(StoreError::RunTerminal {
+                status: head.status,
+                terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
+            });
+        }
+        let mut card = card;
+        let coordinator = card
+            .coordinator_run_id
+            .clone()
+            .filter(|c| runs.get(c).and_then(RunRecord::running_head).is_some());
+        match &coordinator {
+            Some(c) => match runs.get(c).and_then(|r| r.routes.get(&card.request_id)) {
+                Some(owner) if *owner != card.run_id => {
+                    return Err(StoreError::Conflict(
+                        "request_id is already in use under this coordinator".into(),
+                    ))
+                }
+                _ => {}
+            },
+            None => card.coordinator_run_id = None,
+        }
+        let now = now_millis();
+        let record = runs.get_mut(&card.run_id).ok_or(StoreError::NotFound)?;
+        let sequence = record
+            .push(&[card.required_event()], now)
+            .ok_or(StoreError::NotFound)?;
+        record.cards.insert(card.request_id.clone(), card.clone());
+        if let Some(coord) = coordinator.as_ref().and_then(|c| runs.get_mut(c)) {
+            coord
+                .routes
+                .insert(card.request_id.clone(), card.run_id.clone());
+            coord.push(&[card.coordinator_required_event()], now);
+        }
+        Ok(Armed::Created { card, sequence })
+    }
+
+    async fn read_card(
+        &self,
+        run_id: &str,
+        request_id: &str,
+    ) -> Result<Option<ApprovalRequest>, StoreError> {
+        Ok(self
+            .lock()
+            .get(run_id)
+            .and_then(|r| r.cards.get(request_id).cloned()))
+    }
+
+    async fn read_route(
+        &self,
+        coordinator_run_id: &str,
+        request_id: &str,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .lock()
+            .get(coordinator_run_id)
+            .and_then(|r| r.routes.get(request_id).cloned()))
+    }
+
+    async fn resolve(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        resolution: Resolution,
+        at: i64,
+    ) -> Result<Resolved, StoreError> {
+        let mut runs = self.lock();
+        let record = runs.get_mut(run_id).ok_or(StoreError::NotFound)?;
+        let card = record
+            .cards
+            .get(request_id)
+            .cloned()
+            .ok_or(StoreError::NotFound)?;
+        if card.state != ApprovalState::Pending {
+            return Ok(Resolved::Already(card));
+        }
+        // A decision at or after the deadline expires the card instead.
+        let resolution = if at >= card.expires_at {
+            Resolution::Expired
+        } else {
+            resolution
+        };
+        let running = record.running_head().is_some();
+        if !running && resolution != Resolution::Expired {
+            return Ok(Resolved::RunNotActive(card));
+        }
+        let ended = card.resolved(&resolution, at);
+        let now = now_millis();
+        if running {
+            record.push(&[ended.resolved_event()], now);
+        }
+        record.cards.insert(request_id.to_owned(), ended.clone());
+        if running {
+            if let Some(coord) = ended
+                .coordinator_run_id
+                .as_ref()
+                .and_then(|c| runs.get_mut(c))
+                .filter(|r| r.running_head().is_some())
+            {
+                coord.push(&[ended.coordinator_resolved_event()], now);
+            }
+        }
+        Ok(Resolved::Fresh(ended))
+    }
+
+    async fn heartbeat(&self, run_id: &str, request_id: &str) -> Result<Beat, StoreError> {
+        let mut runs = self.lock();
+        let Some(record) = runs.get_mut(run_id) else {
+            return Ok(Beat::Stopped);
+        };
+        let pending = record
+            .cards
+            .get(request_id)
+            .filter(|c| c.state == ApprovalState::Pending)
+            .cloned();
+        match pending {
+            Some(card) if record.running_head().is_some() => Ok(record
+                .push(&[card.pending_event()], now_millis())
+                .map_or(Beat::Stopped, Beat::Emitted)),
+            _ => Ok(Beat::Stopped),
+        }
+    }
+
+    async fn pending_cards(&self, run_id: &str) -> Result<Vec<ApprovalRequest>, StoreError> {
+        Ok(self
+            .lock()
+            .get(run_id)
+            .map(|r| {
+                r.cards
+                    .values()
+                    .filter(|c| c.state == ApprovalState::Pending)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    async fn open_cards(
+        &self,
+        project_id: Option<&str>,
+        due_before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRequest>, StoreError> {
+        let runs = self.lock();
+        let mut open: Vec<ApprovalRequest> = runs
+            .values()
+            .flat_map(|r| r.cards.values())
+            .filter(|c| c.state == ApprovalState::Pending)
+            .filter(|c| project_id.is_none() || c.project_id.as_deref() == project_id)
+            .filter(|c| due_before.is_none_or(|t| c.expires_at <= t))
+            .cloned()
+            .collect();
+        open.sort_by_key(|c| (c.expires_at, c.run_id.clone(), c.request_id.clone()));
+        open.truncate(limit);
+        Ok(open)
     }
 }

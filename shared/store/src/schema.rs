@@ -4,8 +4,8 @@
 //! is deployed.
 
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, LocalSecondaryIndex, Projection,
-    ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
+    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType,
+    LocalSecondaryIndex, Projection, ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
 };
 use aws_sdk_dynamodb::Client;
 use serde_yaml_ng::Value;
@@ -26,6 +26,7 @@ pub struct TableDef {
     /// `(name, HASH|RANGE)`.
     pub key: Vec<(String, String)>,
     pub local_indexes: Vec<IndexDef>,
+    pub global_indexes: Vec<IndexDef>,
     pub ttl_attribute: Option<String>,
 }
 
@@ -37,6 +38,7 @@ pub fn physical_name(tables: &Tables, logical_id: &str) -> Option<String> {
     match logical_id {
         "RunsTable" => Some(tables.runs.clone()),
         "EventsTable" => Some(tables.events.clone()),
+        "ApprovalsTable" => Some(tables.approvals.clone()),
         _ => None,
     }
 }
@@ -68,24 +70,28 @@ pub fn table_defs(template: &str) -> Result<Vec<TableDef>, String> {
             continue;
         }
         let props = res.get("Properties").ok_or("table without Properties")?;
-        let local_indexes = props
-            .get("LocalSecondaryIndexes")
-            .and_then(Value::as_sequence)
-            .map(|seq| {
-                seq.iter()
-                    .map(|i| {
-                        (
-                            str_at(i, "IndexName").unwrap_or_default().to_owned(),
-                            pairs(i.get("KeySchema"), "AttributeName", "KeyType"),
-                            i.get("Projection")
-                                .and_then(|p| str_at(p, "ProjectionType"))
-                                .unwrap_or("ALL")
-                                .to_owned(),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let indexes = |kind: &str| -> Vec<IndexDef> {
+            props
+                .get(kind)
+                .and_then(Value::as_sequence)
+                .map(|seq| {
+                    seq.iter()
+                        .map(|i| {
+                            (
+                                str_at(i, "IndexName").unwrap_or_default().to_owned(),
+                                pairs(i.get("KeySchema"), "AttributeName", "KeyType"),
+                                i.get("Projection")
+                                    .and_then(|p| str_at(p, "ProjectionType"))
+                                    .unwrap_or("ALL")
+                                    .to_owned(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let local_indexes = indexes("LocalSecondaryIndexes");
+        let global_indexes = indexes("GlobalSecondaryIndexes");
         let ttl = props.get("TimeToLiveSpecification").and_then(|t| {
             (t.get("Enabled").and_then(Value::as_bool) == Some(true))
                 .then(|| str_at(t, "AttributeName").map(str::to_owned))
@@ -100,6 +106,7 @@ pub fn table_defs(template: &str) -> Result<Vec<TableDef>, String> {
             ),
             key: pairs(props.get("KeySchema"), "AttributeName", "KeyType"),
             local_indexes,
+            global_indexes,
             ttl_attribute: ttl,
         });
     }
@@ -169,6 +176,20 @@ pub async fn describe(
                 )
             })
             .collect(),
+        global_indexes: table
+            .global_secondary_indexes()
+            .iter()
+            .map(|i| {
+                (
+                    i.index_name().unwrap_or_default().to_owned(),
+                    key(i.key_schema()),
+                    i.projection()
+                        .and_then(|p| p.projection_type())
+                        .map(|t| t.as_str().to_owned())
+                        .unwrap_or_default(),
+                )
+            })
+            .collect(),
         ttl_attribute: ttl,
     })
 }
@@ -226,6 +247,20 @@ async fn create_table(client: &Client, name: &str, def: &TableDef) -> Result<(),
     for (index, key, projection) in &def.local_indexes {
         req = req.local_secondary_indexes(
             LocalSecondaryIndex::builder()
+                .index_name(index)
+                .set_key_schema(Some(key_schema(key)?))
+                .projection(
+                    Projection::builder()
+                        .projection_type(ProjectionType::from(projection.as_str()))
+                        .build(),
+                )
+                .build()
+                .map_err(|e| err(e.to_string()))?,
+        );
+    }
+    for (index, key, projection) in &def.global_indexes {
+        req = req.global_secondary_indexes(
+            GlobalSecondaryIndex::builder()
                 .index_name(index)
                 .set_key_schema(Some(key_schema(key)?))
                 .projection(

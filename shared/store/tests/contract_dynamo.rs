@@ -30,3 +30,15 @@ async fn racing_retries_land_once_across_processes() {
     let a = Arc::new(dynamo_store_raw().await.without_lanes());
     tollgate_store::contract::racing_retries_land_once(a).await;
 }
+
+/// One card decided by racing clicks on four store instances (four Lambda instances).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_resolution_wins_across_processes() {
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        stores
+            .push(Arc::new(dynamo_store_raw().await.without_lanes())
+                as tollgate_store::contract::Store);
+    }
+    tollgate_store::contract::one_resolution_wins(stores).await;
+}

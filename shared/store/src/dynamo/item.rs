@@ -143,3 +143,90 @@ pub(crate) fn unavailable<
 pub(crate) fn build_error(err: aws_sdk_dynamodb::error::BuildError) -> StoreError {
     StoreError::Unavailable(format!("request build: {err}"))
 }
+
+/// Sort key of a card in the approvals table (partition: the run that raised it).
+pub(crate) fn card_key(request_id: &str) -> String {
+    format!("card#{request_id}")
+}
+
+/// Sort key of a route item (partition: the coordinator): `request_id → child run`.
+pub(crate) fn route_key(request_id: &str) -> String {
+    format!("route#{request_id}")
+}
+
+/// `pending_key` of every pending card: the sparse index holds exactly the open cards.
+pub(crate) const PENDING_KEY: &str = "pending";
+
+pub(crate) fn card_to_item(c: &tollgate_domain::ApprovalRequest) -> Item {
+    use tollgate_domain::ApprovalState;
+    let mut item = HashMap::from([
+        ("run_id".to_string(), s(&c.run_id)),
+        ("item_key".to_string(), s(card_key(&c.request_id))),
+        ("request_id".to_string(), s(&c.request_id)),
+        ("tool_name".to_string(), s(&c.tool_name)),
+        ("tool_call_id".to_string(), s(&c.tool_call_id)),
+        ("approval_id".to_string(), s(&c.approval_id)),
+        (
+            "explicit_ids".to_string(),
+            AttributeValue::Bool(c.explicit_ids),
+        ),
+        ("state".to_string(), s(c.state.as_str())),
+        ("created_at".to_string(), n(c.created_at)),
+        ("expires_at_ms".to_string(), n(c.expires_at)),
+    ]);
+    let strings = [
+        ("url", &c.url),
+        ("intention", &c.intention),
+        ("message", &c.message),
+        ("arguments_hash", &c.arguments_hash),
+        ("decided_by", &c.decided_by),
+        ("coordinator_run_id", &c.coordinator_run_id),
+        ("project_id", &c.project_id),
+    ];
+    for (k, v) in strings {
+        if let Some(v) = v {
+            item.insert(k.into(), s(v));
+        }
+    }
+    if let Some(scope) = c.scope {
+        item.insert("scope".into(), s(scope.as_str()));
+    }
+    if let Some(at) = c.decided_at {
+        item.insert("decided_at".into(), n(at));
+    }
+    if let Some(v) = &c.subtask_id {
+        item.insert("subtask_id".into(), s(v.to_string()));
+    }
+    if c.state == ApprovalState::Pending {
+        item.insert("pending_key".into(), s(PENDING_KEY));
+    }
+    item
+}
+
+pub(crate) fn card_from_item(item: &Item) -> Result<tollgate_domain::ApprovalRequest, StoreError> {
+    use tollgate_domain::{ApprovalState, Scope};
+    Ok(tollgate_domain::ApprovalRequest {
+        run_id: get_s(item, "run_id")?,
+        request_id: get_s(item, "request_id")?,
+        tool_name: get_s(item, "tool_name")?,
+        tool_call_id: get_s(item, "tool_call_id")?,
+        approval_id: get_s(item, "approval_id")?,
+        explicit_ids: matches!(item.get("explicit_ids"), Some(AttributeValue::Bool(true))),
+        url: opt_s(item, "url"),
+        intention: opt_s(item, "intention"),
+        message: opt_s(item, "message"),
+        arguments_hash: opt_s(item, "arguments_hash"),
+        state: ApprovalState::parse(&get_s(item, "state")?).ok_or_else(|| corrupt("state"))?,
+        scope: opt_s(item, "scope").map(|v| Scope::parse(Some(&v))),
+        decided_by: opt_s(item, "decided_by"),
+        decided_at: item
+            .get("decided_at")
+            .map(|_| get_n(item, "decided_at"))
+            .transpose()?,
+        created_at: get_n(item, "created_at")?,
+        expires_at: get_n(item, "expires_at_ms")?,
+        coordinator_run_id: opt_s(item, "coordinator_run_id"),
+        subtask_id: opt_json(item, "subtask_id")?,
+        project_id: opt_s(item, "project_id"),
+    })
+}

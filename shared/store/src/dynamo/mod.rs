@@ -14,8 +14,9 @@
 //!
 //! Modules by job: [`tables`] (names, client), [`item`] (mapping, error translation),
 //! [`commit`] (the engine), [`lanes`] (group commit in one process), [`runs`] (the
-//! [`crate::RunStore`] port as plans).
+//! [`crate::RunStore`] port as plans), [`approvals`] (the [`crate::ApprovalStore`] port).
 
+mod approvals;
 mod commit;
 mod item;
 mod lanes;
@@ -32,6 +33,7 @@ use tollgate_domain::RunHead;
 pub use commit::CONTENTION_BUDGET;
 pub use tables::{
     client, Tables, ATTEMPT_TIMEOUT, BY_SEQUENCE_INDEX, CONNECT_TIMEOUT, OPERATION_TIMEOUT,
+    PENDING_INDEX,
 };
 
 use commit::backoff;

@@ -9,11 +9,12 @@ use aws_sdk_dynamodb::Client;
 pub struct Tables {
     pub runs: String,
     pub events: String,
+    pub approvals: String,
 }
 
 impl Tables {
-    /// `TOLLGATE_RUNS_TABLE` / `TOLLGATE_EVENTS_TABLE`, or `<TOLLGATE_TABLE_PREFIX>runs`
-    /// and `…events` (prefix default `tollgate-`).
+    /// `TOLLGATE_RUNS_TABLE` / `TOLLGATE_EVENTS_TABLE` / `TOLLGATE_APPROVALS_TABLE`, or
+    /// `<TOLLGATE_TABLE_PREFIX>runs`, `…events`, `…approvals` (prefix default `tollgate-`).
     pub fn from_env() -> Self {
         let prefix = std::env::var("TOLLGATE_TABLE_PREFIX").unwrap_or_else(|_| "tollgate-".into());
         let pick = |var: &str, suffix: &str| {
@@ -25,6 +26,7 @@ impl Tables {
         Self {
             runs: pick("TOLLGATE_RUNS_TABLE", "runs"),
             events: pick("TOLLGATE_EVENTS_TABLE", "events"),
+            approvals: pick("TOLLGATE_APPROVALS_TABLE", "approvals"),
         }
     }
 
@@ -32,11 +34,15 @@ impl Tables {
         Self {
             runs: format!("{prefix}runs"),
             events: format!("{prefix}events"),
+            approvals: format!("{prefix}approvals"),
         }
     }
 }
 
 pub const BY_SEQUENCE_INDEX: &str = "by_sequence";
+
+/// Sparse index of the approvals table: pending cards by deadline.
+pub const PENDING_INDEX: &str = "pending_by_expiry";
 
 /// SDK timeouts for every DynamoDB call: a hung connection or answer becomes an error
 /// (and so a 503) within seconds instead of holding the function until its timeout.

@@ -1,0 +1,350 @@
+//! The approval gate of seed 003: cards, their states, decision scopes, and the exact
+//! payloads of the events that announce them. Pure values; the stores write them and
+//! the use-cases decide which transition applies.
+
+use serde_json::{json, Map, Value};
+
+use crate::event::EventDraft;
+
+/// Where a card is in its life. Only `Pending` moves, and only once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ApprovalState {
+    Pending,
+    Approved,
+    Denied,
+    Expired,
+}
+
+impl ApprovalState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalState::Pending => "pending",
+            ApprovalState::Approved => "approved",
+            ApprovalState::Denied => "denied",
+            ApprovalState::Expired => "expired",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "pending" => ApprovalState::Pending,
+            "approved" => ApprovalState::Approved,
+            "denied" => ApprovalState::Denied,
+            "expired" => ApprovalState::Expired,
+            _ => return None,
+        })
+    }
+}
+
+/// How far an approval reaches (DESIGN §6). Parsed exactly and case-sensitively;
+/// anything else is `Once`, the narrowest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    Once,
+    Run,
+    Tool,
+    Always,
+}
+
+impl Scope {
+    pub fn parse(s: Option<&str>) -> Self {
+        match s {
+            Some("run") => Scope::Run,
+            Some("tool") => Scope::Tool,
+            Some("always") => Scope::Always,
+            _ => Scope::Once,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Once => "once",
+            Scope::Run => "run",
+            Scope::Tool => "tool",
+            Scope::Always => "always",
+        }
+    }
+}
+
+/// How a pending card ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    Approved { scope: Scope, by: String },
+    Denied { by: String },
+    Expired,
+}
+
+impl Resolution {
+    pub fn state(&self) -> ApprovalState {
+        match self {
+            Resolution::Approved { .. } => ApprovalState::Approved,
+            Resolution::Denied { .. } => ApprovalState::Denied,
+            Resolution::Expired => ApprovalState::Expired,
+        }
+    }
+}
+
+/// An approval card as stored: one per `(run_id, request_id)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalRequest {
+    /// The run that raised it (a child when it has a coordinator).
+    pub run_id: String,
+    pub request_id: String,
+    pub tool_name: String,
+    pub tool_call_id: String,
+    pub approval_id: String,
+    /// `tool_call_id` / `approval_id` were given when armed (the events then carry them).
+    pub explicit_ids: bool,
+    pub url: Option<String>,
+    pub intention: Option<String>,
+    pub message: Option<String>,
+    pub arguments_hash: Option<String>,
+    pub state: ApprovalState,
+    pub scope: Option<Scope>,
+    pub decided_by: Option<String>,
+    pub decided_at: Option<i64>,
+    pub created_at: i64,
+    /// Milliseconds since the epoch; a decision at or after it expires the card instead.
+    pub expires_at: i64,
+    /// The coordinator that mirrors it, when the run is a child.
+    pub coordinator_run_id: Option<String>,
+    pub subtask_id: Option<Value>,
+    /// The run's project (policies never reach across projects).
+    pub project_id: Option<String>,
+}
+
+/// Bounds on a card's text fields (the card is read on every decision and heartbeat).
+pub const MAX_REQUEST_ID: usize = 128;
+pub const MAX_TOOL_NAME: usize = 128;
+pub const MAX_URL: usize = 2048;
+pub const MAX_TEXT: usize = 4096;
+pub const MAX_HASH: usize = 256;
+/// Longest a card may wait for a human.
+pub const MAX_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
+pub const DEFAULT_TIMEOUT_SECONDS: u64 = 300;
+
+/// Ids travel in URLs and keys: `[A-Za-z0-9_.:-]`, 1–128, never `.` or `..`.
+pub fn valid_id(id: &str) -> bool {
+    crate::validate_run_id(id)
+}
+
+impl ApprovalRequest {
+    /// The short form operators read: the first 8 characters of `request_id`.
+    pub fn display_id(&self) -> &str {
+        let end = self
+            .request_id
+            .char_indices()
+            .nth(8)
+            .map_or(self.request_id.len(), |(i, _)| i);
+        &self.request_id[..end]
+    }
+
+    fn with_ids(&self, mut p: Map<String, Value>) -> Map<String, Value> {
+        if self.explicit_ids {
+            p.insert("tool_call_id".into(), self.tool_call_id.clone().into());
+            p.insert("approval_id".into(), self.approval_id.clone().into());
+        }
+        p
+    }
+
+    /// `tool.approval_required` on the card's own run (seed 003 payload).
+    pub fn required_event(&self) -> EventDraft {
+        let mut p = Map::new();
+        p.insert("requestId".into(), self.request_id.clone().into());
+        p.insert("displayId".into(), self.display_id().into());
+        p.insert("toolName".into(), self.tool_name.clone().into());
+        for (k, v) in [
+            ("url", &self.url),
+            ("intention", &self.intention),
+            ("message", &self.message),
+        ] {
+            if let Some(v) = v {
+                p.insert(k.into(), v.clone().into());
+            }
+        }
+        EventDraft::server("tool.approval_required", self.with_ids(p))
+    }
+
+    /// `coordinator.child_approval_required` on the coordinator's run.
+    pub fn coordinator_required_event(&self) -> EventDraft {
+        let mut p = Map::new();
+        p.insert("childRunId".into(), self.run_id.clone().into());
+        p.insert(
+            "subtaskId".into(),
+            self.subtask_id.clone().unwrap_or(Value::Null),
+        );
+        p.insert("requestId".into(), self.request_id.clone().into());
+        p.insert("toolName".into(), self.tool_name.clone().into());
+        if let Some(url) = &self.url {
+            p.insert("url".into(), url.clone().into());
+        }
+        EventDraft::server("coordinator.child_approval_required", self.with_ids(p))
+    }
+
+    /// `tool.approval_pending`: the heartbeat while the card waits.
+    pub fn pending_event(&self) -> EventDraft {
+        let p = json!({
+            "requestId": self.request_id,
+            "displayId": self.display_id(),
+            "toolName": self.tool_name,
+        });
+        EventDraft::server("tool.approval_pending", as_map(p))
+    }
+
+    /// `tool.approval_resolved` on the card's run, for a card already moved to its end.
+    pub fn resolved_event(&self) -> EventDraft {
+        let mut p = as_map(json!({
+            "requestId": self.request_id,
+            "runId": self.run_id,
+            "approved": self.state == ApprovalState::Approved,
+            "expired": self.state == ApprovalState::Expired,
+        }));
+        self.decision_facts(&mut p);
+        EventDraft::server("tool.approval_resolved", self.with_ids(p))
+    }
+
+    /// `coordinator.child_approval_resolved`, mirroring the resolution on the coordinator.
+    pub fn coordinator_resolved_event(&self) -> EventDraft {
+        let mut p = as_map(json!({
+            "childRunId": self.run_id,
+            "subtaskId": self.subtask_id.clone().unwrap_or(Value::Null),
+            "requestId": self.request_id,
+            "approved": self.state == ApprovalState::Approved,
+            "expired": self.state == ApprovalState::Expired,
+        }));
+        self.decision_facts(&mut p);
+        EventDraft::server("coordinator.child_approval_resolved", self.with_ids(p))
+    }
+
+    /// Who decided and with which scope (absent for an expiry): the audit trail.
+    fn decision_facts(&self, p: &mut Map<String, Value>) {
+        if let Some(by) = &self.decided_by {
+            p.insert("decidedBy".into(), by.clone().into());
+        }
+        if let Some(scope) = self.scope {
+            p.insert("scope".into(), scope.as_str().into());
+        }
+    }
+
+    /// The card after `resolution` at `at` (millis).
+    pub fn resolved(&self, resolution: &Resolution, at: i64) -> Self {
+        let mut card = self.clone();
+        card.state = resolution.state();
+        card.decided_at = Some(at);
+        match resolution {
+            Resolution::Approved { scope, by } => {
+                card.scope = Some(*scope);
+                card.decided_by = Some(by.clone());
+            }
+            Resolution::Denied { by } => card.decided_by = Some(by.clone()),
+            Resolution::Expired => {}
+        }
+        card
+    }
+
+    /// The card as the API shows it.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "run_id": self.run_id,
+            "request_id": self.request_id,
+            "display_id": self.display_id(),
+            "tool_name": self.tool_name,
+            "tool_call_id": self.tool_call_id,
+            "approval_id": self.approval_id,
+            "url": self.url,
+            "intention": self.intention,
+            "message": self.message,
+            "arguments_hash": self.arguments_hash,
+            "state": self.state.as_str(),
+            "scope": self.scope.map(Scope::as_str),
+            "decided_by": self.decided_by,
+            "decided_at": self.decided_at.map(crate::format_timestamp),
+            "created_at": crate::format_timestamp(self.created_at),
+            "expires_at": crate::format_timestamp(self.expires_at),
+            "coordinator_run_id": self.coordinator_run_id,
+            "subtask_id": self.subtask_id,
+        })
+    }
+}
+
+fn as_map(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn card() -> ApprovalRequest {
+        ApprovalRequest {
+            run_id: "child-1".into(),
+            request_id: "a1b2c3d4e5f6-0000".into(),
+            tool_name: "web_fetch".into(),
+            tool_call_id: "a1b2c3d4e5f6-0000".into(),
+            approval_id: "a1b2c3d4e5f6-0000".into(),
+            explicit_ids: false,
+            url: Some("https://example.com".into()),
+            intention: None,
+            message: Some("The agent wants to fetch a URL.".into()),
+            arguments_hash: None,
+            state: ApprovalState::Pending,
+            scope: None,
+            decided_by: None,
+            decided_at: None,
+            created_at: 0,
+            expires_at: 300_000,
+            coordinator_run_id: Some("coord-1".into()),
+            subtask_id: Some(3.into()),
+            project_id: None,
+        }
+    }
+
+    #[test]
+    fn scopes_are_exact_and_default_to_once() {
+        assert_eq!(Scope::parse(Some("always")), Scope::Always);
+        for other in [None, Some("Always"), Some("RUN"), Some(""), Some("forever")] {
+            assert_eq!(Scope::parse(other), Scope::Once, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn payloads_follow_seed_003() {
+        let c = card();
+        assert_eq!(c.display_id(), "a1b2c3d4");
+        let req = c.required_event();
+        assert_eq!(req.event_type, "tool.approval_required");
+        assert_eq!(
+            Value::Object(req.payload),
+            json!({"requestId": "a1b2c3d4e5f6-0000", "displayId": "a1b2c3d4",
+                   "toolName": "web_fetch", "url": "https://example.com",
+                   "message": "The agent wants to fetch a URL."})
+        );
+        let mirror = c.coordinator_required_event();
+        assert_eq!(mirror.payload["childRunId"], "child-1");
+        assert_eq!(mirror.payload["subtaskId"], 3);
+        let expired = c.resolved(&Resolution::Expired, 300_000);
+        assert_eq!(
+            Value::Object(expired.resolved_event().payload),
+            json!({"requestId": "a1b2c3d4e5f6-0000", "runId": "child-1",
+                   "approved": false, "expired": true})
+        );
+        let approved = c.resolved(
+            &Resolution::Approved {
+                scope: Scope::Run,
+                by: "alice".into(),
+            },
+            1,
+        );
+        let ev = approved.coordinator_resolved_event();
+        assert_eq!(ev.payload["approved"], true);
+        assert_eq!(ev.payload["expired"], false);
+        assert_eq!(ev.payload["decidedBy"], "alice");
+        assert_eq!(
+            Value::Object(c.pending_event().payload),
+            json!({"requestId": "a1b2c3d4e5f6-0000", "displayId": "a1b2c3d4", "toolName": "web_fetch"})
+        );
+    }
+}

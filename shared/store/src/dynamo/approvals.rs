@@ -1,0 +1,352 @@
+//! Approval cards on DynamoDB ([`ApprovalStore`]). Each transition is a plan for the
+//! commit engine: the card (conditioned on its state), the run heads it advances and the
+//! events that announce it, in one transaction.
+//!
+//! Approvals table: partition `run_id`, sort `item_key` — `card#<request_id>` for a card
+//! (on the run that raised it) and `route#<request_id>` for a route item (on its
+//! coordinator). Pending cards carry `pending_key`, which puts them in the sparse index
+//! `pending_by_expiry` (open cards by deadline); it is removed by the transition that
+//! ends them.
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::types::{AttributeValue, Put, ReturnValuesOnConditionCheckFailure};
+use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState, Resolution, RunHead};
+
+use super::commit::{Budget, Committed, Plan, RunWrite, WriteKind};
+use super::item::{
+    build_error, card_from_item, card_key, card_to_item, get_s, route_key, s, unavailable, Item,
+    PENDING_KEY,
+};
+use super::{DynamoStore, PENDING_INDEX};
+use crate::{ApprovalStore, Armed, Beat, Resolved, RunRef, StoreError};
+
+/// Most cards one listing reads (a console page; the sweeper's batch).
+const MAX_LISTED: usize = 1000;
+
+impl DynamoStore {
+    fn card_put(
+        &self,
+        card: &ApprovalRequest,
+        condition: &str,
+        now: i64,
+    ) -> Result<aws_sdk_dynamodb::types::TransactWriteItem, StoreError> {
+        let mut item = card_to_item(card);
+        if let Some(exp) = self.expires_at(now) {
+            item.insert("expires_at".into(), exp);
+        }
+        let mut put = Put::builder()
+            .table_name(&self.tables.approvals)
+            .set_item(Some(item))
+            .condition_expression(condition)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if condition.contains(":pending") {
+            put = put
+                .expression_attribute_names("#state", "state")
+                .expression_attribute_values(":pending", s(ApprovalState::Pending.as_str()));
+        }
+        Ok(aws_sdk_dynamodb::types::TransactWriteItem::builder()
+            .put(put.build().map_err(build_error)?)
+            .build())
+    }
+
+    async fn get_item(&self, run_id: &str, key: String) -> Result<Option<Item>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.tables.approvals)
+            .key("run_id", s(run_id))
+            .key("item_key", s(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(out.item)
+    }
+
+    /// The head of `run_id` if it is running.
+    async fn running_head(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {
+        Ok(self
+            .get_head(run_id)
+            .await?
+            .filter(|h| !h.status.is_terminal()))
+    }
+}
+
+#[async_trait]
+impl ApprovalStore for DynamoStore {
+    async fn arm(&self, run: RunRef<'_>, card: ApprovalRequest) -> Result<Armed, StoreError> {
+        let mut budget = Budget::new(self.contention_budget, "arming an approval");
+        loop {
+            let head = self.live_head(run).await?;
+            if let Some(existing) = self.read_card(run.run_id, &card.request_id).await? {
+                return Ok(Armed::Existing(existing));
+            }
+            if head.status.is_terminal() {
+                return Err(StoreError::RunTerminal {
+                    status: head.status,
+                    terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
+                });
+            }
+            let mut card = card.clone();
+            let coordinator = match &card.coordinator_run_id {
+                Some(c) => self.running_head(c).await?,
+                None => None,
+            };
+            if coordinator.is_none() {
+                card.coordinator_run_id = None;
+            }
+            let now = now_millis();
+            // Invariant: one card per (run, request_id); a retried arm finds the first.
+            let mut side = vec![self.card_put(&card, "attribute_not_exists(item_key)", now)?];
+            let mut runs = vec![RunWrite {
+                head: head.clone(),
+                kind: WriteKind::Advance { end: None },
+                events: vec![card.required_event()],
+            }];
+            if let Some(coord) = &coordinator {
+                let route = Put::builder()
+                    .table_name(&self.tables.approvals)
+                    .item("run_id", s(&coord.run_id))
+                    .item("item_key", s(route_key(&card.request_id)))
+                    .item("child_run_id", s(&card.run_id))
+                    // Invariant: a request_id names one child under a coordinator, so a
+                    // decision posted to the coordinator reaches exactly that child.
+                    .condition_expression("attribute_not_exists(item_key)")
+                    .return_values_on_condition_check_failure(
+                        ReturnValuesOnConditionCheckFailure::AllOld,
+                    )
+                    .build()
+                    .map_err(build_error)?;
+                side.push(
+                    aws_sdk_dynamodb::types::TransactWriteItem::builder()
+                        .put(route)
+                        .build(),
+                );
+                runs.push(RunWrite {
+                    head: coord.clone(),
+                    kind: WriteKind::Advance { end: None },
+                    events: vec![card.coordinator_required_event()],
+                });
+            }
+            let plan = Plan { runs, side };
+            match self.commit(&plan).await? {
+                Committed::Done { .. } => {
+                    return Ok(Armed::Created {
+                        card,
+                        sequence: head.next_seq,
+                    })
+                }
+                Committed::Lost(lost) => {
+                    if lost.side.first().is_some_and(Option::is_some) {
+                        // Armed meanwhile by a retry of this call: answer its card.
+                        continue;
+                    }
+                    if lost.side.get(1).is_some_and(Option::is_some) {
+                        return Err(StoreError::Conflict(
+                            "request_id is already in use under this coordinator".into(),
+                        ));
+                    }
+                }
+                Committed::Busy(why) => tracing::debug!(%why, "arm retry"),
+            }
+            budget.next().await?;
+        }
+    }
+
+    async fn read_card(
+        &self,
+        run_id: &str,
+        request_id: &str,
+    ) -> Result<Option<ApprovalRequest>, StoreError> {
+        self.get_item(run_id, card_key(request_id))
+            .await?
+            .map(|item| card_from_item(&item))
+            .transpose()
+    }
+
+    async fn read_route(
+        &self,
+        coordinator_run_id: &str,
+        request_id: &str,
+    ) -> Result<Option<String>, StoreError> {
+        self.get_item(coordinator_run_id, route_key(request_id))
+            .await?
+            .map(|item| get_s(&item, "child_run_id"))
+            .transpose()
+    }
+
+    async fn resolve(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        resolution: Resolution,
+        at: i64,
+    ) -> Result<Resolved, StoreError> {
+        let mut budget = Budget::new(self.contention_budget, "resolving an approval");
+        loop {
+            let card = self
+                .read_card(run_id, request_id)
+                .await?
+                .ok_or(StoreError::NotFound)?;
+            if card.state != ApprovalState::Pending {
+                return Ok(Resolved::Already(card));
+            }
+            // A decision at or after the deadline expires the card instead.
+            let resolution = if at >= card.expires_at {
+                Resolution::Expired
+            } else {
+                resolution.clone()
+            };
+            let head = self.running_head(run_id).await?;
+            if head.is_none() && resolution != Resolution::Expired {
+                return Ok(Resolved::RunNotActive(card));
+            }
+            let ended = card.resolved(&resolution, at);
+            let now = now_millis();
+            // Invariant: a card ends once — exactly one resolution, one resolved event,
+            // one policy; the losers of a race read the winner's state.
+            let side = vec![self.card_put(
+                &ended,
+                "attribute_exists(item_key) AND #state = :pending",
+                now,
+            )?];
+            let mut runs = Vec::new();
+            if let Some(head) = head {
+                runs.push(RunWrite {
+                    head,
+                    kind: WriteKind::Advance { end: None },
+                    events: vec![ended.resolved_event()],
+                });
+                let coordinator = match &ended.coordinator_run_id {
+                    Some(c) => self.running_head(c).await?,
+                    None => None,
+                };
+                if let Some(coord) = coordinator {
+                    runs.push(RunWrite {
+                        head: coord,
+                        kind: WriteKind::Advance { end: None },
+                        events: vec![ended.coordinator_resolved_event()],
+                    });
+                }
+            }
+            // (On an ended run the card expires alone: nothing may follow its terminal
+            // event.)
+            match self.commit(&Plan { runs, side }).await? {
+                Committed::Done { .. } => return Ok(Resolved::Fresh(ended)),
+                // The card moved (read it again: `Already`) or a head moved (retry).
+                Committed::Lost(lost) if lost.side[0].is_some() => continue,
+                Committed::Lost(_) => {}
+                Committed::Busy(why) => tracing::debug!(%why, "resolve retry"),
+            }
+            budget.next().await?;
+        }
+    }
+
+    async fn heartbeat(&self, run_id: &str, request_id: &str) -> Result<Beat, StoreError> {
+        let mut budget = Budget::new(self.contention_budget, "a heartbeat");
+        loop {
+            // Head first, then the card: a resolution committing in between moves the
+            // head, so the append below (conditioned on this head) cannot follow it. No
+            // condition on the card is needed — the run's sequence is the fence.
+            let Some(head) = self.running_head(run_id).await? else {
+                return Ok(Beat::Stopped);
+            };
+            let pending = self
+                .read_card(run_id, request_id)
+                .await?
+                .filter(|c| c.state == ApprovalState::Pending);
+            let Some(card) = pending else {
+                return Ok(Beat::Stopped);
+            };
+            let sequence = head.next_seq;
+            let plan = Plan {
+                runs: vec![RunWrite {
+                    head,
+                    kind: WriteKind::Advance { end: None },
+                    events: vec![card.pending_event()],
+                }],
+                side: Vec::new(),
+            };
+            match self.commit(&plan).await? {
+                Committed::Done { .. } => return Ok(Beat::Emitted(sequence)),
+                Committed::Lost(_) => {}
+                Committed::Busy(why) => tracing::debug!(%why, "heartbeat retry"),
+            }
+            budget.next().await?;
+        }
+    }
+
+    async fn pending_cards(&self, run_id: &str) -> Result<Vec<ApprovalRequest>, StoreError> {
+        let mut cards = Vec::new();
+        let mut start = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.tables.approvals)
+                .consistent_read(true)
+                .key_condition_expression("run_id = :r AND begins_with(item_key, :card)")
+                .filter_expression("#state = :pending")
+                .expression_attribute_names("#state", "state")
+                .expression_attribute_values(":r", s(run_id))
+                .expression_attribute_values(":card", s("card#"))
+                .expression_attribute_values(":pending", s(ApprovalState::Pending.as_str()))
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(unavailable)?;
+            for item in out.items.unwrap_or_default() {
+                cards.push(card_from_item(&item)?);
+            }
+            start = out.last_evaluated_key;
+            if start.is_none() || cards.len() >= MAX_LISTED {
+                return Ok(cards);
+            }
+        }
+    }
+
+    async fn open_cards(
+        &self,
+        project_id: Option<&str>,
+        due_before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRequest>, StoreError> {
+        let limit = limit.min(MAX_LISTED);
+        let mut cards = Vec::new();
+        let mut start = None;
+        loop {
+            let mut query = self
+                .client
+                .query()
+                .table_name(&self.tables.approvals)
+                .index_name(PENDING_INDEX)
+                .expression_attribute_values(":p", s(PENDING_KEY))
+                .set_exclusive_start_key(start.take());
+            query = match due_before {
+                Some(t) => query
+                    .key_condition_expression("pending_key = :p AND expires_at_ms <= :due")
+                    .expression_attribute_values(":due", AttributeValue::N(t.to_string())),
+                None => query.key_condition_expression("pending_key = :p"),
+            };
+            if let Some(project) = project_id {
+                query = query
+                    .filter_expression("project_id = :project")
+                    .expression_attribute_values(":project", s(project));
+            }
+            let out = query.send().await.map_err(unavailable)?;
+            for item in out.items.unwrap_or_default() {
+                // The index is eventually consistent: it may still list a card that just
+                // ended. Callers act on the card itself (conditioned), never on this list.
+                let card = card_from_item(&item)?;
+                if card.state == ApprovalState::Pending {
+                    cards.push(card);
+                }
+            }
+            start = out.last_evaluated_key;
+            if start.is_none() || cards.len() >= limit {
+                cards.truncate(limit);
+                return Ok(cards);
+            }
+        }
+    }
+}
