@@ -5,7 +5,7 @@ ARCH ?= arm64
 PORT ?= 8080
 EMULATORS := tests/harness/emulators.sh
 # Tests that need DynamoDB (and run only where an endpoint is configured).
-AWS_TESTS := binary(contract_dynamo) | test(/^dynamo(::|_only_)/)
+AWS_TESTS := binary(contract_dynamo) | binary(timers_sqs) | test(/^dynamo(::|_only_)/)
 
 # Every Lambda function binary (one crate each under functions/).
 FUNCTIONS := ingress replay replay-stream

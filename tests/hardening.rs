@@ -17,7 +17,7 @@ use tollgate_tests::{sequences, store_for, Backend, TestServer};
 /// the events miss sequence `hidden` (a page with a hole), and the head read says the
 /// run has ended before its terminal event is visible.
 struct ReadCommitted {
-    inner: Arc<dyn RunStore>,
+    inner: Arc<dyn tollgate_store::Store>,
     hidden: u64,
     /// How many more event reads hide `hidden`.
     hide_reads: Mutex<u32>,
@@ -81,7 +81,7 @@ async fn replay_never_skips(backend: Backend) {
         hide_reads: Mutex::new(0),
         head_ahead: Mutex::new(None),
     });
-    let srv = TestServer::with_store(store.clone()).await;
+    let srv = TestServer::with_run_store(store.clone(), inner.clone()).await;
     let (run_id, token) = srv.create_run(json!({})).await;
     let batch: Vec<Value> = (0..8)
         .map(|i| json!({"type": "agent.message", "i": i}))

@@ -122,7 +122,9 @@ async fn main() {
             println!("export AGENT_TOKEN={agent}");
             println!("export OPERATOR_TOKEN={operator}");
             println!();
-            let app = tollgate_api::app(Deps::new(store, auth));
+            let gate = tollgate_api::GateConfig::from_env().unwrap_or_else(|e| fail(e));
+            // Timers (expiry, heartbeats) run in this process, on the embedded queue.
+            let app = tollgate_api::app(Deps::embedded(store, gate, auth));
             let shutdown = async {
                 let _ = tokio::signal::ctrl_c().await;
             };

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use tollgate_api::{Auth, Deps, Role};
+use tollgate_api::{Auth, Deps, GateConfig, Role};
 use tollgate_store::memory::MemoryStore;
-use tollgate_store::RunStore;
+use tollgate_store::{RunStore, Store};
 
 pub const TEST_SECRET: &str = "integration-test-secret-0123456789abcdef";
 
@@ -20,7 +20,7 @@ pub enum Backend {
 
 pub use tollgate_store::contract::{aws_endpoint_configured, dynamo_test_store as dynamo_store};
 
-pub async fn store_for(backend: Backend) -> Arc<dyn RunStore> {
+pub async fn store_for(backend: Backend) -> Arc<dyn Store> {
     match backend {
         Backend::Memory => Arc::new(MemoryStore::new()),
         Backend::Dynamo => Arc::new(dynamo_store().await),
@@ -42,8 +42,21 @@ impl TestServer {
         Self::with_store(store_for(backend).await).await
     }
 
-    pub async fn with_store(store: Arc<dyn RunStore>) -> Self {
-        let deps = Deps::new(store, Auth::new(TEST_SECRET.as_bytes()));
+    pub async fn with_store(store: Arc<dyn Store>) -> Self {
+        Self::with_deps(Self::deps(store, GateConfig::default())).await
+    }
+
+    /// The run log served from `runs` (e.g. a wrapper), the gate on `store`.
+    pub async fn with_run_store(runs: Arc<dyn RunStore>, store: Arc<dyn Store>) -> Self {
+        Self::with_deps(Self::deps(store, GateConfig::default()).with_run_store(runs)).await
+    }
+
+    /// Deps as `tollgate serve` builds them (embedded timers), with the test secret.
+    pub fn deps(store: Arc<dyn Store>, gate: GateConfig) -> Deps {
+        Deps::embedded(store, gate, Auth::new(TEST_SECRET.as_bytes()))
+    }
+
+    pub async fn with_deps(deps: Deps) -> Self {
         let auth = deps.auth.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());

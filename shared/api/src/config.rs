@@ -6,7 +6,21 @@ use std::time::Duration;
 
 use tollgate_store::dynamo::{DynamoStore, Tables};
 use tollgate_store::memory::MemoryStore;
-use tollgate_store::RunStore;
+use tollgate_store::Store;
+use tollgate_timers::{sqs_client, SqsTimers, TimerError, TimerMessage, TimerQueue};
+
+/// The timer queue of a function that has none configured.
+struct NoTimers;
+
+#[async_trait::async_trait]
+impl TimerQueue for NoTimers {
+    async fn schedule(&self, message: &TimerMessage, _delay: Duration) -> Result<(), TimerError> {
+        Err(TimerError::Unavailable(format!(
+            "no timer queue configured (TOLLGATE_TIMER_QUEUE_URL) for {}",
+            message.kind()
+        )))
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -191,7 +205,20 @@ impl Config {
         })
     }
 
-    pub async fn connect_store(&self) -> Result<Arc<dyn RunStore>, ConfigError> {
+    /// The timer queue of a deployed function: SQS at `TOLLGATE_TIMER_QUEUE_URL`. Without
+    /// one, scheduling fails (logged): expiry still happens through the sweeper, but no
+    /// heartbeats are sent.
+    pub async fn connect_timers(&self) -> Arc<dyn TimerQueue> {
+        match env("TOLLGATE_TIMER_QUEUE_URL") {
+            Some(url) => {
+                let sdk = aws_config::load_from_env().await;
+                Arc::new(SqsTimers::new(sqs_client(&sdk), url))
+            }
+            None => Arc::new(NoTimers),
+        }
+    }
+
+    pub async fn connect_store(&self) -> Result<Arc<dyn Store>, ConfigError> {
         match self.backend {
             Backend::Memory => Ok(Arc::new(MemoryStore::new())),
             Backend::Aws => {

@@ -2,9 +2,11 @@
 //! `tollgate serve` mounts all of them on one port: the handlers are the same code in
 //! both places. Handlers are thin — parse, authorize, call the store, map the answer.
 
+pub mod approvals;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod gate;
 pub mod ingress;
 pub mod jwt;
 #[cfg(feature = "lambda")]
@@ -16,32 +18,69 @@ pub mod telemetry;
 use std::sync::Arc;
 
 use axum::Router;
-use tollgate_store::RunStore;
+use tollgate_store::{RunStore, Store};
+use tollgate_timers::{EmbeddedTimers, TimerLoop, TimerQueue};
 
 pub use auth::{Auth, Claims, Role};
 pub use config::{Backend, Config, ConfigError};
 pub use error::ApiError;
+pub use gate::{Gate, GateConfig};
 
 /// What every handler needs, built once at cold start.
 #[derive(Clone)]
 pub struct Deps {
+    /// The run log (replay and appends read and write here).
     pub store: Arc<dyn RunStore>,
+    /// The approval gate (cards, decisions, timers) over the same backend.
+    pub gate: Arc<Gate>,
     pub auth: Arc<Auth>,
+    /// The in-process timer loop, when timers are embedded: it lives as long as the deps.
+    _timers: Option<Arc<TimerLoop>>,
 }
 
 impl Deps {
-    pub fn new(store: Arc<dyn RunStore>, auth: Auth) -> Self {
+    /// Everything on one backend; timers go to `timers` (SQS in AWS).
+    pub fn new(
+        store: Arc<dyn Store>,
+        timers: Arc<dyn TimerQueue>,
+        gate: GateConfig,
+        auth: Auth,
+    ) -> Self {
         Self {
-            store,
+            store: store.clone(),
+            gate: Arc::new(Gate::new(store, timers, gate)),
             auth: Arc::new(auth),
+            _timers: None,
         }
     }
 
-    /// Reads [`Config`] from the environment and connects the configured store.
+    /// Timers in this process (`tollgate serve`, tests): the gate consumes its own
+    /// embedded delayed queue. Needs a tokio runtime.
+    pub fn embedded(store: Arc<dyn Store>, gate: GateConfig, auth: Auth) -> Self {
+        let queue = EmbeddedTimers::new();
+        let mut deps = Self::new(store, Arc::new(queue.clone()), gate, auth);
+        deps._timers = Some(Arc::new(queue.attach(deps.gate.clone())));
+        deps
+    }
+
+    /// Serves the run log from `store` instead (a wrapper in tests).
+    pub fn with_run_store(mut self, store: Arc<dyn RunStore>) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// Reads [`Config`] from the environment and connects the configured store and, with
+    /// `TOLLGATE_TIMER_QUEUE_URL`, the SQS timer queue.
     pub async fn from_env() -> Result<Self, ConfigError> {
         let config = Config::from_env().await?;
         let store = config.connect_store().await?;
-        Ok(Self::new(store, Auth::new(config.secret.expose())))
+        let timers = config.connect_timers().await;
+        Ok(Self::new(
+            store,
+            timers,
+            GateConfig::from_env()?,
+            Auth::new(config.secret.expose()),
+        ))
     }
 }
 
@@ -79,7 +118,16 @@ async fn access_log(
 
 /// The `ingress` function's routes.
 pub fn ingress_router(deps: Deps) -> Router {
-    with_fallbacks(ingress::routes().with_state(deps))
+    with_fallbacks(
+        ingress::routes()
+            .merge(approvals::arm_routes())
+            .with_state(deps),
+    )
+}
+
+/// The `approvals` function's routes.
+pub fn approvals_router(deps: Deps) -> Router {
+    with_fallbacks(approvals::decision_routes().with_state(deps))
 }
 
 /// The `replay` function's routes.
@@ -89,5 +137,11 @@ pub fn replay_router(deps: Deps) -> Router {
 
 /// Every route of every function, for `tollgate serve`.
 pub fn app(deps: Deps) -> Router {
-    with_fallbacks(ingress::routes().merge(replay::routes()).with_state(deps))
+    with_fallbacks(
+        ingress::routes()
+            .merge(approvals::arm_routes())
+            .merge(approvals::decision_routes())
+            .merge(replay::routes())
+            .with_state(deps),
+    )
 }

@@ -181,14 +181,17 @@ impl ApprovalRequest {
         EventDraft::server("coordinator.child_approval_required", self.with_ids(p))
     }
 
-    /// `tool.approval_pending`: the heartbeat while the card waits.
-    pub fn pending_event(&self) -> EventDraft {
+    /// `tool.approval_pending`: heartbeat number `beat` while the card waits. Keyed
+    /// (`event_id`), so a redelivered timer cannot write the same heartbeat twice.
+    pub fn pending_event(&self, beat: u32) -> EventDraft {
         let p = json!({
             "requestId": self.request_id,
             "displayId": self.display_id(),
             "toolName": self.tool_name,
         });
-        EventDraft::server("tool.approval_pending", as_map(p))
+        let mut draft = EventDraft::server("tool.approval_pending", as_map(p));
+        draft.event_id = Some(format!("approval_pending:{}:{beat}", self.request_id));
+        draft
     }
 
     /// `tool.approval_resolved` on the card's run, for a card already moved to its end.
@@ -343,7 +346,11 @@ mod tests {
         assert_eq!(ev.payload["expired"], false);
         assert_eq!(ev.payload["decidedBy"], "alice");
         assert_eq!(
-            Value::Object(c.pending_event().payload),
+            c.pending_event(2).event_id.as_deref(),
+            Some("approval_pending:a1b2c3d4e5f6-0000:2")
+        );
+        assert_eq!(
+            Value::Object(c.pending_event(1).payload),
             json!({"requestId": "a1b2c3d4e5f6-0000", "displayId": "a1b2c3d4", "toolName": "web_fetch"})
         );
     }

@@ -915,15 +915,20 @@ pub async fn heartbeats_never_follow_the_resolution(store: Store) {
         .await
         .unwrap();
     assert!(matches!(
-        store.heartbeat(&run_id, rid).await.unwrap(),
+        store.heartbeat(&run_id, rid, 1).await.unwrap(),
+        Beat::Emitted(3)
+    ));
+    // The same heartbeat redelivered writes nothing and answers its sequence.
+    assert!(matches!(
+        store.heartbeat(&run_id, rid, 1).await.unwrap(),
         Beat::Emitted(3)
     ));
     let beaters: Vec<_> = (0..4)
         .map(|_| {
             let (store, run_id) = (store.clone(), run_id.clone());
             tokio::spawn(async move {
-                for _ in 0..10 {
-                    if store.heartbeat(&run_id, rid).await.unwrap() == Beat::Stopped {
+                for beat in 2..12 {
+                    if store.heartbeat(&run_id, rid, beat).await.unwrap() == Beat::Stopped {
                         return;
                     }
                 }
@@ -942,7 +947,7 @@ pub async fn heartbeats_never_follow_the_resolution(store: Store) {
     for b in beaters {
         b.await.unwrap();
     }
-    assert_eq!(store.heartbeat(&run_id, rid).await.unwrap(), Beat::Stopped);
+    assert_eq!(store.heartbeat(&run_id, rid, 99).await.unwrap(), Beat::Stopped);
     let events = all_events(&store, &run_id).await;
     let resolved_at = events
         .iter()

@@ -216,9 +216,16 @@ pub trait ApprovalStore: Send + Sync + 'static {
         at: i64,
     ) -> Result<Resolved, StoreError>;
 
-    /// One `tool.approval_pending` on the card's run if the card is still pending and the
-    /// run running, conditioned so that it can never follow the resolution.
-    async fn heartbeat(&self, run_id: &str, request_id: &str) -> Result<Beat, StoreError>;
+    /// Heartbeat number `beat` (1, 2, …): one `tool.approval_pending` on the card's run if
+    /// the card is still pending and the run running, conditioned so that it can never
+    /// follow the resolution. The same `beat` again (a redelivered timer) writes nothing
+    /// and answers the sequence it got the first time.
+    async fn heartbeat(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        beat: u32,
+    ) -> Result<Beat, StoreError>;
 
     /// Pending cards of one run.
     async fn pending_cards(&self, run_id: &str) -> Result<Vec<ApprovalRequest>, StoreError>;

@@ -324,7 +324,12 @@ impl ApprovalStore for MemoryStore {
         Ok(Resolved::Fresh(ended))
     }
 
-    async fn heartbeat(&self, run_id: &str, request_id: &str) -> Result<Beat, StoreError> {
+    async fn heartbeat(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        beat: u32,
+    ) -> Result<Beat, StoreError> {
         let mut runs = self.lock();
         let Some(record) = runs.get_mut(run_id) else {
             return Ok(Beat::Stopped);
@@ -335,9 +340,18 @@ impl ApprovalStore for MemoryStore {
             .filter(|c| c.state == ApprovalState::Pending)
             .cloned();
         match pending {
-            Some(card) if record.running_head().is_some() => Ok(record
-                .push(&[card.pending_event()], now_millis())
-                .map_or(Beat::Stopped, Beat::Emitted)),
+            Some(card) if record.running_head().is_some() => {
+                let draft = card.pending_event(beat);
+                let id = draft.event_id.clone().unwrap_or_default();
+                if let Some(seq) = record.event_ids.get(&id) {
+                    return Ok(Beat::Emitted(*seq));
+                }
+                let Some(seq) = record.push(&[draft], now_millis()) else {
+                    return Ok(Beat::Stopped);
+                };
+                record.event_ids.insert(id, seq);
+                Ok(Beat::Emitted(seq))
+            }
             _ => Ok(Beat::Stopped),
         }
     }

@@ -242,7 +242,12 @@ impl ApprovalStore for DynamoStore {
         }
     }
 
-    async fn heartbeat(&self, run_id: &str, request_id: &str) -> Result<Beat, StoreError> {
+    async fn heartbeat(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        beat: u32,
+    ) -> Result<Beat, StoreError> {
         let mut budget = Budget::new(self.contention_budget, "a heartbeat");
         loop {
             // Head first, then the card: a resolution committing in between moves the
@@ -263,12 +268,16 @@ impl ApprovalStore for DynamoStore {
                 runs: vec![RunWrite {
                     head,
                     kind: WriteKind::Advance { end: None },
-                    events: vec![card.pending_event()],
+                    events: vec![card.pending_event(beat)],
                 }],
                 side: Vec::new(),
             };
             match self.commit(&plan).await? {
                 Committed::Done { .. } => return Ok(Beat::Emitted(sequence)),
+                // This heartbeat was written by an earlier delivery of the same timer.
+                Committed::Lost(lost) if lost.taken[0][0].is_some() => {
+                    return Ok(Beat::Emitted(lost.taken[0][0].unwrap_or(sequence)))
+                }
                 Committed::Lost(_) => {}
                 Committed::Busy(why) => tracing::debug!(%why, "heartbeat retry"),
             }

@@ -1,0 +1,390 @@
+//! The approval gate over HTTP (seed 003, DESIGN §5): agents arm cards and read them
+//! back (`ingress`); operators decide and list them (`approvals`). Answers follow the
+//! seed's decision matrix exactly: a fresh or later decision is 200 with the real state,
+//! an unknown request 404 `state: "unknown"`, a pending card on a run that is not running
+//! 409 `state: "pending"`.
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tollgate_domain::approval::{
+    valid_id, DEFAULT_TIMEOUT_SECONDS, MAX_HASH, MAX_TEXT, MAX_TIMEOUT_SECONDS, MAX_TOOL_NAME,
+    MAX_URL,
+};
+use tollgate_domain::{
+    now_millis, validate_run_id, ApprovalRequest, ApprovalState, Resolution, Scope,
+};
+use tollgate_store::{Armed, Resolved};
+use tracing::instrument;
+
+use crate::auth::{Claims, Credentials, Role};
+use crate::request::{query_param, JsonBody};
+use crate::{ApiError, Deps};
+
+/// Routes of the `ingress` function: arm a gate, read a card.
+pub fn arm_routes() -> Router<Deps> {
+    Router::new()
+        .route("/api/runs/{run_id}/approval-requests", post(arm))
+        .route(
+            "/api/runs/{run_id}/approval-requests/{request_id}",
+            get(read_card),
+        )
+}
+
+/// Routes of the `approvals` function: decisions and the operator's listings.
+pub fn decision_routes() -> Router<Deps> {
+    Router::new()
+        .route("/api/runs/{run_id}/tool-approvals", post(approve))
+        .route("/api/runs/{run_id}/tool-denials", post(deny))
+        .route("/api/runs/{run_id}/approvals", get(run_approvals))
+        .route("/api/approvals", get(all_approvals))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ArmBody {
+    request_id: String,
+    tool_name: String,
+    tool_call_id: Option<String>,
+    approval_id: Option<String>,
+    url: Option<String>,
+    intention: Option<String>,
+    message: Option<String>,
+    arguments_hash: Option<String>,
+    timeout_seconds: Option<u64>,
+}
+
+fn bounded(field: &str, value: &Option<String>, max: usize) -> Result<(), ApiError> {
+    match value {
+        Some(v) if v.is_empty() || v.len() > max => Err(ApiError::bad_request(format!(
+            "{field} must be 1 to {max} bytes"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn checked_id(field: &str, id: &str) -> Result<(), ApiError> {
+    if valid_id(id) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "{field} must be 1 to 128 characters of A-Z a-z 0-9 _ . : - (not . or ..)"
+        )))
+    }
+}
+
+fn checked_run(run_id: &str) -> Result<(), ApiError> {
+    if validate_run_id(run_id) {
+        Ok(())
+    } else {
+        Err(ApiError::not_found("run not found"))
+    }
+}
+
+#[instrument(skip_all, fields(run_id = %run_id, request_id))]
+async fn arm(
+    State(deps): State<Deps>,
+    Path(run_id): Path<String>,
+    creds: Credentials,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    checked_run(&run_id)?;
+    let incarnation = deps.auth.require_run_token(&creds, &run_id)?;
+    let body: ArmBody = serde_json::from_value(body.value().await?)
+        .map_err(|e| ApiError::bad_request(format!("invalid approval request: {e}")))?;
+    checked_id("request_id", &body.request_id)?;
+    tracing::Span::current().record("request_id", body.request_id.as_str());
+    for (field, id) in [
+        ("tool_call_id", &body.tool_call_id),
+        ("approval_id", &body.approval_id),
+    ] {
+        if let Some(id) = id {
+            checked_id(field, id)?;
+        }
+    }
+    let tool_name = Some(body.tool_name.clone());
+    bounded("tool_name", &tool_name, MAX_TOOL_NAME)?;
+    bounded("url", &body.url, MAX_URL)?;
+    bounded("intention", &body.intention, MAX_TEXT)?;
+    bounded("message", &body.message, MAX_TEXT)?;
+    bounded("arguments_hash", &body.arguments_hash, MAX_HASH)?;
+    let timeout = body.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS);
+    if !(1..=MAX_TIMEOUT_SECONDS).contains(&timeout) {
+        return Err(ApiError::bad_request(format!(
+            "timeout_seconds must be 1 to {MAX_TIMEOUT_SECONDS}"
+        )));
+    }
+    let head = deps
+        .store
+        .read_head(&run_id)
+        .await?
+        .filter(|h| h.incarnation == incarnation)
+        .ok_or_else(|| ApiError::not_found("run not found"))?;
+    let now = now_millis();
+    let explicit_ids = body.tool_call_id.is_some() || body.approval_id.is_some();
+    let card = ApprovalRequest {
+        run_id: run_id.clone(),
+        tool_call_id: body.tool_call_id.unwrap_or_else(|| body.request_id.clone()),
+        approval_id: body.approval_id.unwrap_or_else(|| body.request_id.clone()),
+        request_id: body.request_id,
+        tool_name: body.tool_name,
+        explicit_ids,
+        url: body.url,
+        intention: body.intention,
+        message: body.message,
+        arguments_hash: body.arguments_hash,
+        state: ApprovalState::Pending,
+        scope: None,
+        decided_by: None,
+        decided_at: None,
+        created_at: now,
+        expires_at: now + (timeout as i64) * 1000,
+        coordinator_run_id: None,
+        subtask_id: None,
+        project_id: None,
+    };
+    let (status, card, sequence) = match deps.gate.arm(&head, &incarnation, card).await? {
+        Armed::Created { card, sequence } => (StatusCode::CREATED, card, Some(sequence)),
+        // A retried arm: the card as it stands (it may have been decided meanwhile).
+        Armed::Existing(card) => (StatusCode::OK, card, None),
+    };
+    let mut answer = json!({
+        "run_id": card.run_id,
+        "request_id": card.request_id,
+        "display_id": card.display_id(),
+        "state": card.state.as_str(),
+        "expires_at": tollgate_domain::format_timestamp(card.expires_at),
+    });
+    if let Some(sequence) = sequence {
+        answer["sequence"] = sequence.into();
+    }
+    Ok((status, Json(answer)).into_response())
+}
+
+#[instrument(skip_all, fields(run_id = %run_id, request_id = %request_id))]
+async fn read_card(
+    State(deps): State<Deps>,
+    Path((run_id, request_id)): Path<(String, String)>,
+    creds: Credentials,
+) -> Result<Response, ApiError> {
+    checked_run(&run_id)?;
+    let incarnation = deps.auth.require_run_token(&creds, &run_id)?;
+    let head = deps
+        .store
+        .read_head(&run_id)
+        .await?
+        .filter(|h| h.incarnation == incarnation)
+        .ok_or_else(|| ApiError::not_found("run not found"))?;
+    let card = match valid_id(&request_id) {
+        true => {
+            deps.gate
+                .store()
+                .read_card(&head.run_id, &request_id)
+                .await?
+        }
+        false => None,
+    };
+    match card {
+        Some(card) => Ok(Json(card.to_json()).into_response()),
+        None => Err(ApiError::not_found("no such approval request").with_state("unknown")),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct DecisionBody {
+    request_id: String,
+    /// Kept as raw JSON: any value other than the exact scope strings means `once`.
+    #[serde(default)]
+    scope: Option<Value>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verb {
+    Approve,
+    Deny,
+}
+
+async fn approve(
+    State(deps): State<Deps>,
+    Path(run_id): Path<String>,
+    creds: Credentials,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    decide(deps, run_id, creds, body, Verb::Approve).await
+}
+
+async fn deny(
+    State(deps): State<Deps>,
+    Path(run_id): Path<String>,
+    creds: Credentials,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    decide(deps, run_id, creds, body, Verb::Deny).await
+}
+
+fn unknown() -> ApiError {
+    ApiError::not_found("no such approval request").with_state("unknown")
+}
+
+/// An operator token with a `project_id` sees and decides only that project's runs.
+fn in_project(claims: &Claims, project_id: &Option<String>) -> bool {
+    claims.project_id.is_none() || claims.project_id == *project_id
+}
+
+#[instrument(skip_all, fields(run_id = %run_id, request_id, verb = ?verb))]
+async fn decide(
+    deps: Deps,
+    run_id: String,
+    creds: Credentials,
+    body: JsonBody,
+    verb: Verb,
+) -> Result<Response, ApiError> {
+    let claims = deps.auth.require_role(&creds, Role::Operator)?;
+    let body: DecisionBody = serde_json::from_value(body.value().await?)
+        .map_err(|e| ApiError::bad_request(format!("invalid decision: {e}")))?;
+    tracing::Span::current().record("request_id", body.request_id.as_str());
+    if !validate_run_id(&run_id) || !valid_id(&body.request_id) {
+        return Err(unknown());
+    }
+    let card = deps
+        .gate
+        .locate(&run_id, &body.request_id)
+        .await?
+        .filter(|c| in_project(&claims, &c.project_id))
+        .ok_or_else(unknown)?;
+    let resolution = match verb {
+        Verb::Deny => Resolution::Denied {
+            by: claims.sub.clone(),
+        },
+        Verb::Approve => {
+            let scope = Scope::parse(body.scope.as_ref().and_then(Value::as_str));
+            if card.state == ApprovalState::Pending && scope != Scope::Once {
+                check_scope(&deps, &claims, &card, scope).await?;
+            }
+            Resolution::Approved {
+                scope,
+                by: claims.sub.clone(),
+            }
+        }
+    };
+    match deps.gate.resolve(&card, resolution).await? {
+        Resolved::Fresh(card) | Resolved::Already(card) => {
+            Ok(Json(decision_answer(&card, verb)).into_response())
+        }
+        Resolved::RunNotActive(_) => {
+            Err(ApiError::new(StatusCode::CONFLICT, "Run is not active.").with_state("pending"))
+        }
+    }
+}
+
+/// A scope beyond `once` is the run owner's to grant (the card stays pending otherwise),
+/// and `always` only for the always-eligible tools.
+async fn check_scope(
+    deps: &Deps,
+    claims: &Claims,
+    card: &ApprovalRequest,
+    scope: Scope,
+) -> Result<(), ApiError> {
+    let owner = deps
+        .store
+        .read_head(&card.run_id)
+        .await?
+        .and_then(|h| h.owner);
+    if owner.as_deref() != Some(claims.sub.as_str()) {
+        return Err(ApiError::forbidden(format!(
+            "scope {} needs the run's owner; the card stays pending",
+            scope.as_str()
+        )));
+    }
+    if scope == Scope::Always
+        && !deps
+            .gate
+            .config()
+            .always_eligible
+            .iter()
+            .any(|t| *t == card.tool_name)
+    {
+        return Err(ApiError::forbidden(format!(
+            "scope always is not allowed for {}; the card stays pending",
+            card.tool_name
+        )));
+    }
+    Ok(())
+}
+
+/// Seed 003's answer: `run_id` is the owning (child) run; `approved` on the approval
+/// route, `denied` on the denial route, reporting the card's real state.
+fn decision_answer(card: &ApprovalRequest, verb: Verb) -> Value {
+    let mut answer = json!({
+        "run_id": card.run_id,
+        "request_id": card.request_id,
+        "resolved": true,
+        "state": card.state.as_str(),
+        "expired": card.state == ApprovalState::Expired,
+    });
+    match verb {
+        Verb::Approve => answer["approved"] = (card.state == ApprovalState::Approved).into(),
+        Verb::Deny => answer["denied"] = (card.state == ApprovalState::Denied).into(),
+    }
+    if let Some(by) = &card.decided_by {
+        answer["decided_by"] = by.clone().into();
+    }
+    answer
+}
+
+fn pending_only(query: Option<&str>) -> Result<(), ApiError> {
+    match query_param(query, "state") {
+        None | Some("pending") => Ok(()),
+        Some(_) => Err(ApiError::bad_request("state must be pending")),
+    }
+}
+
+#[instrument(skip_all, fields(run_id = %run_id))]
+async fn run_approvals(
+    State(deps): State<Deps>,
+    Path(run_id): Path<String>,
+    RawQuery(query): RawQuery,
+    creds: Credentials,
+) -> Result<Response, ApiError> {
+    let claims = deps.auth.require_role(&creds, Role::Operator)?;
+    pending_only(query.as_deref())?;
+    checked_run(&run_id)?;
+    let head = deps
+        .store
+        .read_head(&run_id)
+        .await?
+        .filter(|h| in_project(&claims, &h.project_id))
+        .ok_or_else(|| ApiError::not_found("run not found"))?;
+    let cards = deps.gate.store().pending_cards(&head.run_id).await?;
+    Ok(Json(json!({
+        "run_id": head.run_id,
+        "approvals": cards.iter().map(ApprovalRequest::to_json).collect::<Vec<_>>(),
+    }))
+    .into_response())
+}
+
+/// Most cards `GET /api/approvals` answers with.
+const MAX_OPEN_CARDS: usize = 500;
+
+#[instrument(skip_all)]
+async fn all_approvals(
+    State(deps): State<Deps>,
+    RawQuery(query): RawQuery,
+    creds: Credentials,
+) -> Result<Response, ApiError> {
+    let claims = deps.auth.require_role(&creds, Role::Operator)?;
+    pending_only(query.as_deref())?;
+    let cards = deps
+        .gate
+        .store()
+        .open_cards(claims.project_id.as_deref(), None, MAX_OPEN_CARDS)
+        .await?;
+    Ok(Json(json!({
+        "approvals": cards.iter().map(ApprovalRequest::to_json).collect::<Vec<_>>(),
+    }))
+    .into_response())
+}

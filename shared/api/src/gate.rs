@@ -1,0 +1,236 @@
+//! The approval gate's use-cases (seed 003), shared by every entry point: the HTTP
+//! handlers (arm, decide), the timer handler (expiry, heartbeats — SQS in AWS, the
+//! embedded queue in `tollgate serve`) and the sweeper. They take narrow ports — the
+//! [`Store`] and a [`TimerQueue`] — and no HTTP or AWS types.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_domain::{now_millis, ApprovalRequest, Resolution, RunHead, RunKind};
+use tollgate_store::{Armed, Beat, Resolved, RunRef, Store, StoreError};
+use tollgate_timers::{TimerError, TimerHandler, TimerMessage, TimerQueue};
+
+/// Knobs of the gate, read once at start-up.
+#[derive(Debug, Clone)]
+pub struct GateConfig {
+    /// `TOLLGATE_HEARTBEAT_SECONDS` (default 20): `tool.approval_pending` cadence.
+    pub heartbeat_every: Duration,
+    /// `TOLLGATE_ALWAYS_ELIGIBLE_TOOLS` (comma-separated, default `web_fetch`): the only
+    /// tools an `always` scope may be granted for.
+    pub always_eligible: Vec<String>,
+}
+
+impl Default for GateConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_every: Duration::from_secs(20),
+            always_eligible: vec!["web_fetch".into()],
+        }
+    }
+}
+
+impl GateConfig {
+    pub fn from_env() -> Result<Self, crate::ConfigError> {
+        let mut config = Self::default();
+        if let Some(v) = std::env::var("TOLLGATE_HEARTBEAT_SECONDS")
+            .ok()
+            .filter(|v| !v.is_empty())
+        {
+            let secs: f64 = v.parse().ok().filter(|s: &f64| *s > 0.0).ok_or_else(|| {
+                crate::ConfigError::Invalid(
+                    "TOLLGATE_HEARTBEAT_SECONDS must be a positive number".into(),
+                )
+            })?;
+            config.heartbeat_every = Duration::from_secs_f64(secs);
+        }
+        if let Ok(v) = std::env::var("TOLLGATE_ALWAYS_ELIGIBLE_TOOLS") {
+            config.always_eligible = v
+                .split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned)
+                .collect();
+        }
+        Ok(config)
+    }
+}
+
+/// The gate: cards, their timers, their decisions.
+pub struct Gate {
+    store: Arc<dyn Store>,
+    timers: Arc<dyn TimerQueue>,
+    config: GateConfig,
+}
+
+/// Where a decision posted to `run_id` lands.
+#[derive(Debug)]
+pub struct Located {
+    pub card: ApprovalRequest,
+}
+
+impl Gate {
+    pub fn new(store: Arc<dyn Store>, timers: Arc<dyn TimerQueue>, config: GateConfig) -> Self {
+        Self {
+            store,
+            timers,
+            config,
+        }
+    }
+
+    pub fn config(&self) -> &GateConfig {
+        &self.config
+    }
+
+    /// Arms a card on `head`'s run (the caller read the head; `incarnation` is the run
+    /// token's). On a child run the card is mirrored on its coordinator. Then the expiry
+    /// and the first heartbeat are scheduled; if that fails the card still expires (the
+    /// sweeper finds overdue cards), so the arm itself stands.
+    pub async fn arm(
+        &self,
+        head: &RunHead,
+        incarnation: &str,
+        mut card: ApprovalRequest,
+    ) -> Result<Armed, StoreError> {
+        card.run_id = head.run_id.clone();
+        card.project_id = head.project_id.clone();
+        card.subtask_id = head.subtask_id.clone();
+        card.coordinator_run_id = match head.kind {
+            RunKind::Child => head.parent_run_id.clone(),
+            _ => None,
+        };
+        let armed = self
+            .store
+            .arm(RunRef::exact(&head.run_id, incarnation), card)
+            .await?;
+        if let Armed::Created { card, .. } = &armed {
+            self.schedule_timers(card).await;
+        }
+        Ok(armed)
+    }
+
+    async fn schedule_timers(&self, card: &ApprovalRequest) {
+        let expiry = TimerMessage::ApprovalExpiry {
+            run_id: card.run_id.clone(),
+            request_id: card.request_id.clone(),
+            due_at_millis: card.expires_at,
+        };
+        let until_due = Duration::from_millis((card.expires_at - now_millis()).max(0) as u64);
+        if let Err(e) = self.timers.schedule(&expiry, until_due).await {
+            tracing::error!(error = %e, request_id = %card.request_id, "expiry not scheduled; the sweeper will expire the card");
+        }
+        if self.config.heartbeat_every < until_due {
+            let beat = heartbeat(card, 1);
+            if let Err(e) = self
+                .timers
+                .schedule(&beat, self.config.heartbeat_every)
+                .await
+            {
+                tracing::warn!(error = %e, request_id = %card.request_id, "heartbeat not scheduled");
+            }
+        }
+    }
+
+    /// The card a decision posted to `run_id` means: the run's own card, else the one
+    /// the coordinator's route leads to. `None`: unknown (404 `state: "unknown"`).
+    pub async fn locate(
+        &self,
+        run_id: &str,
+        request_id: &str,
+    ) -> Result<Option<ApprovalRequest>, StoreError> {
+        if let Some(card) = self.store.read_card(run_id, request_id).await? {
+            return Ok(Some(card));
+        }
+        match self.store.read_route(run_id, request_id).await? {
+            Some(child) => self.store.read_card(&child, request_id).await,
+            None => Ok(None),
+        }
+    }
+
+    /// Decides (or expires, when late) the card at `card.run_id`.
+    pub async fn resolve(
+        &self,
+        card: &ApprovalRequest,
+        resolution: Resolution,
+    ) -> Result<Resolved, StoreError> {
+        self.store
+            .resolve(&card.run_id, &card.request_id, resolution, now_millis())
+            .await
+    }
+
+    /// Expires every pending card whose deadline has passed (timers that were lost);
+    /// returns how many this call expired.
+    pub async fn sweep(&self, limit: usize) -> Result<usize, StoreError> {
+        let now = now_millis();
+        let overdue = self.store.open_cards(None, Some(now), limit).await?;
+        let mut expired = 0;
+        for card in overdue {
+            if let Resolved::Fresh(_) = self
+                .store
+                .resolve(&card.run_id, &card.request_id, Resolution::Expired, now)
+                .await?
+            {
+                expired += 1;
+            }
+        }
+        Ok(expired)
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+}
+
+fn heartbeat(card: &ApprovalRequest, beat: u32) -> TimerMessage {
+    TimerMessage::ApprovalHeartbeat {
+        run_id: card.run_id.clone(),
+        request_id: card.request_id.clone(),
+        beat,
+    }
+}
+
+fn unavailable(e: StoreError) -> TimerError {
+    TimerError::Unavailable(e.to_string())
+}
+
+#[async_trait::async_trait]
+impl TimerHandler for Gate {
+    async fn handle(&self, message: TimerMessage) -> Result<(), TimerError> {
+        let now = now_millis();
+        if let Some(rest) = message.remaining_delay(now) {
+            // Arrived early (SQS delays stop at 15 minutes): wait for the rest.
+            return self.timers.schedule(&message, rest).await;
+        }
+        match message {
+            TimerMessage::ApprovalExpiry {
+                run_id, request_id, ..
+            } => match self
+                .store
+                .resolve(&run_id, &request_id, Resolution::Expired, now)
+                .await
+            {
+                Ok(_) | Err(StoreError::NotFound) => Ok(()),
+                Err(e) => Err(unavailable(e)),
+            },
+            TimerMessage::ApprovalHeartbeat {
+                run_id,
+                request_id,
+                beat,
+            } => match self.store.heartbeat(&run_id, &request_id, beat).await {
+                Ok(Beat::Emitted(_)) => {
+                    // The next one; it stops by itself once the card has ended (no read of
+                    // the card here: heartbeats are the most frequent write).
+                    let next = TimerMessage::ApprovalHeartbeat {
+                        run_id,
+                        request_id,
+                        beat: beat + 1,
+                    };
+                    self.timers
+                        .schedule(&next, self.config.heartbeat_every)
+                        .await
+                }
+                Ok(Beat::Stopped) => Ok(()),
+                Err(e) => Err(unavailable(e)),
+            },
+        }
+    }
+}

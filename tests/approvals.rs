@@ -1,0 +1,693 @@
+//! The approval gate (seed 003) through HTTP and the streams, as an agent, an operator
+//! console and a coordinator see it — on the embedded store and on DynamoDB (the
+//! `dynamo::` tests need an endpoint; `make test` starts DynamoDB Local). Timers run on
+//! the embedded queue, as in `tollgate serve`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tollgate_api::{GateConfig, Role};
+use tollgate_tests::{store_for, Backend, TestServer};
+
+fn gate(heartbeat_ms: u64) -> GateConfig {
+    GateConfig {
+        heartbeat_every: Duration::from_millis(heartbeat_ms),
+        ..GateConfig::default()
+    }
+}
+
+async fn server(backend: Backend, heartbeat_ms: u64) -> TestServer {
+    TestServer::with_deps(TestServer::deps(
+        store_for(backend).await,
+        gate(heartbeat_ms),
+    ))
+    .await
+}
+
+fn types(events: &[Value]) -> Vec<&str> {
+    events.iter().map(|e| e["type"].as_str().unwrap()).collect()
+}
+
+fn request_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+struct Family {
+    coordinator: String,
+    child: String,
+    child_token: String,
+}
+
+/// A coordinator owned by `owner` and one child (subtask 3) of the same owner.
+async fn family(srv: &TestServer, owner: &str) -> Family {
+    let (coordinator, _) = srv
+        .create_run(json!({"kind": "coordinator", "owner": owner}))
+        .await;
+    let (child, child_token) = srv
+        .create_run(
+            json!({"kind": "child", "parent_run_id": coordinator, "subtask_id": 3, "owner": owner}),
+        )
+        .await;
+    Family {
+        coordinator,
+        child,
+        child_token,
+    }
+}
+
+async fn arm(srv: &TestServer, run_id: &str, token: &str, body: Value) -> (StatusCode, Value) {
+    srv.post(
+        &format!("/api/runs/{run_id}/approval-requests"),
+        token,
+        &body,
+    )
+    .await
+}
+
+async fn decide(
+    srv: &TestServer,
+    verb: &str,
+    run_id: &str,
+    token: &str,
+    body: Value,
+) -> (StatusCode, Value) {
+    srv.post(&format!("/api/runs/{run_id}/{verb}"), token, &body)
+        .await
+}
+
+fn operator(srv: &TestServer, sub: &str) -> String {
+    srv.auth.mint_jwt(sub, Role::Operator, 600, None)
+}
+
+/// GIVEN a child waiting on a card WHEN the operator approves promptly THEN child and
+/// coordinator streams read exactly as seed 003 says, with no heartbeat.
+async fn approve_transcript(backend: Backend) {
+    let srv = server(backend, 60_000).await;
+    let f = family(&srv, "alice").await;
+    let rid = request_id();
+    let (status, armed) = arm(
+        &srv,
+        &f.child,
+        &f.child_token,
+        json!({"request_id": rid, "tool_name": "web_fetch", "url": "https://api.github.com/search/issues?q=x",
+               "intention": "find the issue", "message": "The agent wants to fetch a URL. Operator approval required."}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{armed}");
+    assert_eq!(armed["display_id"], json!(&rid[..8]));
+    assert_eq!(armed["state"], "pending");
+    // Posting to the coordinator resolves the child; run_id is the owning child.
+    let (status, answer) = decide(
+        &srv,
+        "tool-approvals",
+        &f.coordinator,
+        &operator(&srv, "op-1"),
+        json!({"request_id": rid, "scope": "once"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        answer,
+        json!({"run_id": f.child, "request_id": rid, "approved": true, "resolved": true,
+               "state": "approved", "expired": false, "decided_by": "op-1"})
+    );
+    let child = srv.replay_all(&f.child, &srv.operator_token, 100).await;
+    assert_eq!(
+        types(&child),
+        [
+            "run_started",
+            "tool.approval_required",
+            "tool.approval_resolved"
+        ]
+    );
+    assert_eq!(child[1]["requestId"], json!(rid));
+    assert_eq!(child[1]["toolName"], "web_fetch");
+    assert_eq!(child[1]["intention"], "find the issue");
+    assert_eq!(child[2]["runId"], json!(f.child));
+    assert_eq!(
+        (
+            child[2]["approved"].as_bool(),
+            child[2]["expired"].as_bool()
+        ),
+        (Some(true), Some(false))
+    );
+    assert_eq!(child[2]["decidedBy"], "op-1");
+    let coord = srv
+        .replay_all(&f.coordinator, &srv.operator_token, 100)
+        .await;
+    assert_eq!(
+        types(&coord),
+        [
+            "run_started",
+            "coordinator.child_approval_required",
+            "coordinator.child_approval_resolved"
+        ]
+    );
+    assert_eq!(coord[1]["childRunId"], json!(f.child));
+    assert_eq!(coord[1]["subtaskId"], 3);
+    assert_eq!(coord[1]["url"], "https://api.github.com/search/issues?q=x");
+    assert_eq!(coord[2]["approved"], true);
+    // The agent reads its card back.
+    let (status, card) = srv
+        .get(
+            &format!("/api/runs/{}/approval-requests/{rid}", f.child),
+            &f.child_token,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (card["state"].as_str(), card["decided_by"].as_str()),
+        (Some("approved"), Some("op-1"))
+    );
+}
+
+/// Deny, then every later click: 200 with the real state; unknown ids 404 `unknown`.
+async fn decision_matrix(backend: Backend) {
+    let srv = server(backend, 60_000).await;
+    let f = family(&srv, "alice").await;
+    let op = operator(&srv, "op-2");
+    let rid = request_id();
+    arm(
+        &srv,
+        &f.child,
+        &f.child_token,
+        json!({"request_id": rid, "tool_name": "shell"}),
+    )
+    .await;
+    let (status, answer) = decide(
+        &srv,
+        "tool-denials",
+        &f.child,
+        &op,
+        json!({"request_id": rid}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        answer,
+        json!({"run_id": f.child, "request_id": rid, "denied": true, "resolved": true,
+               "state": "denied", "expired": false, "decided_by": "op-2"})
+    );
+    let (status, again) = decide(
+        &srv,
+        "tool-approvals",
+        &f.child,
+        &op,
+        json!({"request_id": rid}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (again["approved"].as_bool(), again["state"].as_str()),
+        (Some(false), Some("denied"))
+    );
+    // Unknown request, wrong run, unrelated coordinator: 404 unknown.
+    let (other_coord, _) = srv.create_run(json!({"kind": "coordinator"})).await;
+    for (run, r) in [
+        (f.child.as_str(), "no-such-request"),
+        (other_coord.as_str(), rid.as_str()),
+        ("no-such-run", rid.as_str()),
+    ] {
+        let (status, v) = decide(&srv, "tool-approvals", run, &op, json!({"request_id": r})).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{run} {r}: {v}");
+        assert_eq!(v["state"], "unknown");
+    }
+    // Bad input and bad callers write nothing.
+    let (status, _) = decide(
+        &srv,
+        "tool-approvals",
+        &f.child,
+        &op,
+        json!({"scope": "once"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = decide(
+        &srv,
+        "tool-approvals",
+        &f.child,
+        &srv.agent_token,
+        json!({"request_id": rid}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = decide(
+        &srv,
+        "tool-approvals",
+        &f.child,
+        &f.child_token,
+        json!({"request_id": rid}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = srv
+        .send(
+            srv.http
+                .post(srv.url(&format!("/api/runs/{}/tool-approvals", f.child)))
+                .json(&json!({"request_id": rid})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let child = srv.replay_all(&f.child, &srv.operator_token, 100).await;
+    assert_eq!(
+        types(&child),
+        [
+            "run_started",
+            "tool.approval_required",
+            "tool.approval_resolved"
+        ]
+    );
+    assert_eq!(child[2]["approved"], false);
+    // A pending card on a run that ended: 409, still pending.
+    let rid2 = request_id();
+    arm(
+        &srv,
+        &f.child,
+        &f.child_token,
+        json!({"request_id": rid2, "tool_name": "shell"}),
+    )
+    .await;
+    srv.post(
+        &format!("/api/runs/{}/complete", f.child),
+        &f.child_token,
+        &json!({}),
+    )
+    .await;
+    let (status, v) = decide(
+        &srv,
+        "tool-approvals",
+        &f.child,
+        &op,
+        json!({"request_id": rid2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert_eq!(
+        (v["error"].as_str(), v["state"].as_str()),
+        (Some("Run is not active."), Some("pending"))
+    );
+    // Arming on an ended run is refused.
+    let (status, v) = arm(
+        &srv,
+        &f.child,
+        &f.child_token,
+        json!({"request_id": request_id(), "tool_name": "x"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+}
+
+/// Nobody answers: the server's timer expires the card; heartbeats came first and none
+/// after; a click afterwards reports `expired` and never approves.
+async fn expire_transcript(backend: Backend) {
+    let srv = server(backend, 300).await;
+    let f = family(&srv, "alice").await;
+    let rid = request_id();
+    let (status, _) = arm(
+        &srv,
+        &f.child,
+        &f.child_token,
+        json!({"request_id": rid, "tool_name": "web_fetch", "timeout_seconds": 2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let mut child = Vec::new();
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        child = srv.replay_all(&f.child, &srv.operator_token, 100).await;
+        if types(&child).contains(&"tool.approval_resolved") {
+            break;
+        }
+    }
+    let kinds = types(&child);
+    let resolved = kinds
+        .iter()
+        .position(|t| *t == "tool.approval_resolved")
+        .expect("the timer expired the card");
+    assert_eq!(child[resolved]["expired"], true);
+    assert_eq!(child[resolved]["approved"], false);
+    let beats = kinds[..resolved]
+        .iter()
+        .filter(|t| **t == "tool.approval_pending")
+        .count();
+    assert!(beats >= 2, "a wait of 2 s with 0.3 s heartbeats: {kinds:?}");
+    assert!(child[2..resolved]
+        .iter()
+        .all(|e| e["type"] == "tool.approval_pending"));
+    assert_eq!(child[2]["requestId"], json!(rid));
+    assert_eq!(child[2]["displayId"], json!(&rid[..8]));
+    // Let any heartbeat in flight land, then check none followed the resolution.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let after = srv.replay_all(&f.child, &srv.operator_token, 100).await;
+    assert_eq!(
+        after.len(),
+        resolved + 1,
+        "nothing after the resolution: {:?}",
+        types(&after)
+    );
+    let (status, v) = decide(
+        &srv,
+        "tool-approvals",
+        &f.coordinator,
+        &operator(&srv, "late-op"),
+        json!({"request_id": rid}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (
+            v["state"].as_str(),
+            v["approved"].as_bool(),
+            v["expired"].as_bool()
+        ),
+        (Some("expired"), Some(false), Some(true))
+    );
+    let coord = srv
+        .replay_all(&f.coordinator, &srv.operator_token, 100)
+        .await;
+    assert_eq!(
+        coord.last().unwrap()["type"],
+        "coordinator.child_approval_resolved"
+    );
+    assert_eq!(coord.last().unwrap()["expired"], true);
+}
+
+/// Scopes beyond `once` are the owner's; anything unexact is `once`; `always` only for
+/// always-eligible tools. A refused scope leaves the card pending.
+async fn scope_rules(backend: Backend) {
+    let srv = server(backend, 60_000).await;
+    let f = family(&srv, "alice").await;
+    let rid = request_id();
+    arm(
+        &srv,
+        &f.child,
+        &f.child_token,
+        json!({"request_id": rid, "tool_name": "shell"}),
+    )
+    .await;
+    let (status, v) = decide(
+        &srv,
+        "tool-approvals",
+        &f.child,
+        &operator(&srv, "mallory"),
+        json!({"request_id": rid, "scope": "run"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
+    let (status, v) = decide(
+        &srv,
+        "tool-approvals",
+        &f.child,
+        &operator(&srv, "alice"),
+        json!({"request_id": rid, "scope": "always"}),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "shell is not always-eligible: {v}"
+    );
+    let (status, card) = srv
+        .get(
+            &format!("/api/runs/{}/approval-requests/{rid}", f.child),
+            &f.child_token,
+        )
+        .await;
+    assert_eq!(
+        (status, card["state"].as_str()),
+        (StatusCode::OK, Some("pending"))
+    );
+    // "Always" is not "always": it means once, which anyone may grant.
+    let (status, v) = decide(
+        &srv,
+        "tool-approvals",
+        &f.child,
+        &operator(&srv, "mallory"),
+        json!({"request_id": rid, "scope": "Always"}),
+    )
+    .await;
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::OK, Some("approved"))
+    );
+    let events = srv.replay_all(&f.child, &srv.operator_token, 100).await;
+    assert_eq!(events.last().unwrap()["scope"], "once");
+}
+
+/// The console reattaches: pending cards per run and overall (project-limited).
+async fn pending_listings(backend: Backend) {
+    let srv = server(backend, 60_000).await;
+    let agent_p = srv
+        .auth
+        .mint_jwt("agent-p", Role::Agent, 600, Some("proj-list".into()));
+    let (status, run) = srv.post("/api/runs", &agent_p, &json!({})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (run_id, token) = (
+        run["run_id"].as_str().unwrap().to_owned(),
+        run["run_token"].as_str().unwrap().to_owned(),
+    );
+    let rids: Vec<String> = (0..3).map(|_| request_id()).collect();
+    for rid in &rids {
+        let (status, _) = arm(
+            &srv,
+            &run_id,
+            &token,
+            json!({"request_id": rid, "tool_name": "web_fetch"}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let op = operator(&srv, "op-list");
+    decide(
+        &srv,
+        "tool-denials",
+        &run_id,
+        &op,
+        json!({"request_id": rids[0]}),
+    )
+    .await;
+    let (status, v) = srv
+        .get(&format!("/api/runs/{run_id}/approvals?state=pending"), &op)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let listed: Vec<&str> = v["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["request_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed.len(), 2);
+    assert!(listed.contains(&rids[1].as_str()) && listed.contains(&rids[2].as_str()));
+    let project_op = srv
+        .auth
+        .mint_jwt("op-p", Role::Operator, 600, Some("proj-list".into()));
+    let other_op = srv
+        .auth
+        .mint_jwt("op-q", Role::Operator, 600, Some("proj-other".into()));
+    // The overall list (the index behind it may lag a moment on DynamoDB).
+    let mut seen = Vec::new();
+    for _ in 0..50 {
+        let (status, v) = srv.get("/api/approvals?state=pending", &project_op).await;
+        assert_eq!(status, StatusCode::OK);
+        seen = v["approvals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["request_id"].as_str().unwrap().to_owned())
+            .collect();
+        if seen.contains(&rids[1]) && seen.contains(&rids[2]) && !seen.contains(&rids[0]) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        seen.contains(&rids[1]) && seen.contains(&rids[2]) && !seen.contains(&rids[0]),
+        "{seen:?}"
+    );
+    let (_, v) = srv.get("/api/approvals?state=pending", &other_op).await;
+    assert!(v["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| !rids.contains(&c["request_id"].as_str().unwrap().to_owned())));
+    let (status, _) = srv
+        .get(
+            &format!("/api/runs/{run_id}/approvals?state=pending"),
+            &other_op,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = decide(
+        &srv,
+        "tool-approvals",
+        &run_id,
+        &other_op,
+        json!({"request_id": rids[1]}),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "another project's operator cannot decide"
+    );
+    let (status, _) = srv.get("/api/approvals?state=approved", &op).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+/// Arming is idempotent and validated.
+async fn arming_input(backend: Backend) {
+    let srv = server(backend, 60_000).await;
+    let (run_id, token) = srv.create_run(json!({})).await;
+    let rid = request_id();
+    let body = json!({"request_id": rid, "tool_name": "web_fetch", "tool_call_id": "call-1", "approval_id": "appr-1", "arguments_hash": "sha256:00ff"});
+    let (s1, first) = arm(&srv, &run_id, &token, body.clone()).await;
+    let (s2, second) = arm(&srv, &run_id, &token, body).await;
+    assert_eq!((s1, s2), (StatusCode::CREATED, StatusCode::OK));
+    assert_eq!(first["expires_at"], second["expires_at"]);
+    let events = srv.replay_all(&run_id, &token, 100).await;
+    assert_eq!(types(&events), ["run_started", "tool.approval_required"]);
+    assert_eq!(events[1]["tool_call_id"], "call-1");
+    assert_eq!(events[1]["approval_id"], "appr-1");
+    for bad in [
+        json!({"tool_name": "x"}),
+        json!({"request_id": "a/b", "tool_name": "x"}),
+        json!({"request_id": "ok", "tool_name": ""}),
+        json!({"request_id": "ok", "tool_name": "x", "timeout_seconds": 0}),
+        json!({"request_id": "ok", "tool_name": "x", "colour": "red"}),
+        json!({"request_id": "ok", "tool_name": "x", "url": "u".repeat(3000)}),
+    ] {
+        let (status, v) = arm(&srv, &run_id, &token, bad.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {v}");
+    }
+    let (status, _) = arm(
+        &srv,
+        &run_id,
+        &srv.agent_token,
+        json!({"request_id": "ok", "tool_name": "x"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, v) = srv
+        .get(
+            &format!("/api/runs/{run_id}/approval-requests/nope"),
+            &token,
+        )
+        .await;
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::NOT_FOUND, Some("unknown"))
+    );
+    assert_eq!(
+        srv.replay_all(&run_id, &token, 100).await.len(),
+        2,
+        "nothing written"
+    );
+}
+
+macro_rules! for_backend {
+    ($module:ident, $backend:expr) => {
+        mod $module {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn approve_transcript() {
+                super::approve_transcript($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn decision_matrix() {
+                super::decision_matrix($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn expire_transcript() {
+                super::expire_transcript($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn scope_rules() {
+                super::scope_rules($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn pending_listings() {
+                super::pending_listings($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn arming_input() {
+                super::arming_input($backend).await
+            }
+        }
+    };
+}
+
+for_backend!(memory, Backend::Memory);
+for_backend!(dynamo, Backend::Dynamo);
+
+/// GIVEN one card WHEN 50 operators click at once (approve and deny mixed) through four
+/// servers, each with its own store instance on the same tables (four Lambda instances)
+/// THEN exactly one `tool.approval_resolved`, every answer 200 with the same final state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamo_only_fifty_clicks_across_four_servers() {
+    let mut servers = Vec::new();
+    for _ in 0..4 {
+        let store = Arc::new(tollgate_tests::dynamo_store().await.without_lanes());
+        servers.push(Arc::new(
+            TestServer::with_deps(TestServer::deps(store, gate(60_000))).await,
+        ));
+    }
+    let f = family(&servers[0], "alice").await;
+    let rid = request_id();
+    arm(
+        &servers[0],
+        &f.child,
+        &f.child_token,
+        json!({"request_id": rid, "tool_name": "web_fetch"}),
+    )
+    .await;
+    let clicks: Vec<_> = (0..50)
+        .map(|i| {
+            let srv = servers[i % 4].clone();
+            let (run, rid) = (
+                if i % 3 == 0 {
+                    f.coordinator.clone()
+                } else {
+                    f.child.clone()
+                },
+                rid.clone(),
+            );
+            tokio::spawn(async move {
+                let verb = if i % 2 == 0 {
+                    "tool-approvals"
+                } else {
+                    "tool-denials"
+                };
+                let op = operator(&srv, &format!("op-{i}"));
+                decide(&srv, verb, &run, &op, json!({"request_id": rid})).await
+            })
+        })
+        .collect();
+    let mut states = std::collections::HashSet::new();
+    for c in clicks {
+        let (status, v) = c.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(v["run_id"], json!(f.child));
+        states.insert(v["state"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(states.len(), 1, "{states:?}");
+    let child = servers[1]
+        .replay_all(&f.child, &servers[1].operator_token, 100)
+        .await;
+    let resolved = child
+        .iter()
+        .filter(|e| e["type"] == "tool.approval_resolved")
+        .count();
+    assert_eq!(resolved, 1);
+    let coord = servers[2]
+        .replay_all(&f.coordinator, &servers[2].operator_token, 100)
+        .await;
+    assert_eq!(
+        coord
+            .iter()
+            .filter(|e| e["type"] == "coordinator.child_approval_resolved")
+            .count(),
+        1
+    );
+}
