@@ -300,14 +300,7 @@ async fn check_scope(
             scope.as_str()
         )));
     }
-    if scope == Scope::Always
-        && !deps
-            .gate
-            .config()
-            .always_eligible
-            .iter()
-            .any(|t| *t == card.tool_name)
-    {
+    if scope == Scope::Always && !deps.gate.config().always_eligible.contains(&card.tool_name) {
         return Err(ApiError::forbidden(format!(
             "scope always is not allowed for {}; the card stays pending",
             card.tool_name
