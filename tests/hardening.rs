@@ -106,8 +106,17 @@ async fn replay_never_skips(backend: Backend) {
         page["terminal"], false,
         "the head alone never ends the stream"
     );
-    // Still hidden: nothing past the hole is served.
-    let (_, page) = srv.get(&page_url(4), &token).await;
+    // Still hidden: nothing past the hole is served, and the client is told to wait a
+    // moment rather than spin.
+    let resp = srv
+        .http
+        .get(srv.url(&page_url(4)))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let page: Value = resp.json().await.unwrap();
     assert_eq!(page["events"].as_array().unwrap().len(), 0);
     assert_eq!(
         (page["next_after"].as_u64(), page["has_more"].as_bool()),
@@ -176,6 +185,24 @@ async fn tenancy(backend: Backend) {
         let (status, v) = srv.post("/api/runs", token, &child).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
     }
+    // One agent in two projects has two delivery spaces: the same delivery id from its
+    // p2 token is another run, never the p1 run's receipt (or token).
+    let bot_p1 = agent("bot", Some("p1"));
+    let bot_p2 = agent("bot", Some("p2"));
+    let delivery = json!({"delivery_id": format!("d-{}", uuid::Uuid::new_v4())});
+    let (status, in_p1) = srv.post("/api/runs", &bot_p1, &delivery).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, in_p2) = srv.post("/api/runs", &bot_p2, &delivery).await;
+    assert_eq!(status, StatusCode::CREATED, "{in_p2}");
+    assert_ne!(in_p1["run_id"], in_p2["run_id"]);
+    assert_ne!(in_p1["run_token"], in_p2["run_token"]);
+    let with_id = json!({"run_id": in_p1["run_id"], "delivery_id": delivery["delivery_id"]});
+    let (status, v) = srv.post("/api/runs", &bot_p2, &with_id).await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_REQUEST,
+        "delivery run ids are reserved: {v}"
+    );
     // Without projects, only the coordinator's creator attaches children.
     let (_, lone) = srv
         .post("/api/runs", &bare, &json!({"kind": "coordinator"}))

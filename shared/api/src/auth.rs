@@ -1,5 +1,6 @@
-//! Two kinds of bearer: the run token (`HMAC-SHA256` of the run id under a key derived from the secret, re-derivable and
-//! never stored) for producer calls on one run, and an HS256 JWT (`sub`, `role`, `exp`,
+//! Two kinds of bearer: the run token (the run's incarnation and an `HMAC-SHA256` of the
+//! run id and incarnation under a key derived from the secret; re-derivable and never
+//! stored) for producer calls on one run, and an HS256 JWT (`sub`, `role`, `exp`,
 //! optional `project_id`) for creating runs and for operators. Tokens are compared in
 //! constant time and never logged.
 
@@ -124,8 +125,12 @@ impl Auth {
     fn mac(&self, run_id: &str, incarnation: &str) -> HmacSha256 {
         let mut mac = HmacSha256::new_from_slice(&self.run_key).expect("HMAC takes any key length");
         mac.update(run_id.as_bytes());
-        mac.update(b"\0");
-        mac.update(incarnation.as_bytes());
+        // Runs stored before incarnations existed (empty incarnation) keep their tokens:
+        // the MAC of the run id alone, which opens only a head without an incarnation.
+        if !incarnation.is_empty() {
+            mac.update(b"\0");
+            mac.update(incarnation.as_bytes());
+        }
         mac
     }
 
@@ -189,6 +194,7 @@ impl Auth {
             return self.verify_jwt(token).map(Caller::Jwt);
         }
         let (incarnation, mac) = match token.split_at_checked(INCARNATION_HEX) {
+            _ if token.len() == 64 => ("", token),
             Some((inc, mac)) if inc.bytes().all(|b| b.is_ascii_hexdigit()) => (inc, mac),
             _ => return Err(ApiError::unauthorized("invalid token")),
         };
@@ -376,6 +382,21 @@ mod tests {
             .require_role(&headers(&forged), Role::Operator)
             .unwrap_err();
         assert_eq!(err.status, StatusCode::UNAUTHORIZED);
+    }
+
+    /// Runs stored before incarnations existed keep working with their 64-hex tokens, and
+    /// such a token names the empty incarnation, which no new run has.
+    #[test]
+    fn legacy_run_tokens_name_the_empty_incarnation() {
+        let auth = Auth::new(b"0123456789abcdef0123456789abcdef");
+        let legacy = auth.run_token("run-1", "");
+        assert_eq!(legacy.len(), 64);
+        assert_eq!(
+            auth.require_run_token(&headers(&legacy), "run-1").unwrap(),
+            ""
+        );
+        let current = auth.run_token("run-1", "0123456789abcdef");
+        assert_ne!(&current[16..], legacy.as_str());
     }
 
     #[test]

@@ -125,6 +125,18 @@ async fn create_run(
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Agent)?;
+    // Claims become head fields too (the creator, the project): bounded like the body's.
+    if claims.sub.is_empty()
+        || claims.sub.chars().count() > MAX_TEXT
+        || claims
+            .project_id
+            .as_ref()
+            .is_some_and(|p| p.is_empty() || p.chars().count() > MAX_TEXT)
+    {
+        return Err(ApiError::bad_request(format!(
+            "the token's sub and project_id must be 1 to {MAX_TEXT} characters"
+        )));
+    }
     let body: CreateRunBody = serde_json::from_value(match body.value().await? {
         Value::Null => json!({}),
         other => other,
@@ -153,7 +165,9 @@ async fn create_run(
             )))
         }
         (Some(id), _) => id.clone(),
-        (None, Some(delivery)) => delivery_run_id(&claims.sub, delivery),
+        (None, Some(delivery)) => {
+            delivery_run_id(&claims.sub, claims.project_id.as_deref(), delivery)
+        }
         (None, None) => format!("run-{}", uuid::Uuid::new_v4().simple()),
     };
     if !validate_run_id(&run_id) {
@@ -257,7 +271,8 @@ async fn create_run(
         CreateOutcome::Existing(head)
             if body.delivery_id.is_some()
                 && head.delivery_id == body.delivery_id
-                && head.created_by == claims.sub =>
+                && head.created_by == claims.sub
+                && head.project_id == claims.project_id =>
         {
             Ok(receipt(StatusCode::OK, &head))
         }

@@ -78,14 +78,21 @@ async fn replay_events(
         "],\"next_after\":{},\"has_more\":{},\"terminal\":{}}}",
         page.next_after, page.has_more, page.terminal
     ));
-    Ok((
+    let mut response = (
         [(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         )],
         out,
     )
-        .into_response())
+        .into_response();
+    if page.events.is_empty() && page.has_more {
+        // Events after `after` are still becoming visible: a moment, not a hot loop.
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    Ok(response)
 }
 
 /// Who may read a run: its own token (of this incarnation), the creating agent, an

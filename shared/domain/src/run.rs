@@ -239,15 +239,21 @@ pub const DELIVERY_RUN_PREFIX: &str = "dlv-";
 /// The run id a `delivery_id` maps to when the creator names no run id. Deriving it
 /// (instead of storing a separate receipt item) makes "same delivery, same run" a plain
 /// conditional put on the head: a redelivered create finds the head already there.
-/// Scoped by the creator's subject so two agents never share a delivery space.
-pub fn delivery_run_id(created_by: &str, delivery_id: &str) -> String {
+/// Scoped by the creator's subject and project, so two agents — or one agent in two
+/// projects — never share a delivery space.
+pub fn delivery_run_id(created_by: &str, project_id: Option<&str>, delivery_id: &str) -> String {
     use sha2::{Digest, Sha256};
-    let digest = Sha256::new()
+    let mut digest = Sha256::new()
         .chain_update(b"tollgate-delivery\0")
         .chain_update(created_by.as_bytes())
-        .chain_update(b"\0")
-        .chain_update(delivery_id.as_bytes())
-        .finalize();
+        .chain_update(b"\0");
+    if let Some(project) = project_id {
+        digest = digest
+            .chain_update(b"project\0")
+            .chain_update(project.as_bytes())
+            .chain_update(b"\0");
+    }
+    let digest = digest.chain_update(delivery_id.as_bytes()).finalize();
     format!("{DELIVERY_RUN_PREFIX}{}", hex::encode(&digest[..16]))
 }
 
@@ -266,10 +272,15 @@ mod tests {
 
     #[test]
     fn delivery_ids_map_to_stable_per_subject_run_ids() {
-        let a = delivery_run_id("agent-a", "d1");
-        assert_eq!(a, delivery_run_id("agent-a", "d1"));
-        assert_ne!(a, delivery_run_id("agent-b", "d1"));
-        assert_ne!(a, delivery_run_id("agent-a", "d2"));
+        let a = delivery_run_id("agent-a", None, "d1");
+        assert_eq!(a, delivery_run_id("agent-a", None, "d1"));
+        assert_ne!(a, delivery_run_id("agent-b", None, "d1"));
+        assert_ne!(a, delivery_run_id("agent-a", None, "d2"));
+        assert_ne!(a, delivery_run_id("agent-a", Some("p1"), "d1"));
+        assert_ne!(
+            delivery_run_id("agent-a", Some("p1"), "d1"),
+            delivery_run_id("agent-a", Some("p2"), "d1")
+        );
         assert!(validate_run_id(&a));
     }
 

@@ -109,10 +109,15 @@ fn gapless(
         page.terminal |= TERMINAL_TYPES.contains(&event.event_type.as_str());
         page.events.push(event);
     }
-    page.has_more = cut || found_more;
+    // The head (read first) may know of events not visible yet: while its last write is
+    // fresh they are committing, so read again; long after it, they are gone (TTL).
+    let head_settled = now_millis - head.last_event_at > SETTLED_HOLE.as_millis() as i64;
+    page.has_more = cut || found_more || (head.last_sequence() > page.next_after && !head_settled);
     if page.events.is_empty() && !page.has_more {
-        // Nothing after `after`: terminal if the client has already seen the end.
-        page.terminal = head.terminal_seq.is_some_and(|t| after >= t);
+        // Nothing after `after`: terminal if the client has already seen the end, or if
+        // the run ended long ago and its terminal event is gone (retention).
+        page.terminal = head.terminal_seq.is_some_and(|t| after >= t)
+            || (head.status.is_terminal() && head_settled);
     }
     page
 }
@@ -156,7 +161,9 @@ mod tests {
     }
 
     fn head() -> RunHead {
-        RunHead::new_for_test("r", None)
+        let mut head = RunHead::new_for_test("r", None);
+        head.last_event_at = NOW;
+        head
     }
 
     #[test]
@@ -197,6 +204,9 @@ mod tests {
         ended.status = tollgate_domain::RunStatus::Completed;
         ended.terminal_seq = Some(4);
         ended.next_seq = 5;
+        // The head, read first, knows sequence 4: the page says read again.
+        let page = gapless(vec![event(2, "a", NOW)], false, &ended, 1, 100, NOW);
+        assert!(page.has_more && !page.terminal);
         // The head says completed, but run_completed (4) is not visible yet.
         let page = gapless(
             vec![event(2, "a", NOW), event(3, "a", NOW)],
@@ -218,6 +228,12 @@ mod tests {
         assert!(page.terminal && !page.has_more);
         let past = gapless(vec![], false, &ended, 4, 100, NOW);
         assert!(past.terminal);
+        // Long after the end, a terminal event that is gone (TTL) no longer holds the
+        // client: nothing more, terminal.
+        let mut long_ago = ended.clone();
+        long_ago.last_event_at = NOW - 120_000;
+        let gone = gapless(vec![], false, &long_ago, 3, 100, NOW);
+        assert!(gone.terminal && !gone.has_more);
         // The head read first may still say running while the page shows the end.
         let page = gapless(
             vec![event(2, "run_failed", NOW)],

@@ -89,8 +89,10 @@ impl ApprovalStore for DynamoStore {
             }
             let mut card = card.clone();
             let coordinator = match &card.coordinator_run_id {
-                Some(c) => self.running_head(c).await?,
-                None => None,
+                // (A run is never its own coordinator: one transaction cannot write one
+                // head twice.)
+                Some(c) if *c != card.run_id => self.running_head(c).await?,
+                _ => None,
             };
             if coordinator.is_none() {
                 card.coordinator_run_id = None;

@@ -119,7 +119,9 @@ pub(crate) fn head_from_item(
             .get("terminal_seq")
             .map(|_| get_n(item, "terminal_seq"))
             .transpose()?,
-        incarnation: get_s(item, "incarnation")?,
+        // Heads written before incarnations existed have none: "" (their tokens are the
+        // MAC of the run id alone).
+        incarnation: opt_s(item, "incarnation").unwrap_or_default(),
     })
 }
 

@@ -123,22 +123,27 @@ impl DynamoStore {
         Ok(head)
     }
 
-    /// Whether any item of the run's partition is in the events table (one strongly
-    /// consistent `Query` with `Limit 1`).
-    async fn has_any_event(&self, run_id: &str) -> Result<bool, StoreError> {
-        let out = self
-            .client
-            .query()
-            .table_name(&self.tables.events)
-            .consistent_read(true)
-            .key_condition_expression("run_id = :r")
-            .expression_attribute_values(":r", s(run_id))
-            .projection_expression("run_id")
-            .limit(1)
-            .send()
-            .await
-            .map_err(unavailable)?;
-        Ok(out.count > 0)
+    /// Whether the run id has left anything behind: an event, or an approval card or
+    /// route (strongly consistent `Query`s with `Limit 1`, the second only when needed).
+    async fn has_any_item(&self, run_id: &str) -> Result<bool, StoreError> {
+        for table in [&self.tables.events, &self.tables.approvals] {
+            let out = self
+                .client
+                .query()
+                .table_name(table)
+                .consistent_read(true)
+                .key_condition_expression("run_id = :r")
+                .expression_attribute_values(":r", s(run_id))
+                .projection_expression("run_id")
+                .limit(1)
+                .send()
+                .await
+                .map_err(unavailable)?;
+            if out.count > 0 {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     async fn get_head(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {

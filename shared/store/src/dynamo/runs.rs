@@ -153,7 +153,7 @@ impl RunStore for DynamoStore {
         // may delete a head before its events, or `run_started` before the rest). No
         // event can appear between this read and the transaction: every write but this
         // create needs the head.
-        if self.has_any_event(&new.run_id).await? {
+        if self.has_any_item(&new.run_id).await? {
             return match self.get_head(&new.run_id).await? {
                 Some(existing) => Ok(CreateOutcome::Existing(existing)),
                 None => Err(StoreError::Conflict(
@@ -281,7 +281,14 @@ impl RunStore for DynamoStore {
                         head = stored;
                         run.check(&head)?;
                     }
-                    _ => head = self.live_head(run).await?,
+                    Some(None) => return Err(StoreError::NotFound),
+                    // Head held yet the terminal event's key was taken: the stored events
+                    // are ahead of the head. Never guess; fail closed (as appends do).
+                    None => {
+                        return Err(StoreError::Unavailable(format!(
+                            "run {run_id}: stored events are ahead of the run head"
+                        )))
+                    }
                 },
                 Committed::Busy(why) => {
                     tracing::debug!(run_id, %why, "finish retry");
