@@ -586,6 +586,234 @@ async fn arming_input(backend: Backend) {
     );
 }
 
+/// Each scope's reach, through HTTP: `tool` this run; `run` this run and its siblings of
+/// the same owner; `always` the owner's runs within the project. A covered gate answers
+/// 200 `auto_approved` with `tool.auto_approved` and no card; a revocation is announced
+/// and ends the cover.
+async fn scope_reach(backend: Backend) {
+    let srv = server(backend, 60_000).await;
+    let alice = operator(&srv, "alice");
+    let f = family(&srv, "alice").await;
+    let (sibling, sibling_token) = srv
+        .create_run(json!({"kind": "child", "parent_run_id": f.coordinator, "owner": "alice"}))
+        .await;
+    let (stranger, stranger_token) = srv
+        .create_run(json!({"kind": "child", "parent_run_id": f.coordinator, "owner": "bob"}))
+        .await;
+    let gate = |run: &str, token: &str, tool: &str| {
+        let (run, token, tool) = (run.to_owned(), token.to_owned(), tool.to_owned());
+        let srv = &srv;
+        async move {
+            arm(
+                srv,
+                &run,
+                &token,
+                json!({"request_id": request_id(), "tool_name": tool}),
+            )
+            .await
+        }
+    };
+    // `run` on the child: its siblings of the same owner are covered for that tool.
+    let (_, first) = gate(&f.child, &f.child_token, "web_fetch").await;
+    let (status, v) = decide(
+        &srv,
+        "tool-approvals",
+        &f.child,
+        &alice,
+        json!({"request_id": first["request_id"], "scope": "run"}),
+    )
+    .await;
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::OK, Some("approved")),
+        "{v}"
+    );
+    let (status, auto) = gate(&sibling, &sibling_token, "web_fetch").await;
+    assert_eq!(status, StatusCode::OK, "{auto}");
+    assert_eq!(
+        (auto["state"].as_str(), auto["auto_approved"].as_bool()),
+        (Some("approved"), Some(true))
+    );
+    let (status, _) = gate(&f.child, &f.child_token, "web_fetch").await;
+    assert_eq!(status, StatusCode::OK, "the run itself is covered");
+    for (run, token, tool) in [
+        (stranger.as_str(), stranger_token.as_str(), "web_fetch"),
+        (sibling.as_str(), sibling_token.as_str(), "shell"),
+    ] {
+        let (status, v) = gate(run, token, tool).await;
+        assert_eq!(
+            status,
+            StatusCode::CREATED,
+            "{run} {tool}: not covered: {v}"
+        );
+    }
+    let sibling_events = srv.replay_all(&sibling, &srv.operator_token, 100).await;
+    assert_eq!(
+        types(&sibling_events),
+        [
+            "run_started",
+            "tool.auto_approved",
+            "tool.approval_required"
+        ]
+    );
+    assert_eq!(sibling_events[1]["scope"], "run");
+    // Revoke: announced on the streams it reached; new gates need a human again.
+    let (status, listed) = srv.get("/api/policies", &alice).await;
+    assert_eq!(status, StatusCode::OK);
+    let policy = listed["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["origin_run_id"] == json!(f.child))
+        .expect("listed")
+        .clone();
+    let id = policy["policy_id"].as_str().unwrap();
+    let (status, revoked) = srv
+        .send(
+            srv.http
+                .delete(srv.url(&format!("/api/policies/{id}")))
+                .bearer_auth(&alice),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{revoked}");
+    assert_eq!(revoked["revoked_by"], "alice");
+    let (status, _) = gate(&sibling, &sibling_token, "web_fetch").await;
+    assert_eq!(status, StatusCode::CREATED, "no cover after the revocation");
+    for run in [&f.child, &sibling] {
+        let events = srv.replay_all(run, &srv.operator_token, 100).await;
+        assert_eq!(
+            types(&events)
+                .iter()
+                .filter(|t| **t == "tool.policy_revoked")
+                .count(),
+            1,
+            "{run}: {:?}",
+            types(&events)
+        );
+    }
+    let (status, _) = srv
+        .send(
+            srv.http
+                .delete(srv.url("/api/policies/zz"))
+                .bearer_auth(&alice),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // `always`: the owner's runs in the same project, never another project's.
+    let agent = |project: &str| {
+        srv.auth
+            .mint_jwt("agent", Role::Agent, 600, Some(project.into()))
+    };
+    let run_in = |project: &str| {
+        let token = agent(project);
+        let srv = &srv;
+        async move {
+            let (status, v) = srv
+                .post("/api/runs", &token, &json!({"owner": "alice"}))
+                .await;
+            assert_eq!(status, StatusCode::CREATED);
+            (
+                v["run_id"].as_str().unwrap().to_owned(),
+                v["run_token"].as_str().unwrap().to_owned(),
+            )
+        }
+    };
+    let (p1, p1_token) = run_in("p-always").await;
+    let (_, card) = gate(&p1, &p1_token, "web_fetch").await;
+    let (status, v) = decide(
+        &srv,
+        "tool-approvals",
+        &p1,
+        &alice,
+        json!({"request_id": card["request_id"], "scope": "always"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (p1b, p1b_token) = run_in("p-always").await;
+    let (status, v) = gate(&p1b, &p1b_token, "web_fetch").await;
+    assert_eq!(
+        (status, v["auto_approved"].as_bool()),
+        (StatusCode::OK, Some(true)),
+        "{v}"
+    );
+    let (q, q_token) = run_in("q-elsewhere").await;
+    let (status, _) = gate(&q, &q_token, "web_fetch").await;
+    assert_eq!(status, StatusCode::CREATED, "never across projects");
+}
+
+/// A `once` click racing an `always` click: whichever wins, a policy exists exactly
+/// when `always` won.
+async fn once_racing_always(backend: Backend, trials: usize) {
+    let srv = Arc::new(server(backend, 60_000).await);
+    let alice = operator(&srv, "alice");
+    let (run_id, token) = srv.create_run(json!({"owner": "alice"})).await;
+    for _ in 0..trials {
+        let rid = request_id();
+        arm(
+            &srv,
+            &run_id,
+            &token,
+            json!({"request_id": rid, "tool_name": "web_fetch"}),
+        )
+        .await;
+        let clicks: Vec<_> = ["once", "always"]
+            .into_iter()
+            .map(|scope| {
+                let (srv, alice, run_id, rid) =
+                    (srv.clone(), alice.clone(), run_id.clone(), rid.clone());
+                tokio::spawn(async move {
+                    decide(
+                        &srv,
+                        "tool-approvals",
+                        &run_id,
+                        &alice,
+                        json!({"request_id": rid, "scope": scope}),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        for c in clicks {
+            let (status, v) = c.await.unwrap();
+            assert_eq!(status, StatusCode::OK, "{v}");
+        }
+        let events = srv.replay_all(&run_id, &token, 1000).await;
+        let resolved = events
+            .iter()
+            .find(|e| e["type"] == "tool.approval_resolved" && e["requestId"] == json!(rid))
+            .expect("resolved");
+        let (_, listed) = srv.get("/api/policies", &alice).await;
+        let live = listed["policies"].as_array().unwrap().iter().any(|p| {
+            p["origin_run_id"] == json!(run_id)
+                && p["request_id"] == json!(rid)
+                && p["revoked_at"].is_null()
+        });
+        assert_eq!(
+            live,
+            resolved["scope"] == "always",
+            "policy iff always won: {resolved}"
+        );
+        if live {
+            // Revoke it so the next trial's gate gets a card again.
+            let id = listed["policies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["request_id"] == json!(rid))
+                .unwrap()["policy_id"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            srv.send(
+                srv.http
+                    .delete(srv.url(&format!("/api/policies/{id}")))
+                    .bearer_auth(&alice),
+            )
+            .await;
+        }
+    }
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -609,6 +837,14 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn pending_listings() {
                 super::pending_listings($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn scope_reach() {
+                super::scope_reach($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn once_racing_always() {
+                super::once_racing_always($backend, 30).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn arming_input() {

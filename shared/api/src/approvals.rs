@@ -11,14 +11,17 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tollgate_domain::approval::parse_policy_id;
 use tollgate_domain::approval::{
     valid_id, DEFAULT_TIMEOUT_SECONDS, MAX_HASH, MAX_TEXT, MAX_TIMEOUT_SECONDS, MAX_TOOL_NAME,
     MAX_URL,
 };
 use tollgate_domain::{
-    now_millis, validate_run_id, ApprovalRequest, ApprovalState, Resolution, Scope,
+    now_millis, validate_run_id, ApprovalRequest, ApprovalState, Policy, Resolution, Scope,
 };
 use tollgate_store::{Armed, Resolved};
+
+use crate::gate::ArmOutcome;
 use tracing::instrument;
 
 use crate::auth::{Claims, Credentials, Role};
@@ -42,6 +45,11 @@ pub fn decision_routes() -> Router<Deps> {
         .route("/api/runs/{run_id}/tool-denials", post(deny))
         .route("/api/runs/{run_id}/approvals", get(run_approvals))
         .route("/api/approvals", get(all_approvals))
+        .route("/api/policies", get(list_policies))
+        .route(
+            "/api/policies/{policy_id}",
+            axum::routing::delete(revoke_policy),
+        )
 }
 
 #[derive(Debug, Deserialize)]
@@ -147,10 +155,26 @@ async fn arm(
         subtask_id: None,
         project_id: None,
     };
-    let (status, card, sequence) = match deps.gate.arm(&head, &incarnation, card).await? {
-        Armed::Created { card, sequence } => (StatusCode::CREATED, card, Some(sequence)),
+    let (status, card, sequence) = match deps.gate.arm(&head, &incarnation, card.clone()).await? {
+        ArmOutcome::Card(Armed::Created { card, sequence }) => {
+            (StatusCode::CREATED, card, Some(sequence))
+        }
         // A retried arm: the card as it stands (it may have been decided meanwhile).
-        Armed::Existing(card) => (StatusCode::OK, card, None),
+        ArmOutcome::Card(Armed::Existing(card)) => (StatusCode::OK, card, None),
+        // A live policy covers this call: no card, `tool.auto_approved` on the stream.
+        ArmOutcome::AutoApproved { sequence, policy } => {
+            return Ok(Json(json!({
+                "run_id": head.run_id,
+                "request_id": card.request_id,
+                "display_id": card.display_id(),
+                "state": "approved",
+                "auto_approved": true,
+                "scope": policy.scope.as_str(),
+                "policy_id": policy.id(),
+                "sequence": sequence,
+            }))
+            .into_response())
+        }
     };
     let mut answer = json!({
         "run_id": card.run_id,
@@ -380,4 +404,44 @@ async fn all_approvals(
         "approvals": cards.iter().map(ApprovalRequest::to_json).collect::<Vec<_>>(),
     }))
     .into_response())
+}
+
+/// Most policies `GET /api/policies` answers with.
+const MAX_POLICIES: usize = 500;
+
+#[instrument(skip_all)]
+async fn list_policies(State(deps): State<Deps>, creds: Credentials) -> Result<Response, ApiError> {
+    let claims = deps.auth.require_role(&creds, Role::Operator)?;
+    let policies = deps
+        .gate
+        .store()
+        .list_policies(claims.project_id.as_deref(), MAX_POLICIES)
+        .await?;
+    Ok(Json(json!({
+        "policies": policies.iter().map(Policy::to_json).collect::<Vec<_>>(),
+    }))
+    .into_response())
+}
+
+/// Revokes a grant; the revocation is announced on the running streams it reached.
+#[instrument(skip_all)]
+async fn revoke_policy(
+    State(deps): State<Deps>,
+    Path(policy_id): Path<String>,
+    creds: Credentials,
+) -> Result<Response, ApiError> {
+    let claims = deps.auth.require_role(&creds, Role::Operator)?;
+    let not_found = || ApiError::not_found("no such policy");
+    let (scope_key, tool_name) = parse_policy_id(&policy_id).ok_or_else(not_found)?;
+    let store = deps.gate.store();
+    // A project operator revokes only its project's grants (others do not exist for it).
+    match store.read_policy(&scope_key, &tool_name).await? {
+        Some(p) if in_project(&claims, &p.project_id) => {}
+        _ => return Err(not_found()),
+    }
+    let revoked = store
+        .revoke_policy(&scope_key, &tool_name, &claims.sub, now_millis())
+        .await?
+        .ok_or_else(not_found)?;
+    Ok(Json(revoked.to_json()).into_response())
 }

@@ -6,7 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_domain::{now_millis, ApprovalRequest, Resolution, RunHead, RunKind};
+use tollgate_domain::approval::{covering_keys, scope_key};
+use tollgate_domain::{
+    now_millis, ApprovalRequest, Policy, Reach, Resolution, RunHead, RunKind, Scope,
+};
 use tollgate_store::{Armed, Beat, Resolved, RunRef, Store, StoreError};
 use tollgate_timers::{TimerError, TimerHandler, TimerMessage, TimerQueue};
 
@@ -62,10 +65,13 @@ pub struct Gate {
     config: GateConfig,
 }
 
-/// Where a decision posted to `run_id` lands.
+/// What arming a gate did.
 #[derive(Debug)]
-pub struct Located {
-    pub card: ApprovalRequest,
+pub enum ArmOutcome {
+    /// A card (new, or the one a retry finds).
+    Card(Armed),
+    /// A live policy covered it: `tool.auto_approved` at `sequence`, no card.
+    AutoApproved { sequence: u64, policy: Policy },
 }
 
 impl Gate {
@@ -90,7 +96,7 @@ impl Gate {
         head: &RunHead,
         incarnation: &str,
         mut card: ApprovalRequest,
-    ) -> Result<Armed, StoreError> {
+    ) -> Result<ArmOutcome, StoreError> {
         card.run_id = head.run_id.clone();
         card.project_id = head.project_id.clone();
         card.subtask_id = head.subtask_id.clone();
@@ -98,14 +104,75 @@ impl Gate {
             RunKind::Child => head.parent_run_id.clone(),
             _ => None,
         };
-        let armed = self
-            .store
-            .arm(RunRef::exact(&head.run_id, incarnation), card)
-            .await?;
+        let run = RunRef::exact(&head.run_id, incarnation);
+        // A card already armed (a retry) answers as it stands, even if a policy came since.
+        if let Some(existing) = self.store.read_card(&head.run_id, &card.request_id).await? {
+            return Ok(ArmOutcome::Card(Armed::Existing(existing)));
+        }
+        let coordinator_owner = self.coordinator_owner(head).await?;
+        let keys = covering_keys(
+            &reach(head, coordinator_owner.as_deref()),
+            self.always_eligible(&card.tool_name),
+        );
+        if let Some(policy) = self.store.find_policy(&keys, &card.tool_name).await? {
+            match self.store.auto_approve(run, &card, &policy).await {
+                Ok(sequence) => return Ok(ArmOutcome::AutoApproved { sequence, policy }),
+                // Revoked meanwhile: a human decides after all.
+                Err(StoreError::Conflict(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let armed = self.store.arm(run, card).await?;
         if let Armed::Created { card, .. } = &armed {
             self.schedule_timers(card).await;
         }
-        Ok(armed)
+        Ok(ArmOutcome::Card(armed))
+    }
+
+    pub fn always_eligible(&self, tool_name: &str) -> bool {
+        self.config.always_eligible.iter().any(|t| t == tool_name)
+    }
+
+    async fn coordinator_owner(&self, head: &RunHead) -> Result<Option<String>, StoreError> {
+        match (&head.kind, &head.parent_run_id) {
+            (RunKind::Child, Some(parent)) => {
+                Ok(self.store.read_head(parent).await?.and_then(|p| p.owner))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The policy an approval with `scope` by `by` grants on `card` (`None` for `once`).
+    pub async fn grant_for(
+        &self,
+        card: &ApprovalRequest,
+        scope: Scope,
+        by: &str,
+    ) -> Result<Option<Policy>, StoreError> {
+        if scope == Scope::Once {
+            return Ok(None);
+        }
+        let Some(head) = self.store.read_head(&card.run_id).await? else {
+            return Ok(None);
+        };
+        let coordinator_owner = self.coordinator_owner(&head).await?;
+        let Some(key) = scope_key(scope, &reach(&head, coordinator_owner.as_deref())) else {
+            return Ok(None);
+        };
+        Ok(Some(Policy {
+            scope,
+            scope_key: key,
+            tool_name: card.tool_name.clone(),
+            owner: head.owner.clone(),
+            project_id: head.project_id.clone(),
+            origin_run_id: card.run_id.clone(),
+            request_id: card.request_id.clone(),
+            granted_by: by.to_owned(),
+            granted_at: now_millis(),
+            revoked_by: None,
+            revoked_at: None,
+            reached_runs: vec![card.run_id.clone()],
+        }))
     }
 
     async fn schedule_timers(&self, card: &ApprovalRequest) {
@@ -146,14 +213,29 @@ impl Gate {
         }
     }
 
-    /// Decides (or expires, when late) the card at `card.run_id`.
+    /// Decides (or expires, when late) the card at `card.run_id`; an approval with a
+    /// scope beyond `once` writes its policy in the same step, only if it wins.
     pub async fn resolve(
         &self,
         card: &ApprovalRequest,
         resolution: Resolution,
     ) -> Result<Resolved, StoreError> {
+        let grant = match &resolution {
+            Resolution::Approved { scope, by }
+                if card.state == tollgate_domain::ApprovalState::Pending =>
+            {
+                self.grant_for(card, *scope, by).await?
+            }
+            _ => None,
+        };
         self.store
-            .resolve(&card.run_id, &card.request_id, resolution, now_millis())
+            .resolve(
+                &card.run_id,
+                &card.request_id,
+                resolution,
+                now_millis(),
+                grant,
+            )
             .await
     }
 
@@ -166,7 +248,13 @@ impl Gate {
         for card in overdue {
             if let Resolved::Fresh(_) = self
                 .store
-                .resolve(&card.run_id, &card.request_id, Resolution::Expired, now)
+                .resolve(
+                    &card.run_id,
+                    &card.request_id,
+                    Resolution::Expired,
+                    now,
+                    None,
+                )
                 .await?
             {
                 expired += 1;
@@ -177,6 +265,21 @@ impl Gate {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+}
+
+fn reach<'a>(head: &'a RunHead, coordinator_owner: Option<&'a str>) -> Reach<'a> {
+    Reach {
+        run_id: &head.run_id,
+        owner: head.owner.as_deref(),
+        project_id: head.project_id.as_deref(),
+        coordinator: match head.kind {
+            RunKind::Child => head
+                .parent_run_id
+                .as_deref()
+                .map(|p| (p, coordinator_owner)),
+            _ => None,
+        },
     }
 }
 
@@ -205,7 +308,7 @@ impl TimerHandler for Gate {
                 run_id, request_id, ..
             } => match self
                 .store
-                .resolve(&run_id, &request_id, Resolution::Expired, now)
+                .resolve(&run_id, &request_id, Resolution::Expired, now, None)
                 .await
             {
                 Ok(_) | Err(StoreError::NotFound) => Ok(()),

@@ -355,3 +355,183 @@ mod tests {
         );
     }
 }
+
+/// A durable grant from a `tool`, `run` or `always` decision: the tool it covers and
+/// where (its scope key). Written in the same step as the decision that won; revoked by
+/// an operator, which is announced on the streams it reached.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub scope: Scope,
+    /// Where it reaches: `run:<run>`, `family:<coordinator>:<owner>` or
+    /// `owner:<project>:<owner>` (see [`scope_key`]).
+    pub scope_key: String,
+    pub tool_name: String,
+    pub owner: Option<String>,
+    pub project_id: Option<String>,
+    /// The run and card of the decision that granted it.
+    pub origin_run_id: String,
+    pub request_id: String,
+    pub granted_by: String,
+    pub granted_at: i64,
+    pub revoked_by: Option<String>,
+    pub revoked_at: Option<i64>,
+    /// Runs it auto-approved in (and the origin run): where a revocation is announced.
+    pub reached_runs: Vec<String>,
+}
+
+/// What a run knows of itself for scope reach.
+#[derive(Debug, Clone, Copy)]
+pub struct Reach<'a> {
+    pub run_id: &'a str,
+    pub owner: Option<&'a str>,
+    pub project_id: Option<&'a str>,
+    /// The parent coordinator and its owner, for a child run.
+    pub coordinator: Option<(&'a str, Option<&'a str>)>,
+}
+
+/// The key a grant of `scope` made on a run with this reach is stored under (`None` for
+/// `once`, which grants nothing). `tool`: this run. `run`: this run and, when its
+/// coordinator has the same owner, its siblings. `always`: the owner within the project.
+pub fn scope_key(scope: Scope, reach: &Reach<'_>) -> Option<String> {
+    let project = reach.project_id.unwrap_or("-");
+    match scope {
+        Scope::Once => None,
+        Scope::Tool => Some(format!("run:{}", reach.run_id)),
+        Scope::Run => Some(match (reach.coordinator, reach.owner) {
+            (Some((coordinator, Some(parent_owner))), Some(owner)) if parent_owner == owner => {
+                format!("family:{coordinator}:{project}:{owner}")
+            }
+            _ => format!("run:{}", reach.run_id),
+        }),
+        Scope::Always => reach.owner.map(|owner| format!("owner:{project}:{owner}")),
+    }
+}
+
+/// Every key under which a live grant would cover a new gate on a run with this reach
+/// (`always` keys only when the tool is always-eligible).
+pub fn covering_keys(reach: &Reach<'_>, always_eligible: bool) -> Vec<String> {
+    let mut keys = vec![format!("run:{}", reach.run_id)];
+    if let Some(family) = scope_key(Scope::Run, reach).filter(|k| k.starts_with("family:")) {
+        keys.push(family);
+    }
+    if always_eligible {
+        keys.extend(scope_key(Scope::Always, reach));
+    }
+    keys
+}
+
+impl Policy {
+    /// The policy's public id: its key, hex-encoded (opaque, URL-safe, no lookup).
+    pub fn id(&self) -> String {
+        policy_id(&self.scope_key, &self.tool_name)
+    }
+
+    pub fn is_live(&self) -> bool {
+        self.revoked_at.is_none()
+    }
+
+    /// `tool.auto_approved`: a gate a live policy covered (no card).
+    pub fn auto_approved_event(&self, card: &ApprovalRequest) -> EventDraft {
+        let mut p = as_map(json!({
+            "requestId": card.request_id,
+            "displayId": card.display_id(),
+            "toolName": card.tool_name,
+            "scope": self.scope.as_str(),
+            "policyId": self.id(),
+        }));
+        if card.explicit_ids {
+            p.insert("tool_call_id".into(), card.tool_call_id.clone().into());
+            p.insert("approval_id".into(), card.approval_id.clone().into());
+        }
+        let mut draft = EventDraft::server("tool.auto_approved", p);
+        // Keyed: a retried arm cannot auto-approve the same request twice.
+        draft.event_id = Some(format!("auto_approved:{}", card.request_id));
+        draft
+    }
+
+    /// `tool.policy_revoked`, announced on each stream the policy reached.
+    pub fn revoked_event(&self) -> EventDraft {
+        EventDraft::server(
+            "tool.policy_revoked",
+            as_map(json!({
+                "policyId": self.id(),
+                "scope": self.scope.as_str(),
+                "toolName": self.tool_name,
+                "revokedBy": self.revoked_by,
+            })),
+        )
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "policy_id": self.id(),
+            "scope": self.scope.as_str(),
+            "tool_name": self.tool_name,
+            "owner": self.owner,
+            "project_id": self.project_id,
+            "origin_run_id": self.origin_run_id,
+            "request_id": self.request_id,
+            "granted_by": self.granted_by,
+            "granted_at": crate::format_timestamp(self.granted_at),
+            "revoked_by": self.revoked_by,
+            "revoked_at": self.revoked_at.map(crate::format_timestamp),
+        })
+    }
+}
+
+/// `hex(scope_key ‖ "\n" ‖ tool_name)`.
+pub fn policy_id(scope_key: &str, tool_name: &str) -> String {
+    hex::encode(format!("{scope_key}\n{tool_name}"))
+}
+
+/// The key a policy id names, if it is one.
+pub fn parse_policy_id(id: &str) -> Option<(String, String)> {
+    let raw = String::from_utf8(hex::decode(id).ok()?).ok()?;
+    let (key, tool) = raw.split_once('\n')?;
+    (!key.is_empty() && !tool.is_empty()).then(|| (key.to_owned(), tool.to_owned()))
+}
+
+#[cfg(test)]
+mod scope_tests {
+    use super::*;
+
+    #[test]
+    fn scope_reach_follows_design_6() {
+        let child = Reach {
+            run_id: "c1",
+            owner: Some("alice"),
+            project_id: Some("p"),
+            coordinator: Some(("co", Some("alice"))),
+        };
+        assert_eq!(scope_key(Scope::Once, &child), None);
+        assert_eq!(scope_key(Scope::Tool, &child).unwrap(), "run:c1");
+        assert_eq!(scope_key(Scope::Run, &child).unwrap(), "family:co:p:alice");
+        assert_eq!(scope_key(Scope::Always, &child).unwrap(), "owner:p:alice");
+        // A coordinator of another owner: `run` stays on this run.
+        let foreign = Reach {
+            coordinator: Some(("co", Some("bob"))),
+            ..child
+        };
+        assert_eq!(scope_key(Scope::Run, &foreign).unwrap(), "run:c1");
+        assert_eq!(
+            covering_keys(&child, true),
+            ["run:c1", "family:co:p:alice", "owner:p:alice"]
+        );
+        assert_eq!(covering_keys(&foreign, false), ["run:c1"]);
+        // Another project never shares an `always` key.
+        let other = Reach {
+            project_id: Some("q"),
+            ..child
+        };
+        assert_ne!(
+            scope_key(Scope::Always, &other),
+            scope_key(Scope::Always, &child)
+        );
+        let id = policy_id("owner:p:alice", "web_fetch");
+        assert_eq!(
+            parse_policy_id(&id),
+            Some(("owner:p:alice".into(), "web_fetch".into()))
+        );
+        assert_eq!(parse_policy_id("zz"), None);
+    }
+}

@@ -30,6 +30,7 @@ pub const SERVER_OWNED_TYPES: &[&str] = &[
     "tool.approval_pending",
     "tool.approval_resolved",
     "tool.auto_approved",
+    "tool.policy_revoked",
     "coordinator.child_approval_required",
     "coordinator.child_approval_resolved",
     "coordinator.child_stall_detected",

@@ -6,7 +6,7 @@ pub mod approval;
 pub mod event;
 pub mod run;
 
-pub use approval::{ApprovalRequest, ApprovalState, Resolution, Scope};
+pub use approval::{ApprovalRequest, ApprovalState, Policy, Reach, Resolution, Scope};
 pub use event::{
     is_server_owned, render_event, validate_producer_event, EventDraft, EventError,
     MAX_BATCH_EVENTS, MAX_PAYLOAD_BYTES, PROTOCOL_VERSION, RESERVED_KEYS, SERVER_OWNED_TYPES,

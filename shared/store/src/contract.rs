@@ -754,7 +754,7 @@ pub async fn coordinators_mirror_their_children(store: Store) {
     ));
     let at = tollgate_domain::now_millis();
     let resolved = store
-        .resolve(&child, &rid, approve("alice"), at)
+        .resolve(&child, &rid, approve("alice"), at, None)
         .await
         .unwrap();
     assert!(matches!(&resolved, Resolved::Fresh(c) if c.state == ApprovalState::Approved));
@@ -810,7 +810,10 @@ pub async fn one_resolution_wins(stores: Vec<Store>) {
                         by: format!("op{i}"),
                     }
                 };
-                store.resolve(&run_id, &rid, resolution, at).await.unwrap()
+                store
+                    .resolve(&run_id, &rid, resolution, at, None)
+                    .await
+                    .unwrap()
             })
         })
         .collect();
@@ -855,6 +858,7 @@ pub async fn deadlines_and_ended_runs(store: Store) {
             "late-1",
             approve("alice"),
             tollgate_domain::now_millis(),
+            None,
         )
         .await
         .unwrap();
@@ -871,7 +875,9 @@ pub async fn deadlines_and_ended_runs(store: Store) {
     );
     // An unknown card is NotFound.
     assert_eq!(
-        store.resolve(&run_id, "nope", Resolution::Expired, 0).await,
+        store
+            .resolve(&run_id, "nope", Resolution::Expired, 0, None)
+            .await,
         Err(StoreError::NotFound)
     );
     // Ended run: decisions refused, expiry silent.
@@ -885,11 +891,11 @@ pub async fn deadlines_and_ended_runs(store: Store) {
         .unwrap();
     let now = tollgate_domain::now_millis();
     assert!(matches!(
-        store.resolve(&run_id, "open-1", approve("bob"), now).await.unwrap(),
+        store.resolve(&run_id, "open-1", approve("bob"), now, None).await.unwrap(),
         Resolved::RunNotActive(c) if c.state == ApprovalState::Pending
     ));
     assert!(matches!(
-        store.resolve(&run_id, "open-1", Resolution::Expired, now).await.unwrap(),
+        store.resolve(&run_id, "open-1", Resolution::Expired, now, None).await.unwrap(),
         Resolved::Fresh(c) if c.state == ApprovalState::Expired
     ));
     let after = all_events(&store, &run_id).await;
@@ -941,13 +947,17 @@ pub async fn heartbeats_never_follow_the_resolution(store: Store) {
             rid,
             approve("alice"),
             tollgate_domain::now_millis(),
+            None,
         )
         .await
         .unwrap();
     for b in beaters {
         b.await.unwrap();
     }
-    assert_eq!(store.heartbeat(&run_id, rid, 99).await.unwrap(), Beat::Stopped);
+    assert_eq!(
+        store.heartbeat(&run_id, rid, 99).await.unwrap(),
+        Beat::Stopped
+    );
     let events = all_events(&store, &run_id).await;
     let resolved_at = events
         .iter()
@@ -966,6 +976,145 @@ pub async fn heartbeats_never_follow_the_resolution(store: Store) {
         sequences(&events),
         (1..=events.len() as u64).collect::<Vec<_>>()
     );
+}
+
+fn tool_policy(run_id: &str, request_id: &str, tool: &str) -> tollgate_domain::Policy {
+    tollgate_domain::Policy {
+        scope: Scope::Tool,
+        scope_key: format!("run:{run_id}"),
+        tool_name: tool.into(),
+        owner: Some("alice".into()),
+        project_id: None,
+        origin_run_id: run_id.into(),
+        request_id: request_id.into(),
+        granted_by: "alice".into(),
+        granted_at: tollgate_domain::now_millis(),
+        revoked_by: None,
+        revoked_at: None,
+        reached_runs: vec![run_id.into()],
+    }
+}
+
+/// GIVEN an approval with a scope WHEN it wins THEN its policy is stored in the same
+/// step (and only then); a covered gate is auto-approved once; a revocation stops it
+/// and is announced on the stream.
+pub async fn policies_come_only_from_winning_approvals(store: Store) {
+    let run_id = new_run(&store, "policy").await;
+    let key = format!("run:{run_id}");
+    store
+        .arm(RunRef::any(&run_id), card_for(&run_id, "p-1", None))
+        .await
+        .unwrap();
+    let at = tollgate_domain::now_millis();
+    let won = store
+        .resolve(
+            &run_id,
+            "p-1",
+            approve("alice"),
+            at,
+            Some(tool_policy(&run_id, "p-1", "web_fetch")),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(won, Resolved::Fresh(_)));
+    let policy = store
+        .read_policy(&key, "web_fetch")
+        .await
+        .unwrap()
+        .expect("the winner's policy");
+    assert!(policy.is_live());
+    assert_eq!(policy.reached_runs, vec![run_id.clone()]);
+    // A losing approval writes no policy.
+    store
+        .arm(RunRef::any(&run_id), card_for(&run_id, "p-2", None))
+        .await
+        .unwrap();
+    store
+        .resolve(
+            &run_id,
+            "p-2",
+            Resolution::Denied { by: "bob".into() },
+            at,
+            None,
+        )
+        .await
+        .unwrap();
+    let late = store
+        .resolve(
+            &run_id,
+            "p-2",
+            approve("alice"),
+            at,
+            Some(tool_policy(&run_id, "p-2", "shell")),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(late, Resolved::Already(_)));
+    assert_eq!(store.read_policy(&key, "shell").await.unwrap(), None);
+    // Covered: auto-approved once, however often the gate is retried.
+    let found = store
+        .find_policy(&[format!("run:other"), key.clone()], "web_fetch")
+        .await
+        .unwrap()
+        .expect("covered");
+    let gate = card_for(&run_id, "p-3", None);
+    let first = store
+        .auto_approve(RunRef::any(&run_id), &gate, &found)
+        .await
+        .unwrap();
+    let again = store
+        .auto_approve(RunRef::any(&run_id), &gate, &found)
+        .await
+        .unwrap();
+    assert_eq!(first, again);
+    // Revocation: announced once, then nothing is auto-approved.
+    let revoked = store
+        .revoke_policy(&key, "web_fetch", "op", at)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(revoked.revoked_by.as_deref(), Some("op"));
+    let twice = store
+        .revoke_policy(&key, "web_fetch", "op2", at)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(twice.revoked_by.as_deref(), Some("op"));
+    assert_eq!(
+        store
+            .find_policy(&[key.clone()], "web_fetch")
+            .await
+            .unwrap(),
+        None
+    );
+    assert!(matches!(
+        store
+            .auto_approve(
+                RunRef::any(&run_id),
+                &card_for(&run_id, "p-4", None),
+                &found
+            )
+            .await,
+        Err(StoreError::Conflict(_))
+    ));
+    let listed = store.list_policies(None, 1000).await.unwrap();
+    assert!(listed.iter().any(|p| p.scope_key == key));
+    let events = all_events(&store, &run_id).await;
+    let kinds = types(&events);
+    assert_eq!(
+        kinds.iter().filter(|t| *t == "tool.auto_approved").count(),
+        1
+    );
+    assert_eq!(
+        kinds.iter().filter(|t| *t == "tool.policy_revoked").count(),
+        1
+    );
+    let auto = events
+        .iter()
+        .find(|e| e["type"] == "tool.auto_approved")
+        .unwrap();
+    assert_eq!(auto["requestId"], "p-3");
+    assert_eq!(auto["scope"], "tool");
 }
 
 /// True when an AWS endpoint (an emulator or real AWS) is configured for the tests.
@@ -1067,6 +1216,10 @@ macro_rules! contract_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn heartbeats_never_follow_the_resolution() {
             $crate::contract::heartbeats_never_follow_the_resolution(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn policies_come_only_from_winning_approvals() {
+            $crate::contract::policies_come_only_from_winning_approvals(__store().await).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn replay_pages() {

@@ -7,7 +7,7 @@
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 use tollgate_domain::{
-    ApprovalRequest, EventDraft, NewRun, Resolution, RunHead, RunStatus, TerminalKind,
+    ApprovalRequest, EventDraft, NewRun, Policy, Resolution, RunHead, RunStatus, TerminalKind,
 };
 
 pub use page::{read_page, ReplayPage};
@@ -151,7 +151,10 @@ pub trait RunStore: Send + Sync + 'static {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Armed {
     /// The card is stored and `tool.approval_required` holds `sequence` on its run.
-    Created { card: ApprovalRequest, sequence: u64 },
+    Created {
+        card: ApprovalRequest,
+        sequence: u64,
+    },
     /// A card with this `request_id` was armed before (a retry): nothing was written.
     Existing(ApprovalRequest),
 }
@@ -207,14 +210,59 @@ pub trait ApprovalStore: Send + Sync + 'static {
     /// running; `Expired` always (on an ended run the card expires without an event —
     /// nothing may follow a terminal event). Appends `tool.approval_resolved` on the run
     /// and `coordinator.child_approval_resolved` on a running coordinator, in the same
-    /// step. `NotFound` when there is no such card.
+    /// step — and `grant` (the scope's policy) when this call approves the card: a policy
+    /// exists only if the decision that made it won. `NotFound` when there is no card.
     async fn resolve(
         &self,
         run_id: &str,
         request_id: &str,
         resolution: Resolution,
         at: i64,
+        grant: Option<Policy>,
     ) -> Result<Resolved, StoreError>;
+
+    /// One policy, live or revoked.
+    async fn read_policy(
+        &self,
+        scope_key: &str,
+        tool_name: &str,
+    ) -> Result<Option<Policy>, StoreError>;
+
+    /// The first live policy for `tool_name` under any of `scope_keys` (in their order).
+    async fn find_policy(
+        &self,
+        scope_keys: &[String],
+        tool_name: &str,
+    ) -> Result<Option<Policy>, StoreError>;
+
+    /// A gate `policy` covers: `tool.auto_approved` on the run (no card), in one step
+    /// with a check that the policy is still live (`Conflict` if it was revoked
+    /// meanwhile) and with the run added to the streams the policy reached. Keyed by
+    /// `request_id`: a retried arm answers the first sequence and writes nothing.
+    async fn auto_approve(
+        &self,
+        run: RunRef<'_>,
+        card: &ApprovalRequest,
+        policy: &Policy,
+    ) -> Result<u64, StoreError>;
+
+    /// Policies (of one project when `project_id` is given), newest first.
+    async fn list_policies(
+        &self,
+        project_id: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Policy>, StoreError>;
+
+    /// Revokes a policy and announces it (`tool.policy_revoked`) on the running streams
+    /// it reached, in one step. `None`: no such policy. Revoking twice answers the first
+    /// revocation.
+    async fn revoke_policy(
+        &self,
+        scope_key: &str,
+        tool_name: &str,
+        by: &str,
+        at: i64,
+    ) -> Result<Option<Policy>, StoreError>;
 
     /// Heartbeat number `beat` (1, 2, …): one `tool.approval_pending` on the card's run if
     /// the card is still pending and the run running, conditioned so that it can never
@@ -240,6 +288,10 @@ pub trait ApprovalStore: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<ApprovalRequest>, StoreError>;
 }
+
+/// Most streams one revocation is announced on in its own step (each is a head and an
+/// event in one transaction of at most 100 items).
+pub const MAX_ANNOUNCED_RUNS: usize = 48;
 
 /// Everything a deployment stores: the run log and the approval cards, on one backend.
 pub trait Store: RunStore + ApprovalStore {}

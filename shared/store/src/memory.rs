@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 use tollgate_domain::{
-    now_millis, render_event, ApprovalRequest, ApprovalState, EventDraft, NewRun, Resolution,
-    RunHead, TerminalKind,
+    now_millis, render_event, ApprovalRequest, ApprovalState, EventDraft, NewRun, Policy,
+    Resolution, RunHead, TerminalKind,
 };
 
 use crate::{
@@ -31,7 +31,29 @@ struct RunRecord {
 
 #[derive(Default)]
 pub struct MemoryStore {
-    runs: Mutex<HashMap<String, RunRecord>>,
+    state: Mutex<State>,
+}
+
+/// Everything, under one lock: runs (with their events and cards) and policies.
+#[derive(Default)]
+struct State {
+    runs: HashMap<String, RunRecord>,
+    /// (scope key, tool name) → policy
+    policies: BTreeMap<(String, String), Policy>,
+}
+
+// Most operations touch runs only: let them use the state as the map of runs.
+impl std::ops::Deref for State {
+    type Target = HashMap<String, RunRecord>;
+    fn deref(&self) -> &Self::Target {
+        &self.runs
+    }
+}
+
+impl std::ops::DerefMut for State {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.runs
+    }
 }
 
 impl MemoryStore {
@@ -39,10 +61,10 @@ impl MemoryStore {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, RunRecord>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave a half-applied operation: every
         // mutation below is computed first and applied last.
-        self.runs.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -284,6 +306,7 @@ impl ApprovalStore for MemoryStore {
         request_id: &str,
         resolution: Resolution,
         at: i64,
+        grant: Option<Policy>,
     ) -> Result<Resolved, StoreError> {
         let mut runs = self.lock();
         let record = runs.get_mut(run_id).ok_or(StoreError::NotFound)?;
@@ -311,6 +334,11 @@ impl ApprovalStore for MemoryStore {
             record.push(&[ended.resolved_event()], now);
         }
         record.cards.insert(request_id.to_owned(), ended.clone());
+        if let (Some(mut policy), ApprovalState::Approved) = (grant, ended.state) {
+            policy.reached_runs = vec![ended.run_id.clone()];
+            runs.policies
+                .insert((policy.scope_key.clone(), policy.tool_name.clone()), policy);
+        }
         if running {
             if let Some(coord) = ended
                 .coordinator_run_id
@@ -354,6 +382,117 @@ impl ApprovalStore for MemoryStore {
             }
             _ => Ok(Beat::Stopped),
         }
+    }
+
+    async fn read_policy(
+        &self,
+        scope_key: &str,
+        tool_name: &str,
+    ) -> Result<Option<Policy>, StoreError> {
+        Ok(self
+            .lock()
+            .policies
+            .get(&(scope_key.to_owned(), tool_name.to_owned()))
+            .cloned())
+    }
+
+    async fn find_policy(
+        &self,
+        scope_keys: &[String],
+        tool_name: &str,
+    ) -> Result<Option<Policy>, StoreError> {
+        let state = self.lock();
+        Ok(scope_keys.iter().find_map(|key| {
+            state
+                .policies
+                .get(&(key.clone(), tool_name.to_owned()))
+                .filter(|p| p.is_live())
+                .cloned()
+        }))
+    }
+
+    async fn auto_approve(
+        &self,
+        run: RunRef<'_>,
+        card: &ApprovalRequest,
+        policy: &Policy,
+    ) -> Result<u64, StoreError> {
+        let mut state = self.lock();
+        let key = (policy.scope_key.clone(), policy.tool_name.clone());
+        if !state.policies.get(&key).is_some_and(Policy::is_live) {
+            return Err(StoreError::Conflict("the policy was revoked".into()));
+        }
+        let record = live_head(&mut state, run)?;
+        let draft = policy.auto_approved_event(card);
+        let id = draft.event_id.clone().unwrap_or_default();
+        if let Some(seq) = record.event_ids.get(&id) {
+            return Ok(*seq);
+        }
+        if let Some(head) = record.head.as_ref().filter(|h| h.status.is_terminal()) {
+            return Err(StoreError::RunTerminal {
+                status: head.status,
+                terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
+            });
+        }
+        let seq = record
+            .push(&[draft], now_millis())
+            .ok_or(StoreError::NotFound)?;
+        record.event_ids.insert(id, seq);
+        if let Some(p) = state.policies.get_mut(&key) {
+            if !p.reached_runs.contains(&card.run_id) {
+                p.reached_runs.push(card.run_id.clone());
+            }
+        }
+        Ok(seq)
+    }
+
+    async fn list_policies(
+        &self,
+        project_id: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Policy>, StoreError> {
+        let state = self.lock();
+        let mut list: Vec<Policy> = state
+            .policies
+            .values()
+            .filter(|p| project_id.is_none() || p.project_id.as_deref() == project_id)
+            .cloned()
+            .collect();
+        list.sort_by_key(|p| std::cmp::Reverse(p.granted_at));
+        list.truncate(limit);
+        Ok(list)
+    }
+
+    async fn revoke_policy(
+        &self,
+        scope_key: &str,
+        tool_name: &str,
+        by: &str,
+        at: i64,
+    ) -> Result<Option<Policy>, StoreError> {
+        let mut state = self.lock();
+        let key = (scope_key.to_owned(), tool_name.to_owned());
+        let Some(policy) = state.policies.get(&key).cloned() else {
+            return Ok(None);
+        };
+        if !policy.is_live() {
+            return Ok(Some(policy));
+        }
+        let mut revoked = policy;
+        revoked.revoked_by = Some(by.to_owned());
+        revoked.revoked_at = Some(at);
+        let now = now_millis();
+        for run_id in revoked.reached_runs.iter().take(crate::MAX_ANNOUNCED_RUNS) {
+            if let Some(record) = state
+                .runs
+                .get_mut(run_id)
+                .filter(|r| r.running_head().is_some())
+            {
+                record.push(&[revoked.revoked_event()], now);
+            }
+        }
+        state.policies.insert(key, revoked.clone());
+        Ok(Some(revoked))
     }
 
     async fn pending_cards(&self, run_id: &str) -> Result<Vec<ApprovalRequest>, StoreError> {

@@ -39,6 +39,7 @@ pub fn physical_name(tables: &Tables, logical_id: &str) -> Option<String> {
         "RunsTable" => Some(tables.runs.clone()),
         "EventsTable" => Some(tables.events.clone()),
         "ApprovalsTable" => Some(tables.approvals.clone()),
+        "PoliciesTable" => Some(tables.policies.clone()),
         _ => None,
     }
 }

@@ -10,7 +10,7 @@
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, ReturnValuesOnConditionCheckFailure};
-use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState, Resolution, RunHead};
+use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState, Policy, Resolution, RunHead};
 
 use super::commit::{Budget, Committed, Plan, RunWrite, WriteKind};
 use super::item::{
@@ -183,6 +183,7 @@ impl ApprovalStore for DynamoStore {
         request_id: &str,
         resolution: Resolution,
         at: i64,
+        grant: Option<Policy>,
     ) -> Result<Resolved, StoreError> {
         let mut budget = Budget::new(self.contention_budget, "resolving an approval");
         loop {
@@ -207,11 +208,15 @@ impl ApprovalStore for DynamoStore {
             let now = now_millis();
             // Invariant: a card ends once — exactly one resolution, one resolved event,
             // one policy; the losers of a race read the winner's state.
-            let side = vec![self.card_put(
+            let mut side = vec![self.card_put(
                 &ended,
                 "attribute_exists(item_key) AND #state = :pending",
                 now,
             )?];
+            // The scope's policy, only with the approval that won.
+            if let (Some(policy), ApprovalState::Approved) = (&grant, ended.state) {
+                side.push(self.policy_grant(policy)?);
+            }
             let mut runs = Vec::new();
             if let Some(head) = head {
                 runs.push(RunWrite {
@@ -285,6 +290,49 @@ impl ApprovalStore for DynamoStore {
             }
             budget.next().await?;
         }
+    }
+
+    async fn read_policy(
+        &self,
+        scope_key: &str,
+        tool_name: &str,
+    ) -> Result<Option<Policy>, StoreError> {
+        self.get_policy(scope_key, tool_name).await
+    }
+
+    async fn find_policy(
+        &self,
+        scope_keys: &[String],
+        tool_name: &str,
+    ) -> Result<Option<Policy>, StoreError> {
+        self.find_live_policy(scope_keys, tool_name).await
+    }
+
+    async fn auto_approve(
+        &self,
+        run: RunRef<'_>,
+        card: &ApprovalRequest,
+        policy: &Policy,
+    ) -> Result<u64, StoreError> {
+        self.auto_approve_run(run, card, policy).await
+    }
+
+    async fn list_policies(
+        &self,
+        project_id: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Policy>, StoreError> {
+        self.policies(project_id, limit).await
+    }
+
+    async fn revoke_policy(
+        &self,
+        scope_key: &str,
+        tool_name: &str,
+        by: &str,
+        at: i64,
+    ) -> Result<Option<Policy>, StoreError> {
+        self.revoke(scope_key, tool_name, by, at).await
     }
 
     async fn pending_cards(&self, run_id: &str) -> Result<Vec<ApprovalRequest>, StoreError> {

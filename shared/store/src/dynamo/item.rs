@@ -232,3 +232,29 @@ pub(crate) fn card_from_item(item: &Item) -> Result<tollgate_domain::ApprovalReq
         project_id: opt_s(item, "project_id"),
     })
 }
+
+pub(crate) fn policy_from_item(item: &Item) -> Result<tollgate_domain::Policy, StoreError> {
+    use tollgate_domain::Scope;
+    let mut reached_runs = match item.get("reached_runs") {
+        Some(AttributeValue::Ss(runs)) => runs.clone(),
+        _ => Vec::new(),
+    };
+    reached_runs.sort();
+    Ok(tollgate_domain::Policy {
+        scope: Scope::parse(Some(&get_s(item, "scope")?)),
+        scope_key: get_s(item, "scope_key")?,
+        tool_name: get_s(item, "tool_name")?,
+        owner: opt_s(item, "owner"),
+        project_id: opt_s(item, "project_id"),
+        origin_run_id: get_s(item, "origin_run_id")?,
+        request_id: get_s(item, "request_id")?,
+        granted_by: get_s(item, "granted_by")?,
+        granted_at: get_n(item, "granted_at")?,
+        revoked_by: opt_s(item, "revoked_by"),
+        revoked_at: item
+            .get("revoked_at")
+            .map(|_| get_n(item, "revoked_at"))
+            .transpose()?,
+        reached_runs,
+    })
+}

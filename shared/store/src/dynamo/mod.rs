@@ -20,6 +20,7 @@ mod approvals;
 mod commit;
 mod item;
 mod lanes;
+mod policies;
 mod runs;
 mod tables;
 

@@ -10,6 +10,7 @@ pub struct Tables {
     pub runs: String,
     pub events: String,
     pub approvals: String,
+    pub policies: String,
 }
 
 impl Tables {
@@ -27,6 +28,7 @@ impl Tables {
             runs: pick("TOLLGATE_RUNS_TABLE", "runs"),
             events: pick("TOLLGATE_EVENTS_TABLE", "events"),
             approvals: pick("TOLLGATE_APPROVALS_TABLE", "approvals"),
+            policies: pick("TOLLGATE_POLICIES_TABLE", "policies"),
         }
     }
 
@@ -35,6 +37,7 @@ impl Tables {
             runs: format!("{prefix}runs"),
             events: format!("{prefix}events"),
             approvals: format!("{prefix}approvals"),
+            policies: format!("{prefix}policies"),
         }
     }
 }

@@ -1,0 +1,313 @@
+//! Scope policies on DynamoDB. Policies table: partition `scope_key`, sort `tool_name`;
+//! `reached_runs` (a string set) names the streams a revocation is announced on; the
+//! index `policies_by_project` (`project_key`, `granted_at`) lists one project's grants.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::{
+    AttributeValue, KeysAndAttributes, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+    Update,
+};
+use tollgate_domain::{ApprovalRequest, Policy};
+
+use super::commit::{Budget, Committed, Plan, RunWrite, WriteKind};
+use super::item::{build_error, n, policy_from_item, s, unavailable};
+use super::DynamoStore;
+use crate::{RunRef, StoreError};
+
+/// The index of the policies table by project.
+pub const POLICIES_BY_PROJECT: &str = "policies_by_project";
+
+fn project_key(project_id: Option<&str>) -> String {
+    project_id.unwrap_or("-").to_owned()
+}
+
+impl DynamoStore {
+    /// The grant written with the decision that won: (re)made live, its origin run
+    /// added to the streams it reached.
+    pub(crate) fn policy_grant(&self, p: &Policy) -> Result<TransactWriteItem, StoreError> {
+        let mut update = Update::builder()
+            .table_name(&self.tables.policies)
+            .key("scope_key", s(&p.scope_key))
+            .key("tool_name", s(&p.tool_name))
+            .update_expression(
+                "SET #scope = :scope, project_key = :pk, origin_run_id = :origin, \
+                 request_id = :rid, granted_by = :by, granted_at = :at \
+                 ADD reached_runs :run REMOVE revoked_by, revoked_at",
+            )
+            .expression_attribute_names("#scope", "scope")
+            .expression_attribute_values(":scope", s(p.scope.as_str()))
+            .expression_attribute_values(":pk", s(project_key(p.project_id.as_deref())))
+            .expression_attribute_values(":origin", s(&p.origin_run_id))
+            .expression_attribute_values(":rid", s(&p.request_id))
+            .expression_attribute_values(":by", s(&p.granted_by))
+            .expression_attribute_values(":at", n(p.granted_at))
+            .expression_attribute_values(":run", AttributeValue::Ss(vec![p.origin_run_id.clone()]));
+        let mut set_extra = Vec::new();
+        if let Some(owner) = &p.owner {
+            update = update.expression_attribute_values(":owner", s(owner));
+            set_extra.push("#owner = :owner");
+            update = update.expression_attribute_names("#owner", "owner");
+        }
+        if let Some(project) = &p.project_id {
+            update = update.expression_attribute_values(":project", s(project));
+            set_extra.push("project_id = :project");
+        }
+        if !set_extra.is_empty() {
+            let expr = format!(
+                "SET #scope = :scope, project_key = :pk, origin_run_id = :origin, \
+                 request_id = :rid, granted_by = :by, granted_at = :at, {} \
+                 ADD reached_runs :run REMOVE revoked_by, revoked_at",
+                set_extra.join(", ")
+            );
+            update = update.update_expression(expr);
+        }
+        Ok(TransactWriteItem::builder()
+            .update(update.build().map_err(build_error)?)
+            .build())
+    }
+
+    pub(crate) async fn get_policy(
+        &self,
+        scope_key: &str,
+        tool_name: &str,
+    ) -> Result<Option<Policy>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.tables.policies)
+            .key("scope_key", s(scope_key))
+            .key("tool_name", s(tool_name))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        out.item.map(|i| policy_from_item(&i)).transpose()
+    }
+
+    pub(crate) async fn find_live_policy(
+        &self,
+        scope_keys: &[String],
+        tool_name: &str,
+    ) -> Result<Option<Policy>, StoreError> {
+        if scope_keys.is_empty() {
+            return Ok(None);
+        }
+        let keys = scope_keys
+            .iter()
+            .map(|k| {
+                HashMap::from([
+                    ("scope_key".to_string(), s(k)),
+                    ("tool_name".to_string(), s(tool_name)),
+                ])
+            })
+            .collect();
+        let request = KeysAndAttributes::builder()
+            .set_keys(Some(keys))
+            .consistent_read(true)
+            .build()
+            .map_err(build_error)?;
+        let mut found = Vec::new();
+        let mut pending = Some(request);
+        let mut attempt = 0u32;
+        while let Some(req) = pending.take() {
+            let out = self
+                .client
+                .batch_get_item()
+                .request_items(&self.tables.policies, req)
+                .send()
+                .await
+                .map_err(unavailable)?;
+            for item in out
+                .responses
+                .unwrap_or_default()
+                .remove(&self.tables.policies)
+                .unwrap_or_default()
+            {
+                found.push(policy_from_item(&item)?);
+            }
+            pending = out
+                .unprocessed_keys
+                .and_then(|mut u| u.remove(&self.tables.policies));
+            if pending.is_some() {
+                attempt += 1;
+                if attempt > 5 {
+                    return Err(StoreError::Unavailable(
+                        "policy lookups kept coming back unprocessed".into(),
+                    ));
+                }
+                super::commit::backoff(attempt).await;
+            }
+        }
+        Ok(scope_keys
+            .iter()
+            .find_map(|k| found.iter().find(|p| p.scope_key == *k && p.is_live()))
+            .cloned())
+    }
+
+    pub(crate) async fn auto_approve_run(
+        &self,
+        run: RunRef<'_>,
+        card: &ApprovalRequest,
+        policy: &Policy,
+    ) -> Result<u64, StoreError> {
+        let mut budget = Budget::new(self.contention_budget, "an auto-approval");
+        loop {
+            let head = self.live_head(run).await?;
+            if head.status.is_terminal() {
+                return Err(StoreError::RunTerminal {
+                    status: head.status,
+                    terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
+                });
+            }
+            let reach = Update::builder()
+                .table_name(&self.tables.policies)
+                .key("scope_key", s(&policy.scope_key))
+                .key("tool_name", s(&policy.tool_name))
+                .update_expression("ADD reached_runs :run")
+                // Invariant: nothing is auto-approved by a policy that is revoked (or
+                // gone) when the approval commits.
+                .condition_expression(
+                    "attribute_exists(scope_key) AND attribute_not_exists(revoked_at)",
+                )
+                .expression_attribute_values(":run", AttributeValue::Ss(vec![card.run_id.clone()]))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .build()
+                .map_err(build_error)?;
+            let sequence = head.next_seq;
+            let plan = Plan {
+                runs: vec![RunWrite {
+                    head,
+                    kind: WriteKind::Advance { end: None },
+                    events: vec![policy.auto_approved_event(card)],
+                }],
+                side: vec![TransactWriteItem::builder().update(reach).build()],
+            };
+            match self.commit(&plan).await? {
+                Committed::Done { .. } => return Ok(sequence),
+                // This request was auto-approved before (a retried arm).
+                Committed::Lost(lost) if lost.taken[0][0].is_some() => {
+                    return Ok(lost.taken[0][0].unwrap_or(sequence))
+                }
+                Committed::Lost(lost) if lost.side[0].is_some() => {
+                    return Err(StoreError::Conflict("the policy was revoked".into()))
+                }
+                Committed::Lost(_) => {}
+                Committed::Busy(why) => tracing::debug!(%why, "auto-approval retry"),
+            }
+            budget.next().await?;
+        }
+    }
+
+    pub(crate) async fn policies(
+        &self,
+        project_id: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Policy>, StoreError> {
+        let mut list = Vec::new();
+        let mut start = None;
+        loop {
+            let (items, next) = match project_id {
+                Some(project) => {
+                    let out = self
+                        .client
+                        .query()
+                        .table_name(&self.tables.policies)
+                        .index_name(POLICIES_BY_PROJECT)
+                        .key_condition_expression("project_key = :pk")
+                        .expression_attribute_values(":pk", s(project_key(Some(project))))
+                        .scan_index_forward(false)
+                        .set_exclusive_start_key(start.take())
+                        .send()
+                        .await
+                        .map_err(unavailable)?;
+                    (out.items, out.last_evaluated_key)
+                }
+                None => {
+                    let out = self
+                        .client
+                        .scan()
+                        .table_name(&self.tables.policies)
+                        .set_exclusive_start_key(start.take())
+                        .send()
+                        .await
+                        .map_err(unavailable)?;
+                    (out.items, out.last_evaluated_key)
+                }
+            };
+            for item in items.unwrap_or_default() {
+                list.push(policy_from_item(&item)?);
+            }
+            start = next;
+            if start.is_none() || list.len() >= limit {
+                break;
+            }
+        }
+        list.sort_by_key(|p| std::cmp::Reverse(p.granted_at));
+        list.truncate(limit);
+        Ok(list)
+    }
+
+    pub(crate) async fn revoke(
+        &self,
+        scope_key: &str,
+        tool_name: &str,
+        by: &str,
+        at: i64,
+    ) -> Result<Option<Policy>, StoreError> {
+        let mut budget = Budget::new(self.contention_budget, "a revocation");
+        loop {
+            let Some(policy) = self.get_policy(scope_key, tool_name).await? else {
+                return Ok(None);
+            };
+            if !policy.is_live() {
+                return Ok(Some(policy));
+            }
+            let mut revoked = policy;
+            revoked.revoked_by = Some(by.to_owned());
+            revoked.revoked_at = Some(at);
+            let mut runs = Vec::new();
+            for run_id in revoked.reached_runs.iter().take(crate::MAX_ANNOUNCED_RUNS) {
+                if let Some(head) = self
+                    .get_head(run_id)
+                    .await?
+                    .filter(|h| !h.status.is_terminal())
+                {
+                    runs.push(RunWrite {
+                        head,
+                        kind: WriteKind::Advance { end: None },
+                        events: vec![revoked.revoked_event()],
+                    });
+                }
+            }
+            let update = Update::builder()
+                .table_name(&self.tables.policies)
+                .key("scope_key", s(scope_key))
+                .key("tool_name", s(tool_name))
+                .update_expression("SET revoked_by = :by, revoked_at = :at")
+                // Invariant: one revocation, announced once.
+                .condition_expression(
+                    "attribute_exists(scope_key) AND attribute_not_exists(revoked_at)",
+                )
+                .expression_attribute_values(":by", s(by))
+                .expression_attribute_values(":at", n(at))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .build()
+                .map_err(build_error)?;
+            let plan = Plan {
+                runs,
+                side: vec![TransactWriteItem::builder().update(update).build()],
+            };
+            match self.commit(&plan).await? {
+                Committed::Done { .. } => return Ok(Some(revoked)),
+                Committed::Lost(_) => {}
+                Committed::Busy(why) => tracing::debug!(%why, "revocation retry"),
+            }
+            budget.next().await?;
+        }
+    }
+}
