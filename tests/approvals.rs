@@ -814,6 +814,72 @@ async fn once_racing_always(backend: Backend, trials: usize) {
     }
 }
 
+/// A timer queue that accepts every message and delivers none (a lost SQS message).
+struct LostTimers;
+
+#[async_trait::async_trait]
+impl tollgate_timers::TimerQueue for LostTimers {
+    async fn schedule(
+        &self,
+        _message: &tollgate_timers::TimerMessage,
+        _delay: Duration,
+    ) -> Result<(), tollgate_timers::TimerError> {
+        Ok(())
+    }
+}
+
+/// GIVEN a card whose expiry timer was lost WHEN its deadline passes THEN the sweeper
+/// expires it within one sweep, announced like any expiry.
+async fn lost_timer_is_swept(backend: Backend) {
+    let config = GateConfig {
+        sweep_every: Duration::from_millis(250),
+        ..gate(60_000)
+    };
+    let deps = tollgate_api::Deps::new(
+        store_for(backend).await,
+        Arc::new(LostTimers),
+        config,
+        tollgate_api::Auth::new(tollgate_tests::TEST_SECRET.as_bytes()),
+    )
+    .with_sweeper();
+    let srv = TestServer::with_deps(deps).await;
+    let (run_id, token) = srv.create_run(json!({})).await;
+    let rid = request_id();
+    arm(
+        &srv,
+        &run_id,
+        &token,
+        json!({"request_id": rid, "tool_name": "web_fetch", "timeout_seconds": 1}),
+    )
+    .await;
+    let mut events = Vec::new();
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        events = srv.replay_all(&run_id, &token, 100).await;
+        if events.len() >= 3 {
+            break;
+        }
+    }
+    assert_eq!(
+        types(&events),
+        [
+            "run_started",
+            "tool.approval_required",
+            "tool.approval_resolved"
+        ]
+    );
+    assert_eq!(events[2]["expired"], true);
+    let resolved_at = chrono_millis(events[2]["timestamp_utc"].as_str().unwrap());
+    let armed_at = chrono_millis(events[1]["timestamp_utc"].as_str().unwrap());
+    assert!(resolved_at - armed_at >= 1000, "never before the deadline");
+}
+
+fn chrono_millis(ts: &str) -> i64 {
+    chrono::DateTime::parse_from_rfc3339(ts)
+        .expect("timestamp_utc is RFC 3339")
+        .timestamp_millis()
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -845,6 +911,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn once_racing_always() {
                 super::once_racing_always($backend, 30).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn lost_timer_is_swept() {
+                super::lost_timer_is_swept($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn arming_input() {

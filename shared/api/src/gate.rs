@@ -21,12 +21,16 @@ pub struct GateConfig {
     /// `TOLLGATE_ALWAYS_ELIGIBLE_TOOLS` (comma-separated, default `web_fetch`): the only
     /// tools an `always` scope may be granted for.
     pub always_eligible: Vec<String>,
+    /// `TOLLGATE_SWEEP_SECONDS` (default 60): how often `tollgate serve` expires overdue
+    /// cards whose timer was lost (deployed, the `stall-watch` schedule does).
+    pub sweep_every: Duration,
 }
 
 impl Default for GateConfig {
     fn default() -> Self {
         Self {
             heartbeat_every: Duration::from_secs(20),
+            sweep_every: Duration::from_secs(60),
             always_eligible: vec!["web_fetch".into()],
         }
     }
@@ -45,6 +49,17 @@ impl GateConfig {
                 )
             })?;
             config.heartbeat_every = Duration::from_secs_f64(secs);
+        }
+        if let Some(v) = std::env::var("TOLLGATE_SWEEP_SECONDS")
+            .ok()
+            .filter(|v| !v.is_empty())
+        {
+            let secs: f64 = v.parse().ok().filter(|s: &f64| *s > 0.0).ok_or_else(|| {
+                crate::ConfigError::Invalid(
+                    "TOLLGATE_SWEEP_SECONDS must be a positive number".into(),
+                )
+            })?;
+            config.sweep_every = Duration::from_secs_f64(secs);
         }
         if let Ok(v) = std::env::var("TOLLGATE_ALWAYS_ELIGIBLE_TOOLS") {
             config.always_eligible = v
@@ -265,6 +280,27 @@ impl Gate {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// Sweeps every `sweep_every` in this process until the gate is dropped (`tollgate
+    /// serve`; deployed stacks sweep on the `stall-watch` schedule).
+    pub fn spawn_sweeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let gate = Arc::downgrade(self);
+        let every = self.config.sweep_every;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(gate) = gate.upgrade() else { return };
+                match gate.sweep(500).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(expired = n, "swept overdue approval cards"),
+                    Err(e) => tracing::warn!(error = %e, "sweep failed; next tick retries"),
+                }
+            }
+        })
     }
 }
 
