@@ -1053,7 +1053,7 @@ pub async fn policies_come_only_from_winning_approvals(store: Store) {
     assert_eq!(store.read_policy(&key, "shell").await.unwrap(), None);
     // Covered: auto-approved once, however often the gate is retried.
     let found = store
-        .find_policy(&[format!("run:other"), key.clone()], "web_fetch")
+        .find_policy(&["run:other".to_string(), key.clone()], "web_fetch")
         .await
         .unwrap()
         .expect("covered");
@@ -1082,7 +1082,7 @@ pub async fn policies_come_only_from_winning_approvals(store: Store) {
     assert_eq!(twice.revoked_by.as_deref(), Some("op"));
     assert_eq!(
         store
-            .find_policy(&[key.clone()], "web_fetch")
+            .find_policy(std::slice::from_ref(&key), "web_fetch")
             .await
             .unwrap(),
         None
