@@ -17,6 +17,9 @@ bash -euo pipefail -c "$tour" >"$out" 2>&1 || { cat "$out"; echo "readme tour: t
 check() { grep -q -- "$1" "$out" || { cat "$out"; echo "readme tour: expected $1"; exit 1; }; }
 check '"sequences":\[2,3\]'
 check '"sequences":\[3\]'
+check '"display_id":"5f0c7a2e"'
+check '"approved":true,"resolved":true,"state":"approved","expired":false'
+check '"tool.approval_resolved"'
 check '"state":"run_terminal"'
 check '"terminal": true'
 check '"run_completed"'

@@ -336,21 +336,24 @@ async fn check_scope(
 /// Seed 003's answer: `run_id` is the owning (child) run; `approved` on the approval
 /// route, `denied` on the denial route, reporting the card's real state.
 fn decision_answer(card: &ApprovalRequest, verb: Verb) -> Value {
-    let mut answer = json!({
-        "run_id": card.run_id,
-        "request_id": card.request_id,
-        "resolved": true,
-        "state": card.state.as_str(),
-        "expired": card.state == ApprovalState::Expired,
-    });
-    match verb {
-        Verb::Approve => answer["approved"] = (card.state == ApprovalState::Approved).into(),
-        Verb::Deny => answer["denied"] = (card.state == ApprovalState::Denied).into(),
-    }
+    let (key, value) = match verb {
+        Verb::Approve => ("approved", card.state == ApprovalState::Approved),
+        Verb::Deny => ("denied", card.state == ApprovalState::Denied),
+    };
+    let mut answer = serde_json::Map::new();
+    answer.insert("run_id".into(), card.run_id.clone().into());
+    answer.insert("request_id".into(), card.request_id.clone().into());
+    answer.insert(key.into(), value.into());
+    answer.insert("resolved".into(), true.into());
+    answer.insert("state".into(), card.state.as_str().into());
+    answer.insert(
+        "expired".into(),
+        (card.state == ApprovalState::Expired).into(),
+    );
     if let Some(by) = &card.decided_by {
-        answer["decided_by"] = by.clone().into();
+        answer.insert("decided_by".into(), by.clone().into());
     }
-    answer
+    Value::Object(answer)
 }
 
 fn pending_only(query: Option<&str>) -> Result<(), ApiError> {
