@@ -880,6 +880,73 @@ fn chrono_millis(ts: &str) -> i64 {
         .timestamp_millis()
 }
 
+/// Seed 003's stall guard through the streams: a child waiting on a card (heartbeats or
+/// not) is never declared stalled; a child that emitted `tool.approval_required`, then
+/// `tool.error`, then went silent is — once.
+async fn stall_guard(backend: Backend) {
+    let config = GateConfig {
+        sweep_every: Duration::from_millis(200),
+        stall_timeout: Duration::from_millis(800),
+        ..gate(300)
+    };
+    let srv = TestServer::with_deps(TestServer::deps(store_for(backend).await, config)).await;
+    let f = family(&srv, "alice").await;
+    let (quitter, quitter_token) = srv
+        .create_run(json!({"kind": "child", "parent_run_id": f.coordinator, "subtask_id": 4}))
+        .await;
+    // The waiting child: a card with heartbeats, for longer than the stall timeout.
+    arm(
+        &srv,
+        &f.child,
+        &f.child_token,
+        json!({"request_id": request_id(), "tool_name": "web_fetch", "timeout_seconds": 30}),
+    )
+    .await;
+    // The quitter: its wait ended with an error, then silence.
+    let rid = request_id();
+    arm(
+        &srv,
+        &quitter,
+        &quitter_token,
+        json!({"request_id": rid, "tool_name": "shell"}),
+    )
+    .await;
+    decide(
+        &srv,
+        "tool-denials",
+        &quitter,
+        &operator(&srv, "op"),
+        json!({"request_id": rid}),
+    )
+    .await;
+    srv.append(
+        &quitter,
+        &quitter_token,
+        json!([{"type": "tool.error", "error": "denied"}]),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let coord = srv
+        .replay_all(&f.coordinator, &srv.operator_token, 1000)
+        .await;
+    let stalls: Vec<&Value> = coord
+        .iter()
+        .filter(|e| e["type"] == "coordinator.child_stall_detected")
+        .collect();
+    assert_eq!(stalls.len(), 1, "{:?}", types(&coord));
+    assert_eq!(stalls[0]["childRunId"], json!(quitter));
+    assert_eq!(stalls[0]["subtaskId"], 4);
+    assert_eq!(stalls[0]["lastEventType"], "tool.error");
+    let child = srv.replay_all(&f.child, &srv.operator_token, 1000).await;
+    assert!(
+        types(&child)
+            .iter()
+            .filter(|t| **t == "tool.approval_pending")
+            .count()
+            >= 3
+    );
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -915,6 +982,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn lost_timer_is_swept() {
                 super::lost_timer_is_swept($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn stall_guard() {
+                super::stall_guard($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn arming_input() {

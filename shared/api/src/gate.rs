@@ -24,6 +24,9 @@ pub struct GateConfig {
     /// `TOLLGATE_SWEEP_SECONDS` (default 60): how often `tollgate serve` expires overdue
     /// cards whose timer was lost (deployed, the `stall-watch` schedule does).
     pub sweep_every: Duration,
+    /// `TOLLGATE_STALL_TIMEOUT_SECONDS` (default 300): how long a child may stay silent
+    /// (heartbeats count) before its coordinator is told it stalled.
+    pub stall_timeout: Duration,
 }
 
 impl Default for GateConfig {
@@ -31,6 +34,7 @@ impl Default for GateConfig {
         Self {
             heartbeat_every: Duration::from_secs(20),
             sweep_every: Duration::from_secs(60),
+            stall_timeout: Duration::from_secs(300),
             always_eligible: vec!["web_fetch".into()],
         }
     }
@@ -60,6 +64,17 @@ impl GateConfig {
                 )
             })?;
             config.sweep_every = Duration::from_secs_f64(secs);
+        }
+        if let Some(v) = std::env::var("TOLLGATE_STALL_TIMEOUT_SECONDS")
+            .ok()
+            .filter(|v| !v.is_empty())
+        {
+            let secs: f64 = v.parse().ok().filter(|s: &f64| *s > 0.0).ok_or_else(|| {
+                crate::ConfigError::Invalid(
+                    "TOLLGATE_STALL_TIMEOUT_SECONDS must be a positive number".into(),
+                )
+            })?;
+            config.stall_timeout = Duration::from_secs_f64(secs);
         }
         if let Ok(v) = std::env::var("TOLLGATE_ALWAYS_ELIGIBLE_TOOLS") {
             config.always_eligible = v
@@ -282,6 +297,23 @@ impl Gate {
         &self.store
     }
 
+    /// The coordinator stall guard (seed 003): every silent child that
+    /// [`tollgate_domain::is_stalled`] judges stalled gets one
+    /// `coordinator.child_stall_detected` on its coordinator; returns how many.
+    pub async fn stall_guard(&self, limit: usize) -> Result<usize, StoreError> {
+        let now = now_millis();
+        let timeout = self.config.stall_timeout.as_millis() as i64;
+        let mut reported = 0;
+        for child in self.store.silent_children(now - timeout, limit).await? {
+            if tollgate_domain::is_stalled(&child, now, timeout)
+                && self.store.report_stall(&child, now).await?.is_some()
+            {
+                reported += 1;
+            }
+        }
+        Ok(reported)
+    }
+
     /// Sweeps every `sweep_every` in this process until the gate is dropped (`tollgate
     /// serve`; deployed stacks sweep on the `stall-watch` schedule).
     pub fn spawn_sweeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
@@ -298,6 +330,11 @@ impl Gate {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(expired = n, "swept overdue approval cards"),
                     Err(e) => tracing::warn!(error = %e, "sweep failed; next tick retries"),
+                }
+                match gate.stall_guard(500).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(stalled = n, "reported stalled children"),
+                    Err(e) => tracing::warn!(error = %e, "stall guard failed; next tick retries"),
                 }
             }
         })

@@ -12,7 +12,8 @@ pub use event::{
     MAX_BATCH_EVENTS, MAX_PAYLOAD_BYTES, PROTOCOL_VERSION, RESERVED_KEYS, SERVER_OWNED_TYPES,
 };
 pub use run::{
-    delivery_run_id, validate_run_id, NewRun, RunHead, RunKind, RunStatus, TerminalKind,
+    delivery_run_id, is_heartbeat, is_stalled, last_real_type, stall_detected_event,
+    validate_run_id, NewRun, RunHead, RunKind, RunStatus, TerminalKind,
 };
 
 /// Milliseconds since the Unix epoch, the one clock representation stored on heads.

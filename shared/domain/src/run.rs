@@ -121,11 +121,34 @@ pub struct RunHead {
     /// Random per creation: run tokens are bound to it, so if retention ever lets a run
     /// id be created again, the old run's tokens do not open the new run.
     pub incarnation: String,
+    /// The type of the latest event that is not a heartbeat (the stall guard's view).
+    pub last_real_type: Option<String>,
+    /// The `last_event_at` whose silence was already reported as a stall (so a silence
+    /// is reported once; any new event starts a new one).
+    pub stall_reported_at: Option<i64>,
+}
+
+/// Heartbeats keep a stream alive but are not "real" events to the stall guard.
+pub fn is_heartbeat(event_type: &str) -> bool {
+    matches!(event_type, "tool.approval_pending" | "heartbeat")
+}
+
+/// The type the head records after appending events of these types, in order.
+pub fn last_real_type<'a>(types: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    types.into_iter().filter(|t| !is_heartbeat(t)).last()
 }
 
 impl RunHead {
     pub fn last_sequence(&self) -> u64 {
         self.next_seq.saturating_sub(1)
+    }
+
+    /// What appending events of `types` at `now` changes on the head besides `next_seq`.
+    pub fn record<'a>(&mut self, types: impl IntoIterator<Item = &'a str>, now: i64) {
+        self.last_event_at = now;
+        if let Some(t) = last_real_type(types) {
+            self.last_real_type = Some(t.to_owned());
+        }
     }
 
     #[doc(hidden)]
@@ -196,6 +219,8 @@ impl NewRun {
             last_event_at: now_millis,
             terminal_seq: None,
             incarnation: hex::encode(rand::random::<[u8; 8]>()),
+            last_real_type: Some("run_started".into()),
+            stall_reported_at: None,
         }
     }
 
@@ -294,5 +319,67 @@ mod tests {
         assert_eq!(head.next_seq, 2);
         assert_eq!(head.last_sequence(), 1);
         assert_eq!(head.status, RunStatus::Running);
+    }
+}
+
+/// Seed 003's stall guard: a running child silent for `timeout_ms` is stalled — unless
+/// its latest non-heartbeat event is `tool.approval_required` (a human-paced wait). Any
+/// other real event clears that, so the guard cannot latch: a child that emitted
+/// `tool.approval_required`, then `tool.error`, then went quiet is caught. A silence is
+/// reported once (`stall_reported_at`); any new event starts a new one.
+pub fn is_stalled(head: &RunHead, now_millis: i64, timeout_ms: i64) -> bool {
+    head.kind == RunKind::Child
+        && !head.status.is_terminal()
+        && now_millis - head.last_event_at >= timeout_ms
+        && head.last_real_type.as_deref() != Some("tool.approval_required")
+        && head.stall_reported_at != Some(head.last_event_at)
+}
+
+/// `coordinator.child_stall_detected` on the coordinator of a stalled child.
+pub fn stall_detected_event(child: &RunHead, now_millis: i64) -> EventDraft {
+    let mut p = Map::new();
+    p.insert("childRunId".into(), child.run_id.clone().into());
+    p.insert(
+        "subtaskId".into(),
+        child.subtask_id.clone().unwrap_or(Value::Null),
+    );
+    p.insert(
+        "silentSeconds".into(),
+        ((now_millis - child.last_event_at).max(0) / 1000).into(),
+    );
+    if let Some(t) = &child.last_real_type {
+        p.insert("lastEventType".into(), t.clone().into());
+    }
+    EventDraft::server("coordinator.child_stall_detected", p)
+}
+
+#[cfg(test)]
+mod stall_tests {
+    use super::*;
+
+    #[test]
+    fn the_guard_waits_for_humans_and_cannot_latch() {
+        let mut child = NewRun {
+            run_id: "c".into(),
+            kind: RunKind::Child,
+            ..NewRun::default()
+        }
+        .head(0);
+        assert!(!is_stalled(&child, 1_000, 5_000), "not silent long enough");
+        assert!(is_stalled(&child, 5_000, 5_000));
+        child.record(["tool.approval_required", "tool.approval_pending"], 10_000);
+        assert!(!is_stalled(&child, 100_000, 5_000), "waiting on a card");
+        child.record(["tool.error"], 20_000);
+        assert!(
+            is_stalled(&child, 100_000, 5_000),
+            "the wait ended; silence is a stall"
+        );
+        child.stall_reported_at = Some(child.last_event_at);
+        assert!(
+            !is_stalled(&child, 200_000, 5_000),
+            "reported once per silence"
+        );
+        child.record(["agent.message"], 300_000);
+        assert!(is_stalled(&child, 400_000, 5_000));
     }
 }

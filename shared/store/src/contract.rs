@@ -1117,6 +1117,70 @@ pub async fn policies_come_only_from_winning_approvals(store: Store) {
     assert_eq!(auto["scope"], "tool");
 }
 
+/// GIVEN a silent child WHEN the stall guard reports it (twice, as two sweepers would)
+/// THEN its coordinator gets one `coordinator.child_stall_detected`; a new event on the
+/// child starts a new silence.
+pub async fn a_silence_is_reported_once(store: Store) {
+    let coordinator = fresh_id("stall-coord");
+    store
+        .create_run(NewRun {
+            run_id: coordinator.clone(),
+            kind: tollgate_domain::RunKind::Coordinator,
+            created_by: "contract".into(),
+            ..NewRun::default()
+        })
+        .await
+        .unwrap();
+    let child = child_of(&store, &coordinator, "stall-child").await;
+    let later = tollgate_domain::now_millis() + 60_000;
+    let silent = store.silent_children(later, 10_000).await.unwrap();
+    let head = silent
+        .into_iter()
+        .find(|h| h.run_id == child)
+        .expect("the silent child is listed");
+    assert_eq!(head.last_real_type.as_deref(), Some("run_started"));
+    assert!(tollgate_domain::is_stalled(&head, later, 30_000));
+    let (a, b) = tokio::join!(
+        store.report_stall(&head, later),
+        store.report_stall(&head, later)
+    );
+    assert_eq!(
+        [a.unwrap(), b.unwrap()]
+            .iter()
+            .filter(|r| r.is_some())
+            .count(),
+        1,
+        "one report per silence"
+    );
+    let fresh = store.read_head(&child).await.unwrap().unwrap();
+    assert!(!tollgate_domain::is_stalled(&fresh, later, 30_000));
+    let events = all_events(&store, &coordinator).await;
+    assert_eq!(
+        types(&events),
+        ["run_started", "coordinator.child_stall_detected"]
+    );
+    assert_eq!(events[1]["childRunId"], json!(child));
+    assert_eq!(events[1]["subtaskId"], 3);
+    // The child speaks: its head records the real event; a later silence is new.
+    store
+        .append_events(
+            RunRef::any(&child),
+            vec![producer("tool.error", None, json!({}))],
+        )
+        .await
+        .unwrap();
+    let spoke = store.read_head(&child).await.unwrap().unwrap();
+    assert_eq!(spoke.last_real_type.as_deref(), Some("tool.error"));
+    assert!(tollgate_domain::is_stalled(&spoke, later, 30_000));
+    // Ended children are not listed.
+    store
+        .finish_run(RunRef::any(&child), TerminalKind::Complete, Map::new())
+        .await
+        .unwrap();
+    let silent = store.silent_children(later, 10_000).await.unwrap();
+    assert!(silent.iter().all(|h| h.run_id != child));
+}
+
 /// True when an AWS endpoint (an emulator or real AWS) is configured for the tests.
 pub fn aws_endpoint_configured() -> bool {
     [
@@ -1220,6 +1284,10 @@ macro_rules! contract_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn policies_come_only_from_winning_approvals() {
             $crate::contract::policies_come_only_from_winning_approvals(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_silence_is_reported_once() {
+            $crate::contract::a_silence_is_reported_once(__store().await).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn replay_pages() {

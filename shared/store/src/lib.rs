@@ -275,6 +275,20 @@ pub trait ApprovalStore: Send + Sync + 'static {
         beat: u32,
     ) -> Result<Beat, StoreError>;
 
+    /// Running child runs whose last event was written at or before `silent_since`, at
+    /// most `limit` (candidates for the stall guard, which applies
+    /// [`tollgate_domain::is_stalled`]).
+    async fn silent_children(
+        &self,
+        silent_since: i64,
+        limit: usize,
+    ) -> Result<Vec<RunHead>, StoreError>;
+
+    /// Reports `child`'s silence: `coordinator.child_stall_detected` on its running
+    /// coordinator and the silence marked reported on the child, in one step — only if
+    /// the child is still exactly as read (no event since). `None`: nothing written.
+    async fn report_stall(&self, child: &RunHead, now: i64) -> Result<Option<u64>, StoreError>;
+
     /// Pending cards of one run.
     async fn pending_cards(&self, run_id: &str) -> Result<Vec<ApprovalRequest>, StoreError>;
 

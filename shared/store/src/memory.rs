@@ -156,7 +156,7 @@ impl RunStore for MemoryStore {
                 next += 1;
             }
             head.next_seq = next;
-            head.last_event_at = now;
+            head.record(fresh.iter().map(|d| d.event_type.as_str()), now);
         }
         Ok(sequences.into_iter().flatten().collect())
     }
@@ -180,7 +180,7 @@ impl RunStore for MemoryStore {
         head.next_seq = seq + 1;
         head.status = kind.status();
         head.terminal_seq = Some(seq);
-        head.last_event_at = now;
+        head.record([kind.event_type()], now);
         Ok(Finished {
             sequence: seq,
             already_finished: false,
@@ -228,7 +228,7 @@ impl RunRecord {
             self.events.insert(seq, stored(head, seq, draft, now));
             head.next_seq += 1;
         }
-        head.last_event_at = now;
+        head.record(drafts.iter().map(|d| d.event_type.as_str()), now);
         Some(first)
     }
 }
@@ -493,6 +493,60 @@ impl ApprovalStore for MemoryStore {
         }
         state.policies.insert(key, revoked.clone());
         Ok(Some(revoked))
+    }
+
+    async fn silent_children(
+        &self,
+        silent_since: i64,
+        limit: usize,
+    ) -> Result<Vec<RunHead>, StoreError> {
+        let state = self.lock();
+        let mut silent: Vec<RunHead> = state
+            .runs
+            .values()
+            .filter_map(|r| r.running_head())
+            .filter(|h| h.kind == tollgate_domain::RunKind::Child)
+            .filter(|h| h.last_event_at <= silent_since)
+            .cloned()
+            .collect();
+        silent.sort_by_key(|h| h.last_event_at);
+        silent.truncate(limit);
+        Ok(silent)
+    }
+
+    async fn report_stall(&self, child: &RunHead, now: i64) -> Result<Option<u64>, StoreError> {
+        let mut state = self.lock();
+        let unchanged = state
+            .runs
+            .get(&child.run_id)
+            .and_then(RunRecord::running_head)
+            .is_some_and(|h| {
+                h.next_seq == child.next_seq
+                    && h.incarnation == child.incarnation
+                    && h.stall_reported_at != Some(h.last_event_at)
+            });
+        let Some(coordinator) = child.parent_run_id.as_ref().filter(|_| unchanged) else {
+            return Ok(None);
+        };
+        let Some(coord) = state
+            .runs
+            .get_mut(coordinator)
+            .filter(|r| r.running_head().is_some())
+        else {
+            return Ok(None);
+        };
+        let seq = coord.push(
+            &[tollgate_domain::stall_detected_event(child, now)],
+            now_millis(),
+        );
+        if let Some(head) = state
+            .runs
+            .get_mut(&child.run_id)
+            .and_then(|r| r.head.as_mut())
+        {
+            head.stall_reported_at = Some(child.last_event_at);
+        }
+        Ok(seq)
     }
 
     async fn pending_cards(&self, run_id: &str) -> Result<Vec<ApprovalRequest>, StoreError> {

@@ -335,6 +335,18 @@ impl ApprovalStore for DynamoStore {
         self.revoke(scope_key, tool_name, by, at).await
     }
 
+    async fn silent_children(
+        &self,
+        silent_since: i64,
+        limit: usize,
+    ) -> Result<Vec<RunHead>, StoreError> {
+        self.query_silent_children(silent_since, limit).await
+    }
+
+    async fn report_stall(&self, child: &RunHead, now: i64) -> Result<Option<u64>, StoreError> {
+        self.write_stall_report(child, now).await
+    }
+
     async fn pending_cards(&self, run_id: &str) -> Result<Vec<ApprovalRequest>, StoreError> {
         let mut cards = Vec::new();
         let mut start = None;

@@ -199,21 +199,36 @@ impl DynamoStore {
         };
         let new_next_seq = head.next_seq + run.events.len() as u64;
         let mut set = String::from("next_seq = :new, last_event_at = :now");
+        let mut extra = Vec::new();
         // Keep the head alive as long as its newest events (TTL retention).
         let expires = self.expires_at(now);
         if expires.is_some() {
             set.push_str(", expires_at = :exp");
         }
+        if let Some(t) =
+            tollgate_domain::last_real_type(run.events.iter().map(|e| e.event_type.as_str()))
+        {
+            set.push_str(", last_real_type = :lt");
+            extra.push((":lt", s(t)));
+        }
+        // A head without an incarnation was written before incarnations existed.
+        let same_incarnation = if head.incarnation.is_empty() {
+            "attribute_not_exists(incarnation)"
+        } else {
+            extra.push((":inc", s(&head.incarnation)));
+            "incarnation = :inc"
+        };
         let mut update = Update::builder()
             .table_name(&self.tables.runs)
             .key("run_id", s(&head.run_id))
             // Invariant: gapless, single-writer sequences and no event after a terminal
             // event — the head must still be exactly as we read it (the same incarnation
             // of the run id), and running.
-            .condition_expression("next_seq = :seen AND #status = :running AND incarnation = :inc")
+            .condition_expression(format!(
+                "next_seq = :seen AND #status = :running AND {same_incarnation}"
+            ))
             .expression_attribute_names("#status", "status")
             .expression_attribute_values(":seen", n(head.next_seq))
-            .expression_attribute_values(":inc", s(&head.incarnation))
             .expression_attribute_values(":running", s(RunStatus::Running.as_str()))
             .expression_attribute_values(":new", n(new_next_seq))
             .expression_attribute_values(":now", n(now))
@@ -221,13 +236,19 @@ impl DynamoStore {
         if let Some(exp) = expires {
             update = update.expression_attribute_values(":exp", exp);
         }
+        for (name, value) in extra {
+            update = update.expression_attribute_values(name, value);
+        }
+        let mut remove = "";
         if let Some(kind) = end {
             set.push_str(", #status = :terminal, terminal_seq = :tseq");
             update = update
                 .expression_attribute_values(":terminal", s(kind.status().as_str()))
                 .expression_attribute_values(":tseq", n(new_next_seq - 1));
+            // An ended child leaves the stall guard's index.
+            remove = " REMOVE running_child";
         }
-        update = update.update_expression(format!("SET {set}"));
+        update = update.update_expression(format!("SET {set}{remove}"));
         Ok(TransactWriteItem::builder()
             .update(update.build().map_err(build_error)?)
             .build())

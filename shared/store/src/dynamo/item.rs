@@ -70,6 +70,16 @@ pub(crate) fn head_to_item(h: &RunHead) -> HashMap<String, AttributeValue> {
         ("last_event_at".to_string(), n(h.last_event_at)),
         ("incarnation".to_string(), s(&h.incarnation)),
     ]);
+    if let Some(t) = &h.last_real_type {
+        item.insert("last_real_type".into(), s(t));
+    }
+    if let Some(at) = h.stall_reported_at {
+        item.insert("stall_reported_at".into(), n(at));
+    }
+    // Sparse index of running child runs, by silence (the stall guard reads it).
+    if h.kind == RunKind::Child && !h.status.is_terminal() {
+        item.insert("running_child".into(), s(RUNNING_CHILD));
+    }
     let strings = [
         ("parent_run_id", &h.parent_run_id),
         ("owner", &h.owner),
@@ -122,6 +132,11 @@ pub(crate) fn head_from_item(
         // Heads written before incarnations existed have none: "" (their tokens are the
         // MAC of the run id alone).
         incarnation: opt_s(item, "incarnation").unwrap_or_default(),
+        last_real_type: opt_s(item, "last_real_type"),
+        stall_reported_at: item
+            .get("stall_reported_at")
+            .map(|_| get_n(item, "stall_reported_at"))
+            .transpose()?,
     })
 }
 
@@ -145,6 +160,9 @@ pub(crate) fn unavailable<
 pub(crate) fn build_error(err: aws_sdk_dynamodb::error::BuildError) -> StoreError {
     StoreError::Unavailable(format!("request build: {err}"))
 }
+
+/// `running_child` of a running child run's head (see the runs table's sparse index).
+pub(crate) const RUNNING_CHILD: &str = "running";
 
 /// Sort key of a card in the approvals table (partition: the run that raised it).
 pub(crate) fn card_key(request_id: &str) -> String {

@@ -22,6 +22,7 @@ mod item;
 mod lanes;
 mod policies;
 mod runs;
+mod stall;
 mod tables;
 
 use std::collections::HashMap;

@@ -104,7 +104,7 @@ impl DynamoStore {
                         sequences[*i] = Some(first + offset as u64);
                     }
                     head.next_seq = first + pending.len() as u64;
-                    head.last_event_at = now;
+                    head.record(pending.iter().map(|i| events[*i].event_type.as_str()), now);
                     if let Some(lane) = lane.as_mut() {
                         *lane.head = Some(head);
                     }
@@ -267,7 +267,7 @@ impl RunStore for DynamoStore {
                     head.next_seq = seq + 1;
                     head.status = kind.status();
                     head.terminal_seq = Some(seq);
-                    head.last_event_at = now;
+                    head.record([kind.event_type()], now);
                     if let Some(lane) = lane.as_mut() {
                         *lane.head = Some(head);
                     }
