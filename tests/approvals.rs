@@ -947,6 +947,103 @@ async fn stall_guard(backend: Backend) {
     );
 }
 
+/// A timer queue that keeps what it is given, for a test to deliver by hand.
+#[derive(Default)]
+struct RecordedTimers(std::sync::Mutex<Vec<tollgate_timers::TimerMessage>>);
+
+#[async_trait::async_trait]
+impl tollgate_timers::TimerQueue for RecordedTimers {
+    async fn schedule(
+        &self,
+        message: &tollgate_timers::TimerMessage,
+        _delay: Duration,
+    ) -> Result<(), tollgate_timers::TimerError> {
+        self.0.lock().unwrap().push(message.clone());
+        Ok(())
+    }
+}
+
+impl RecordedTimers {
+    fn take(&self) -> Vec<tollgate_timers::TimerMessage> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+/// GIVEN a waiting card WHEN every timer message is delivered three times (SQS is at
+/// least once), concurrently THEN no event is written twice: one heartbeat per beat, one
+/// resolution.
+async fn timers_delivered_three_times(backend: Backend) {
+    use tollgate_timers::{TimerHandler, TimerMessage};
+    let timers = Arc::new(RecordedTimers::default());
+    let deps = tollgate_api::Deps::new(
+        store_for(backend).await,
+        timers.clone(),
+        gate(1),
+        tollgate_api::Auth::new(tollgate_tests::TEST_SECRET.as_bytes()),
+    );
+    let gate = deps.gate.clone();
+    let srv = TestServer::with_deps(deps).await;
+    let (run_id, token) = srv.create_run(json!({})).await;
+    arm(
+        &srv,
+        &run_id,
+        &token,
+        json!({"request_id": request_id(), "tool_name": "web_fetch", "timeout_seconds": 1}),
+    )
+    .await;
+    let deliver_thrice = |messages: Vec<TimerMessage>| {
+        let gate = gate.clone();
+        async move {
+            let mut handles = Vec::new();
+            for m in messages {
+                for _ in 0..3 {
+                    let (gate, m) = (gate.clone(), m.clone());
+                    handles.push(tokio::spawn(async move { gate.handle(m).await }));
+                }
+            }
+            for h in handles {
+                h.await.unwrap().unwrap();
+            }
+        }
+    };
+    // Two rounds of heartbeats (each round's three deliveries schedule the next beat
+    // three times), then the expiry once it is due.
+    let mut expiry = Vec::new();
+    for _ in 0..2 {
+        let (beats, rest): (Vec<_>, Vec<_>) = timers
+            .take()
+            .into_iter()
+            .partition(|m| matches!(m, TimerMessage::ApprovalHeartbeat { .. }));
+        expiry.extend(rest);
+        let mut unique = beats;
+        unique.dedup();
+        deliver_thrice(unique).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    expiry.extend(
+        timers
+            .take()
+            .into_iter()
+            .filter(|m| matches!(m, TimerMessage::ApprovalExpiry { .. })),
+    );
+    expiry.dedup();
+    assert_eq!(expiry.len(), 1);
+    deliver_thrice(expiry).await;
+    let events = srv.replay_all(&run_id, &token, 100).await;
+    assert_eq!(
+        types(&events),
+        [
+            "run_started",
+            "tool.approval_required",
+            "tool.approval_pending",
+            "tool.approval_pending",
+            "tool.approval_resolved"
+        ],
+        "one event per timer, however often it was delivered"
+    );
+    assert_eq!(events[4]["expired"], true);
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -986,6 +1083,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn stall_guard() {
                 super::stall_guard($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn timers_delivered_three_times() {
+                super::timers_delivered_three_times($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn arming_input() {

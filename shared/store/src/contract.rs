@@ -1181,6 +1181,66 @@ pub async fn a_silence_is_reported_once(store: Store) {
     assert!(silent.iter().all(|h| h.run_id != child));
 }
 
+/// GIVEN cards at their deadline WHEN an approval click (just before, at or just after
+/// the deadline) races the expiry, `trials` times (over every store given) THEN each
+/// card ends in exactly one state with exactly one resolved event, and a click at or
+/// after the deadline never approves.
+pub async fn expiry_races_clicks_at_the_deadline(stores: Vec<Store>, trials: usize) {
+    let store = stores[0].clone();
+    let run_id = new_run(&store, "deadline-race").await;
+    for i in 0..trials {
+        let rid = format!("race-{i}");
+        let mut card = card_for(&run_id, &rid, None);
+        let deadline = tollgate_domain::now_millis() + 1_000;
+        card.expires_at = deadline;
+        store.arm(RunRef::any(&run_id), card).await.unwrap();
+        let click_at = deadline - 1 + (i % 3) as i64;
+        let (a, b) = (
+            stores[i % stores.len()].clone(),
+            stores[(i + 1) % stores.len()].clone(),
+        );
+        let (r1, r2) = (run_id.clone(), run_id.clone());
+        let (q1, q2) = (rid.clone(), rid.clone());
+        let click = tokio::spawn(async move {
+            a.resolve(&r1, &q1, approve("op"), click_at, None)
+                .await
+                .unwrap()
+        });
+        let expiry = tokio::spawn(async move {
+            b.resolve(&r2, &q2, Resolution::Expired, deadline, None)
+                .await
+                .unwrap()
+        });
+        let answers = [click.await.unwrap(), expiry.await.unwrap()];
+        let fresh: Vec<&ApprovalRequest> = answers
+            .iter()
+            .filter_map(|r| match r {
+                Resolved::Fresh(c) => Some(c),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(fresh.len(), 1, "trial {i}: one transition");
+        let stored = store.read_card(&run_id, &rid).await.unwrap().unwrap();
+        assert_eq!(stored.state, fresh[0].state);
+        if click_at >= deadline {
+            assert_eq!(
+                stored.state,
+                ApprovalState::Expired,
+                "trial {i}: late click"
+            );
+        }
+    }
+    let events = all_events(&store, &run_id).await;
+    for i in 0..trials {
+        let rid = format!("race-{i}");
+        let resolved = events
+            .iter()
+            .filter(|e| e["type"] == "tool.approval_resolved" && e["requestId"] == json!(rid))
+            .count();
+        assert_eq!(resolved, 1, "{rid}");
+    }
+}
+
 /// True when an AWS endpoint (an emulator or real AWS) is configured for the tests.
 pub fn aws_endpoint_configured() -> bool {
     [
@@ -1288,6 +1348,10 @@ macro_rules! contract_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn a_silence_is_reported_once() {
             $crate::contract::a_silence_is_reported_once(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn expiry_races_clicks_at_the_deadline() {
+            $crate::contract::expiry_races_clicks_at_the_deadline(vec![__store().await], 200).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn replay_pages() {

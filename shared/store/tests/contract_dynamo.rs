@@ -42,3 +42,11 @@ async fn one_resolution_wins_across_processes() {
     }
     tollgate_store::contract::one_resolution_wins(stores).await;
 }
+
+/// Expiry racing clicks at the deadline, the two on different store instances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn expiry_races_clicks_across_processes() {
+    let a = Arc::new(dynamo_store_raw().await.without_lanes()) as tollgate_store::contract::Store;
+    let b = Arc::new(dynamo_store_raw().await.without_lanes()) as tollgate_store::contract::Store;
+    tollgate_store::contract::expiry_races_clicks_at_the_deadline(vec![a, b], 200).await;
+}
