@@ -1,10 +1,13 @@
 //! `infra/template.yaml` is the one source of truth: these tests hold the code and the
-//! template to each other — table definitions used locally, function binaries, and each
-//! function's least-privilege role.
+//! template to each other — table definitions used locally, the function registry
+//! (`tollgate_api::functions`: binaries, triggers, the routes each function serves, the
+//! Makefile's list), and each function's least-privilege role.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde_yaml_ng::Value;
+use tollgate_api::functions::{self, Trigger, FUNCTIONS};
 use tollgate_store::schema::{table_defs, TEMPLATE};
 
 fn template() -> Value {
@@ -99,6 +102,83 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                         "dynamodb:Query",
                     ],
                 ),
+                (
+                    "ApprovalsTable",
+                    &["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"],
+                ),
+                (
+                    "PoliciesTable",
+                    &["dynamodb:BatchGetItem", "dynamodb:UpdateItem"],
+                ),
+                ("TimerQueue", &["sqs:SendMessage"]),
+            ]),
+        ),
+        (
+            "ApprovalsFunction",
+            grant(&[
+                (
+                    "ApprovalsLogGroup",
+                    &["logs:CreateLogStream", "logs:PutLogEvents"],
+                ),
+                ("SigningSecret", &["secretsmanager:GetSecretValue"]),
+                ("RunsTable", &["dynamodb:GetItem", "dynamodb:UpdateItem"]),
+                ("EventsTable", &["dynamodb:PutItem"]),
+                (
+                    "ApprovalsTable",
+                    &["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"],
+                ),
+                (
+                    "ApprovalsTable/index/pending_by_expiry",
+                    &["dynamodb:Query"],
+                ),
+                (
+                    "PoliciesTable",
+                    &["dynamodb:GetItem", "dynamodb:Scan", "dynamodb:UpdateItem"],
+                ),
+                (
+                    "PoliciesTable/index/policies_by_project",
+                    &["dynamodb:Query"],
+                ),
+            ]),
+        ),
+        (
+            "TimersFunction",
+            grant(&[
+                (
+                    "TimersLogGroup",
+                    &["logs:CreateLogStream", "logs:PutLogEvents"],
+                ),
+                ("SigningSecret", &["secretsmanager:GetSecretValue"]),
+                ("RunsTable", &["dynamodb:GetItem", "dynamodb:UpdateItem"]),
+                ("EventsTable", &["dynamodb:PutItem"]),
+                ("ApprovalsTable", &["dynamodb:GetItem", "dynamodb:PutItem"]),
+                (
+                    "TimerQueue",
+                    &[
+                        "sqs:DeleteMessage",
+                        "sqs:GetQueueAttributes",
+                        "sqs:ReceiveMessage",
+                        "sqs:SendMessage",
+                    ],
+                ),
+            ]),
+        ),
+        (
+            "StallWatchFunction",
+            grant(&[
+                (
+                    "StallWatchLogGroup",
+                    &["logs:CreateLogStream", "logs:PutLogEvents"],
+                ),
+                ("SigningSecret", &["secretsmanager:GetSecretValue"]),
+                ("RunsTable", &["dynamodb:GetItem", "dynamodb:UpdateItem"]),
+                ("EventsTable", &["dynamodb:PutItem"]),
+                ("ApprovalsTable", &["dynamodb:GetItem", "dynamodb:PutItem"]),
+                (
+                    "ApprovalsTable/index/pending_by_expiry",
+                    &["dynamodb:Query"],
+                ),
+                ("RunsTable/index/running_children", &["dynamodb:Query"]),
             ]),
         ),
         (
@@ -460,6 +540,247 @@ fn every_function_builds_a_workspace_binary_for_the_chosen_architecture() {
     assert_eq!(arch["Default"].as_str(), Some("arm64"));
 }
 
+/// The `AWS::Serverless::Function` an HTTP API route's integration invokes.
+fn route_function(doc: &Value, route: &Value) -> String {
+    let target = match &route["Properties"]["Target"] {
+        Value::Tagged(t) if t.tag == "!Sub" => t.value.as_str().unwrap_or_default().to_owned(),
+        other => panic!("route Target must be !Sub \"integrations/${{X}}\", got {other:?}"),
+    };
+    let integration = target
+        .strip_prefix("integrations/${")
+        .and_then(|t| t.strip_suffix('}'))
+        .unwrap_or_else(|| panic!("route Target {target}"));
+    let integration = &resources(doc)[integration];
+    assert_eq!(
+        integration["Properties"]["IntegrationType"].as_str(),
+        Some("AWS_PROXY")
+    );
+    referenced(&integration["Properties"]["IntegrationUri"]).0
+}
+
+/// `(RouteKey, function logical id)` of every HTTP API route.
+fn api_routes(doc: &Value) -> Vec<(String, String)> {
+    of_type(doc, "AWS::ApiGatewayV2::Route")
+        .into_iter()
+        .map(|(name, r)| {
+            let key = r["Properties"]["RouteKey"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name}: RouteKey"))
+                .to_owned();
+            (key, route_function(doc, r))
+        })
+        .collect()
+}
+
+/// The function's `Events` of SAM type `ty`.
+fn events_of_type<'a>(function: &'a Value, ty: &str) -> Vec<&'a Value> {
+    function["Properties"]["Events"]
+        .as_mapping()
+        .map(|events| {
+            events
+                .values()
+                .filter(|e| e["Type"].as_str() == Some(ty))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The registry (`tollgate_api::functions::FUNCTIONS`) and the template name the same
+/// functions, each with its binary and the trigger its code expects.
+#[test]
+fn the_template_deploys_exactly_the_registry() {
+    let doc = template();
+    let in_template: BTreeSet<String> = of_type(&doc, "AWS::Serverless::Function")
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    let in_registry: BTreeSet<String> = FUNCTIONS.iter().map(|f| f.logical_id.into()).collect();
+    assert_eq!(in_template, in_registry, "functions: template vs registry");
+    let routes = api_routes(&doc);
+    for f in FUNCTIONS {
+        let res = &resources(&doc)[f.logical_id];
+        assert_eq!(
+            res["Metadata"]["BuildProperties"]["Binary"].as_str(),
+            Some(f.name),
+            "{}: Binary",
+            f.logical_id
+        );
+        let routed = routes.iter().any(|(_, target)| target == f.logical_id);
+        let url = &res["Properties"]["FunctionUrlConfig"];
+        let sqs = events_of_type(res, "SQS");
+        let schedules = events_of_type(res, "Schedule");
+        match f.trigger {
+            Trigger::Http { streaming } => {
+                assert!(
+                    routed || !url.is_null(),
+                    "{}: HTTP API routes or a Function URL",
+                    f.name
+                );
+                assert_eq!(
+                    url["InvokeMode"].as_str() == Some("RESPONSE_STREAM"),
+                    streaming,
+                    "{}: a streaming function (and only one) has a RESPONSE_STREAM Function URL",
+                    f.name
+                );
+                assert!(sqs.is_empty() && schedules.is_empty(), "{}", f.name);
+            }
+            Trigger::Sqs => {
+                assert_eq!(sqs.len(), 1, "{}: one SQS event", f.name);
+                let props = &sqs[0]["Properties"];
+                assert_eq!(
+                    strings(&props["FunctionResponseTypes"]),
+                    ["ReportBatchItemFailures"],
+                    "{}: partial batch responses",
+                    f.name
+                );
+                assert!(
+                    !routed && url.is_null() && schedules.is_empty(),
+                    "{}",
+                    f.name
+                );
+            }
+            Trigger::Schedule => {
+                assert_eq!(schedules.len(), 1, "{}: one Schedule event", f.name);
+                assert!(
+                    schedules[0]["Properties"]["Schedule"].as_str().is_some(),
+                    "{}: a schedule expression",
+                    f.name
+                );
+                assert!(!routed && url.is_null() && sqs.is_empty(), "{}", f.name);
+            }
+        }
+    }
+}
+
+/// The Makefile's `FUNCTIONS :=` (what `make build` packages) and the workspace members
+/// are the registry's functions.
+#[test]
+fn the_makefile_and_the_workspace_build_exactly_the_registry() {
+    let makefile = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../Makefile"));
+    let listed: Vec<&str> = makefile
+        .lines()
+        .find_map(|l| l.strip_prefix("FUNCTIONS :="))
+        .expect("a FUNCTIONS := line in the Makefile")
+        .split_whitespace()
+        .collect();
+    let names: Vec<&str> = FUNCTIONS.iter().map(|f| f.name).collect();
+    assert_eq!(listed, names, "Makefile FUNCTIONS vs the registry");
+
+    let cargo = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"));
+    let members: BTreeSet<&str> = cargo
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("\"functions/"))
+        .filter_map(|l| l.strip_suffix("\","))
+        .collect();
+    assert_eq!(
+        members,
+        names.iter().copied().collect(),
+        "workspace members under functions/ vs the registry"
+    );
+}
+
+/// Sends `method path` to the server at `base`: `Err` when its router does not serve it
+/// (the JSON 404 "no such route" fallback, or 405 for a path served with another
+/// method), else the status the handler answered.
+async fn served(
+    http: &reqwest::Client,
+    base: &str,
+    method: &str,
+    path: &str,
+) -> Result<u16, String> {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let answer = http
+        .request(method, format!("{base}{path}"))
+        .send()
+        .await
+        .unwrap();
+    let status = answer.status().as_u16();
+    let body: serde_json::Value = answer.json().await.unwrap_or_default();
+    match status {
+        404 if body["error"] == "no such route" => Err("404 no such route".into()),
+        405 => Err("405 method not allowed".into()),
+        _ => Ok(status),
+    }
+}
+
+/// Every HTTP API route reaches a function whose router serves it: the function's own
+/// router (from the registry, on the embedded store) is asked for that method and path.
+#[tokio::test]
+async fn every_api_route_is_served_by_the_function_it_invokes() {
+    let doc = template();
+    let routes = api_routes(&doc);
+    assert!(!routes.is_empty());
+    let http = reqwest::Client::new();
+    let mut missing = Vec::new();
+    for f in FUNCTIONS.iter().filter(|f| f.routes.is_some()) {
+        let store = Arc::new(tollgate_store::memory::MemoryStore::new());
+        let deps = tollgate_api::Deps::embedded(
+            store,
+            tollgate_api::GateConfig::default(),
+            tollgate_api::Auth::new(b"template-test-secret-0123456789abcdef"),
+        );
+        let router = f.router(deps).expect("an HTTP function has a router");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move { axum::serve(listener, router).await });
+        for (key, _) in routes.iter().filter(|(_, target)| target == f.logical_id) {
+            let (method, template) = key.split_once(' ').expect("RouteKey is METHOD /path");
+            // `{run_id}` → a well-formed id, so the request reaches the handler.
+            let path = template
+                .split('/')
+                .map(|seg| match seg.starts_with('{') {
+                    true => "probe-1",
+                    false => seg,
+                })
+                .collect::<Vec<_>>()
+                .join("/");
+            if let Err(why) = served(&http, &base, method, &path).await {
+                missing.push(format!("{key} → {} ({}): {why}", f.logical_id, f.name));
+            }
+        }
+        server.abort();
+    }
+    assert!(missing.is_empty(), "routes not served: {missing:#?}");
+    // (and every route targets a function of the registry)
+    for (key, target) in &routes {
+        let f = functions::by_logical_id(target)
+            .unwrap_or_else(|| panic!("{key} → {target}, not in the registry"));
+        assert!(f.routes.is_some(), "{key} → {target}, not an HTTP function");
+    }
+}
+
+/// AWS advises a source queue's visibility timeout of at least six times the consuming
+/// function's timeout, so a batch still being handled is not delivered again.
+#[test]
+fn sqs_event_sources_outlast_their_function() {
+    let doc = template();
+    let global_timeout = doc["Globals"]["Function"]["Timeout"].as_i64();
+    for f in FUNCTIONS.iter().filter(|f| f.trigger == Trigger::Sqs) {
+        let res = &resources(&doc)[f.logical_id];
+        let timeout = res["Properties"]["Timeout"]
+            .as_i64()
+            .or(global_timeout)
+            .expect("a timeout");
+        for event in events_of_type(res, "SQS") {
+            let (queue, _) = referenced(&event["Properties"]["Queue"]);
+            let visibility = resources(&doc)[queue.as_str()]["Properties"]["VisibilityTimeout"]
+                .as_i64()
+                .unwrap_or(30);
+            assert!(
+                visibility >= 6 * timeout,
+                "{queue}: VisibilityTimeout {visibility} < 6 × {}'s timeout {timeout}",
+                f.name
+            );
+        }
+    }
+}
+
+/// Tables whose items no retention may remove: scope grants (`PoliciesTable`) outlive
+/// the runs that made them and end only by revocation.
+const DURABLE_TABLES: [&str; 1] = ["PoliciesTable"];
+
+/// Every table is on-demand, encrypted and recoverable; every table of run data expires
+/// with the stack's retention (TTL).
 #[test]
 fn tables_are_on_demand_encrypted_recoverable_and_expiring() {
     let doc = template();
@@ -478,6 +799,9 @@ fn tables_are_on_demand_encrypted_recoverable_and_expiring() {
             Some(true),
             "{name}"
         );
+        if DURABLE_TABLES.contains(&name.as_str()) {
+            continue;
+        }
         assert_eq!(
             p["TimeToLiveSpecification"]["Enabled"].as_bool(),
             Some(true),

@@ -28,7 +28,7 @@ CACHE=${TOLLGATE_CACHE:-$REPO/.cache}
 PROFILE=release
 BIN_DIR=
 SAMPLES=5
-FUNCTIONS=(ingress replay)
+FUNCTIONS=(ingress approvals replay)
 while (($#)); do
   case $1 in
     --debug) PROFILE=debug ;;

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Lambda-runtime test tier: each function binary runs under `cargo lambda watch` (a
 # local Lambda Runtime API) and is invoked with full API Gateway HTTP API (payload 2.0)
-# and Function URL events against DynamoDB Local; the responses and the event stream
-# the run leaves are asserted with jq.
+# and Function URL events (HTTP functions), SQS batches (timers) and EventBridge
+# scheduled events (stall-watch) against DynamoDB Local; the responses and the event
+# stream the runs are left with are asserted with jq.
 #
 #   tests/harness/emulators.sh with tests/lambda/run.sh [REGEX]
 #
 # REGEX (optional) keeps only the cases whose "<function>/<case>" matches it (later
 # cases usually depend on earlier ones in the same session, so filter with care).
-# Assumes the emulator environment is exported (AWS_ENDPOINT_URL_DYNAMODB and
-# AWS_ENDPOINT_URL_SECRETS_MANAGER, or AWS_ENDPOINT_URL; AWS_REGION, credentials);
+# Assumes the emulator environment is exported (AWS_ENDPOINT_URL_DYNAMODB,
+# AWS_ENDPOINT_URL_SECRETS_MANAGER and AWS_ENDPOINT_URL_SQS, or AWS_ENDPOINT_URL;
+# AWS_REGION, credentials);
 # installs cargo-lambda with tests/harness/lambda-tools.sh. Prints one line per case
 # and a final `lambda-runtime: N passed, M failed`; exits non-zero on any failure. Logs
 # of a failed run (events sent, answers, watch and function logs) are kept in
@@ -23,7 +25,9 @@
 #
 # <function> is the binary's name (cargo lambda watch serves every bin of the
 # workspace under its name). Cases run in the order of NN across all functions (so
-# ingress 01-19 write a run, replay 20-29 read it back; 40-49 are the big-page run),
+# ingress 01-19 write a run, replay 20-29 read it back; 40-49 are the big-page run;
+# 50-64 the approval gate: ingress arms cards, approvals decides one, timers and
+# stall-watch expire the others, replay reads both runs back),
 # one `cargo lambda invoke` each (or N, see x-tollgate-repeat). Each case is rendered
 # just before it is invoked, so it can use what earlier answers carried.
 #
@@ -68,21 +72,20 @@
 # mint more with: TOLLGATE_SECRET=<SECRET> ./target/debug/tollgate token --sub S
 #   --role agent|operator --ttl 3000000000
 #
-# Adding an SQS-triggered function (say `timer`, a bin that runs
-# lambda_runtime::run(service_fn(...)) returning an SqsBatchResponse) takes ONE case:
-#   fixtures/lambda/timer/30-batch-one-malformed.json
-#       (a copy of, or a symlink to ../../sqs/timer-batch-one-malformed.json: 3 records,
-#       the second with a malformed body)
-#   fixtures/lambda/timer/30-batch-one-malformed.jq
+# Functions that are not HTTP need nothing special: the payload is whatever the
+# function answers. `timers` (SQS) answers an SqsBatchResponse, e.g. case 61 (a symlink
+# to ../../sqs/timer-batch-one-malformed.json: 3 records, the second malformed) expects
 #       .batchItemFailures == [{"itemIdentifier": "5a1c9e0b-7d2f-4c83-9e61-2b7f0d4a8c13"}]
-# i.e. the response payload lists exactly the malformed message's messageId, so Lambda
-# retries only that one. The runner builds every <function> directory's bin and needs
-# no other change; the function gets the same environment as ingress and replay.
+# (only the malformed message goes back to the queue); `stall-watch` (an EventBridge
+# "Scheduled Event") answers {"expired": N}. The runner builds every <function>
+# directory's bin; every function gets the same environment.
 #
 # Environment of the functions: every TOLLGATE_* variable of the caller is dropped
 # (except TOLLGATE_CACHE); then TOLLGATE_SECRET_ARN (a secret holding SECRET, created in
 # the emulator's Secrets Manager under a fresh name per session: the functions read it
-# at cold start, as deployed), TOLLGATE_BACKEND=aws,
+# at cold start, as deployed), TOLLGATE_TIMER_QUEUE_URL (a queue created in the
+# emulator's SQS per session: armed cards schedule their timers there; nothing consumes
+# it, so no heartbeat reaches a stream), TOLLGATE_BACKEND=aws,
 # TOLLGATE_TABLE_PREFIX=tollgate-lambda-test-, TOLLGATE_CREATE_TABLES=1, RUST_LOG=info
 # (TOLLGATE_LAMBDA_RUST_LOG overrides). cargo lambda watch starts each function with
 # `cargo run --bin <function>` (which execs the binary) with watch's own environment
@@ -122,6 +125,9 @@ need pgrep
 SECRETS_ENDPOINT=${AWS_ENDPOINT_URL_SECRETS_MANAGER:-${AWS_ENDPOINT_URL:-}}
 [[ -n $SECRETS_ENDPOINT ]] ||
   die "no Secrets Manager endpoint in the environment; run: tests/harness/emulators.sh with $0"
+SQS_ENDPOINT=${AWS_ENDPOINT_URL_SQS:-${AWS_ENDPOINT_URL:-}}
+[[ -n $SQS_ENDPOINT ]] ||
+  die "no SQS endpoint in the environment; run: tests/harness/emulators.sh with $0"
 
 T_START=$SECONDS
 TOOLS=$("$REPO/tests/harness/lambda-tools.sh")
@@ -370,34 +376,46 @@ JQ_PRELUDE='def json: (if .isBase64Encoded then (.body | @base64d) else .body en
 while read -r v; do
   [[ $v == TOLLGATE_CACHE ]] || unset "$v"
 done < <(compgen -e | grep '^TOLLGATE_' || true)
-# The functions read the signing secret from Secrets Manager at cold start, as deployed:
-# a secret of this session holding SECRET (the JWTs in the fixtures are signed with it).
-TOLLGATE_SECRET_ARN=$(python3 - "$SECRETS_ENDPOINT" "${AWS_REGION:-us-east-1}" \
-    "tollgate-lambda-test-$SESSION" "$SECRET" <<'PY'
-import json, sys, urllib.error, urllib.request, uuid
+# One call of an AWS JSON-protocol API on the emulator (which checks no signature; it
+# reads the region from the Authorization header); prints FIELD of the answer.
+aws_json() { # endpoint service target json-version body field
+  python3 - "$@" "${AWS_REGION:-us-east-1}" <<'PY'
+import json, sys, urllib.error, urllib.request
 
-endpoint, region, name, value = sys.argv[1:]
+endpoint, service, target, version, body, field, region = sys.argv[1:]
 request = urllib.request.Request(
-    endpoint.rstrip("/") + "/", method="POST",
-    data=json.dumps({"Name": name, "SecretString": value,
-                     "ClientRequestToken": str(uuid.uuid4())}).encode(),
+    endpoint.rstrip("/") + "/", method="POST", data=body.encode(),
     headers={
-        "X-Amz-Target": "secretsmanager.CreateSecret",
-        "Content-Type": "application/x-amz-json-1.1",
-        # The emulator does not check signatures; it reads the region from here.
+        "X-Amz-Target": target,
+        "Content-Type": f"application/x-amz-json-{version}",
         "Authorization": f"AWS4-HMAC-SHA256 Credential=test/20200101/{region}/"
-                         "secretsmanager/aws4_request, SignedHeaders=host, Signature=0",
+                         f"{service}/aws4_request, SignedHeaders=host, Signature=0",
     })
 try:
     with urllib.request.urlopen(request, timeout=30) as answer:
-        print(json.load(answer)["ARN"])
+        print(json.load(answer)[field])
 except (urllib.error.URLError, OSError, KeyError, ValueError) as e:
     detail = e.read().decode(errors="replace") if isinstance(e, urllib.error.HTTPError) else ""
-    sys.exit(f"lambda: CreateSecret at {endpoint} failed: {e} {detail}")
+    sys.exit(f"lambda: {target} at {endpoint} failed: {e} {detail}")
 PY
-) || die "could not create the signing secret in Secrets Manager ($SECRETS_ENDPOINT)"
+}
+
+# The functions read the signing secret from Secrets Manager at cold start, as deployed:
+# a secret of this session holding SECRET (the JWTs in the fixtures are signed with it).
+TOLLGATE_SECRET_ARN=$(aws_json "$SECRETS_ENDPOINT" secretsmanager secretsmanager.CreateSecret 1.1 \
+    "$(jq -nc --arg name "tollgate-lambda-test-$SESSION" --arg value "$SECRET" \
+        --arg token "$(python3 -c 'import uuid; print(uuid.uuid4())')" \
+        '{Name: $name, SecretString: $value, ClientRequestToken: $token}')" ARN) ||
+  die "could not create the signing secret in Secrets Manager ($SECRETS_ENDPOINT)"
 log "signing secret: $TOLLGATE_SECRET_ARN"
-export TOLLGATE_SECRET_ARN TOLLGATE_BACKEND=aws TOLLGATE_TABLE_PREFIX=$TABLE_PREFIX \
+# Arming a card schedules its expiry and first heartbeat on the timer queue, as deployed:
+# a queue of this session (nothing consumes it; the timers cases hand their batches to
+# the function directly).
+TOLLGATE_TIMER_QUEUE_URL=$(aws_json "$SQS_ENDPOINT" sqs AmazonSQS.CreateQueue 1.0 \
+    "$(jq -nc --arg name "tollgate-lambda-test-timers-$SESSION" '{QueueName: $name}')" QueueUrl) ||
+  die "could not create the timer queue in SQS ($SQS_ENDPOINT)"
+log "timer queue: $TOLLGATE_TIMER_QUEUE_URL"
+export TOLLGATE_SECRET_ARN TOLLGATE_TIMER_QUEUE_URL TOLLGATE_BACKEND=aws TOLLGATE_TABLE_PREFIX=$TABLE_PREFIX \
   TOLLGATE_CREATE_TABLES=1 RUST_LOG=${TOLLGATE_LAMBDA_RUST_LOG:-info}
 export AWS_REGION=${AWS_REGION:-us-east-1}
 

@@ -1,8 +1,7 @@
-//! `ingress`: create runs, append producer events, end runs (HTTP API and Function URL).
-
-use tollgate_api::lambda::{serve, Error, Response};
+//! `ingress`: create runs, append producer events, end runs, arm and read approval cards
+//! (HTTP API and Function URL).
 
 #[tokio::main]
-async fn main() -> Result<(), Error> {
-    serve(tollgate_api::ingress_router, Response::Buffered).await
+async fn main() -> Result<(), tollgate_api::lambda::Error> {
+    tollgate_api::lambda::serve_function("ingress").await
 }

@@ -6,9 +6,10 @@
 //!   (`requestContext.authorizer.jwt.claims`) stand in for our own HS256 JWT; the role
 //!   comes from the claim named by `TOLLGATE_ROLE_CLAIM` (default `role`).
 //!
-//! [`run`] answers buffered (API Gateway, `BUFFERED` Function URLs); [`run_streaming`]
-//! answers in Lambda's response-streaming mode (a Function URL with
-//! `InvokeMode: RESPONSE_STREAM`).
+//! [`serve_function`] is an HTTP function's whole `main`, from the registry
+//! ([`crate::functions`]). [`run`] answers buffered (API Gateway, `BUFFERED` Function
+//! URLs); [`run_streaming`] answers in Lambda's response-streaming mode (a Function URL
+//! with `InvokeMode: RESPONSE_STREAM`).
 
 use std::sync::OnceLock;
 
@@ -20,6 +21,7 @@ use lambda_http::RequestExt;
 pub use lambda_http::Error;
 
 use crate::auth::{claims_from_gateway, GatewayClaims};
+use crate::functions::Trigger;
 
 fn flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == "1" || v == "true")
@@ -54,26 +56,27 @@ fn with_gateway_claims(router: Router) -> Router {
     }
 }
 
-/// How a function answers: buffered, or in Lambda's response-streaming mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Response {
-    Buffered,
-    Streaming,
-}
-
-/// A whole function's `main`: JSON logs, configuration and store from the environment
-/// (failing start-up with a clear log line), then the router under the Runtime API.
-pub async fn serve(
-    router: fn(crate::Deps) -> Router,
-    response: Response,
-) -> Result<(), lambda_http::Error> {
-    crate::telemetry::init(true);
-    let deps = crate::Deps::from_env().await.inspect_err(|e| {
-        tracing::error!(error = %e, "start-up failed");
-    })?;
-    match response {
-        Response::Buffered => run(router(deps)).await,
-        Response::Streaming => run_streaming(router(deps)).await,
+/// A whole HTTP function's `main`: [`crate::functions::start`] (JSON logs, configuration
+/// and store from the environment, failing start-up with a clear log line), then the
+/// function's router from the registry under the Runtime API, buffered or streaming as
+/// the registry says.
+pub async fn serve_function(name: &str) -> Result<(), lambda_http::Error> {
+    let (function, deps) = crate::functions::start(name).await?;
+    let streaming = match function.trigger {
+        Trigger::Http { streaming } => streaming,
+        other => {
+            let why = format!("{name} is not an HTTP function (trigger {other:?})");
+            tracing::error!(function = name, error = %why, "start-up failed");
+            return Err(why.into());
+        }
+    };
+    let router = function
+        .router(deps)
+        .ok_or_else(|| format!("{name} has no routes"))?;
+    if streaming {
+        run_streaming(router).await
+    } else {
+        run(router).await
     }
 }
 

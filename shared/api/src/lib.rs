@@ -6,6 +6,7 @@ pub mod approvals;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod functions;
 pub mod gate;
 pub mod ingress;
 pub mod jwt;
@@ -36,6 +37,17 @@ pub struct Deps {
     pub auth: Arc<Auth>,
     /// The in-process timer loop, when timers are embedded: it lives as long as the deps.
     _timers: Option<Arc<TimerLoop>>,
+    /// The in-process sweeper (stops when the deps are dropped).
+    _sweeper: Option<Arc<AbortOnDrop>>,
+}
+
+/// Stops a background task when the last holder goes.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Deps {
@@ -51,6 +63,7 @@ impl Deps {
             gate: Arc::new(Gate::new(store, timers, gate)),
             auth: Arc::new(auth),
             _timers: None,
+            _sweeper: None,
         }
     }
 
@@ -60,7 +73,13 @@ impl Deps {
         let queue = EmbeddedTimers::new();
         let mut deps = Self::new(store, Arc::new(queue.clone()), gate, auth);
         deps._timers = Some(Arc::new(queue.attach(deps.gate.clone())));
-        deps
+        deps.with_sweeper()
+    }
+
+    /// Expires overdue cards (lost timers) in this process every `sweep_every`.
+    pub fn with_sweeper(mut self) -> Self {
+        self._sweeper = Some(Arc::new(AbortOnDrop(self.gate.spawn_sweeper())));
+        self
     }
 
     /// Serves the run log from `store` instead (a wrapper in tests).
@@ -118,30 +137,21 @@ async fn access_log(
 
 /// The `ingress` function's routes.
 pub fn ingress_router(deps: Deps) -> Router {
-    with_fallbacks(
-        ingress::routes()
-            .merge(approvals::arm_routes())
-            .with_state(deps),
-    )
+    functions::Routes::Ingress.router(deps)
 }
 
 /// The `approvals` function's routes.
 pub fn approvals_router(deps: Deps) -> Router {
-    with_fallbacks(approvals::decision_routes().with_state(deps))
+    functions::Routes::Approvals.router(deps)
 }
 
-/// The `replay` function's routes.
+/// The `replay` (and `replay-stream`) function's routes.
 pub fn replay_router(deps: Deps) -> Router {
-    with_fallbacks(replay::routes().with_state(deps))
+    functions::Routes::Replay.router(deps)
 }
 
-/// Every route of every function, for `tollgate serve`.
+/// Every route of every HTTP function in [`functions::FUNCTIONS`], each set once, for
+/// `tollgate serve`.
 pub fn app(deps: Deps) -> Router {
-    with_fallbacks(
-        ingress::routes()
-            .merge(approvals::arm_routes())
-            .merge(approvals::decision_routes())
-            .merge(replay::routes())
-            .with_state(deps),
-    )
+    with_fallbacks(functions::all_routes().with_state(deps))
 }
