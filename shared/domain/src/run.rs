@@ -123,9 +123,9 @@ pub struct RunHead {
     pub incarnation: String,
     /// The type of the latest event that is not a heartbeat (the stall guard's view).
     pub last_real_type: Option<String>,
-    /// The `last_event_at` whose silence was already reported as a stall (so a silence
-    /// is reported once; any new event starts a new one).
-    pub stall_reported_at: Option<i64>,
+    /// The `next_seq` at which a silence was already reported as a stall (so a silence
+    /// is reported once; any new event moves `next_seq` and starts a new one).
+    pub stall_reported_seq: Option<u64>,
 }
 
 /// Heartbeats keep a stream alive but are not "real" events to the stall guard.
@@ -220,7 +220,7 @@ impl NewRun {
             terminal_seq: None,
             incarnation: hex::encode(rand::random::<[u8; 8]>()),
             last_real_type: Some("run_started".into()),
-            stall_reported_at: None,
+            stall_reported_seq: None,
         }
     }
 
@@ -326,13 +326,13 @@ mod tests {
 /// its latest non-heartbeat event is `tool.approval_required` (a human-paced wait). Any
 /// other real event clears that, so the guard cannot latch: a child that emitted
 /// `tool.approval_required`, then `tool.error`, then went quiet is caught. A silence is
-/// reported once (`stall_reported_at`); any new event starts a new one.
+/// reported once (`stall_reported_seq`); any new event starts a new one.
 pub fn is_stalled(head: &RunHead, now_millis: i64, timeout_ms: i64) -> bool {
     head.kind == RunKind::Child
         && !head.status.is_terminal()
         && now_millis - head.last_event_at >= timeout_ms
         && head.last_real_type.as_deref() != Some("tool.approval_required")
-        && head.stall_reported_at != Some(head.last_event_at)
+        && head.stall_reported_seq != Some(head.next_seq)
 }
 
 /// `coordinator.child_stall_detected` on the coordinator of a stalled child.
@@ -374,11 +374,12 @@ mod stall_tests {
             is_stalled(&child, 100_000, 5_000),
             "the wait ended; silence is a stall"
         );
-        child.stall_reported_at = Some(child.last_event_at);
+        child.stall_reported_seq = Some(child.next_seq);
         assert!(
             !is_stalled(&child, 200_000, 5_000),
             "reported once per silence"
         );
+        child.next_seq += 1;
         child.record(["agent.message"], 300_000);
         assert!(is_stalled(&child, 400_000, 5_000));
     }

@@ -523,7 +523,7 @@ impl ApprovalStore for MemoryStore {
             .is_some_and(|h| {
                 h.next_seq == child.next_seq
                     && h.incarnation == child.incarnation
-                    && h.stall_reported_at != Some(h.last_event_at)
+                    && h.stall_reported_seq != Some(h.next_seq)
             });
         let Some(coordinator) = child.parent_run_id.as_ref().filter(|_| unchanged) else {
             return Ok(None);
@@ -544,7 +544,7 @@ impl ApprovalStore for MemoryStore {
             .get_mut(&child.run_id)
             .and_then(|r| r.head.as_mut())
         {
-            head.stall_reported_at = Some(child.last_event_at);
+            head.stall_reported_seq = Some(child.next_seq);
         }
         Ok(seq)
     }

@@ -73,8 +73,8 @@ pub(crate) fn head_to_item(h: &RunHead) -> HashMap<String, AttributeValue> {
     if let Some(t) = &h.last_real_type {
         item.insert("last_real_type".into(), s(t));
     }
-    if let Some(at) = h.stall_reported_at {
-        item.insert("stall_reported_at".into(), n(at));
+    if let Some(seq) = h.stall_reported_seq {
+        item.insert("stall_reported_seq".into(), n(seq));
     }
     // Sparse index of running child runs, by silence (the stall guard reads it).
     if h.kind == RunKind::Child && !h.status.is_terminal() {
@@ -133,9 +133,9 @@ pub(crate) fn head_from_item(
         // MAC of the run id alone).
         incarnation: opt_s(item, "incarnation").unwrap_or_default(),
         last_real_type: opt_s(item, "last_real_type"),
-        stall_reported_at: item
-            .get("stall_reported_at")
-            .map(|_| get_n(item, "stall_reported_at"))
+        stall_reported_seq: item
+            .get("stall_reported_seq")
+            .map(|_| get_n(item, "stall_reported_seq"))
             .transpose()?,
     })
 }

@@ -67,15 +67,14 @@ impl DynamoStore {
             let mark = Update::builder()
                 .table_name(&self.tables.runs)
                 .key("run_id", s(&child.run_id))
-                .update_expression("SET stall_reported_at = :silence")
+                .update_expression("SET stall_reported_seq = :seen")
                 // Invariant: a silence is reported only while it lasts — the child is
                 // exactly as read (no event since), still running.
                 .condition_expression(
                     "next_seq = :seen AND #status = :running AND \
-                     (attribute_not_exists(stall_reported_at) OR stall_reported_at <> :silence)",
+                     (attribute_not_exists(stall_reported_seq) OR stall_reported_seq <> :seen)",
                 )
                 .expression_attribute_names("#status", "status")
-                .expression_attribute_values(":silence", n(child.last_event_at))
                 .expression_attribute_values(":seen", n(child.next_seq))
                 .expression_attribute_values(":running", s(RunStatus::Running.as_str()))
                 .return_values_on_condition_check_failure(
