@@ -108,7 +108,11 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                 ),
                 (
                     "PoliciesTable",
-                    &["dynamodb:BatchGetItem", "dynamodb:UpdateItem"],
+                    &[
+                        "dynamodb:BatchGetItem",
+                        "dynamodb:ConditionCheckItem",
+                        "dynamodb:UpdateItem",
+                    ],
                 ),
                 ("TimerQueue", &["sqs:SendMessage"]),
             ]),

@@ -139,9 +139,9 @@ impl Gate {
         if let Some(existing) = self.store.read_card(&head.run_id, &card.request_id).await? {
             return Ok(ArmOutcome::Card(Armed::Existing(existing)));
         }
-        let coordinator_owner = self.coordinator_owner(head).await?;
+        let coordinator = self.coordinator_of(head).await?;
         let keys = covering_keys(
-            &reach(head, coordinator_owner.as_deref()),
+            &reach(head, coordinator.as_ref()),
             self.always_eligible(&card.tool_name),
         );
         if let Some(policy) = self.store.find_policy(&keys, &card.tool_name).await? {
@@ -163,11 +163,10 @@ impl Gate {
         self.config.always_eligible.iter().any(|t| t == tool_name)
     }
 
-    async fn coordinator_owner(&self, head: &RunHead) -> Result<Option<String>, StoreError> {
+    /// The parent coordinator's head, for a child run.
+    async fn coordinator_of(&self, head: &RunHead) -> Result<Option<RunHead>, StoreError> {
         match (&head.kind, &head.parent_run_id) {
-            (RunKind::Child, Some(parent)) => {
-                Ok(self.store.read_head(parent).await?.and_then(|p| p.owner))
-            }
+            (RunKind::Child, Some(parent)) => self.store.read_head(parent).await,
             _ => Ok(None),
         }
     }
@@ -185,8 +184,8 @@ impl Gate {
         let Some(head) = self.store.read_head(&card.run_id).await? else {
             return Ok(None);
         };
-        let coordinator_owner = self.coordinator_owner(&head).await?;
-        let Some(key) = scope_key(scope, &reach(&head, coordinator_owner.as_deref())) else {
+        let coordinator = self.coordinator_of(&head).await?;
+        let Some(key) = scope_key(scope, &reach(&head, coordinator.as_ref())) else {
             return Ok(None);
         };
         Ok(Some(Policy {
@@ -341,18 +340,21 @@ impl Gate {
     }
 }
 
-fn reach<'a>(head: &'a RunHead, coordinator_owner: Option<&'a str>) -> Reach<'a> {
+fn reach<'a>(head: &'a RunHead, coordinator: Option<&'a RunHead>) -> Reach<'a> {
     Reach {
         run_id: &head.run_id,
+        incarnation: &head.incarnation,
         owner: head.owner.as_deref(),
         project_id: head.project_id.as_deref(),
-        coordinator: match head.kind {
-            RunKind::Child => head
-                .parent_run_id
-                .as_deref()
-                .map(|p| (p, coordinator_owner)),
-            _ => None,
-        },
+        coordinator: coordinator
+            .filter(|_| head.kind == RunKind::Child)
+            .map(|c| {
+                (
+                    c.run_id.as_str(),
+                    c.incarnation.as_str(),
+                    c.owner.as_deref(),
+                )
+            }),
     }
 }
 

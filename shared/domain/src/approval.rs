@@ -383,34 +383,60 @@ pub struct Policy {
 #[derive(Debug, Clone, Copy)]
 pub struct Reach<'a> {
     pub run_id: &'a str,
+    /// The run's incarnation: a grant never outlives the run it was made on, even if
+    /// the id is created again.
+    pub incarnation: &'a str,
     pub owner: Option<&'a str>,
     pub project_id: Option<&'a str>,
-    /// The parent coordinator and its owner, for a child run.
-    pub coordinator: Option<(&'a str, Option<&'a str>)>,
+    /// The parent coordinator (id, incarnation, owner), for a child run.
+    pub coordinator: Option<(&'a str, &'a str, Option<&'a str>)>,
+}
+
+/// One part of a scope key: hex, so no owner, project or id can contain the separator
+/// (`p` + `x:alice` and `p:x` + `alice` are different keys; no project is not `-`).
+fn part(value: Option<&str>) -> String {
+    match value {
+        Some(v) => hex::encode(v),
+        None => "~".into(),
+    }
 }
 
 /// The key a grant of `scope` made on a run with this reach is stored under (`None` for
 /// `once`, which grants nothing). `tool`: this run. `run`: this run and, when its
 /// coordinator has the same owner, its siblings. `always`: the owner within the project.
 pub fn scope_key(scope: Scope, reach: &Reach<'_>) -> Option<String> {
-    let project = reach.project_id.unwrap_or("-");
+    let project = part(reach.project_id);
+    let this_run = format!(
+        "run:{}:{}",
+        part(Some(reach.run_id)),
+        part(Some(reach.incarnation))
+    );
     match scope {
         Scope::Once => None,
-        Scope::Tool => Some(format!("run:{}", reach.run_id)),
+        Scope::Tool => Some(this_run),
         Scope::Run => Some(match (reach.coordinator, reach.owner) {
-            (Some((coordinator, Some(parent_owner))), Some(owner)) if parent_owner == owner => {
-                format!("family:{coordinator}:{project}:{owner}")
+            (Some((coordinator, incarnation, Some(parent_owner))), Some(owner))
+                if parent_owner == owner =>
+            {
+                format!(
+                    "family:{}:{}:{project}:{}",
+                    part(Some(coordinator)),
+                    part(Some(incarnation)),
+                    part(Some(owner))
+                )
             }
-            _ => format!("run:{}", reach.run_id),
+            _ => this_run,
         }),
-        Scope::Always => reach.owner.map(|owner| format!("owner:{project}:{owner}")),
+        Scope::Always => reach
+            .owner
+            .map(|owner| format!("owner:{project}:{}", part(Some(owner)))),
     }
 }
 
 /// Every key under which a live grant would cover a new gate on a run with this reach
 /// (`always` keys only when the tool is always-eligible).
 pub fn covering_keys(reach: &Reach<'_>, always_eligible: bool) -> Vec<String> {
-    let mut keys = vec![format!("run:{}", reach.run_id)];
+    let mut keys: Vec<String> = scope_key(Scope::Tool, reach).into_iter().collect();
     if let Some(family) = scope_key(Scope::Run, reach).filter(|k| k.starts_with("family:")) {
         keys.push(family);
     }
@@ -499,33 +525,63 @@ mod scope_tests {
     fn scope_reach_follows_design_6() {
         let child = Reach {
             run_id: "c1",
+            incarnation: "i1",
             owner: Some("alice"),
             project_id: Some("p"),
-            coordinator: Some(("co", Some("alice"))),
+            coordinator: Some(("co", "i0", Some("alice"))),
         };
+        let tool = scope_key(Scope::Tool, &child).unwrap();
+        let run = scope_key(Scope::Run, &child).unwrap();
+        let always = scope_key(Scope::Always, &child).unwrap();
         assert_eq!(scope_key(Scope::Once, &child), None);
-        assert_eq!(scope_key(Scope::Tool, &child).unwrap(), "run:c1");
-        assert_eq!(scope_key(Scope::Run, &child).unwrap(), "family:co:p:alice");
-        assert_eq!(scope_key(Scope::Always, &child).unwrap(), "owner:p:alice");
+        assert!(
+            tool.starts_with("run:") && run.starts_with("family:") && always.starts_with("owner:")
+        );
         // A coordinator of another owner: `run` stays on this run.
         let foreign = Reach {
-            coordinator: Some(("co", Some("bob"))),
+            coordinator: Some(("co", "i0", Some("bob"))),
             ..child
         };
-        assert_eq!(scope_key(Scope::Run, &foreign).unwrap(), "run:c1");
+        assert_eq!(scope_key(Scope::Run, &foreign).unwrap(), tool);
         assert_eq!(
             covering_keys(&child, true),
-            ["run:c1", "family:co:p:alice", "owner:p:alice"]
+            [tool.clone(), run, always.clone()]
         );
-        assert_eq!(covering_keys(&foreign, false), ["run:c1"]);
-        // Another project never shares an `always` key.
+        assert_eq!(covering_keys(&foreign, false), std::slice::from_ref(&tool));
+        // Another project, or the same id created again, never shares a key.
         let other = Reach {
             project_id: Some("q"),
             ..child
         };
+        assert_ne!(scope_key(Scope::Always, &other).unwrap(), always);
+        let again = Reach {
+            incarnation: "i2",
+            ..child
+        };
+        assert_ne!(scope_key(Scope::Tool, &again).unwrap(), tool);
+        // Separators inside values cannot make two grants collide.
+        let a = Reach {
+            project_id: Some("p"),
+            owner: Some("x:alice"),
+            ..child
+        };
+        let b = Reach {
+            project_id: Some("p:x"),
+            owner: Some("alice"),
+            ..child
+        };
+        assert_ne!(scope_key(Scope::Always, &a), scope_key(Scope::Always, &b));
+        let none = Reach {
+            project_id: None,
+            ..child
+        };
+        let dash = Reach {
+            project_id: Some("-"),
+            ..child
+        };
         assert_ne!(
-            scope_key(Scope::Always, &other),
-            scope_key(Scope::Always, &child)
+            scope_key(Scope::Always, &none),
+            scope_key(Scope::Always, &dash)
         );
         let id = policy_id("owner:p:alice", "web_fetch");
         assert_eq!(

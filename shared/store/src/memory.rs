@@ -339,15 +339,13 @@ impl ApprovalStore for MemoryStore {
             runs.policies
                 .insert((policy.scope_key.clone(), policy.tool_name.clone()), policy);
         }
-        if running {
-            if let Some(coord) = ended
-                .coordinator_run_id
-                .as_ref()
-                .and_then(|c| runs.get_mut(c))
-                .filter(|r| r.running_head().is_some())
-            {
-                coord.push(&[ended.coordinator_resolved_event()], now);
-            }
+        if let Some(coord) = ended
+            .coordinator_run_id
+            .as_ref()
+            .and_then(|c| runs.get_mut(c))
+            .filter(|r| r.running_head().is_some())
+        {
+            coord.push(&[ended.coordinator_resolved_event()], now);
         }
         Ok(Resolved::Fresh(ended))
     }
@@ -439,7 +437,9 @@ impl ApprovalStore for MemoryStore {
             .ok_or(StoreError::NotFound)?;
         record.event_ids.insert(id, seq);
         if let Some(p) = state.policies.get_mut(&key) {
-            if !p.reached_runs.contains(&card.run_id) {
+            if !p.reached_runs.contains(&card.run_id)
+                && p.reached_runs.len() < crate::MAX_ANNOUNCED_RUNS
+            {
                 p.reached_runs.push(card.run_id.clone());
             }
         }

@@ -31,7 +31,9 @@ impl DynamoStore {
         now: i64,
     ) -> Result<aws_sdk_dynamodb::types::TransactWriteItem, StoreError> {
         let mut item = card_to_item(card);
-        if let Some(exp) = self.expires_at(now) {
+        // Retention counts from the card's deadline too: a pending card is never removed
+        // before it can expire (and be announced).
+        if let Some(exp) = self.expires_at(now.max(card.expires_at)) {
             item.insert("expires_at".into(), exp);
         }
         let mut put = Put::builder()
@@ -218,26 +220,27 @@ impl ApprovalStore for DynamoStore {
                 side.push(self.policy_grant(policy)?);
             }
             let mut runs = Vec::new();
+            // (On an ended run the card expires without an event there: nothing may
+            // follow its terminal event. Its running coordinator is still told, so no
+            // console keeps live buttons for it.)
             if let Some(head) = head {
                 runs.push(RunWrite {
                     head,
                     kind: WriteKind::Advance { end: None },
                     events: vec![ended.resolved_event()],
                 });
-                let coordinator = match &ended.coordinator_run_id {
-                    Some(c) => self.running_head(c).await?,
-                    None => None,
-                };
-                if let Some(coord) = coordinator {
-                    runs.push(RunWrite {
-                        head: coord,
-                        kind: WriteKind::Advance { end: None },
-                        events: vec![ended.coordinator_resolved_event()],
-                    });
-                }
             }
-            // (On an ended run the card expires alone: nothing may follow its terminal
-            // event.)
+            let coordinator = match &ended.coordinator_run_id {
+                Some(c) => self.running_head(c).await?,
+                None => None,
+            };
+            if let Some(coord) = coordinator {
+                runs.push(RunWrite {
+                    head: coord,
+                    kind: WriteKind::Advance { end: None },
+                    events: vec![ended.coordinator_resolved_event()],
+                });
+            }
             match self.commit(&Plan { runs, side }).await? {
                 Committed::Done { .. } => return Ok(Resolved::Fresh(ended)),
                 // The card moved (read it again: `Already`) or a head moved (retry).

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{
-    AttributeValue, KeysAndAttributes, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
-    Update,
+    AttributeValue, ConditionCheck, KeysAndAttributes, ReturnValuesOnConditionCheckFailure,
+    TransactWriteItem, Update,
 };
 use tollgate_domain::{ApprovalRequest, Policy};
 
@@ -160,22 +160,40 @@ impl DynamoStore {
                     terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
                 });
             }
-            let reach = Update::builder()
-                .table_name(&self.tables.policies)
-                .key("scope_key", s(&policy.scope_key))
-                .key("tool_name", s(&policy.tool_name))
-                .update_expression("ADD reached_runs :run")
-                // Invariant: nothing is auto-approved by a policy that is revoked (or
-                // gone) when the approval commits.
-                .condition_expression(
-                    "attribute_exists(scope_key) AND attribute_not_exists(revoked_at)",
-                )
-                .expression_attribute_values(":run", AttributeValue::Ss(vec![card.run_id.clone()]))
-                .return_values_on_condition_check_failure(
-                    ReturnValuesOnConditionCheckFailure::AllOld,
-                )
-                .build()
-                .map_err(build_error)?;
+            // Invariant: nothing is auto-approved by a policy that is revoked (or gone)
+            // when the approval commits. The streams it reached are recorded up to the
+            // number a revocation announces on, so the item stays small.
+            let live = "attribute_exists(scope_key) AND attribute_not_exists(revoked_at)";
+            let reach = if policy.reached_runs.len() < crate::MAX_ANNOUNCED_RUNS {
+                let update = Update::builder()
+                    .table_name(&self.tables.policies)
+                    .key("scope_key", s(&policy.scope_key))
+                    .key("tool_name", s(&policy.tool_name))
+                    .update_expression("ADD reached_runs :run")
+                    .condition_expression(live)
+                    .expression_attribute_values(
+                        ":run",
+                        AttributeValue::Ss(vec![card.run_id.clone()]),
+                    )
+                    .return_values_on_condition_check_failure(
+                        ReturnValuesOnConditionCheckFailure::AllOld,
+                    )
+                    .build()
+                    .map_err(build_error)?;
+                TransactWriteItem::builder().update(update).build()
+            } else {
+                let check = ConditionCheck::builder()
+                    .table_name(&self.tables.policies)
+                    .key("scope_key", s(&policy.scope_key))
+                    .key("tool_name", s(&policy.tool_name))
+                    .condition_expression(live)
+                    .return_values_on_condition_check_failure(
+                        ReturnValuesOnConditionCheckFailure::AllOld,
+                    )
+                    .build()
+                    .map_err(build_error)?;
+                TransactWriteItem::builder().condition_check(check).build()
+            };
             let sequence = head.next_seq;
             let plan = Plan {
                 runs: vec![RunWrite {
@@ -183,7 +201,7 @@ impl DynamoStore {
                     kind: WriteKind::Advance { end: None },
                     events: vec![policy.auto_approved_event(card)],
                 }],
-                side: vec![TransactWriteItem::builder().update(reach).build()],
+                side: vec![reach],
             };
             match self.commit(&plan).await? {
                 Committed::Done { .. } => return Ok(sequence),
