@@ -6,19 +6,41 @@
 //! what to compare across machines. On DynamoDB it also sets eight writers through one
 //! store (in-process lanes, group commit) beside eight separate stores without lanes,
 //! which is how eight Lambda instances meet on one run.
+//!
+//! Then the approval gate on DynamoDB: arm, heartbeat and decision (on single runs and
+//! on child runs mirrored on a coordinator, through the store and through the API's
+//! gate), each with its time beside the same baselines, the requests the SDK sent
+//! (counted by an interceptor on the client) and the write units AWS would bill for
+//! its transaction, sized item by item with DynamoDB's item-size rules.
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use aws_sdk_dynamodb::config::interceptors::{
+    AfterDeserializationInterceptorContextRef, BeforeSerializationInterceptorContextMut,
+    BeforeTransmitInterceptorContextRef,
+};
+use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_sdk_dynamodb::operation::transact_write_items::{
+    TransactWriteItemsInput, TransactWriteItemsOutput,
+};
 use aws_sdk_dynamodb::types::{
-    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+    AttributeValue, ConsumedCapacity, Put, ReturnConsumedCapacity,
+    ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
 use serde_json::{json, Map};
-use tollgate_domain::{now_millis, render_event, EventDraft, NewRun, RunStatus};
+use tollgate_api::{Gate, GateConfig};
+use tollgate_domain::{
+    now_millis, render_event, ApprovalRequest, ApprovalState, EventDraft, NewRun, Resolution,
+    RunKind, RunStatus, Scope,
+};
 use tollgate_store::dynamo::DynamoStore;
 use tollgate_store::memory::MemoryStore;
-use tollgate_store::RunStore;
+use tollgate_store::{ApprovalStore, Armed, Beat, Resolved, RunRef, RunStore, Store};
 use tollgate_tests::{aws_endpoint_configured, dynamo_store};
+use tollgate_timers::EmbeddedTimers;
 
 const APPENDS: usize = 800;
 const WRITERS: usize = 8;
@@ -72,10 +94,7 @@ async fn append_throughput_on(
             tokio::spawn(async move {
                 for i in 0..appends / writers {
                     store
-                        .append_events(
-                            tollgate_store::RunRef::any(&run_id),
-                            vec![event(w * appends + i)],
-                        )
+                        .append_events(RunRef::any(&run_id), vec![event(w * appends + i)])
                         .await
                         .expect("append");
                 }
@@ -119,10 +138,7 @@ async fn filled_run(store: &Arc<dyn RunStore>) -> String {
     while n < REPLAY_EVENTS {
         let k = (REPLAY_EVENTS - n).min(99) as usize;
         store
-            .append_events(
-                tollgate_store::RunRef::any(&run_id),
-                (0..k).map(event).collect(),
-            )
+            .append_events(RunRef::any(&run_id), (0..k).map(event).collect())
             .await
             .expect("fill");
         n += k as u64;
@@ -246,23 +262,7 @@ async fn raw_append_transaction(
 async fn dynamo_baseline(store: &tollgate_store::dynamo::DynamoStore, run_id: &str) -> Baseline {
     let client = store.client();
     let table = &store.tables().events;
-    let start = Instant::now();
-    for i in 0..BASELINE_OPS {
-        client
-            .put_item()
-            .table_name(table)
-            .item("run_id", AttributeValue::S(format!("baseline-{}", i % 10)))
-            .item("event_key", AttributeValue::S(format!("k{i}")))
-            .item("sequence", AttributeValue::N(i.to_string()))
-            .item(
-                "body",
-                AttributeValue::S("{\"type\":\"agent.message\"}".into()),
-            )
-            .send()
-            .await
-            .expect("PutItem");
-    }
-    let put_item = start.elapsed() / BASELINE_OPS as u32;
+    let put_item = put_item_time(store, BASELINE_OPS).await;
     let start = Instant::now();
     for _ in 0..BASELINE_OPS / 3 {
         client
@@ -284,6 +284,29 @@ async fn dynamo_baseline(store: &tollgate_store::dynamo::DynamoStore, run_id: &s
         query,
         transact_2: raw_append_transaction(store, BASELINE_OPS, false).await,
     }
+}
+
+/// Mean time of one plain `PutItem` (a small event-shaped item), over `ops` of them.
+async fn put_item_time(store: &DynamoStore, ops: usize) -> Duration {
+    let client = store.client();
+    let table = &store.tables().events;
+    let start = Instant::now();
+    for i in 0..ops {
+        client
+            .put_item()
+            .table_name(table)
+            .item("run_id", AttributeValue::S(format!("baseline-{}", i % 10)))
+            .item("event_key", AttributeValue::S(format!("k{i}")))
+            .item("sequence", AttributeValue::N(i.to_string()))
+            .item(
+                "body",
+                AttributeValue::S("{\"type\":\"agent.message\"}".into()),
+            )
+            .send()
+            .await
+            .expect("PutItem");
+    }
+    start.elapsed() / ops as u32
 }
 
 fn ms(d: Duration) -> String {
@@ -461,5 +484,872 @@ async fn main() {
             ms(read_raw)
         );
         separate_stores(&d, &lanes).await;
+        approvals(&d, b).await;
     }
+}
+
+// ------------------------------------------------------------------------- approvals
+//
+// The approval gate on DynamoDB: what one decision and one heartbeat cost — time per
+// call beside the baselines, the requests the SDK sends (counted by an interceptor on
+// the client), and the write units AWS would bill for the transaction, sized from the
+// items themselves.
+
+/// Cards per kind of run (single; child with a coordinator), each on fresh runs.
+const CARDS: usize = 200;
+/// Cards per variant decided through the API's gate (`locate` + `resolve`).
+const GATE_CARDS: usize = 50;
+/// Cards per kind whose transactions ask DynamoDB Local for its `ConsumedCapacity`.
+const CAPACITY_CARDS: usize = 5;
+
+type Item = HashMap<String, AttributeValue>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the SDK sent through the instrumented client since the last [`Wire::take`].
+#[derive(Debug, Default)]
+struct WireLog {
+    /// One entry per HTTP request sent (SDK resends included): the operation from
+    /// `X-Amz-Target` and the kind of item it names, e.g. `GetItem(card)`.
+    sent: Vec<String>,
+    /// Every `TransactWriteItems` call's items, as the store built them.
+    transactions: Vec<Vec<TransactWriteItem>>,
+    /// The `ConsumedCapacity` of every `TransactWriteItems` answer (when asked for).
+    consumed: Vec<Vec<ConsumedCapacity>>,
+}
+
+/// An SDK interceptor that records every request of the client it is registered on.
+#[derive(Debug, Clone)]
+struct Wire {
+    log: Arc<Mutex<WireLog>>,
+    /// Physical table name → what its items are (`head`, `event`, `card`, `policy`).
+    labels: Arc<HashMap<String, &'static str>>,
+    /// Sets `ReturnConsumedCapacity=INDEXES` on every `TransactWriteItems`.
+    ask_capacity: Arc<AtomicBool>,
+}
+
+impl Wire {
+    fn take(&self) -> WireLog {
+        std::mem::take(&mut *self.log.lock().unwrap())
+    }
+}
+
+impl Intercept for Wire {
+    fn name(&self) -> &'static str {
+        "tollgate-bench-wire"
+    }
+
+    fn modify_before_serialization(
+        &self,
+        context: &mut BeforeSerializationInterceptorContextMut<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        if let Some(tx) = context
+            .input_mut()
+            .downcast_mut::<TransactWriteItemsInput>()
+        {
+            if self.ask_capacity.load(Ordering::Relaxed) {
+                tx.return_consumed_capacity = Some(ReturnConsumedCapacity::Indexes);
+            }
+            let items = tx.transact_items().to_vec();
+            self.log.lock().unwrap().transactions.push(items);
+        }
+        Ok(())
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let request = context.request();
+        let op = request
+            .headers()
+            .get("x-amz-target")
+            .and_then(|t| t.rsplit('.').next())
+            .unwrap_or("unknown")
+            .to_owned();
+        let body: Option<serde_json::Value> = request
+            .body()
+            .bytes()
+            .and_then(|b| serde_json::from_slice(b).ok());
+        let label = body.as_ref().and_then(|b| {
+            let table = b.get("TableName")?.as_str()?;
+            let label = *self.labels.get(table)?;
+            let item_key = b.pointer("/Key/item_key/S").and_then(|k| k.as_str());
+            Some(match item_key {
+                Some(k) if k.starts_with("route#") => "route",
+                _ => label,
+            })
+        });
+        let sent = match label {
+            Some(l) => format!("{op}({l})"),
+            None => op,
+        };
+        self.log.lock().unwrap().sent.push(sent);
+        Ok(())
+    }
+
+    fn read_after_deserialization(
+        &self,
+        context: &AfterDeserializationInterceptorContextRef<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        if let Ok(output) = context.output_or_error() {
+            if let Some(out) = output.downcast_ref::<TransactWriteItemsOutput>() {
+                if !out.consumed_capacity().is_empty() {
+                    let consumed = out.consumed_capacity().to_vec();
+                    self.log.lock().unwrap().consumed.push(consumed);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One secondary index as the template declares it.
+struct IndexInfo {
+    name: String,
+    key: Vec<String>,
+    /// `ProjectionType: ALL` (an index entry is the whole item).
+    all: bool,
+}
+
+/// One table as the template declares it: what its items are, key, indexes.
+struct TableInfo {
+    label: &'static str,
+    key: Vec<String>,
+    indexes: Vec<IndexInfo>,
+}
+
+/// Physical table name → its definition, from the deployment template.
+fn table_infos(tables: &tollgate_store::dynamo::Tables) -> HashMap<String, TableInfo> {
+    use tollgate_store::schema::{physical_name, table_defs, TEMPLATE};
+    let defs = table_defs(TEMPLATE).expect("the template's tables");
+    let names = |pairs: Vec<(String, String)>| pairs.into_iter().map(|(a, _)| a).collect();
+    defs.into_iter()
+        .filter_map(|def| {
+            let physical = physical_name(tables, &def.logical_id)?;
+            let label = match def.logical_id.as_str() {
+                "RunsTable" => "head",
+                "EventsTable" => "event",
+                "ApprovalsTable" => "card",
+                "PoliciesTable" => "policy",
+                _ => "item",
+            };
+            let indexes = def
+                .local_indexes
+                .into_iter()
+                .chain(def.global_indexes)
+                .map(|(name, key, projection)| IndexInfo {
+                    name,
+                    key: names(key),
+                    all: projection == "ALL",
+                })
+                .collect();
+            Some((
+                physical,
+                TableInfo {
+                    label,
+                    key: names(def.key),
+                    indexes,
+                },
+            ))
+        })
+        .collect()
+}
+
+/// DynamoDB's size of a number: 1 byte per two significant digits, plus 1.
+fn number_size(n: &str) -> usize {
+    let mantissa = n.split(['e', 'E']).next().unwrap_or("");
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let significant = digits.trim_start_matches('0').trim_end_matches('0').len();
+    significant.max(1).div_ceil(2) + 1
+}
+
+/// DynamoDB's size of one attribute value (without its name).
+fn value_size(v: &AttributeValue) -> usize {
+    match v {
+        AttributeValue::S(s) => s.len(),
+        AttributeValue::N(n) => number_size(n),
+        AttributeValue::B(b) => b.as_ref().len(),
+        AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
+        AttributeValue::Ss(v) => v.iter().map(String::len).sum(),
+        AttributeValue::Ns(v) => v.iter().map(|n| number_size(n)).sum(),
+        AttributeValue::Bs(v) => v.iter().map(|b| b.as_ref().len()).sum(),
+        AttributeValue::L(v) => 3 + v.iter().map(|e| 1 + value_size(e)).sum::<usize>(),
+        AttributeValue::M(m) => {
+            3 + m
+                .iter()
+                .map(|(k, e)| 1 + k.len() + value_size(e))
+                .sum::<usize>()
+        }
+        _ => 0,
+    }
+}
+
+/// DynamoDB's item size: the attribute names' UTF-8 lengths plus the values' sizes.
+fn item_size(item: &Item) -> usize {
+    item.iter().map(|(k, v)| k.len() + value_size(v)).sum()
+}
+
+/// Units of `unit` bytes, rounded up per item (a write of 0 bytes still costs one).
+fn units(bytes: usize, unit: usize) -> u64 {
+    bytes.max(1).div_ceil(unit) as u64
+}
+
+/// The last known image of every item the instrumented store wrote, by table and key.
+type Model = HashMap<String, Item>;
+
+fn model_key(info: &TableInfo, table: &str, attrs: &Item) -> String {
+    let mut key = table.to_owned();
+    for name in &info.key {
+        key.push_str(&format!("|{:?}", attrs.get(name)));
+    }
+    key
+}
+
+/// One item of a transaction as AWS bills it.
+struct ItemBill {
+    label: String,
+    op: &'static str,
+    /// The larger of the item before and after the write.
+    bytes: usize,
+    /// Transactional: 2 write units per started KB.
+    wcu: u64,
+}
+
+/// One transaction as AWS bills it: its items, and the index writes they cause.
+struct TxBill {
+    items: Vec<ItemBill>,
+    /// Index name → write units (1 per started KB of each index entry written).
+    index: Vec<(String, u64)>,
+}
+
+/// Bills one transaction from the items it names, their images before (`pre`) and after
+/// (`post`; a `Put`'s own item), with DynamoDB's sizing rules.
+fn bill<'a>(
+    tables: &HashMap<String, TableInfo>,
+    coordinators: &HashSet<String>,
+    tx: &'a [TransactWriteItem],
+    pre: &'a Model,
+    post: &'a Model,
+) -> TxBill {
+    let mut out = TxBill {
+        items: Vec::new(),
+        index: Vec::new(),
+    };
+    for w in tx {
+        let (op, table, attrs) = if let Some(p) = w.put() {
+            ("Put", p.table_name(), p.item())
+        } else if let Some(u) = w.update() {
+            ("Update", u.table_name(), u.key())
+        } else if let Some(d) = w.delete() {
+            ("Delete", d.table_name(), d.key())
+        } else if let Some(c) = w.condition_check() {
+            ("ConditionCheck", c.table_name(), c.key())
+        } else {
+            continue;
+        };
+        let info = &tables[table];
+        let key = model_key(info, table, attrs);
+        let before = pre.get(&key);
+        let after = match op {
+            "Put" => Some(attrs),
+            "Delete" => None,
+            "ConditionCheck" => before,
+            _ => post.get(&key),
+        };
+        let mut label = info.label.to_owned();
+        if let Some(AttributeValue::S(k)) = attrs.get("item_key") {
+            if k.starts_with("route#") {
+                label = "route".into();
+            }
+        }
+        if let Some(AttributeValue::S(run)) = attrs.get("run_id") {
+            if coordinators.contains(run) && (label == "head" || label == "event") {
+                label = format!("coordinator {label}");
+            }
+        }
+        let bytes = before
+            .map(item_size)
+            .unwrap_or(0)
+            .max(after.map(item_size).unwrap_or(0));
+        out.items.push(ItemBill {
+            label,
+            op,
+            bytes,
+            wcu: 2 * units(bytes, 1024),
+        });
+        for index in &info.indexes {
+            let in_index =
+                |i: Option<&'a Item>| i.filter(|i| index.key.iter().all(|k| i.contains_key(k)));
+            // Sized as the whole item: exact for `ALL` projections (every index here).
+            let entries: Vec<usize> = match (in_index(before), in_index(after)) {
+                (None, None) => vec![],
+                (None, Some(a)) => vec![item_size(a)],
+                (Some(b), None) => vec![item_size(b)],
+                (Some(b), Some(a)) if index.key.iter().any(|k| b.get(k) != a.get(k)) => {
+                    vec![item_size(b), item_size(a)] // the entry moves: delete + put
+                }
+                (Some(b), Some(a)) if b != a => vec![item_size(b).max(item_size(a))],
+                _ => vec![],
+            };
+            let name = if index.all {
+                index.name.clone()
+            } else {
+                format!("{} (not ALL: sized as the whole item)", index.name)
+            };
+            for size in entries {
+                out.index.push((name.clone(), units(size, 1024)));
+            }
+        }
+    }
+    out
+}
+
+/// One measured phase: `n` calls, one at a time.
+struct Phase {
+    per_op: Duration,
+    n: usize,
+    log: WireLog,
+    bills: Vec<TxBill>,
+}
+
+/// A count per call: `3`, or `1.02` when some calls differed.
+fn per(count: usize, n: usize) -> String {
+    let x = count as f64 / n as f64;
+    if (x - x.round()).abs() < 1e-9 {
+        format!("{}", x.round() as u64)
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+/// Counts in first-seen order.
+fn tally<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<(&'a str, usize)> {
+    let mut out: Vec<(&str, usize)> = Vec::new();
+    for name in names {
+        match out.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, c)) => *c += 1,
+            None => out.push((name, 1)),
+        }
+    }
+    out
+}
+
+impl Phase {
+    /// `1 GetItem(card) + 1 GetItem(head) + 1 TransactWriteItems = 3 round trips`.
+    fn trips(&self) -> String {
+        let parts: Vec<String> = tally(self.log.sent.iter().map(String::as_str))
+            .into_iter()
+            .map(|(name, c)| format!("{} {name}", per(c, self.n)))
+            .collect();
+        format!(
+            "{} = {} round trips",
+            parts.join(" + "),
+            per(self.log.sent.len(), self.n)
+        )
+    }
+
+    fn round_trips(&self) -> f64 {
+        self.log.sent.len() as f64 / self.n as f64
+    }
+
+    /// Mean write units per call: (transactional item units, index units).
+    fn write_units(&self) -> (f64, f64) {
+        let n = self.n as f64;
+        let items: u64 = self
+            .bills
+            .iter()
+            .flat_map(|b| &b.items)
+            .map(|i| i.wcu)
+            .sum();
+        let index: u64 = self.bills.iter().flat_map(|b| &b.index).map(|i| i.1).sum();
+        (items as f64 / n, index as f64 / n)
+    }
+
+    /// `head Update 196 B (2) + event Put 344 B (2) = 2 items, 4 WCU transactional; …`.
+    fn writes(&self, what: &str) -> String {
+        let n = self.n;
+        let all: Vec<&ItemBill> = self.bills.iter().flat_map(|b| &b.items).collect();
+        let labels = tally(all.iter().map(|i| i.label.as_str()));
+        let parts: Vec<String> = labels
+            .iter()
+            .map(|(label, count)| {
+                let of: Vec<&&ItemBill> = all.iter().filter(|i| i.label == *label).collect();
+                let bytes = of.iter().map(|i| i.bytes).sum::<usize>() / count;
+                let wcu = of.iter().map(|i| i.wcu).sum::<u64>() as usize;
+                let times = if *count == n {
+                    String::new()
+                } else {
+                    format!(" ×{}", per(*count, n))
+                };
+                format!(
+                    "{label} {}{times} {bytes} B ({})",
+                    of[0].op,
+                    per(wcu, *count)
+                )
+            })
+            .collect();
+        let index: Vec<String> = tally(
+            self.bills
+                .iter()
+                .flat_map(|b| &b.index)
+                .flat_map(|(name, u)| std::iter::repeat_n(name.as_str(), *u as usize)),
+        )
+        .into_iter()
+        .map(|(name, u)| format!("{name} {}", per(u, n)))
+        .collect();
+        let (tx, ix) = self.write_units();
+        if index.is_empty() {
+            return format!(
+                "{} = {} items, {tx} WCU transactional (2 per started KB, per item) → {tx} WCU per {what}",
+                parts.join(" + "),
+                per(all.len(), n),
+            );
+        }
+        format!(
+            "{} = {} items, {tx} WCU transactional (2 per started KB, per item); index entries \
+             written: {} = {ix} KB-units, +{ix} WCU at the standard rate or +{} if doubled like \
+             the items → {} to {} WCU per {what}",
+            parts.join(" + "),
+            per(all.len(), n),
+            index.join(" + "),
+            2.0 * ix,
+            tx + ix,
+            tx + 2.0 * ix
+        )
+    }
+
+    /// DynamoDB Local's own figure per call, when the transactions asked for it: the
+    /// total, then per table its own units and each index's.
+    fn consumed(&self, tables: &HashMap<String, TableInfo>) -> String {
+        if self.log.consumed.is_empty() {
+            return "none returned".into();
+        }
+        let mut parts: Vec<(String, f64)> = Vec::new();
+        let mut add = |name: String, units: f64| match parts.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, u)) => *u += units,
+            None => parts.push((name, units)),
+        };
+        let mut total = 0.0;
+        let capacity = |c: &aws_sdk_dynamodb::types::Capacity| c.capacity_units().unwrap_or(0.0);
+        for c in self.log.consumed.iter().flatten() {
+            total += c.capacity_units().unwrap_or(0.0);
+            let table = c.table_name().unwrap_or("?");
+            let label = tables.get(table).map_or("?", |t| t.label);
+            add(format!("{label}s"), c.table().map(capacity).unwrap_or(0.0));
+            let indexes = c.local_secondary_indexes().into_iter().flatten();
+            for (name, cap) in indexes.chain(c.global_secondary_indexes().into_iter().flatten()) {
+                add(name.clone(), capacity(cap));
+            }
+        }
+        let n = self.n as f64;
+        let parts: Vec<String> = parts
+            .iter()
+            .map(|(name, u)| format!("{name} {:.1}", u / n))
+            .collect();
+        format!("{:.1} CU ({})", total / n, parts.join(" + "))
+    }
+}
+
+/// One armed card and the runs it lives on.
+struct BenchCard {
+    run_id: String,
+    request_id: String,
+    coordinator: Option<String>,
+}
+
+fn approval_card(run_id: &str, coordinator: Option<&str>, i: usize) -> ApprovalRequest {
+    let request_id = format!("call_{}", uuid::Uuid::new_v4().simple());
+    let now = now_millis();
+    ApprovalRequest {
+        run_id: run_id.into(),
+        tool_call_id: request_id.clone(),
+        approval_id: request_id.clone(),
+        request_id,
+        tool_name: "web_fetch".into(),
+        explicit_ids: false,
+        url: Some("https://docs.example.com/guide/getting-started".into()),
+        intention: Some("Read the setup guide to answer the user's question".into()),
+        message: Some("The agent wants to fetch a page from docs.example.com.".into()),
+        arguments_hash: Some(format!("sha256:{i:064x}")),
+        state: ApprovalState::Pending,
+        scope: None,
+        decided_by: None,
+        decided_at: None,
+        created_at: now,
+        expires_at: now + 3_600_000,
+        coordinator_run_id: coordinator.map(Into::into),
+        subtask_id: coordinator.map(|_| json!(i)),
+        project_id: None,
+    }
+}
+
+fn approve_once() -> Resolution {
+    Resolution::Approved {
+        scope: Scope::Once,
+        by: "operator@example.com".into(),
+    }
+}
+
+struct ApprovalBench {
+    /// The store under test, on a client with the [`Wire`] interceptor.
+    store: Arc<DynamoStore>,
+    /// The same tables through the plain client: reads the items written (untimed,
+    /// uncounted) so updates can be sized.
+    plain: DynamoStore,
+    wire: Wire,
+    tables: HashMap<String, TableInfo>,
+    model: Model,
+    coordinators: HashSet<String>,
+}
+
+impl ApprovalBench {
+    fn new(d: &DynamoStore) -> Self {
+        let tables = table_infos(d.tables());
+        let wire = Wire {
+            log: Arc::default(),
+            labels: Arc::new(tables.iter().map(|(t, i)| (t.clone(), i.label)).collect()),
+            ask_capacity: Arc::default(),
+        };
+        let config = d
+            .client()
+            .config()
+            .to_builder()
+            .interceptor(wire.clone())
+            .build();
+        let client = aws_sdk_dynamodb::Client::from_conf(config);
+        Self {
+            store: Arc::new(DynamoStore::new(client, d.tables().clone())),
+            plain: d.clone(),
+            wire,
+            tables,
+            model: Model::new(),
+            coordinators: HashSet::new(),
+        }
+    }
+
+    /// Starts a phase: forgets what was sent so far; returns the images before it.
+    fn start(&self) -> Model {
+        self.wire.take();
+        self.model.clone()
+    }
+
+    /// Ends a phase of `n` calls that took `elapsed`: takes what was sent, learns the
+    /// images after it (a `Put`'s item as sent; an `Update`'s as stored now, read
+    /// through the plain client) and bills every transaction.
+    async fn finish(&mut self, pre: Model, elapsed: Duration, n: usize) -> Phase {
+        let log = self.wire.take();
+        let mut updated = HashMap::new();
+        for w in log.transactions.iter().flatten() {
+            if let Some(p) = w.put() {
+                let info = &self.tables[p.table_name()];
+                let key = model_key(info, p.table_name(), p.item());
+                self.model.insert(key, p.item().clone());
+            } else if let Some(u) = w.update() {
+                let info = &self.tables[u.table_name()];
+                let key = model_key(info, u.table_name(), u.key());
+                updated.insert(key, (u.table_name().to_owned(), u.key().clone()));
+            } else if let Some(d) = w.delete() {
+                let info = &self.tables[d.table_name()];
+                self.model.remove(&model_key(info, d.table_name(), d.key()));
+            }
+        }
+        for (key, (table, item_key)) in updated {
+            let stored = self
+                .plain
+                .client()
+                .get_item()
+                .table_name(table)
+                .set_key(Some(item_key))
+                .consistent_read(true)
+                .send()
+                .await
+                .expect("GetItem of an updated item")
+                .item;
+            match stored {
+                Some(item) => self.model.insert(key, item),
+                None => self.model.remove(&key),
+            };
+        }
+        let bills = log
+            .transactions
+            .iter()
+            .map(|tx| bill(&self.tables, &self.coordinators, tx, &pre, &self.model))
+            .collect();
+        Phase {
+            per_op: elapsed / n as u32,
+            n,
+            log,
+            bills,
+        }
+    }
+
+    async fn create(&self, kind: RunKind, parent: Option<&str>, subtask: Option<usize>) -> String {
+        let run_id = format!("bench-{}", uuid::Uuid::new_v4().simple());
+        self.store
+            .create_run(NewRun {
+                run_id: run_id.clone(),
+                kind,
+                parent_run_id: parent.map(Into::into),
+                subtask_id: subtask.map(|i| json!(i)),
+                owner: Some("bench-owner".into()),
+                created_by: "bench".into(),
+                ..NewRun::default()
+            })
+            .await
+            .expect("create run");
+        run_id
+    }
+
+    /// `n` fresh runs (single, or child each with its own fresh coordinator) with one
+    /// pending card each; returns the cards and the arm phase.
+    async fn cards(&mut self, with_coordinator: bool, n: usize) -> (Vec<BenchCard>, Phase) {
+        let pre = self.start();
+        let mut runs = Vec::with_capacity(n);
+        for i in 0..n {
+            let run = if with_coordinator {
+                let coordinator = self.create(RunKind::Coordinator, None, None).await;
+                self.coordinators.insert(coordinator.clone());
+                let child = self
+                    .create(RunKind::Child, Some(&coordinator), Some(i))
+                    .await;
+                (child, Some(coordinator))
+            } else {
+                (self.create(RunKind::Single, None, None).await, None)
+            };
+            runs.push(run);
+        }
+        self.finish(pre, Duration::ZERO, n).await; // the heads, for the model
+        let pre = self.start();
+        let start = Instant::now();
+        let mut cards = Vec::with_capacity(n);
+        for (i, (run_id, coordinator)) in runs.into_iter().enumerate() {
+            let card = approval_card(&run_id, coordinator.as_deref(), i);
+            let request_id = card.request_id.clone();
+            let armed = self
+                .store
+                .arm(RunRef::any(&run_id), card)
+                .await
+                .expect("arm");
+            match armed {
+                Armed::Created { card, .. } => assert_eq!(card.coordinator_run_id, coordinator),
+                other => panic!("a fresh card was not created: {other:?}"),
+            }
+            cards.push(BenchCard {
+                run_id,
+                request_id,
+                coordinator,
+            });
+        }
+        let elapsed = start.elapsed();
+        (cards, self.finish(pre, elapsed, n).await)
+    }
+
+    /// Heartbeat 1 on every card, one at a time.
+    async fn heartbeats(&mut self, cards: &[BenchCard]) -> Phase {
+        let pre = self.start();
+        let start = Instant::now();
+        for c in cards {
+            let beat = self
+                .store
+                .heartbeat(&c.run_id, &c.request_id, 1)
+                .await
+                .expect("heartbeat");
+            assert!(
+                matches!(beat, Beat::Emitted(_)),
+                "heartbeat written: {beat:?}"
+            );
+        }
+        let elapsed = start.elapsed();
+        self.finish(pre, elapsed, cards.len()).await
+    }
+
+    /// `resolve(run, request, Approved { scope: once }, now, None)` on every card.
+    async fn decisions(&mut self, cards: &[BenchCard]) -> Phase {
+        let pre = self.start();
+        let start = Instant::now();
+        for c in cards {
+            let resolved = self
+                .store
+                .resolve(&c.run_id, &c.request_id, approve_once(), now_millis(), None)
+                .await
+                .expect("resolve");
+            assert!(
+                matches!(&resolved, Resolved::Fresh(card) if card.state == ApprovalState::Approved),
+                "decision landed: {resolved:?}"
+            );
+        }
+        let elapsed = start.elapsed();
+        self.finish(pre, elapsed, cards.len()).await
+    }
+
+    /// A decision as the API makes it (`POST …/approve`, scope once, less HTTP and auth):
+    /// the gate locates the card from the run it was posted on, then resolves it.
+    async fn gate_decisions(&mut self, cards: &[BenchCard], on_coordinator: bool) -> Phase {
+        let store: Arc<dyn Store> = self.store.clone();
+        let gate = Gate::new(
+            store,
+            Arc::new(EmbeddedTimers::new()),
+            GateConfig::default(),
+        );
+        let pre = self.start();
+        let start = Instant::now();
+        for c in cards {
+            let posted_on = match (&c.coordinator, on_coordinator) {
+                (Some(coordinator), true) => coordinator,
+                _ => &c.run_id,
+            };
+            let card = gate
+                .locate(posted_on, &c.request_id)
+                .await
+                .expect("locate")
+                .expect("the card is found");
+            let resolved = gate.resolve(&card, approve_once()).await.expect("resolve");
+            assert!(
+                matches!(&resolved, Resolved::Fresh(card) if card.state == ApprovalState::Approved),
+                "decision landed: {resolved:?}"
+            );
+        }
+        let elapsed = start.elapsed();
+        self.finish(pre, elapsed, cards.len()).await
+    }
+
+    /// The largest item any GetItem of the phases could have read (for read units).
+    fn largest_item(&self) -> usize {
+        self.model.values().map(item_size).max().unwrap_or(0)
+    }
+}
+
+/// Decision and heartbeat latency, round trips and write units on DynamoDB.
+async fn approvals(d: &DynamoStore, start_baseline: &Baseline) {
+    println!(
+        "\n== approvals on DynamoDB: {CARDS} cards per kind, each on fresh runs, one call at a time"
+    );
+    let mut bench = ApprovalBench::new(d);
+    // Warm-up (connections, the emulator's JIT on these code paths), not reported.
+    for with_coordinator in [false, true] {
+        let (cards, _) = bench.cards(with_coordinator, 20).await;
+        bench.heartbeats(&cards).await;
+        bench.decisions(&cards).await;
+    }
+    // Baselines again, just before and just after what they are compared with (the
+    // emulator and the machine drift): the ratios use the mean of the two.
+    let put_before = put_item_time(d, BASELINE_OPS).await;
+    let tx2_before = raw_append_transaction(d, BASELINE_OPS, false).await;
+
+    let (single, single_arm) = bench.cards(false, CARDS).await;
+    let single_beat = bench.heartbeats(&single).await;
+    let single_decision = bench.decisions(&single).await;
+    let (child, child_arm) = bench.cards(true, CARDS).await;
+    let child_beat = bench.heartbeats(&child).await;
+    let child_decision = bench.decisions(&child).await;
+    // Through the API's gate: the card is located first (decide → Gate::locate).
+    let (cards, _) = bench.cards(false, GATE_CARDS).await;
+    let gate_single = bench.gate_decisions(&cards, false).await;
+    let (cards, _) = bench.cards(true, GATE_CARDS).await;
+    let gate_child = bench.gate_decisions(&cards, false).await;
+    let (cards, _) = bench.cards(true, GATE_CARDS).await;
+    let gate_routed = bench.gate_decisions(&cards, true).await;
+
+    let put_after = put_item_time(d, BASELINE_OPS).await;
+    let tx2_after = raw_append_transaction(d, BASELINE_OPS, false).await;
+    let (put, tx2) = ((put_before + put_after) / 2, (tx2_before + tx2_after) / 2);
+    println!(
+        "  baselines here (before / after the approvals below): PutItem {} / {}, raw 2-item \
+         TransactWriteItems {} / {}; at the start of the run {} and {}",
+        ms(put_before),
+        ms(put_after),
+        ms(tx2_before),
+        ms(tx2_after),
+        ms(start_baseline.put_item),
+        ms(start_baseline.transact_2)
+    );
+    let row = |what: &str, unit: &str, p: &Phase| {
+        println!(
+            "  {what:<44} {:>9}/{unit} = {} one PutItem, {} one raw 2-item TransactWriteItems",
+            ms(p.per_op),
+            ratio(p.per_op, put),
+            ratio(p.per_op, tx2)
+        );
+        println!("      round trips: {}", p.trips());
+    };
+    row("arm, single run", "arm", &single_arm);
+    row(
+        "arm, child run (mirrored on its coordinator)",
+        "arm",
+        &child_arm,
+    );
+    row("heartbeat, single run", "beat", &single_beat);
+    println!("      writes: {}", single_beat.writes("heartbeat"));
+    row("heartbeat, child run", "beat", &child_beat);
+    println!("      writes: {}", child_beat.writes("heartbeat"));
+    row("decision, single run", "decision", &single_decision);
+    println!("      writes: {}", single_decision.writes("decision"));
+    row(
+        "decision, child run (mirrored on coordinator)",
+        "decision",
+        &child_decision,
+    );
+    println!("      writes: {}", child_decision.writes("decision"));
+    println!("  decision through the API gate (Gate::locate + Gate::resolve, scope once; {GATE_CARDS} cards each):");
+    row("  posted on the single run", "decision", &gate_single);
+    row("  posted on the child run", "decision", &gate_child);
+    row(
+        "  posted on the coordinator (route)",
+        "decision",
+        &gate_routed,
+    );
+
+    let largest = bench.largest_item();
+    println!(
+        "  reads: every GetItem above is strongly consistent on an item of at most {largest} B \
+         = {} RCU each",
+        units(largest, 4096)
+    );
+
+    // DynamoDB Local's own reckoning, on a few more cards (not timed).
+    bench.wire.ask_capacity.store(true, Ordering::Relaxed);
+    let mut consumed = Vec::new();
+    for with_coordinator in [false, true] {
+        let (cards, _) = bench.cards(with_coordinator, CAPACITY_CARDS).await;
+        let beat = bench.heartbeats(&cards).await;
+        let decision = bench.decisions(&cards).await;
+        consumed.push((with_coordinator, beat, decision));
+    }
+    bench.wire.ask_capacity.store(false, Ordering::Relaxed);
+    for (with_coordinator, beat, decision) in &consumed {
+        let kind = if *with_coordinator {
+            "child run"
+        } else {
+            "single run"
+        };
+        println!(
+            "  DynamoDB Local's ConsumedCapacity (INDEXES), {kind}:\n      heartbeat {} \
+             [computed: items {} + index entries {}]\n      decision  {} [computed: items {} + \
+             index entries {}]",
+            beat.consumed(&bench.tables),
+            beat.write_units().0,
+            beat.write_units().1,
+            decision.consumed(&bench.tables),
+            decision.write_units().0,
+            decision.write_units().1,
+        );
+    }
+
+    println!(
+        "  goal ≤ 2 round trips per decision: store.resolve {} (single run), {} (with coordinator); \
+         through the gate {} / {} / {}; heartbeat {} / {}",
+        single_decision.round_trips(),
+        child_decision.round_trips(),
+        gate_single.round_trips(),
+        gate_child.round_trips(),
+        gate_routed.round_trips(),
+        single_beat.round_trips(),
+        child_beat.round_trips(),
+    );
 }
