@@ -68,10 +68,14 @@ emulators-down:
 	$(EMULATORS) down
 
 # Release bootstrap zips for Lambda (provided.al2023), one per function, sizes printed.
+# Profile `lambda` (Cargo.toml: release optimised for size). The zips go to
+# target/lambda/<function>/ (named explicitly: cargo-lambda's default, whatever the profile).
 # arm64 needs `rustup target add aarch64-unknown-linux-gnu` first.
 build:
+	rm -f $(foreach f,$(FUNCTIONS),target/lambda/$(f)/bootstrap.zip)
 	bin=$$(tests/harness/lambda-tools.sh) && PATH="$$bin:$$PATH" \
-	  cargo lambda build --release $(CARGO_LAMBDA_ARCH) --output-format zip $(foreach f,$(FUNCTIONS),-p $(f))
+	  cargo lambda build --profile lambda $(CARGO_LAMBDA_ARCH) --output-format zip \
+	    --lambda-dir target/lambda $(foreach f,$(FUNCTIONS),-p $(f))
 	@for f in $(FUNCTIONS); do \
 	  z=target/lambda/$$f/bootstrap.zip; \
 	  printf '%-13s %s  %s bytes (%s)\n' "$$f" "$$z" "$$(stat -c %s $$z)" "$(ARCH)"; \

@@ -444,7 +444,7 @@ async fn hung_storage_answers_503_within_seconds() {
             holder.lock().unwrap().push(conn); // accepted, never answered
         }
     });
-    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+    let sdk = tollgate_store::dynamo::sdk_config_loader()
         .endpoint_url(format!("http://127.0.0.1:{port}"))
         .region(aws_config::Region::new("us-east-1"))
         .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(

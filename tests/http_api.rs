@@ -595,7 +595,7 @@ async fn storage_outage_answers_503_and_fails_closed() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+    let sdk = tollgate_store::dynamo::sdk_config_loader()
         .endpoint_url(format!("http://127.0.0.1:{port}"))
         .region(aws_config::Region::new("us-east-1"))
         .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(

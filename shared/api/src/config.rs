@@ -121,7 +121,7 @@ const SECRETS_OPERATION_TIMEOUT: Duration = Duration::from_secs(3);
 /// so an emulator works unchanged. Errors name the ARN, never the value.
 pub async fn signing_secret_from_secrets_manager() -> Result<Secret, ConfigError> {
     let secret_id = signing_secret_id(env)?;
-    let sdk = aws_config::load_from_env().await;
+    let sdk = tollgate_store::dynamo::sdk_config().await;
     let timeouts = aws_config::timeout::TimeoutConfig::builder()
         .connect_timeout(SECRETS_CONNECT_TIMEOUT)
         .operation_attempt_timeout(SECRETS_ATTEMPT_TIMEOUT)
@@ -211,7 +211,7 @@ impl Config {
     pub async fn connect_timers(&self) -> Arc<dyn TimerQueue> {
         match env("TOLLGATE_TIMER_QUEUE_URL") {
             Some(url) => {
-                let sdk = aws_config::load_from_env().await;
+                let sdk = tollgate_store::dynamo::sdk_config().await;
                 Arc::new(SqsTimers::new(sqs_client(&sdk), url))
             }
             None => Arc::new(NoTimers),
@@ -222,7 +222,7 @@ impl Config {
         match self.backend {
             Backend::Memory => Ok(Arc::new(MemoryStore::new())),
             Backend::Aws => {
-                let sdk = aws_config::load_from_env().await;
+                let sdk = tollgate_store::dynamo::sdk_config().await;
                 let client = tollgate_store::dynamo::client(&sdk);
                 if self.create_tables {
                     tollgate_store::schema::ensure_tables(&client, &self.tables).await?;

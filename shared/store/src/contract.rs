@@ -1259,7 +1259,7 @@ pub async fn dynamo_test_store() -> crate::dynamo::DynamoStore {
         aws_endpoint_configured(),
         "no DynamoDB endpoint: run `make test` (it starts DynamoDB Local) or set AWS_ENDPOINT_URL"
     );
-    let config = aws_config::load_from_env().await;
+    let config = crate::dynamo::sdk_config().await;
     let client = crate::dynamo::client(&config);
     let prefix =
         std::env::var("TOLLGATE_TEST_TABLE_PREFIX").unwrap_or_else(|_| "tollgate-test-".into());

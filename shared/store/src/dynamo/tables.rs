@@ -1,4 +1,4 @@
-//! Table names and the SDK client with Tollgate's timeouts.
+//! Table names, the shared SDK configuration, and the SDK client with Tollgate's timeouts.
 
 use std::time::Duration;
 
@@ -52,6 +52,27 @@ pub const PENDING_INDEX: &str = "pending_by_expiry";
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The shared SDK configuration loader: region, credentials and endpoints from the
+/// environment as the SDK reads them (`AWS_ENDPOINT_URL`, `AWS_ENDPOINT_URL_DYNAMODB`, …),
+/// with an HTTPS client on rustls + *ring*.
+///
+/// The SDK's own default client (rustls on aws-lc) is compiled out (workspace
+/// `Cargo.toml`): aws-lc alone adds ~0.27 MB to every function's zip. The client is set on
+/// the loader, so the credential providers (container, web identity, IMDS) use it too.
+/// Like every explicitly built SDK client, it ignores `HTTP(S)_PROXY`.
+pub fn sdk_config_loader() -> aws_config::ConfigLoader {
+    use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
+    let https = aws_smithy_http_client::Builder::new()
+        .tls_provider(Provider::Rustls(CryptoMode::Ring))
+        .build_https();
+    aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(https)
+}
+
+/// [`sdk_config_loader`], loaded: what every SDK client of Tollgate is built from.
+pub async fn sdk_config() -> aws_config::SdkConfig {
+    sdk_config_loader().load().await
+}
 
 /// A DynamoDB client from the shared SDK configuration, with Tollgate's timeouts.
 pub fn client(sdk: &aws_config::SdkConfig) -> Client {
