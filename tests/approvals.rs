@@ -592,10 +592,13 @@ async fn arming_input(backend: Backend) {
 /// and ends the cover.
 async fn scope_reach(backend: Backend) {
     let srv = server(backend, 60_000).await;
-    let alice = operator(&srv, "alice");
-    let f = family(&srv, "alice").await;
+    // An owner of its own: `tool` and `always` grants reach every run of their owner, so
+    // other tests on the same tables must not share it.
+    let owner = format!("alice-{}", &request_id()[..8]);
+    let alice = operator(&srv, &owner);
+    let f = family(&srv, &owner).await;
     let (sibling, sibling_token) = srv
-        .create_run(json!({"kind": "child", "parent_run_id": f.coordinator, "owner": "alice"}))
+        .create_run(json!({"kind": "child", "parent_run_id": f.coordinator, "owner": owner}))
         .await;
     let (stranger, stranger_token) = srv
         .create_run(json!({"kind": "child", "parent_run_id": f.coordinator, "owner": "bob"}))
@@ -676,7 +679,7 @@ async fn scope_reach(backend: Backend) {
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{revoked}");
-    assert_eq!(revoked["revoked_by"], "alice");
+    assert_eq!(revoked["revoked_by"], json!(owner));
     let (status, _) = gate(&sibling, &sibling_token, "web_fetch").await;
     assert_eq!(status, StatusCode::CREATED, "no cover after the revocation");
     for run in [&f.child, &sibling] {
@@ -706,10 +709,10 @@ async fn scope_reach(backend: Backend) {
     };
     let run_in = |project: &str| {
         let token = agent(project);
-        let srv = &srv;
+        let (srv, owner) = (&srv, owner.clone());
         async move {
             let (status, v) = srv
-                .post("/api/runs", &token, &json!({"owner": "alice"}))
+                .post("/api/runs", &token, &json!({"owner": owner}))
                 .await;
             assert_eq!(status, StatusCode::CREATED);
             (
@@ -718,7 +721,10 @@ async fn scope_reach(backend: Backend) {
             )
         }
     };
-    let (p1, p1_token) = run_in("p-always").await;
+    // Projects of their own: grants from earlier runs on the same tables stay apart.
+    let p_always = format!("p-always-{}", &request_id()[..8]);
+    let q_elsewhere = format!("q-elsewhere-{}", &request_id()[..8]);
+    let (p1, p1_token) = run_in(&p_always).await;
     let (_, card) = gate(&p1, &p1_token, "web_fetch").await;
     let (status, v) = decide(
         &srv,
@@ -729,14 +735,14 @@ async fn scope_reach(backend: Backend) {
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{v}");
-    let (p1b, p1b_token) = run_in("p-always").await;
+    let (p1b, p1b_token) = run_in(&p_always).await;
     let (status, v) = gate(&p1b, &p1b_token, "web_fetch").await;
     assert_eq!(
         (status, v["auto_approved"].as_bool()),
         (StatusCode::OK, Some(true)),
         "{v}"
     );
-    let (q, q_token) = run_in("q-elsewhere").await;
+    let (q, q_token) = run_in(&q_elsewhere).await;
     let (status, _) = gate(&q, &q_token, "web_fetch").await;
     assert_eq!(status, StatusCode::CREATED, "never across projects");
 }
@@ -745,8 +751,11 @@ async fn scope_reach(backend: Backend) {
 /// when `always` won.
 async fn once_racing_always(backend: Backend, trials: usize) {
     let srv = Arc::new(server(backend, 60_000).await);
-    let alice = operator(&srv, "alice");
-    let (run_id, token) = srv.create_run(json!({"owner": "alice"})).await;
+    // An owner of its own: an `always` grant here must not cover other tests' gates on
+    // the same tables.
+    let owner = format!("alice-{}", &request_id()[..8]);
+    let alice = operator(&srv, &owner);
+    let (run_id, token) = srv.create_run(json!({"owner": owner})).await;
     for _ in 0..trials {
         let rid = request_id();
         arm(
@@ -1044,6 +1053,84 @@ async fn timers_delivered_three_times(backend: Backend) {
     assert_eq!(events[4]["expired"], true);
 }
 
+/// GIVEN a run with more open cards than one Lambda answer can carry (each with its text
+/// fields at their limits, all quotes, so escaping doubles them twice) WHEN an operator
+/// lists them THEN the answer stays under 5 MiB as Lambda sends it, soonest deadline
+/// first, and says `has_more`; once cards are decided the rest are listed.
+async fn listings_fit_one_lambda_answer(backend: Backend) {
+    let srv = server(backend, 60_000).await;
+    let project = format!("proj-{}", &request_id()[..8]);
+    let agent = srv
+        .auth
+        .mint_jwt("agent-big", Role::Agent, 600, Some(project.clone()));
+    let (status, run) = srv.post("/api/runs", &agent, &json!({})).await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    let (run_id, token) = (
+        run["run_id"].as_str().unwrap().to_owned(),
+        run["run_token"].as_str().unwrap().to_owned(),
+    );
+    let text = "\"".repeat(4096);
+    let url = "\"".repeat(2048);
+    let armed = 140;
+    for i in 0..armed {
+        let (status, body) = arm(
+            &srv,
+            &run_id,
+            &token,
+            json!({"request_id": format!("big-{i:03}"), "tool_name": "web_fetch",
+                   "intention": text, "message": text, "url": url,
+                   "timeout_seconds": 600 + i}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    let op = srv
+        .auth
+        .mint_jwt("op-big", Role::Operator, 600, Some(project.clone()));
+    for path in [
+        format!("/api/runs/{run_id}/approvals?state=pending"),
+        "/api/approvals?state=pending".to_owned(),
+    ] {
+        let (status, listed) = srv.get(&path, &op).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        let cards = listed["approvals"].as_array().unwrap();
+        assert!(
+            !cards.is_empty() && cards.len() < armed,
+            "{path}: {} cards",
+            cards.len()
+        );
+        assert_eq!(listed["has_more"], true, "{path}");
+        let escaped = tollgate_store::page::lambda_escaped_len(&listed.to_string());
+        assert!(
+            escaped <= tollgate_store::page::MAX_RESPONSE_BYTES,
+            "{path}: {escaped} bytes escaped"
+        );
+        let ids: Vec<&str> = cards
+            .iter()
+            .map(|c| c["request_id"].as_str().unwrap())
+            .collect();
+        let expected: Vec<String> = (0..cards.len()).map(|i| format!("big-{i:03}")).collect();
+        assert_eq!(ids, expected, "{path}: soonest deadline first");
+    }
+    // Deciding the listed ones makes room for the rest.
+    for i in 0..armed - 20 {
+        let (status, _) = decide(
+            &srv,
+            "tool-denials",
+            &run_id,
+            &op,
+            json!({"request_id": format!("big-{i:03}")}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let (_, listed) = srv
+        .get(&format!("/api/runs/{run_id}/approvals?state=pending"), &op)
+        .await;
+    assert_eq!(listed["approvals"].as_array().unwrap().len(), 20);
+    assert_eq!(listed["has_more"], false);
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -1074,7 +1161,7 @@ macro_rules! for_backend {
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn once_racing_always() {
-                super::once_racing_always($backend, 30).await
+                super::once_racing_always($backend, 100).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn lost_timer_is_swept() {
@@ -1087,6 +1174,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn timers_delivered_three_times() {
                 super::timers_delivered_three_times($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn listings_fit_one_lambda_answer() {
+                super::listings_fit_one_lambda_answer($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn arming_input() {

@@ -19,7 +19,7 @@ use tollgate_domain::approval::{
 use tollgate_domain::{
     now_millis, validate_run_id, ApprovalRequest, ApprovalState, Policy, Resolution, Scope,
 };
-use tollgate_store::{Armed, Resolved};
+use tollgate_store::{Armed, Located, Resolved};
 
 use crate::gate::ArmOutcome;
 use tracing::instrument;
@@ -274,12 +274,14 @@ async fn decide(
     if !validate_run_id(&run_id) || !valid_id(&body.request_id) {
         return Err(unknown());
     }
-    let card = deps
+    // One read (the card with the heads the decision writes), then one write.
+    let located = deps
         .gate
         .locate(&run_id, &body.request_id)
         .await?
-        .filter(|c| in_project(&claims, &c.project_id))
+        .filter(|l| in_project(&claims, &l.card.project_id))
         .ok_or_else(unknown)?;
+    let card = &located.card;
     let resolution = match verb {
         Verb::Deny => Resolution::Denied {
             by: claims.sub.clone(),
@@ -287,7 +289,7 @@ async fn decide(
         Verb::Approve => {
             let scope = Scope::parse(body.scope.as_ref().and_then(Value::as_str));
             if card.state == ApprovalState::Pending && scope != Scope::Once {
-                check_scope(&deps, &claims, &card, scope).await?;
+                check_scope(&deps, &claims, &located, scope)?;
             }
             Resolution::Approved {
                 scope,
@@ -295,7 +297,7 @@ async fn decide(
             }
         }
     };
-    match deps.gate.resolve(&card, resolution).await? {
+    match deps.gate.resolve(located, resolution).await? {
         Resolved::Fresh(card) | Resolved::Already(card) => {
             Ok(Json(decision_answer(&card, verb)).into_response())
         }
@@ -307,18 +309,19 @@ async fn decide(
 
 /// A scope beyond `once` is the run owner's to grant (the card stays pending otherwise),
 /// and `always` only for the always-eligible tools.
-async fn check_scope(
+fn check_scope(
     deps: &Deps,
     claims: &Claims,
-    card: &ApprovalRequest,
+    located: &Located,
     scope: Scope,
 ) -> Result<(), ApiError> {
-    let owner = deps
-        .store
-        .read_head(&card.run_id)
-        .await?
-        .and_then(|h| h.owner);
-    if owner.as_deref() != Some(claims.sub.as_str()) {
+    let card = &located.card;
+    let owner = located
+        .head
+        .as_ref()
+        .filter(|h| h.run_id == card.run_id)
+        .and_then(|h| h.owner.as_deref());
+    if owner != Some(claims.sub.as_str()) {
         return Err(ApiError::forbidden(format!(
             "scope {} needs the run's owner; the card stays pending",
             scope.as_str()
@@ -379,12 +382,32 @@ async fn run_approvals(
         .await?
         .filter(|h| in_project(&claims, &h.project_id))
         .ok_or_else(|| ApiError::not_found("run not found"))?;
-    let cards = deps.gate.store().pending_cards(&head.run_id).await?;
+    let mut cards = deps.gate.store().pending_cards(&head.run_id).await?;
+    cards.sort_by_key(|c| c.expires_at);
+    let (approvals, has_more) = cards_within_limit(&cards);
     Ok(Json(json!({
         "run_id": head.run_id,
-        "approvals": cards.iter().map(ApprovalRequest::to_json).collect::<Vec<_>>(),
+        "approvals": approvals,
+        "has_more": has_more,
     }))
     .into_response())
+}
+
+/// The cards as JSON, soonest first, as many as fit in one answer under Lambda's 6 MB
+/// response limit (measured as Lambda sends them, escaped); `true` when some were left
+/// off (they are still pending: deciding or expiring the first ones makes room).
+fn cards_within_limit(cards: &[ApprovalRequest]) -> (Vec<Value>, bool) {
+    let mut out = Vec::with_capacity(cards.len());
+    let mut size = 0;
+    for card in cards {
+        let json = card.to_json();
+        size += tollgate_store::page::lambda_escaped_len(&json.to_string()) + 1;
+        if size > tollgate_store::page::MAX_RESPONSE_BYTES {
+            return (out, true);
+        }
+        out.push(json);
+    }
+    (out, false)
 }
 
 /// Most cards `GET /api/approvals` answers with.
@@ -403,8 +426,10 @@ async fn all_approvals(
         .store()
         .open_cards(claims.project_id.as_deref(), None, MAX_OPEN_CARDS)
         .await?;
+    let (approvals, has_more) = cards_within_limit(&cards);
     Ok(Json(json!({
-        "approvals": cards.iter().map(ApprovalRequest::to_json).collect::<Vec<_>>(),
+        "approvals": approvals,
+        "has_more": has_more || cards.len() >= MAX_OPEN_CARDS,
     }))
     .into_response())
 }

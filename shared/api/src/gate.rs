@@ -10,7 +10,7 @@ use tollgate_domain::approval::{covering_keys, scope_key};
 use tollgate_domain::{
     now_millis, ApprovalRequest, Policy, Reach, Resolution, RunHead, RunKind, Scope,
 };
-use tollgate_store::{Armed, Beat, Resolved, RunRef, Store, StoreError};
+use tollgate_store::{Armed, Beat, Located, Resolved, RunRef, Store, StoreError};
 use tollgate_timers::{TimerError, TimerHandler, TimerMessage, TimerQueue};
 
 /// Knobs of the gate, read once at start-up.
@@ -171,24 +171,21 @@ impl Gate {
         }
     }
 
-    /// The policy an approval with `scope` by `by` grants on `card` (`None` for `once`).
-    pub async fn grant_for(
-        &self,
-        card: &ApprovalRequest,
-        scope: Scope,
-        by: &str,
-    ) -> Result<Option<Policy>, StoreError> {
+    /// The policy an approval with `scope` by `by` grants on a located card (`None` for
+    /// `once`, or when its run is gone). Reads nothing: the reach comes from the heads
+    /// [`Gate::locate`] read with the card.
+    pub fn grant_for(&self, located: &Located, scope: Scope, by: &str) -> Option<Policy> {
         if scope == Scope::Once {
-            return Ok(None);
+            return None;
         }
-        let Some(head) = self.store.read_head(&card.run_id).await? else {
-            return Ok(None);
-        };
-        let coordinator = self.coordinator_of(&head).await?;
-        let Some(key) = scope_key(scope, &reach(&head, coordinator.as_ref())) else {
-            return Ok(None);
-        };
-        Ok(Some(Policy {
+        let card = &located.card;
+        let head = located.head.as_ref().filter(|h| h.run_id == card.run_id)?;
+        let coordinator = located
+            .coordinator
+            .as_ref()
+            .filter(|c| head.parent_run_id.as_deref() == Some(c.run_id.as_str()));
+        let key = scope_key(scope, &reach(head, coordinator))?;
+        Some(Policy {
             scope,
             scope_key: key,
             tool_name: card.tool_name.clone(),
@@ -201,7 +198,7 @@ impl Gate {
             revoked_by: None,
             revoked_at: None,
             reached_runs: vec![card.run_id.clone()],
-        }))
+        })
     }
 
     async fn schedule_timers(&self, card: &ApprovalRequest) {
@@ -226,45 +223,35 @@ impl Gate {
         }
     }
 
-    /// The card a decision posted to `run_id` means: the run's own card, else the one
-    /// the coordinator's route leads to. `None`: unknown (404 `state: "unknown"`).
+    /// The card a decision posted to `run_id` means — the run's own card, else the one
+    /// the coordinator's route leads to — with the heads the decision writes, read
+    /// together. `None`: unknown (404 `state: "unknown"`).
     pub async fn locate(
         &self,
         run_id: &str,
         request_id: &str,
-    ) -> Result<Option<ApprovalRequest>, StoreError> {
-        if let Some(card) = self.store.read_card(run_id, request_id).await? {
-            return Ok(Some(card));
-        }
-        match self.store.read_route(run_id, request_id).await? {
-            Some(child) => self.store.read_card(&child, request_id).await,
-            None => Ok(None),
-        }
+    ) -> Result<Option<Located>, StoreError> {
+        self.store.locate(run_id, request_id).await
     }
 
-    /// Decides (or expires, when late) the card at `card.run_id`; an approval with a
-    /// scope beyond `once` writes its policy in the same step, only if it wins.
+    /// Decides (or expires, when late) a located card; an approval with a scope beyond
+    /// `once` writes its policy in the same step, only if it wins. One write: the reads
+    /// were [`Gate::locate`]'s.
     pub async fn resolve(
         &self,
-        card: &ApprovalRequest,
+        located: Located,
         resolution: Resolution,
     ) -> Result<Resolved, StoreError> {
         let grant = match &resolution {
             Resolution::Approved { scope, by }
-                if card.state == tollgate_domain::ApprovalState::Pending =>
+                if located.card.state == tollgate_domain::ApprovalState::Pending =>
             {
-                self.grant_for(card, *scope, by).await?
+                self.grant_for(&located, *scope, by)
             }
             _ => None,
         };
         self.store
-            .resolve(
-                &card.run_id,
-                &card.request_id,
-                resolution,
-                now_millis(),
-                grant,
-            )
+            .resolve_located(located, resolution, now_millis(), grant)
             .await
     }
 
@@ -274,8 +261,11 @@ impl Gate {
         let now = now_millis();
         let overdue = self.store.open_cards(None, Some(now), limit).await?;
         let mut expired = 0;
+        let mut failed = None;
+        // One card that cannot be expired now (throttling, contention) does not hold up
+        // the others; the next sweep retries it.
         for card in overdue {
-            if let Resolved::Fresh(_) = self
+            match self
                 .store
                 .resolve(
                     &card.run_id,
@@ -284,12 +274,20 @@ impl Gate {
                     now,
                     None,
                 )
-                .await?
+                .await
             {
-                expired += 1;
+                Ok(Resolved::Fresh(_)) => expired += 1,
+                Ok(_) | Err(StoreError::NotFound) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, request_id = %card.request_id, "overdue card not expired; next sweep retries");
+                    failed.get_or_insert(e);
+                }
             }
         }
-        Ok(expired)
+        match failed {
+            Some(e) if expired == 0 => Err(e),
+            _ => Ok(expired),
+        }
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -303,14 +301,25 @@ impl Gate {
         let now = now_millis();
         let timeout = self.config.stall_timeout.as_millis() as i64;
         let mut reported = 0;
+        let mut failed = None;
         for child in self.store.silent_children(now - timeout, limit).await? {
-            if tollgate_domain::is_stalled(&child, now, timeout)
-                && self.store.report_stall(&child, now).await?.is_some()
-            {
-                reported += 1;
+            if !tollgate_domain::is_stalled(&child, now, timeout) {
+                continue;
+            }
+            match self.store.report_stall(&child, now).await {
+                Ok(Some(_)) => reported += 1,
+                Ok(None) => {}
+                // One child that cannot be reported now does not hold up the others.
+                Err(e) => {
+                    tracing::warn!(error = %e, run_id = %child.run_id, "stall not reported; next run retries");
+                    failed.get_or_insert(e);
+                }
             }
         }
-        Ok(reported)
+        match failed {
+            Some(e) if reported == 0 => Err(e),
+            _ => Ok(reported),
+        }
     }
 
     /// Sweeps every `sweep_every` in this process until the gate is dropped (`tollgate

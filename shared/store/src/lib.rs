@@ -171,6 +171,18 @@ pub enum Resolved {
     RunNotActive(ApprovalRequest),
 }
 
+/// A card with the run heads a decision on it advances, read together: a decision's
+/// reads in one round trip where the store can (the card's run posted on directly), so
+/// that the decision itself is the second.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Located {
+    pub card: ApprovalRequest,
+    /// The head of the card's run (`None`: none stored).
+    pub head: Option<RunHead>,
+    /// The head of the card's coordinator, when it has one and it is stored.
+    pub coordinator: Option<RunHead>,
+}
+
 /// The answer to [`ApprovalStore::heartbeat`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Beat {
@@ -216,6 +228,22 @@ pub trait ApprovalStore: Send + Sync + 'static {
         &self,
         run_id: &str,
         request_id: &str,
+        resolution: Resolution,
+        at: i64,
+        grant: Option<Policy>,
+    ) -> Result<Resolved, StoreError>;
+
+    /// The card a decision posted to `run_id` means — the run's own card `request_id`,
+    /// else the one the coordinator's route item leads to — with the heads a decision
+    /// writes. `None`: no such card (the API's `state: "unknown"`).
+    async fn locate(&self, run_id: &str, request_id: &str) -> Result<Option<Located>, StoreError>;
+
+    /// [`ApprovalStore::resolve`] on a card [`ApprovalStore::locate`] read: its card and
+    /// heads are the first attempt's reads (each write is conditioned on exactly them, so
+    /// a stale read loses and is read again — never acted on).
+    async fn resolve_located(
+        &self,
+        located: Located,
         resolution: Resolution,
         at: i64,
         grant: Option<Policy>,

@@ -14,7 +14,7 @@ use tollgate_domain::{
 
 use crate::{
     check_batch, ended_run_answer, fill_page, ApprovalStore, Armed, Beat, CreateOutcome, EventPage,
-    Finished, Resolved, RunRef, RunStore, StoreError, StoredEvent,
+    Finished, Located, Resolved, RunRef, RunStore, StoreError, StoredEvent,
 };
 
 #[derive(Default)]
@@ -287,6 +287,40 @@ impl ApprovalStore for MemoryStore {
             .lock()
             .get(run_id)
             .and_then(|r| r.cards.get(request_id).cloned()))
+    }
+
+    async fn locate(&self, run_id: &str, request_id: &str) -> Result<Option<Located>, StoreError> {
+        let runs = self.lock();
+        let posted = runs.get(run_id);
+        let card = match posted.and_then(|r| r.cards.get(request_id)) {
+            Some(card) => Some(card.clone()),
+            None => posted
+                .and_then(|r| r.routes.get(request_id))
+                .and_then(|child| runs.get(child))
+                .and_then(|r| r.cards.get(request_id))
+                .cloned(),
+        };
+        Ok(card.map(|card| {
+            let head_of = |id: &str| runs.get(id).and_then(|r| r.head.clone());
+            Located {
+                head: head_of(&card.run_id),
+                coordinator: card.coordinator_run_id.as_deref().and_then(head_of),
+                card,
+            }
+        }))
+    }
+
+    async fn resolve_located(
+        &self,
+        located: Located,
+        resolution: Resolution,
+        at: i64,
+        grant: Option<Policy>,
+    ) -> Result<Resolved, StoreError> {
+        // One lock makes the whole step atomic: the located reads need no re-check.
+        let card = located.card;
+        self.resolve(&card.run_id, &card.request_id, resolution, at, grant)
+            .await
     }
 
     async fn read_route(

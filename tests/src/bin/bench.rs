@@ -1209,7 +1209,7 @@ impl ApprovalBench {
                 .await
                 .expect("locate")
                 .expect("the card is found");
-            let resolved = gate.resolve(&card, approve_once()).await.expect("resolve");
+            let resolved = gate.resolve(card, approve_once()).await.expect("resolve");
             assert!(
                 matches!(&resolved, Resolved::Fresh(card) if card.state == ApprovalState::Approved),
                 "decision landed: {resolved:?}"
@@ -1307,8 +1307,9 @@ async fn approvals(d: &DynamoStore, start_baseline: &Baseline) {
 
     let largest = bench.largest_item();
     println!(
-        "  reads: every GetItem above is strongly consistent on an item of at most {largest} B \
-         = {} RCU each",
+        "  reads: every item read above (GetItem, BatchGetItem) is strongly consistent and at \
+         most {largest} B = {} RCU per item; TransactGetItems (the heartbeat's head + card \
+         snapshot) bills 2× that per item",
         units(largest, 4096)
     );
 

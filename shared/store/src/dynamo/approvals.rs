@@ -9,7 +9,12 @@
 //! ends them.
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::{AttributeValue, Put, ReturnValuesOnConditionCheckFailure};
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Get, KeysAndAttributes, Put, ReturnValuesOnConditionCheckFailure,
+    TransactGetItem,
+};
 use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState, Policy, Resolution, RunHead};
 
 use super::commit::{Budget, Committed, Plan, RunWrite, WriteKind};
@@ -18,7 +23,7 @@ use super::item::{
     PENDING_KEY,
 };
 use super::{DynamoStore, PENDING_INDEX};
-use crate::{ApprovalStore, Armed, Beat, Resolved, RunRef, StoreError};
+use crate::{ApprovalStore, Armed, Beat, Located, Resolved, RunRef, StoreError};
 
 /// Most cards one listing reads (a console page; the sweeper's batch).
 const MAX_LISTED: usize = 1000;
@@ -71,6 +76,184 @@ impl DynamoStore {
             .get_head(run_id)
             .await?
             .filter(|h| !h.status.is_terminal()))
+    }
+
+    /// Approval items (`run_id`, `item_key`) and run heads in one strongly consistent
+    /// `BatchGetItem` (one round trip unless DynamoDB leaves keys unprocessed, which are
+    /// asked again). Answers items by `(run_id, item_key)` and heads by run id.
+    async fn batch_read(
+        &self,
+        approval_keys: &[(&str, String)],
+        head_ids: &[&str],
+    ) -> Result<(HashMap<(String, String), Item>, HashMap<String, RunHead>), StoreError> {
+        let key = |pairs: &[(&str, AttributeValue)]| -> Item {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .collect()
+        };
+        let mut request: HashMap<String, KeysAndAttributes> = HashMap::new();
+        if !approval_keys.is_empty() {
+            let keys = approval_keys
+                .iter()
+                .map(|(run, k)| key(&[("run_id", s(*run)), ("item_key", s(k.clone()))]))
+                .collect();
+            request.insert(
+                self.tables.approvals.clone(),
+                KeysAndAttributes::builder()
+                    .set_keys(Some(keys))
+                    .consistent_read(true)
+                    .build()
+                    .map_err(build_error)?,
+            );
+        }
+        if !head_ids.is_empty() {
+            let keys = head_ids.iter().map(|run| key(&[("run_id", s(*run))])).collect();
+            request.insert(
+                self.tables.runs.clone(),
+                KeysAndAttributes::builder()
+                    .set_keys(Some(keys))
+                    .consistent_read(true)
+                    .build()
+                    .map_err(build_error)?,
+            );
+        }
+        let mut items = HashMap::new();
+        let mut heads = HashMap::new();
+        let mut budget = Budget::new(self.contention_budget, "a batched read");
+        loop {
+            let out = self
+                .client
+                .batch_get_item()
+                .set_request_items(Some(request))
+                .send()
+                .await
+                .map_err(unavailable)?;
+            for (table, found) in out.responses.unwrap_or_default() {
+                for item in found {
+                    if table == self.tables.runs {
+                        let head = super::item::head_from_item(&item)?;
+                        heads.insert(head.run_id.clone(), head);
+                    } else {
+                        let k = (get_s(&item, "run_id")?, get_s(&item, "item_key")?);
+                        items.insert(k, item);
+                    }
+                }
+            }
+            match out.unprocessed_keys.filter(|u| !u.is_empty()) {
+                None => return Ok((items, heads)),
+                Some(rest) => {
+                    request = rest;
+                    budget.next().await?;
+                }
+            }
+        }
+    }
+
+    /// The card `request_id` on `run_id` (or, with `follow_route`, the one its route item
+    /// leads to) with its heads: one `BatchGetItem` for a card on the run posted to (plus a
+    /// `GetItem` for a coordinator's head), two for a card reached through a route.
+    async fn locate_card(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        follow_route: bool,
+    ) -> Result<Option<Located>, StoreError> {
+        let card_k = card_key(request_id);
+        let route_k = route_key(request_id);
+        let mut keys = vec![(run_id, card_k.clone())];
+        if follow_route {
+            keys.push((run_id, route_k.clone()));
+        }
+        let (items, mut heads) = self.batch_read(&keys, &[run_id]).await?;
+        let posted_head = heads.remove(run_id);
+        if let Some(item) = items.get(&(run_id.to_owned(), card_k.clone())) {
+            let card = card_from_item(item)?;
+            let coordinator = match &card.coordinator_run_id {
+                Some(c) if c != run_id => self.get_head(c).await?,
+                _ => None,
+            };
+            return Ok(Some(Located {
+                card,
+                head: posted_head,
+                coordinator,
+            }));
+        }
+        let Some(route) = items.get(&(run_id.to_owned(), route_k)) else {
+            return Ok(None);
+        };
+        let child = get_s(route, "child_run_id")?;
+        let (items, mut heads) = self
+            .batch_read(&[(child.as_str(), card_k.clone())], &[child.as_str()])
+            .await?;
+        let Some(item) = items.get(&(child.clone(), card_k)) else {
+            return Ok(None);
+        };
+        let card = card_from_item(item)?;
+        // The coordinator posted to is the card's (a route names exactly one child).
+        let coordinator = posted_head.filter(|_| card.coordinator_run_id.as_deref() == Some(run_id));
+        Ok(Some(Located {
+            head: heads.remove(&child),
+            card,
+            coordinator,
+        }))
+    }
+
+    /// The run's head and then its card as one serializable snapshot
+    /// (`TransactGetItems`): a heartbeat's only read. `None` when the transaction was
+    /// cancelled by a concurrent write (read again).
+    async fn head_and_card(
+        &self,
+        run_id: &str,
+        request_id: &str,
+    ) -> Result<Option<(Option<RunHead>, Option<ApprovalRequest>)>, StoreError> {
+        let get = |table: &str, key: Item| -> Result<TransactGetItem, StoreError> {
+            Ok(TransactGetItem::builder()
+                .get(
+                    Get::builder()
+                        .table_name(table)
+                        .set_key(Some(key))
+                        .build()
+                        .map_err(build_error)?,
+                )
+                .build())
+        };
+        let head_key = HashMap::from([("run_id".to_owned(), s(run_id))]);
+        let card_k = HashMap::from([
+            ("run_id".to_owned(), s(run_id)),
+            ("item_key".to_owned(), s(card_key(request_id))),
+        ]);
+        let result = self
+            .client
+            .transact_get_items()
+            .transact_items(get(&self.tables.runs, head_key)?)
+            .transact_items(get(&self.tables.approvals, card_k)?)
+            .send()
+            .await;
+        let out = match result {
+            Ok(out) => out,
+            Err(aws_sdk_dynamodb::error::SdkError::ServiceError(ctx))
+                if matches!(
+                    ctx.err(),
+                    aws_sdk_dynamodb::operation::transact_get_items::TransactGetItemsError::TransactionCanceledException(_)
+                ) =>
+            {
+                return Ok(None)
+            }
+            Err(e) => return Err(unavailable(e)),
+        };
+        let mut responses = out.responses.unwrap_or_default().into_iter();
+        let head = responses
+            .next()
+            .and_then(|r| r.item)
+            .map(|i| super::item::head_from_item(&i))
+            .transpose()?;
+        let card = responses
+            .next()
+            .and_then(|r| r.item)
+            .map(|i| card_from_item(&i))
+            .transpose()?;
+        Ok(Some((head, card)))
     }
 }
 
@@ -179,6 +362,10 @@ impl ApprovalStore for DynamoStore {
             .transpose()
     }
 
+    async fn locate(&self, run_id: &str, request_id: &str) -> Result<Option<Located>, StoreError> {
+        self.locate_card(run_id, request_id, true).await
+    }
+
     async fn resolve(
         &self,
         run_id: &str,
@@ -187,14 +374,25 @@ impl ApprovalStore for DynamoStore {
         at: i64,
         grant: Option<Policy>,
     ) -> Result<Resolved, StoreError> {
+        let located = self
+            .locate_card(run_id, request_id, false)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        self.resolve_located(located, resolution, at, grant).await
+    }
+
+    async fn resolve_located(
+        &self,
+        mut located: Located,
+        resolution: Resolution,
+        at: i64,
+        grant: Option<Policy>,
+    ) -> Result<Resolved, StoreError> {
         let mut budget = Budget::new(self.contention_budget, "resolving an approval");
         loop {
-            let card = self
-                .read_card(run_id, request_id)
-                .await?
-                .ok_or(StoreError::NotFound)?;
+            let card = &located.card;
             if card.state != ApprovalState::Pending {
-                return Ok(Resolved::Already(card));
+                return Ok(Resolved::Already(card.clone()));
             }
             // A decision at or after the deadline expires the card instead.
             let resolution = if at >= card.expires_at {
@@ -202,9 +400,12 @@ impl ApprovalStore for DynamoStore {
             } else {
                 resolution.clone()
             };
-            let head = self.running_head(run_id).await?;
+            let head = located
+                .head
+                .clone()
+                .filter(|h| h.run_id == card.run_id && !h.status.is_terminal());
             if head.is_none() && resolution != Resolution::Expired {
-                return Ok(Resolved::RunNotActive(card));
+                return Ok(Resolved::RunNotActive(card.clone()));
             }
             let ended = card.resolved(&resolution, at);
             let now = now_millis();
@@ -223,6 +424,7 @@ impl ApprovalStore for DynamoStore {
             // (On an ended run the card expires without an event there: nothing may
             // follow its terminal event. Its running coordinator is still told, so no
             // console keeps live buttons for it.)
+            let on_run = head.is_some();
             if let Some(head) = head {
                 runs.push(RunWrite {
                     head,
@@ -230,10 +432,12 @@ impl ApprovalStore for DynamoStore {
                     events: vec![ended.resolved_event()],
                 });
             }
-            let coordinator = match &ended.coordinator_run_id {
-                Some(c) => self.running_head(c).await?,
-                None => None,
-            };
+            let coordinator = located.coordinator.clone().filter(|c| {
+                ended.coordinator_run_id.as_deref() == Some(c.run_id.as_str())
+                    && c.run_id != ended.run_id
+                    && !c.status.is_terminal()
+            });
+            let on_coordinator = coordinator.is_some();
             if let Some(coord) = coordinator {
                 runs.push(RunWrite {
                     head: coord,
@@ -243,9 +447,30 @@ impl ApprovalStore for DynamoStore {
             }
             match self.commit(&Plan { runs, side }).await? {
                 Committed::Done { .. } => return Ok(Resolved::Fresh(ended)),
-                // The card moved (read it again: `Already`) or a head moved (retry).
-                Committed::Lost(lost) if lost.side[0].is_some() => continue,
-                Committed::Lost(_) => {}
+                Committed::Lost(lost) => {
+                    // Each failed condition returned the stored item: act on those,
+                    // never on the stale reads (no second read for a lost race).
+                    if let Some(stored) = &lost.side[0] {
+                        match stored {
+                            Some(item) => located.card = card_from_item(item)?,
+                            None => return Err(StoreError::NotFound),
+                        }
+                        if located.card.state != ApprovalState::Pending {
+                            continue;
+                        }
+                    }
+                    let mut heads = lost.heads.into_iter();
+                    if on_run {
+                        if let Some(Some(stored)) = heads.next() {
+                            located.head = stored;
+                        }
+                    }
+                    if on_coordinator {
+                        if let Some(Some(stored)) = heads.next() {
+                            located.coordinator = stored;
+                        }
+                    }
+                }
                 Committed::Busy(why) => tracing::debug!(%why, "resolve retry"),
             }
             budget.next().await?;
@@ -260,17 +485,18 @@ impl ApprovalStore for DynamoStore {
     ) -> Result<Beat, StoreError> {
         let mut budget = Budget::new(self.contention_budget, "a heartbeat");
         loop {
-            // Head first, then the card: a resolution committing in between moves the
-            // head, so the append below (conditioned on this head) cannot follow it. No
-            // condition on the card is needed — the run's sequence is the fence.
-            let Some(head) = self.running_head(run_id).await? else {
+            // The head and the card as one snapshot: a resolution committing after it
+            // moves the head, so the append below (conditioned on this head) cannot
+            // follow it. No condition on the card is needed — the run's sequence is the
+            // fence.
+            let Some((head, card)) = self.head_and_card(run_id, request_id).await? else {
+                budget.next().await?;
+                continue;
+            };
+            let Some(head) = head.filter(|h| !h.status.is_terminal()) else {
                 return Ok(Beat::Stopped);
             };
-            let pending = self
-                .read_card(run_id, request_id)
-                .await?
-                .filter(|c| c.state == ApprovalState::Pending);
-            let Some(card) = pending else {
+            let Some(card) = card.filter(|c| c.state == ApprovalState::Pending) else {
                 return Ok(Beat::Stopped);
             };
             let sequence = head.next_seq;
