@@ -1131,6 +1131,62 @@ async fn listings_fit_one_lambda_answer(backend: Backend) {
     assert_eq!(listed["has_more"], false);
 }
 
+/// A timer queue that is down for its first `down` calls, then records what it is given.
+struct FlakyTimers {
+    down: std::sync::atomic::AtomicUsize,
+    sent: std::sync::Mutex<Vec<tollgate_timers::TimerMessage>>,
+}
+
+#[async_trait::async_trait]
+impl tollgate_timers::TimerQueue for FlakyTimers {
+    async fn schedule(
+        &self,
+        message: &tollgate_timers::TimerMessage,
+        _delay: Duration,
+    ) -> Result<(), tollgate_timers::TimerError> {
+        use std::sync::atomic::Ordering;
+        if self
+            .down
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(tollgate_timers::TimerError::Unavailable("down".into()));
+        }
+        self.sent.lock().unwrap().push(message.clone());
+        Ok(())
+    }
+}
+
+/// GIVEN the timer queue is down when a card is armed (the arm stands) WHEN the agent
+/// retries the arm THEN the expiry is sent again — but no second heartbeat chain.
+async fn retried_arm_sends_the_expiry_again(backend: Backend) {
+    let timers = Arc::new(FlakyTimers {
+        down: 2.into(),
+        sent: Default::default(),
+    });
+    let deps = tollgate_api::Deps::new(
+        store_for(backend).await,
+        timers.clone(),
+        gate(1_000),
+        tollgate_api::Auth::new(tollgate_tests::TEST_SECRET.as_bytes()),
+    );
+    let srv = TestServer::with_deps(deps).await;
+    let (run_id, token) = srv.create_run(json!({})).await;
+    let body = json!({"request_id": request_id(), "tool_name": "web_fetch", "timeout_seconds": 60});
+    let (status, first) = arm(&srv, &run_id, &token, body.clone()).await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    assert!(timers.sent.lock().unwrap().is_empty(), "the queue was down");
+    let (status, again) = arm(&srv, &run_id, &token, body).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["state"], "pending");
+    let sent = timers.sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert!(
+        matches!(&sent[0], tollgate_timers::TimerMessage::ApprovalExpiry { request_id, .. } if *request_id == first["request_id"]),
+        "{sent:?}"
+    );
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -1180,8 +1236,16 @@ macro_rules! for_backend {
                 super::listings_fit_one_lambda_answer($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn retried_arm_sends_the_expiry_again() {
+                super::retried_arm_sends_the_expiry_again($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn arming_input() {
                 super::arming_input($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn auto_approved_gate_retried_after_revocation() {
+                super::auto_approved_gate_retried_after_revocation($backend).await
             }
         }
     };
@@ -1256,6 +1320,97 @@ async fn dynamo_only_fifty_clicks_across_four_servers() {
         coord
             .iter()
             .filter(|e| e["type"] == "coordinator.child_approval_resolved")
+            .count(),
+        1
+    );
+}
+
+/// GIVEN a gate a live `tool` policy auto-approved WHEN the agent retries the arm after
+/// the policy was revoked THEN it gets the first answer again — no pending card, no
+/// second event — and reads the card back: 200, approved, decided by the policy.
+async fn auto_approved_gate_retried_after_revocation(backend: Backend) {
+    let srv = server(backend, 60_000).await;
+    let alice = operator(&srv, "alice");
+    let (run_id, token) = srv.create_run(json!({"owner": "alice"})).await;
+    let (_, first) = arm(
+        &srv,
+        &run_id,
+        &token,
+        json!({"request_id": request_id(), "tool_name": "web_fetch"}),
+    )
+    .await;
+    let (status, v) = decide(
+        &srv,
+        "tool-approvals",
+        &run_id,
+        &alice,
+        json!({"request_id": first["request_id"], "scope": "tool"}),
+    )
+    .await;
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::OK, Some("approved")),
+        "{v}"
+    );
+    let rid = request_id();
+    let body = json!({"request_id": rid, "tool_name": "web_fetch", "url": "https://example.com"});
+    let (status, auto) = arm(&srv, &run_id, &token, body.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{auto}");
+    assert_eq!(
+        (auto["state"].as_str(), auto["auto_approved"].as_bool()),
+        (Some("approved"), Some(true)),
+        "{auto}"
+    );
+    let policy_id = auto["policy_id"].as_str().unwrap().to_owned();
+    let (status, revoked) = srv
+        .send(
+            srv.http
+                .delete(srv.url(&format!("/api/policies/{policy_id}")))
+                .bearer_auth(&alice),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{revoked}");
+    // The retry: the same answer, byte for byte.
+    let (status, again) = arm(&srv, &run_id, &token, body).await;
+    assert_eq!((status, &again), (StatusCode::OK, &auto));
+    let (status, card) = srv
+        .get(
+            &format!("/api/runs/{run_id}/approval-requests/{rid}"),
+            &token,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{card}");
+    assert_eq!(card["state"], "approved");
+    assert_eq!(card["scope"], "tool");
+    assert_eq!(card["decided_by"], json!(format!("policy:{policy_id}")));
+    assert_eq!(card["auto_approved"], true);
+    assert_eq!(card["policy_id"], json!(policy_id));
+    let (status, listed) = srv
+        .get(
+            &format!("/api/runs/{run_id}/approvals?state=pending"),
+            &alice,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    assert!(
+        listed["approvals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["request_id"] != json!(rid)),
+        "never pending: {listed}"
+    );
+    let events = srv.replay_all(&run_id, &srv.operator_token, 100).await;
+    let about: Vec<&str> = events
+        .iter()
+        .filter(|e| e["requestId"] == json!(rid))
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(about, ["tool.auto_approved"]);
+    assert_eq!(
+        types(&events)
+            .iter()
+            .filter(|t| **t == "tool.policy_revoked")
             .count(),
         1
     );

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use clap::{Parser, Subcommand};
 use tollgate_api::config::Secret;
-use tollgate_api::{Auth, Backend, Config, Deps, Role};
+use tollgate_api::{Auth, Backend, Config, Deps, Role, ServeTimers};
 
 #[derive(Parser)]
 #[command(
@@ -98,6 +98,7 @@ async fn main() {
             config.backend = backend.parse().unwrap_or_else(|e| fail(e));
             config.create_tables |= create_tables;
             let store = config.connect_store().await.unwrap_or_else(|e| fail(e));
+            let timers = config.serve_timers().await.unwrap_or_else(|e| fail(e));
             let auth = Auth::new(config.secret.expose());
             let agent = auth.mint_jwt("local-agent", Role::Agent, 86_400, None);
             let operator = auth.mint_jwt("local-operator", Role::Operator, 86_400, None);
@@ -113,6 +114,18 @@ async fn main() {
                     Backend::Aws => "aws",
                 }
             );
+            match (&timers, config.backend) {
+                (ServeTimers::Sqs { queue_url }, _) => println!(
+                    "Timers (approval expiry, heartbeats): SQS queue {queue_url}, consumed by this process."
+                ),
+                (ServeTimers::Embedded, Backend::Aws) => println!(
+                    "Timers (approval expiry, heartbeats) run in this process: set \
+                     TOLLGATE_TIMER_QUEUE_URL, or pass --create-tables, to run them on SQS."
+                ),
+                (ServeTimers::Embedded, Backend::Memory) => {
+                    println!("Timers (approval expiry, heartbeats) run in this process.")
+                }
+            }
             if generated {
                 println!("TOLLGATE_SECRET was not set; this process signs with a random secret.");
                 println!("To mint more tokens, restart with TOLLGATE_SECRET set and use `tollgate token`.");
@@ -123,8 +136,10 @@ async fn main() {
             println!("export OPERATOR_TOKEN={operator}");
             println!();
             let gate = tollgate_api::GateConfig::from_env().unwrap_or_else(|e| fail(e));
-            // Timers (expiry, heartbeats) run in this process, on the embedded queue.
-            let app = tollgate_api::app(Deps::embedded(store, gate, auth));
+            // Timers (expiry, heartbeats) on the embedded queue or on SQS, consumed here;
+            // the sweeper and the stall guard run in this process either way.
+            let deps = Deps::serve(store, &timers, gate, auth).await;
+            let app = tollgate_api::app(deps.clone());
             let shutdown = async {
                 let _ = tokio::signal::ctrl_c().await;
             };
@@ -134,6 +149,7 @@ async fn main() {
             {
                 fail(e);
             }
+            deps.shutdown().await;
         }
     }
 }

@@ -154,26 +154,41 @@ async fn arm(
         coordinator_run_id: None,
         subtask_id: None,
         project_id: None,
+        auto_approval: None,
+    };
+    // A gate a live policy covered: `tool.auto_approved` on the stream and its card stored
+    // `approved`. The first answer and a retry's (from the stored card) are the same.
+    let auto_approved = |scope: Option<Scope>, policy_id: &str, sequence: u64| {
+        Json(json!({
+            "run_id": head.run_id,
+            "request_id": card.request_id,
+            "display_id": card.display_id(),
+            "state": ApprovalState::Approved.as_str(),
+            "auto_approved": true,
+            "scope": scope.map(Scope::as_str),
+            "policy_id": policy_id,
+            "sequence": sequence,
+        }))
+        .into_response()
     };
     let (status, card, sequence) = match deps.gate.arm(&head, &incarnation, card.clone()).await? {
         ArmOutcome::Card(Armed::Created { card, sequence }) => {
             (StatusCode::CREATED, card, Some(sequence))
         }
-        // A retried arm: the card as it stands (it may have been decided meanwhile).
-        ArmOutcome::Card(Armed::Existing(card)) => (StatusCode::OK, card, None),
-        // A live policy covers this call: no card, `tool.auto_approved` on the stream.
+        // A retried arm: the card as it stands (it may have been decided meanwhile) — the
+        // first answer again when a policy approved it, even if revoked since.
+        ArmOutcome::Card(Armed::Existing(existing)) => match &existing.auto_approval {
+            Some(auto) => {
+                return Ok(auto_approved(
+                    existing.scope,
+                    &auto.policy_id,
+                    auto.sequence,
+                ))
+            }
+            None => (StatusCode::OK, existing, None),
+        },
         ArmOutcome::AutoApproved { sequence, policy } => {
-            return Ok(Json(json!({
-                "run_id": head.run_id,
-                "request_id": card.request_id,
-                "display_id": card.display_id(),
-                "state": "approved",
-                "auto_approved": true,
-                "scope": policy.scope.as_str(),
-                "policy_id": policy.id(),
-                "sequence": sequence,
-            }))
-            .into_response())
+            return Ok(auto_approved(Some(policy.scope), &policy.id(), sequence))
         }
     };
     let mut answer = json!({

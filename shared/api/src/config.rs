@@ -7,7 +7,7 @@ use std::time::Duration;
 use tollgate_store::dynamo::{DynamoStore, Tables};
 use tollgate_store::memory::MemoryStore;
 use tollgate_store::Store;
-use tollgate_timers::{sqs_client, SqsTimers, TimerError, TimerMessage, TimerQueue};
+use tollgate_timers::{ensure_queue, sqs_client, SqsTimers, TimerError, TimerMessage, TimerQueue};
 
 /// The timer queue of a function that has none configured.
 struct NoTimers;
@@ -94,8 +94,37 @@ pub struct Config {
     /// `TOLLGATE_RETENTION_DAYS`: DynamoDB TTL on runs and events; unset keeps them.
     pub retention_days: Option<u32>,
     /// `TOLLGATE_CREATE_TABLES=1`: create missing tables from the template at start-up
-    /// (local and test use; deployed stacks own their tables).
+    /// (local and test use; deployed stacks own their tables). `tollgate serve` also
+    /// creates its timer queue with it ([`Config::serve_timers`]).
     pub create_tables: bool,
+    /// `TOLLGATE_TIMER_QUEUE_URL`: the SQS timer queue (card expiry, heartbeats).
+    pub timer_queue_url: Option<String>,
+    /// `TOLLGATE_TIMER_QUEUE_NAME` (default `tollgate-timers`): the queue `tollgate serve
+    /// --backend aws --create-tables` creates when no URL is set.
+    pub timer_queue_name: String,
+}
+
+/// The SQS timer queue's URL.
+pub const TIMER_QUEUE_URL_VAR: &str = "TOLLGATE_TIMER_QUEUE_URL";
+/// The name of the timer queue `tollgate serve --create-tables` creates.
+pub const TIMER_QUEUE_NAME_VAR: &str = "TOLLGATE_TIMER_QUEUE_NAME";
+pub const DEFAULT_TIMER_QUEUE_NAME: &str = "tollgate-timers";
+
+/// Where `tollgate serve` runs its timers (approval expiry, heartbeats).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServeTimers {
+    /// On the embedded in-process queue: `--backend memory`, or `aws` without a queue.
+    Embedded,
+    /// On the SQS queue at this URL, consumed by an in-process loop.
+    Sqs { queue_url: String },
+}
+
+/// What [`Config::serve_timers`] does, decided from the configuration alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ServeTimersPlan {
+    Embedded,
+    Url(String),
+    Create(String),
 }
 
 fn env(name: &str) -> Option<String> {
@@ -202,6 +231,9 @@ impl Config {
             tables: Tables::from_env(),
             retention_days,
             create_tables: env("TOLLGATE_CREATE_TABLES").is_some_and(|v| v == "1" || v == "true"),
+            timer_queue_url: env(TIMER_QUEUE_URL_VAR),
+            timer_queue_name: env(TIMER_QUEUE_NAME_VAR)
+                .unwrap_or_else(|| DEFAULT_TIMER_QUEUE_NAME.to_owned()),
         })
     }
 
@@ -209,12 +241,43 @@ impl Config {
     /// one, scheduling fails (logged): expiry still happens through the sweeper, but no
     /// heartbeats are sent.
     pub async fn connect_timers(&self) -> Arc<dyn TimerQueue> {
-        match env("TOLLGATE_TIMER_QUEUE_URL") {
+        match &self.timer_queue_url {
             Some(url) => {
                 let sdk = tollgate_store::dynamo::sdk_config().await;
-                Arc::new(SqsTimers::new(sqs_client(&sdk), url))
+                Arc::new(SqsTimers::new(sqs_client(&sdk), url.clone()))
             }
             None => Arc::new(NoTimers),
+        }
+    }
+
+    fn serve_timers_plan(&self) -> ServeTimersPlan {
+        match (self.backend, &self.timer_queue_url) {
+            (Backend::Memory, _) => ServeTimersPlan::Embedded,
+            (Backend::Aws, Some(url)) => ServeTimersPlan::Url(url.clone()),
+            (Backend::Aws, None) if self.create_tables => {
+                ServeTimersPlan::Create(self.timer_queue_name.clone())
+            }
+            (Backend::Aws, None) => ServeTimersPlan::Embedded,
+        }
+    }
+
+    /// Where `tollgate serve` runs its timers: with the `aws` backend on SQS, at
+    /// `TOLLGATE_TIMER_QUEUE_URL`, or with `create_tables` on the queue named
+    /// `TOLLGATE_TIMER_QUEUE_NAME` (created when missing; an existing one is used as it
+    /// is); otherwise in this process. A queue that cannot be created fails start-up.
+    pub async fn serve_timers(&self) -> Result<ServeTimers, ConfigError> {
+        match self.serve_timers_plan() {
+            ServeTimersPlan::Embedded => Ok(ServeTimers::Embedded),
+            ServeTimersPlan::Url(queue_url) => Ok(ServeTimers::Sqs { queue_url }),
+            ServeTimersPlan::Create(name) => {
+                let sdk = tollgate_store::dynamo::sdk_config().await;
+                let queue_url = ensure_queue(&sqs_client(&sdk), &name).await.map_err(|e| {
+                    ConfigError::Invalid(format!(
+                        "cannot create the timer queue {name} ({TIMER_QUEUE_NAME_VAR}): {e}"
+                    ))
+                })?;
+                Ok(ServeTimers::Sqs { queue_url })
+            }
         }
     }
 
@@ -247,6 +310,53 @@ mod tests {
             vars.iter()
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    fn config(backend: Backend, url: Option<&str>, create_tables: bool) -> Config {
+        Config {
+            secret: Secret::generate(),
+            backend,
+            tables: Tables::with_prefix("t-"),
+            retention_days: None,
+            create_tables,
+            timer_queue_url: url.map(str::to_owned),
+            timer_queue_name: "q-name".into(),
+        }
+    }
+
+    #[test]
+    fn serve_runs_timers_on_sqs_only_with_the_aws_backend_and_a_queue() {
+        let url = "http://127.0.0.1:4566/000000000000/timers";
+        let cases = [
+            (Backend::Memory, Some(url), true, ServeTimersPlan::Embedded),
+            (Backend::Memory, None, true, ServeTimersPlan::Embedded),
+            (
+                Backend::Aws,
+                Some(url),
+                true,
+                ServeTimersPlan::Url(url.into()),
+            ),
+            (
+                Backend::Aws,
+                Some(url),
+                false,
+                ServeTimersPlan::Url(url.into()),
+            ),
+            (
+                Backend::Aws,
+                None,
+                true,
+                ServeTimersPlan::Create("q-name".into()),
+            ),
+            (Backend::Aws, None, false, ServeTimersPlan::Embedded),
+        ];
+        for (backend, url, create, plan) in cases {
+            assert_eq!(
+                config(backend, url, create).serve_timers_plan(),
+                plan,
+                "{backend:?} {url:?} {create}"
+            );
         }
     }
 

@@ -100,7 +100,8 @@ pub struct Gate {
 pub enum ArmOutcome {
     /// A card (new, or the one a retry finds).
     Card(Armed),
-    /// A live policy covered it: `tool.auto_approved` at `sequence`, no card.
+    /// A live policy covered it: `tool.auto_approved` at `sequence`; its card is stored
+    /// already approved (no operator ever sees it pending).
     AutoApproved { sequence: u64, policy: Policy },
 }
 
@@ -135,8 +136,16 @@ impl Gate {
             _ => None,
         };
         let run = RunRef::exact(&head.run_id, incarnation);
-        // A card already armed (a retry) answers as it stands, even if a policy came since.
+        // A card already armed (a retry) answers as it stands, even if a policy came since;
+        // so does a gate a policy approved (its card is stored `approved` with
+        // `tool.auto_approved`), even if the policy was revoked since.
         if let Some(existing) = self.store.read_card(&head.run_id, &card.request_id).await? {
+            if existing.state == tollgate_domain::ApprovalState::Pending {
+                // The first call may have stopped before its timers were sent: send the
+                // expiry again (a second expiry finds the card ended and writes nothing).
+                // Not the heartbeat: a second chain would double its reads.
+                self.schedule_expiry(&existing).await;
+            }
             return Ok(ArmOutcome::Card(Armed::Existing(existing)));
         }
         let coordinator = self.coordinator_of(head).await?;
@@ -201,7 +210,7 @@ impl Gate {
         })
     }
 
-    async fn schedule_timers(&self, card: &ApprovalRequest) {
+    async fn schedule_expiry(&self, card: &ApprovalRequest) -> Duration {
         let expiry = TimerMessage::ApprovalExpiry {
             run_id: card.run_id.clone(),
             request_id: card.request_id.clone(),
@@ -211,6 +220,11 @@ impl Gate {
         if let Err(e) = self.timers.schedule(&expiry, until_due).await {
             tracing::error!(error = %e, request_id = %card.request_id, "expiry not scheduled; the sweeper will expire the card");
         }
+        until_due
+    }
+
+    async fn schedule_timers(&self, card: &ApprovalRequest) {
+        let until_due = self.schedule_expiry(card).await;
         if self.config.heartbeat_every < until_due {
             let beat = heartbeat(card, 1);
             if let Err(e) = self

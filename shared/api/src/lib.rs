@@ -20,10 +20,10 @@ use std::sync::Arc;
 
 use axum::Router;
 use tollgate_store::{RunStore, Store};
-use tollgate_timers::{EmbeddedTimers, TimerLoop, TimerQueue};
+use tollgate_timers::{sqs_client, EmbeddedTimers, SqsConsumer, SqsTimers, TimerLoop, TimerQueue};
 
 pub use auth::{Auth, Claims, Role};
-pub use config::{Backend, Config, ConfigError};
+pub use config::{Backend, Config, ConfigError, ServeTimers};
 pub use error::ApiError;
 pub use gate::{Gate, GateConfig};
 
@@ -37,6 +37,9 @@ pub struct Deps {
     pub auth: Arc<Auth>,
     /// The in-process timer loop, when timers are embedded: it lives as long as the deps.
     _timers: Option<Arc<TimerLoop>>,
+    /// The in-process consumer of the SQS timer queue ([`Deps::sqs`]): it lives as long
+    /// as the deps, or until [`Deps::shutdown`].
+    consumer: Option<Arc<SqsConsumer>>,
     /// The in-process sweeper (stops when the deps are dropped).
     _sweeper: Option<Arc<AbortOnDrop>>,
 }
@@ -63,6 +66,7 @@ impl Deps {
             gate: Arc::new(Gate::new(store, timers, gate)),
             auth: Arc::new(auth),
             _timers: None,
+            consumer: None,
             _sweeper: None,
         }
     }
@@ -74,6 +78,53 @@ impl Deps {
         let mut deps = Self::new(store, Arc::new(queue.clone()), gate, auth);
         deps._timers = Some(Arc::new(queue.attach(deps.gate.clone())));
         deps.with_sweeper()
+    }
+
+    /// Timers on the SQS queue at `queue_url`, consumed in this process (`tollgate serve
+    /// --backend aws` with a timer queue): the gate schedules with [`SqsTimers`] and an
+    /// [`SqsConsumer`] long-polls the queue and hands each message to the gate, as the
+    /// `timers` function does deployed. Several processes may share one queue; each
+    /// message is handled by one of them (at least once). The sweeper runs here too.
+    /// Needs a tokio runtime.
+    pub fn sqs(
+        store: Arc<dyn Store>,
+        sdk: &aws_config::SdkConfig,
+        queue_url: String,
+        gate: GateConfig,
+        auth: Auth,
+    ) -> Self {
+        let timers = SqsTimers::new(sqs_client(sdk), queue_url.clone());
+        let mut deps = Self::new(store, Arc::new(timers), gate, auth);
+        let handler = deps.gate.clone();
+        deps.consumer = Some(Arc::new(SqsConsumer::spawn(sdk, queue_url, handler)));
+        deps.with_sweeper()
+    }
+
+    /// The deps of `tollgate serve`: timers where [`Config::serve_timers`] put them —
+    /// embedded ([`Deps::embedded`]) or on SQS with an in-process consumer
+    /// ([`Deps::sqs`], the SDK configuration loaded as for the store).
+    pub async fn serve(
+        store: Arc<dyn Store>,
+        timers: &ServeTimers,
+        gate: GateConfig,
+        auth: Auth,
+    ) -> Self {
+        match timers {
+            ServeTimers::Embedded => Self::embedded(store, gate, auth),
+            ServeTimers::Sqs { queue_url } => {
+                let sdk = tollgate_store::dynamo::sdk_config().await;
+                Self::sqs(store, &sdk, queue_url.clone(), gate, auth)
+            }
+        }
+    }
+
+    /// Stops consuming the SQS timer queue (the batch in hand is finished and deleted
+    /// first) and returns once that is done; nothing to do for other deps. For a
+    /// graceful shutdown of `tollgate serve`.
+    pub async fn shutdown(&self) {
+        if let Some(consumer) = &self.consumer {
+            consumer.shutdown().await;
+        }
     }
 
     /// Expires overdue cards (lost timers) in this process every `sweep_every`.

@@ -111,7 +111,24 @@ pub struct ApprovalRequest {
     pub subtask_id: Option<Value>,
     /// The run's project (policies never reach across projects).
     pub project_id: Option<String>,
+    /// Set when a live policy approved the gate instead of a human: the card was stored
+    /// `approved` in the same step as `tool.auto_approved` and was never pending.
+    pub auto_approval: Option<AutoApproval>,
 }
+
+/// How a policy approved a card (see [`ApprovalRequest::auto_approved`]): what a retried
+/// arm needs to answer exactly as the first one did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AutoApproval {
+    /// [`Policy::id`] of the policy that covered the gate.
+    pub policy_id: String,
+    /// Sequence of `tool.auto_approved` on the card's run.
+    pub sequence: u64,
+}
+
+/// `decided_by` of an auto-approved card: this prefix, then the covering policy's id
+/// (`policy:<policy_id>`). A human's decision carries the operator's subject instead.
+pub const POLICY_DECIDER_PREFIX: &str = "policy:";
 
 /// Bounds on a card's text fields (the card is read on every decision and heartbeat).
 pub const MAX_REQUEST_ID: usize = 128;
@@ -229,6 +246,22 @@ impl ApprovalRequest {
         }
     }
 
+    /// The card a live `policy` approves at `at` (millis), with `tool.auto_approved` at
+    /// `sequence`: `approved` with the policy's scope, decided by
+    /// `policy:<policy_id>` ([`POLICY_DECIDER_PREFIX`]) — never pending.
+    pub fn auto_approved(&self, policy: &Policy, sequence: u64, at: i64) -> Self {
+        let mut card = self.clone();
+        card.state = ApprovalState::Approved;
+        card.scope = Some(policy.scope);
+        card.decided_by = Some(format!("{POLICY_DECIDER_PREFIX}{}", policy.id()));
+        card.decided_at = Some(at);
+        card.auto_approval = Some(AutoApproval {
+            policy_id: policy.id(),
+            sequence,
+        });
+        card
+    }
+
     /// The card after `resolution` at `at` (millis).
     pub fn resolved(&self, resolution: &Resolution, at: i64) -> Self {
         let mut card = self.clone();
@@ -245,9 +278,9 @@ impl ApprovalRequest {
         card
     }
 
-    /// The card as the API shows it.
+    /// The card as the API shows it (an auto-approved card also names its policy).
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut card = json!({
             "run_id": self.run_id,
             "request_id": self.request_id,
             "display_id": self.display_id(),
@@ -266,7 +299,12 @@ impl ApprovalRequest {
             "expires_at": crate::format_timestamp(self.expires_at),
             "coordinator_run_id": self.coordinator_run_id,
             "subtask_id": self.subtask_id,
-        })
+        });
+        if let Some(auto) = &self.auto_approval {
+            card["auto_approved"] = true.into();
+            card["policy_id"] = auto.policy_id.clone().into();
+        }
+        card
     }
 }
 
@@ -302,6 +340,7 @@ mod tests {
             coordinator_run_id: Some("coord-1".into()),
             subtask_id: Some(3.into()),
             project_id: None,
+            auto_approval: None,
         }
     }
 
@@ -475,9 +514,11 @@ impl Policy {
         draft
     }
 
-    /// `tool.policy_revoked`, announced on each stream the policy reached.
+    /// `tool.policy_revoked`, announced on each stream the policy reached. Keyed by
+    /// [`Policy::revocation_event_id`]: announcing the same revocation again (a repeated
+    /// revoke completing what an earlier attempt missed) writes nothing twice.
     pub fn revoked_event(&self) -> EventDraft {
-        EventDraft::server(
+        let mut draft = EventDraft::server(
             "tool.policy_revoked",
             as_map(json!({
                 "policyId": self.id(),
@@ -485,7 +526,29 @@ impl Policy {
                 "toolName": self.tool_name,
                 "revokedBy": self.revoked_by,
             })),
-        )
+        );
+        draft.event_id = Some(self.revocation_event_id());
+        draft
+    }
+
+    /// `policy_revoked:<32 hex>`: a digest of the policy's key (`scope_key`,
+    /// `tool_name`) and of the grant it revokes (`request_id`, `granted_at`) — the same
+    /// for every announcement of one revocation, a new one when the key is granted again
+    /// and revoked again. A digest, because the key can be far longer than an event key
+    /// may be.
+    pub fn revocation_event_id(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::new()
+            .chain_update(b"tollgate-policy-revoked\0")
+            .chain_update(self.scope_key.as_bytes())
+            .chain_update(b"\0")
+            .chain_update(self.tool_name.as_bytes())
+            .chain_update(b"\0")
+            .chain_update(self.request_id.as_bytes())
+            .chain_update(b"\0")
+            .chain_update(self.granted_at.to_string().as_bytes())
+            .finalize();
+        format!("policy_revoked:{}", hex::encode(&digest[..16]))
     }
 
     pub fn to_json(&self) -> Value {

@@ -639,6 +639,7 @@ fn card_for(run_id: &str, request_id: &str, coordinator: Option<&str>) -> Approv
         coordinator_run_id: coordinator.map(str::to_owned),
         subtask_id: Some(json!(3)),
         project_id: None,
+        auto_approval: None,
     }
 }
 
@@ -1241,6 +1242,456 @@ pub async fn expiry_races_clicks_at_the_deadline(stores: Vec<Store>, trials: usi
     }
 }
 
+// ---- revocation under load, the stall listing, auto-approved cards ----------------
+
+async fn count_of(store: &Store, run_id: &str, event_type: &str) -> usize {
+    all_events(store, run_id)
+        .await
+        .iter()
+        .filter(|e| e["type"] == event_type)
+        .count()
+}
+
+/// GIVEN a policy that reached three running runs and one that has ended WHEN it is
+/// revoked while two writers keep appending to the running ones (at most 2 × 2000
+/// rounds; they stop once the revocation answers — a revocation that had to win one
+/// race against every head at once would lose for its whole budget) THEN it answers
+/// within the contention budget, the policy is revoked, and each running run holds
+/// exactly one `tool.policy_revoked` (the ended one none); revoking again writes no
+/// second announcement and answers the first revocation.
+pub async fn revocation_stands_while_its_runs_are_busy(store: Store) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const APPENDS: usize = 2000;
+    let origin = new_run(&store, "revoke-origin").await;
+    let key = format!("run:{origin}");
+    store
+        .arm(RunRef::any(&origin), card_for(&origin, "grant", None))
+        .await
+        .unwrap();
+    let at = tollgate_domain::now_millis();
+    let granted = store
+        .resolve(
+            &origin,
+            "grant",
+            approve("alice"),
+            at,
+            Some(tool_policy(&origin, "grant", "web_fetch")),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(granted, Resolved::Fresh(_)));
+    let policy = store
+        .read_policy(&key, "web_fetch")
+        .await
+        .unwrap()
+        .expect("granted");
+    let mut running = vec![origin.clone()];
+    for tag in ["revoke-reached-a", "revoke-reached-b"] {
+        let run = new_run(&store, tag).await;
+        store
+            .auto_approve(RunRef::any(&run), &card_for(&run, "covered", None), &policy)
+            .await
+            .unwrap();
+        running.push(run);
+    }
+    let ended = new_run(&store, "revoke-ended").await;
+    store
+        .auto_approve(
+            RunRef::any(&ended),
+            &card_for(&ended, "covered", None),
+            &policy,
+        )
+        .await
+        .unwrap();
+    store
+        .finish_run(RunRef::any(&ended), TerminalKind::Complete, Map::new())
+        .await
+        .unwrap();
+    let reached = store.read_policy(&key, "web_fetch").await.unwrap().unwrap();
+    assert_eq!(reached.reached_runs.len(), 4, "{:?}", reached.reached_runs);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    // Each writer keeps one append in flight on every running run, so every head moves
+    // all the time (heartbeats and producers on many streams).
+    let writers: Vec<_> = (0..2)
+        .map(|w| {
+            let (store, runs, stop) = (store.clone(), running.clone(), stop.clone());
+            tokio::spawn(async move {
+                for i in 0..APPENDS {
+                    if stop.load(Ordering::Relaxed) {
+                        return i;
+                    }
+                    let appends = runs.iter().map(|run| {
+                        store.append_events(
+                            RunRef::any(run),
+                            vec![producer("agent.message", None, json!({"w": w, "i": i}))],
+                        )
+                    });
+                    for landed in futures::future::join_all(appends).await {
+                        landed.expect("append beside the revocation");
+                    }
+                }
+                APPENDS
+            })
+        })
+        .collect();
+    // The writers are going before the revocation starts.
+    let busy = store
+        .read_head(&running[1])
+        .await
+        .unwrap()
+        .unwrap()
+        .next_seq
+        + 3;
+    for _ in 0..1000 {
+        if store
+            .read_head(&running[1])
+            .await
+            .unwrap()
+            .unwrap()
+            .next_seq
+            >= busy
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let started = std::time::Instant::now();
+    let revoked = store.revoke_policy(&key, "web_fetch", "op", at + 1).await;
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let revoked = revoked
+        .expect("the revocation stands while its runs are busy")
+        .expect("the policy exists");
+    assert!(
+        took < crate::dynamo::CONTENTION_BUDGET,
+        "revocation answered after {took:?}"
+    );
+    assert_eq!(revoked.revoked_by.as_deref(), Some("op"));
+    assert_eq!(revoked.revoked_at, Some(at + 1));
+    let stored = store.read_policy(&key, "web_fetch").await.unwrap().unwrap();
+    assert!(!stored.is_live());
+    assert_eq!(
+        store
+            .find_policy(std::slice::from_ref(&key), "web_fetch")
+            .await
+            .unwrap(),
+        None
+    );
+    for run in &running {
+        assert_eq!(
+            count_of(&store, run, "tool.policy_revoked").await,
+            1,
+            "{run}: announced once"
+        );
+    }
+    assert_eq!(count_of(&store, &ended, "tool.policy_revoked").await, 0);
+    let announced = all_events(&store, &running[2]).await;
+    let announcement = announced
+        .iter()
+        .find(|e| e["type"] == "tool.policy_revoked")
+        .unwrap();
+    assert_eq!(announcement["policyId"], json!(policy.id()));
+    assert_eq!(announcement["revokedBy"], "op");
+    // Again (a client retrying, or completing what a crashed first attempt missed).
+    let again = store
+        .revoke_policy(&key, "web_fetch", "op2", at + 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (again.revoked_by.as_deref(), again.revoked_at),
+        (Some("op"), Some(at + 1)),
+        "the first revocation stands"
+    );
+    for run in &running {
+        assert_eq!(
+            count_of(&store, run, "tool.policy_revoked").await,
+            1,
+            "{run}: still once"
+        );
+    }
+    assert_eq!(
+        all_events(&store, &ended).await.last().unwrap()["type"],
+        "run_completed"
+    );
+}
+
+/// GIVEN more silent children than the stall guard reads at once (limit 3) — five it
+/// already reported and one whose coordinator has ended — WHEN a fresh child goes silent
+/// THEN the guard's flow (list the oldest silent children, report the stalled ones)
+/// reaches it: a reported child and an orphan leave the listing. A reported child that
+/// speaks and falls silent again is listed and reported again (the guard cannot latch).
+///
+/// The runs table may be shared with other tests, whose children can sit before this
+/// test's in the listing: the guard reads 3 beyond them, and touches only this test's.
+pub async fn reported_and_orphaned_children_leave_the_stall_listing(store: Store) {
+    const LIMIT: usize = 3;
+    const TIMEOUT: i64 = 30_000;
+    let coordinator = fresh_id("stall-clog-coord");
+    let ended_coordinator = fresh_id("stall-clog-ended");
+    for id in [&coordinator, &ended_coordinator] {
+        store
+            .create_run(NewRun {
+                run_id: id.clone(),
+                kind: tollgate_domain::RunKind::Coordinator,
+                created_by: "contract".into(),
+                ..NewRun::default()
+            })
+            .await
+            .unwrap();
+    }
+    let mut reported = Vec::new();
+    for _ in 0..5 {
+        let child = child_of(&store, &coordinator, "stall-clog-reported").await;
+        let head = store.read_head(&child).await.unwrap().unwrap();
+        let at = head.last_event_at + TIMEOUT;
+        assert!(tollgate_domain::is_stalled(&head, at, TIMEOUT));
+        assert!(
+            store.report_stall(&head, at).await.unwrap().is_some(),
+            "reported"
+        );
+        reported.push(child);
+    }
+    let orphan = child_of(&store, &ended_coordinator, "stall-clog-orphan").await;
+    store
+        .finish_run(
+            RunRef::any(&ended_coordinator),
+            TerminalKind::Complete,
+            Map::new(),
+        )
+        .await
+        .unwrap();
+    let fresh = child_of(&store, &coordinator, "stall-clog-fresh").await;
+    let since = store
+        .read_head(&fresh)
+        .await
+        .unwrap()
+        .unwrap()
+        .last_event_at;
+    let now = since + TIMEOUT;
+    let ours: std::collections::HashSet<&String> =
+        reported.iter().chain([&orphan, &fresh]).collect();
+    let listed = |limit: usize| {
+        let store = store.clone();
+        async move { store.silent_children(since, limit).await.unwrap() }
+    };
+    let foreign = listed(100_000)
+        .await
+        .iter()
+        .filter(|h| !ours.contains(&h.run_id))
+        .count();
+    let stalls_of = |child: String| {
+        let (store, coordinator) = (store.clone(), coordinator.clone());
+        async move {
+            all_events(&store, &coordinator)
+                .await
+                .iter()
+                .filter(|e| {
+                    e["type"] == "coordinator.child_stall_detected"
+                        && e["childRunId"] == json!(child)
+                })
+                .count()
+        }
+    };
+    // The stall guard's flow, round after round (as its schedule runs it).
+    for _round in 0..5 {
+        for child in listed(foreign + LIMIT).await {
+            if ours.contains(&child.run_id) && tollgate_domain::is_stalled(&child, now, TIMEOUT) {
+                store.report_stall(&child, now).await.unwrap();
+            }
+        }
+        if stalls_of(fresh.clone()).await > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        stalls_of(fresh.clone()).await,
+        1,
+        "the fresh silence is reached and reported once"
+    );
+    for child in &reported {
+        assert_eq!(stalls_of(child.clone()).await, 1, "{child}: reported once");
+    }
+    let left: Vec<String> = listed(100_000)
+        .await
+        .into_iter()
+        .map(|h| h.run_id)
+        .filter(|id| ours.contains(id))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "reported children and orphans leave the listing: {left:?}"
+    );
+    assert_eq!(
+        types(&all_events(&store, &ended_coordinator).await),
+        ["run_started", "run_completed"]
+    );
+    let orphan_head = store.read_head(&orphan).await.unwrap().unwrap();
+    assert_eq!(orphan_head.status, RunStatus::Running);
+    // Not latched: a reported child speaks, falls silent again, and is reported again.
+    store
+        .append_events(
+            RunRef::any(&fresh),
+            vec![producer("tool.error", None, json!({}))],
+        )
+        .await
+        .unwrap();
+    let spoke = store.read_head(&fresh).await.unwrap().unwrap();
+    let later = spoke.last_event_at + TIMEOUT;
+    let relisted = store
+        .silent_children(spoke.last_event_at, 100_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|h| h.run_id == fresh)
+        .expect("a child that spoke is listed again");
+    assert!(tollgate_domain::is_stalled(&relisted, later, TIMEOUT));
+    assert!(store
+        .report_stall(&relisted, later)
+        .await
+        .unwrap()
+        .is_some());
+    assert_eq!(stalls_of(fresh.clone()).await, 2, "a new silence, reported");
+}
+
+/// GIVEN a live policy WHEN a gate it covers is auto-approved THEN its card is stored in
+/// the same step, `approved` and never pending (decided by `policy:<policy_id>`, with the
+/// event's sequence), so a retried arm — even after the policy was revoked — finds that
+/// one outcome: no pending card, no second event. An arm racing the auto-approval of one
+/// request also ends in one outcome.
+pub async fn auto_approval_stores_an_approved_card(store: Store) {
+    let run_id = new_run(&store, "auto-card").await;
+    let key = format!("run:{run_id}");
+    store
+        .arm(RunRef::any(&run_id), card_for(&run_id, "grant", None))
+        .await
+        .unwrap();
+    let at = tollgate_domain::now_millis();
+    store
+        .resolve(
+            &run_id,
+            "grant",
+            approve("alice"),
+            at,
+            Some(tool_policy(&run_id, "grant", "web_fetch")),
+        )
+        .await
+        .unwrap();
+    let policy = store
+        .read_policy(&key, "web_fetch")
+        .await
+        .unwrap()
+        .expect("granted");
+    let gate = card_for(&run_id, "covered-1", None);
+    let sequence = store
+        .auto_approve(RunRef::any(&run_id), &gate, &policy)
+        .await
+        .unwrap();
+    let card = store
+        .read_card(&run_id, "covered-1")
+        .await
+        .unwrap()
+        .expect("the auto-approved gate has a card");
+    assert_eq!(card.state, ApprovalState::Approved);
+    assert_eq!(card.scope, Some(Scope::Tool));
+    assert_eq!(
+        card.decided_by,
+        Some(format!("policy:{}", policy.id())),
+        "decided by the policy"
+    );
+    assert!(card.decided_at.is_some_and(|t| t >= gate.created_at));
+    assert_eq!(
+        card.auto_approval,
+        Some(tollgate_domain::approval::AutoApproval {
+            policy_id: policy.id(),
+            sequence
+        })
+    );
+    assert_eq!(
+        (card.request_id.as_str(), card.tool_name.as_str()),
+        ("covered-1", "web_fetch")
+    );
+    let never_pending =
+        |cards: Vec<ApprovalRequest>| cards.iter().all(|c| c.request_id != "covered-1");
+    assert!(never_pending(store.pending_cards(&run_id).await.unwrap()));
+    assert!(never_pending(
+        store
+            .open_cards(None, None, 1000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.run_id == run_id)
+            .collect()
+    ));
+    // An arm racing the auto-approval of one request: one card, one event.
+    let racer = card_for(&run_id, "covered-2", None);
+    let (armed, auto) = tokio::join!(
+        store.arm(RunRef::any(&run_id), racer.clone()),
+        store.auto_approve(RunRef::any(&run_id), &racer, &policy)
+    );
+    let stored = store
+        .read_card(&run_id, "covered-2")
+        .await
+        .unwrap()
+        .unwrap();
+    match (armed.unwrap(), auto) {
+        (Armed::Created { card, .. }, Err(StoreError::Conflict(_))) => {
+            assert_eq!(stored, card);
+            assert_eq!(stored.state, ApprovalState::Pending);
+        }
+        (Armed::Existing(card), Ok(seq)) => {
+            assert_eq!(stored, card);
+            assert_eq!(stored.auto_approval.map(|a| a.sequence), Some(seq));
+        }
+        other => panic!("two outcomes for one request: {other:?}"),
+    }
+    let events = all_events(&store, &run_id).await;
+    let about = |rid: &str| {
+        events
+            .iter()
+            .filter(|e| e["requestId"] == json!(rid))
+            .map(|e| e["type"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(about("covered-2").len(), 1, "{:?}", about("covered-2"));
+    // Revoked; the agent retries the first gate: the same approved card, nothing new.
+    store
+        .revoke_policy(&key, "web_fetch", "op", at + 1)
+        .await
+        .unwrap()
+        .unwrap();
+    let retried = store
+        .arm(RunRef::any(&run_id), card_for(&run_id, "covered-1", None))
+        .await
+        .unwrap();
+    assert_eq!(retried, Armed::Existing(card.clone()));
+    assert_eq!(
+        store
+            .auto_approve(RunRef::any(&run_id), &gate, &policy)
+            .await,
+        Ok(sequence),
+        "a retried auto-approval answers the first"
+    );
+    assert_eq!(
+        store.read_card(&run_id, "covered-1").await.unwrap(),
+        Some(card)
+    );
+    let events = all_events(&store, &run_id).await;
+    let about: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["requestId"] == "covered-1")
+        .collect();
+    assert_eq!(about.len(), 1, "one event for the gate: {about:?}");
+    assert_eq!(about[0]["type"], "tool.auto_approved");
+    assert_eq!(about[0]["sequence"], json!(sequence));
+    assert!(never_pending(store.pending_cards(&run_id).await.unwrap()));
+}
+
 /// True when an AWS endpoint (an emulator or real AWS) is configured for the tests.
 pub fn aws_endpoint_configured() -> bool {
     [
@@ -1356,6 +1807,21 @@ macro_rules! contract_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn replay_pages() {
             $crate::contract::replay_pages(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn revocation_stands_while_its_runs_are_busy() {
+            $crate::contract::revocation_stands_while_its_runs_are_busy(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn reported_and_orphaned_children_leave_the_stall_listing() {
+            $crate::contract::reported_and_orphaned_children_leave_the_stall_listing(
+                __store().await,
+            )
+            .await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn auto_approval_stores_an_approved_card() {
+            $crate::contract::auto_approval_stores_an_approved_card(__store().await).await
         }
     };
 }

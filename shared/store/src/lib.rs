@@ -263,10 +263,12 @@ pub trait ApprovalStore: Send + Sync + 'static {
         tool_name: &str,
     ) -> Result<Option<Policy>, StoreError>;
 
-    /// A gate `policy` covers: `tool.auto_approved` on the run (no card), in one step
-    /// with a check that the policy is still live (`Conflict` if it was revoked
-    /// meanwhile) and with the run added to the streams the policy reached. Keyed by
-    /// `request_id`: a retried arm answers the first sequence and writes nothing.
+    /// A gate `policy` covers: `tool.auto_approved` on the run and the card stored
+    /// already `approved` (decided by `policy:<policy_id>`, never pending, so no operator
+    /// sees it), in one step with a check that the policy is still live (`Conflict` if it
+    /// was revoked meanwhile, or if a card for `request_id` exists) and with the run added
+    /// to the streams the policy reached. A retried arm finds that card and answers the
+    /// first sequence, even after a revocation.
     async fn auto_approve(
         &self,
         run: RunRef<'_>,
@@ -281,9 +283,10 @@ pub trait ApprovalStore: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<Policy>, StoreError>;
 
-    /// Revokes a policy and announces it (`tool.policy_revoked`) on the running streams
-    /// it reached, in one step. `None`: no such policy. Revoking twice answers the first
-    /// revocation.
+    /// Revokes a policy (one conditional write: from then on it covers nothing), then
+    /// announces it (`tool.policy_revoked`, keyed, so never twice) on each running stream
+    /// it reached, each on its own. `None`: no such policy. Revoking again answers the
+    /// first revocation and completes any announcement that did not land.
     async fn revoke_policy(
         &self,
         scope_key: &str,
@@ -331,8 +334,8 @@ pub trait ApprovalStore: Send + Sync + 'static {
     ) -> Result<Vec<ApprovalRequest>, StoreError>;
 }
 
-/// Most streams one revocation is announced on in its own step (each is a head and an
-/// event in one transaction of at most 100 items).
+/// Most streams a policy records as reached (and a revocation announces on); gates it
+/// covers beyond them are still auto-approved, only not announced again.
 pub const MAX_ANNOUNCED_RUNS: usize = 48;
 
 /// Everything a deployment stores: the run log and the approval cards, on one backend.

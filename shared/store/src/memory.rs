@@ -27,6 +27,10 @@ struct RunRecord {
     /// request_id → child run id (on a coordinator).
     routes: HashMap<String, String>,
     event_ids: HashMap<String, u64>,
+    /// The stall guard dealt with this child's silence at this `next_seq` (reported it,
+    /// or found its coordinator ended): it is not listed by `silent_children` until its
+    /// next event — as the DynamoDB index drops it until then.
+    unlisted_at: Option<u64>,
 }
 
 #[derive(Default)]
@@ -451,14 +455,22 @@ impl ApprovalStore for MemoryStore {
     ) -> Result<u64, StoreError> {
         let mut state = self.lock();
         let key = (policy.scope_key.clone(), policy.tool_name.clone());
-        if !state.policies.get(&key).is_some_and(Policy::is_live) {
-            return Err(StoreError::Conflict("the policy was revoked".into()));
-        }
+        let live = state.policies.get(&key).is_some_and(Policy::is_live);
         let record = live_head(&mut state, run)?;
         let draft = policy.auto_approved_event(card);
         let id = draft.event_id.clone().unwrap_or_default();
+        // A retried arm answers the first auto-approval, even after a revocation.
         if let Some(seq) = record.event_ids.get(&id) {
             return Ok(*seq);
+        }
+        // One card per (run, request_id): an arm that came first is the outcome.
+        if record.cards.contains_key(&card.request_id) {
+            return Err(StoreError::Conflict(
+                "a card for this request already exists".into(),
+            ));
+        }
+        if !live {
+            return Err(StoreError::Conflict("the policy was revoked".into()));
         }
         if let Some(head) = record.head.as_ref().filter(|h| h.status.is_terminal()) {
             return Err(StoreError::RunTerminal {
@@ -466,10 +478,14 @@ impl ApprovalStore for MemoryStore {
                 terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
             });
         }
-        let seq = record
-            .push(&[draft], now_millis())
-            .ok_or(StoreError::NotFound)?;
+        let now = now_millis();
+        let seq = record.push(&[draft], now).ok_or(StoreError::NotFound)?;
         record.event_ids.insert(id, seq);
+        // The card, approved and never pending, in the same step as the event.
+        record.cards.insert(
+            card.request_id.clone(),
+            card.auto_approved(policy, seq, now),
+        );
         if let Some(p) = state.policies.get_mut(&key) {
             if !p.reached_runs.contains(&card.run_id)
                 && p.reached_runs.len() < crate::MAX_ANNOUNCED_RUNS
@@ -506,27 +522,36 @@ impl ApprovalStore for MemoryStore {
     ) -> Result<Option<Policy>, StoreError> {
         let mut state = self.lock();
         let key = (scope_key.to_owned(), tool_name.to_owned());
-        let Some(policy) = state.policies.get(&key).cloned() else {
+        let Some(mut policy) = state.policies.get(&key).cloned() else {
             return Ok(None);
         };
-        if !policy.is_live() {
-            return Ok(Some(policy));
+        // The first revocation stands; a repeat announces again (as on DynamoDB, where
+        // announcing is a step of its own that a repeat completes).
+        if policy.is_live() {
+            policy.revoked_by = Some(by.to_owned());
+            policy.revoked_at = Some(at);
+            state.policies.insert(key, policy.clone());
         }
-        let mut revoked = policy;
-        revoked.revoked_by = Some(by.to_owned());
-        revoked.revoked_at = Some(at);
+        // Keyed, on each running stream it reached: announced once however often.
+        let draft = policy.revoked_event();
+        let id = draft.event_id.clone().unwrap_or_default();
         let now = now_millis();
-        for run_id in revoked.reached_runs.iter().take(crate::MAX_ANNOUNCED_RUNS) {
-            if let Some(record) = state
+        for run_id in policy.reached_runs.iter().take(crate::MAX_ANNOUNCED_RUNS) {
+            let Some(record) = state
                 .runs
                 .get_mut(run_id)
                 .filter(|r| r.running_head().is_some())
-            {
-                record.push(&[revoked.revoked_event()], now);
+            else {
+                continue;
+            };
+            if record.event_ids.contains_key(&id) {
+                continue;
+            }
+            if let Some(seq) = record.push(std::slice::from_ref(&draft), now) {
+                record.event_ids.insert(id.clone(), seq);
             }
         }
-        state.policies.insert(key, revoked.clone());
-        Ok(Some(revoked))
+        Ok(Some(policy))
     }
 
     async fn silent_children(
@@ -538,6 +563,12 @@ impl ApprovalStore for MemoryStore {
         let mut silent: Vec<RunHead> = state
             .runs
             .values()
+            // Dealt with at this silence (reported, or its coordinator ended): not
+            // listed until it speaks again, so it cannot hold the front of the list.
+            .filter(|r| {
+                r.running_head()
+                    .is_some_and(|h| r.unlisted_at != Some(h.next_seq))
+            })
             .filter_map(|r| r.running_head())
             .filter(|h| h.kind == tollgate_domain::RunKind::Child)
             .filter(|h| h.last_event_at <= silent_since)
@@ -550,35 +581,48 @@ impl ApprovalStore for MemoryStore {
 
     async fn report_stall(&self, child: &RunHead, now: i64) -> Result<Option<u64>, StoreError> {
         let mut state = self.lock();
+        // Only while the child is exactly as read (no event since), still running.
         let unchanged = state
             .runs
             .get(&child.run_id)
             .and_then(RunRecord::running_head)
-            .is_some_and(|h| {
-                h.next_seq == child.next_seq
-                    && h.incarnation == child.incarnation
-                    && h.stall_reported_seq != Some(h.next_seq)
-            });
-        let Some(coordinator) = child.parent_run_id.as_ref().filter(|_| unchanged) else {
+            .is_some_and(|h| h.next_seq == child.next_seq && h.incarnation == child.incarnation);
+        if !unchanged {
             return Ok(None);
-        };
-        let Some(coord) = state
+        }
+        let coordinator = child
+            .parent_run_id
+            .as_ref()
+            .filter(|c| {
+                state
+                    .runs
+                    .get(*c)
+                    .and_then(RunRecord::running_head)
+                    .is_some()
+            })
+            .cloned();
+        let already = state
             .runs
-            .get_mut(coordinator)
-            .filter(|r| r.running_head().is_some())
-        else {
-            return Ok(None);
+            .get(&child.run_id)
+            .and_then(|r| r.head.as_ref())
+            .is_some_and(|h| h.stall_reported_seq == Some(h.next_seq));
+        let seq = match coordinator {
+            // Reported before at this silence: nothing new to say.
+            Some(_) if already => None,
+            Some(coordinator) => state.runs.get_mut(&coordinator).and_then(|coord| {
+                coord.push(
+                    &[tollgate_domain::stall_detected_event(child, now)],
+                    now_millis(),
+                )
+            }),
+            // Its coordinator ended (or is gone): nobody to tell, ever.
+            None => None,
         };
-        let seq = coord.push(
-            &[tollgate_domain::stall_detected_event(child, now)],
-            now_millis(),
-        );
-        if let Some(head) = state
-            .runs
-            .get_mut(&child.run_id)
-            .and_then(|r| r.head.as_mut())
-        {
-            head.stall_reported_seq = Some(child.next_seq);
+        if let Some(record) = state.runs.get_mut(&child.run_id) {
+            if let (Some(head), Some(_)) = (record.head.as_mut(), seq) {
+                head.stall_reported_seq = Some(child.next_seq);
+            }
+            record.unlisted_at = Some(child.next_seq);
         }
         Ok(seq)
     }

@@ -5,18 +5,16 @@
 //! the queue (a malformed one ends in the dead-letter queue after `maxReceiveCount`).
 
 use std::convert::Infallible;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use lambda_runtime::{service_fn, LambdaEvent};
 
-use crate::{TimerHandler, TimerMessage};
+use crate::consumer::{handle_record, NotDone};
+use crate::TimerHandler;
 
-/// Records of one batch handled at once (a batch has up to 10 records, or more with a
-/// batching window).
-pub const MAX_CONCURRENT_RECORDS: usize = 8;
+pub use crate::consumer::MAX_CONCURRENT_RECORDS;
 
 /// Handles one SQS batch: each record's body parsed as a [`TimerMessage`] and given to
 /// `handler`, up to [`MAX_CONCURRENT_RECORDS`] at once. A record whose body does not parse,
@@ -27,7 +25,7 @@ pub const MAX_CONCURRENT_RECORDS: usize = 8;
 /// identifier, which makes Lambda retry the whole batch: safe, as handlers are idempotent.
 pub async fn handle_sqs_batch(handler: &dyn TimerHandler, event: SqsEvent) -> SqsBatchResponse {
     let failed: Vec<String> = futures::stream::iter(event.records)
-        .map(|record| handle_record(handler, record))
+        .map(|record| handle_lambda_record(handler, record))
         .buffered(MAX_CONCURRENT_RECORDS)
         .filter_map(|failed| async move { failed })
         .collect()
@@ -37,8 +35,9 @@ pub async fn handle_sqs_batch(handler: &dyn TimerHandler, event: SqsEvent) -> Sq
     response
 }
 
-/// `None` when the record is done, else the identifier to report as failed.
-async fn handle_record(handler: &dyn TimerHandler, record: SqsMessage) -> Option<String> {
+/// `None` when the record is done, else the identifier to report as failed. The
+/// decoding and handling are [`handle_record`]'s, as in [`SqsConsumer`](crate::SqsConsumer).
+async fn handle_lambda_record(handler: &dyn TimerHandler, record: SqsMessage) -> Option<String> {
     let message_id = record.message_id.unwrap_or_default();
     let receive_count = record
         .attributes
@@ -46,44 +45,18 @@ async fn handle_record(handler: &dyn TimerHandler, record: SqsMessage) -> Option
         .map(String::as_str)
         .unwrap_or("");
     let body = record.body.as_deref().unwrap_or("");
-    let message = match serde_json::from_str::<TimerMessage>(body) {
-        Ok(message) => message,
-        Err(err) => {
-            tracing::error!(
-                message_id,
-                receive_count,
-                error = %err,
-                "malformed timer message; left for the dead-letter queue"
-            );
-            return Some(message_id);
+    match handle_record(handler, &message_id, receive_count, body).await {
+        Ok(()) => None,
+        Err(NotDone::Malformed) => Some(message_id),
+        Err(NotDone::Failed) => {
+            if message_id.is_empty() {
+                tracing::error!(
+                    "timer record without a messageId failed; the whole batch is retried"
+                );
+            }
+            Some(message_id)
         }
-    };
-    let (kind, run_id, request_id) = (
-        message.kind(),
-        message.run_id().to_owned(),
-        message.request_id().to_owned(),
-    );
-    let outcome = AssertUnwindSafe(handler.handle(message))
-        .catch_unwind()
-        .await;
-    let error = match outcome {
-        Ok(Ok(())) => return None,
-        Ok(Err(err)) => err.to_string(),
-        Err(_) => "the handler panicked".to_owned(),
-    };
-    if message_id.is_empty() {
-        tracing::error!("timer record without a messageId failed; the whole batch is retried");
     }
-    tracing::warn!(
-        message_id,
-        receive_count,
-        kind,
-        run_id,
-        request_id,
-        %error,
-        "timer failed; SQS redelivers it"
-    );
-    Some(message_id)
 }
 
 /// A whole `timers` function after its one-time wiring (telemetry, configuration, the
@@ -100,7 +73,7 @@ pub async fn run_sqs_function(handler: Arc<dyn TimerHandler>) -> Result<(), lamb
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::TimerError;
+    use crate::{TimerError, TimerMessage};
     use std::sync::Mutex;
 
     const FIXTURE: &str = include_str!(concat!(

@@ -9,19 +9,25 @@
 //!   ([`MAX_SQS_DELAY`]); a message can therefore arrive before the moment it stands for,
 //!   and the handler re-schedules the remainder (see [`TimerMessage::remaining_delay`]).
 //!
-//! and the consumer side of SQS, [`lambda::handle_sqs_batch`] (feature `lambda`), which
-//! a `timers` function runs under the Lambda runtime.
+//! and the consumer side of SQS: [`lambda::handle_sqs_batch`] (feature `lambda`), which
+//! a `timers` function runs under the Lambda runtime, and [`SqsConsumer`], a long-poll
+//! loop in this process (`tollgate serve --backend aws`). Both decode and hand over each
+//! record the same way.
 //!
 //! Delivery is at least once on every adapter: a [`TimerHandler`] must be idempotent (the
 //! approval transitions are: a repeated one fails its condition, DESIGN.md §1).
 
 use std::time::Duration;
 
+mod consumer;
 mod embedded;
 #[cfg(feature = "lambda")]
 pub mod lambda;
 mod sqs;
 
+pub use consumer::{
+    sqs_poll_client, ConsumerOptions, SqsConsumer, MAX_CONCURRENT_RECORDS, MAX_WAIT,
+};
 pub use embedded::{EmbeddedTimers, RetryPolicy, TimerLoop};
 pub use sqs::{delay_seconds, ensure_queue, sqs_client, SqsTimers, MAX_SQS_DELAY};
 

@@ -25,7 +25,8 @@ const OPERATION_TIMEOUT: Duration = Duration::from_secs(3);
 /// An SQS client from the shared SDK configuration, with Tollgate's timeouts.
 ///
 /// Not for long polls (`ReceiveMessage` with a wait time past 2 s): Lambda's event source
-/// mapping does the receiving in production.
+/// mapping does the receiving in production, [`sqs_poll_client`](crate::sqs_poll_client)
+/// is the client for an in-process [`SqsConsumer`](crate::SqsConsumer).
 pub fn sqs_client(sdk: &aws_config::SdkConfig) -> Client {
     let timeouts = aws_config::timeout::TimeoutConfig::builder()
         .connect_timeout(CONNECT_TIMEOUT)
@@ -128,7 +129,11 @@ pub async fn ensure_queue(client: &Client, name: &str) -> Result<String, TimerEr
 /// An SDK error as [`TimerError::Unavailable`] naming the operation and the error code
 /// (or its kind) only: service messages and connection errors can carry the queue URL
 /// (and with it the account id), which must not reach clients. The whole error is logged.
-fn unavailable<E, R>(operation: &'static str, queue: &str, err: SdkError<E, R>) -> TimerError
+pub(crate) fn unavailable<E, R>(
+    operation: &'static str,
+    queue: &str,
+    err: SdkError<E, R>,
+) -> TimerError
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
     R: std::fmt::Debug,

@@ -986,6 +986,7 @@ fn approval_card(run_id: &str, coordinator: Option<&str>, i: usize) -> ApprovalR
         coordinator_run_id: coordinator.map(Into::into),
         subtask_id: coordinator.map(|_| json!(i)),
         project_id: None,
+        auto_approval: None,
     }
 }
 

@@ -108,7 +108,10 @@ impl DynamoStore {
             );
         }
         if !head_ids.is_empty() {
-            let keys = head_ids.iter().map(|run| key(&[("run_id", s(*run))])).collect();
+            let keys = head_ids
+                .iter()
+                .map(|run| key(&[("run_id", s(*run))]))
+                .collect();
             request.insert(
                 self.tables.runs.clone(),
                 KeysAndAttributes::builder()
@@ -191,7 +194,8 @@ impl DynamoStore {
         };
         let card = card_from_item(item)?;
         // The coordinator posted to is the card's (a route names exactly one child).
-        let coordinator = posted_head.filter(|_| card.coordinator_run_id.as_deref() == Some(run_id));
+        let coordinator =
+            posted_head.filter(|_| card.coordinator_run_id.as_deref() == Some(run_id));
         Ok(Some(Located {
             head: heads.remove(&child),
             card,

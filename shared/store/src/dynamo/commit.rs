@@ -17,9 +17,11 @@ use aws_sdk_dynamodb::types::{
     CancellationReason, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
 use rand::Rng;
-use tollgate_domain::{now_millis, render_event, EventDraft, RunHead, RunStatus, TerminalKind};
+use tollgate_domain::{
+    now_millis, render_event, EventDraft, RunHead, RunKind, RunStatus, TerminalKind,
+};
 
-use super::item::{build_error, get_n, head_from_item, head_to_item, n, s, Item};
+use super::item::{build_error, get_n, head_from_item, head_to_item, n, s, Item, RUNNING_CHILD};
 use super::DynamoStore;
 use crate::StoreError;
 
@@ -247,6 +249,11 @@ impl DynamoStore {
                 .expression_attribute_values(":tseq", n(new_next_seq - 1));
             // An ended child leaves the stall guard's index.
             remove = " REMOVE running_child";
+        } else if head.kind == RunKind::Child {
+            // A child that speaks is (back) in the stall guard's index: a stall report,
+            // or the cleanup of a child whose coordinator ended, took it out until then.
+            set.push_str(", running_child = :rc");
+            update = update.expression_attribute_values(":rc", s(RUNNING_CHILD));
         }
         update = update.update_expression(format!("SET {set}{remove}"));
         Ok(TransactWriteItem::builder()

@@ -220,6 +220,12 @@ pub(crate) fn card_to_item(c: &tollgate_domain::ApprovalRequest) -> Item {
     if c.state == ApprovalState::Pending {
         item.insert("pending_key".into(), s(PENDING_KEY));
     }
+    // An auto-approved card: the policy and the `tool.auto_approved` sequence, so a
+    // retried arm answers as the first one did.
+    if let Some(auto) = &c.auto_approval {
+        item.insert("auto_policy_id".into(), s(&auto.policy_id));
+        item.insert("auto_sequence".into(), n(auto.sequence));
+    }
     item
 }
 
@@ -248,6 +254,13 @@ pub(crate) fn card_from_item(item: &Item) -> Result<tollgate_domain::ApprovalReq
         coordinator_run_id: opt_s(item, "coordinator_run_id"),
         subtask_id: opt_json(item, "subtask_id")?,
         project_id: opt_s(item, "project_id"),
+        auto_approval: match opt_s(item, "auto_policy_id") {
+            Some(policy_id) => Some(tollgate_domain::approval::AutoApproval {
+                policy_id,
+                sequence: get_n(item, "auto_sequence")?,
+            }),
+            None => None,
+        },
     })
 }
 

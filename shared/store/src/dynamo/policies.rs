@@ -4,16 +4,18 @@
 
 use std::collections::HashMap;
 
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, ConditionCheck, KeysAndAttributes, ReturnValuesOnConditionCheckFailure,
-    TransactWriteItem, Update,
+    AttributeValue, ConditionCheck, KeysAndAttributes, Put, ReturnValue,
+    ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
-use tollgate_domain::{ApprovalRequest, Policy};
+use tollgate_domain::{now_millis, ApprovalRequest, Policy};
 
 use super::commit::{Budget, Committed, Plan, RunWrite, WriteKind};
-use super::item::{build_error, n, policy_from_item, s, unavailable};
+use super::item::{build_error, card_to_item, n, policy_from_item, s, unavailable};
 use super::DynamoStore;
-use crate::{RunRef, StoreError};
+use crate::{RunRef, RunStore, StoreError};
 
 /// The index of the policies table by project.
 pub const POLICIES_BY_PROJECT: &str = "policies_by_project";
@@ -195,19 +197,43 @@ impl DynamoStore {
                 TransactWriteItem::builder().condition_check(check).build()
             };
             let sequence = head.next_seq;
+            // The card, stored `approved` (never pending: no `pending_key`) with the
+            // event's sequence. Invariant: one card per (run, request_id) — an arm or
+            // another auto-approval of the same request racing this one, one wins.
+            let now = now_millis();
+            let approved = card.auto_approved(policy, sequence, now);
+            let mut item = card_to_item(&approved);
+            if let Some(exp) = self.expires_at(now.max(approved.expires_at)) {
+                item.insert("expires_at".into(), exp);
+            }
+            let card_put = Put::builder()
+                .table_name(&self.tables.approvals)
+                .set_item(Some(item))
+                .condition_expression("attribute_not_exists(item_key)")
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .build()
+                .map_err(build_error)?;
             let plan = Plan {
                 runs: vec![RunWrite {
                     head,
                     kind: WriteKind::Advance { end: None },
                     events: vec![policy.auto_approved_event(card)],
                 }],
-                side: vec![reach],
+                side: vec![reach, TransactWriteItem::builder().put(card_put).build()],
             };
             match self.commit(&plan).await? {
                 Committed::Done { .. } => return Ok(sequence),
                 // This request was auto-approved before (a retried arm).
                 Committed::Lost(lost) if lost.taken[0][0].is_some() => {
                     return Ok(lost.taken[0][0].unwrap_or(sequence))
+                }
+                // A card for this request exists (armed meanwhile): it is the outcome.
+                Committed::Lost(lost) if lost.side[1].is_some() => {
+                    return Err(StoreError::Conflict(
+                        "a card for this request already exists".into(),
+                    ))
                 }
                 Committed::Lost(lost) if lost.side[0].is_some() => {
                     return Err(StoreError::Conflict("the policy was revoked".into()))
@@ -268,6 +294,11 @@ impl DynamoStore {
         Ok(list)
     }
 
+    /// Revokes the policy alone — one conditional update, so no stream's traffic can
+    /// hold it up — then announces it on each running stream it reached, each on its own
+    /// (see [`DynamoStore::announce_revocation`]). Revoking a revoked policy answers the
+    /// stored revocation and announces again: the announcements are keyed, so that only
+    /// completes what an earlier attempt missed.
     pub(crate) async fn revoke(
         &self,
         scope_key: &str,
@@ -276,56 +307,88 @@ impl DynamoStore {
         at: i64,
     ) -> Result<Option<Policy>, StoreError> {
         let mut budget = Budget::new(self.contention_budget, "a revocation");
-        loop {
-            let Some(policy) = self.get_policy(scope_key, tool_name).await? else {
-                return Ok(None);
-            };
-            if !policy.is_live() {
-                return Ok(Some(policy));
-            }
-            let mut revoked = policy;
-            revoked.revoked_by = Some(by.to_owned());
-            revoked.revoked_at = Some(at);
-            let mut runs = Vec::new();
-            for run_id in revoked.reached_runs.iter().take(crate::MAX_ANNOUNCED_RUNS) {
-                if let Some(head) = self
-                    .get_head(run_id)
-                    .await?
-                    .filter(|h| !h.status.is_terminal())
-                {
-                    runs.push(RunWrite {
-                        head,
-                        kind: WriteKind::Advance { end: None },
-                        events: vec![revoked.revoked_event()],
-                    });
-                }
-            }
-            let update = Update::builder()
+        let revoked = loop {
+            let result = self
+                .client
+                .update_item()
                 .table_name(&self.tables.policies)
                 .key("scope_key", s(scope_key))
                 .key("tool_name", s(tool_name))
                 .update_expression("SET revoked_by = :by, revoked_at = :at")
-                // Invariant: one revocation, announced once.
+                // Invariant: one revocation — the first stands; a policy that does not
+                // exist is never created by revoking it.
                 .condition_expression(
                     "attribute_exists(scope_key) AND attribute_not_exists(revoked_at)",
                 )
                 .expression_attribute_values(":by", s(by))
                 .expression_attribute_values(":at", n(at))
+                .return_values(ReturnValue::AllNew)
                 .return_values_on_condition_check_failure(
                     ReturnValuesOnConditionCheckFailure::AllOld,
                 )
-                .build()
-                .map_err(build_error)?;
-            let plan = Plan {
-                runs,
-                side: vec![TransactWriteItem::builder().update(update).build()],
+                .send()
+                .await;
+            let stored = match result {
+                Ok(out) => match out.attributes {
+                    Some(item) => Some(policy_from_item(&item)?),
+                    None => self.get_policy(scope_key, tool_name).await?,
+                },
+                // Missing, or revoked already: the stored state answers.
+                Err(SdkError::ServiceError(e))
+                    if matches!(e.err(), UpdateItemError::ConditionalCheckFailedException(_)) =>
+                {
+                    let old = match e.into_err() {
+                        UpdateItemError::ConditionalCheckFailedException(c) => c.item,
+                        _ => None,
+                    };
+                    match old {
+                        Some(item) => Some(policy_from_item(&item)?),
+                        None => self.get_policy(scope_key, tool_name).await?,
+                    }
+                }
+                Err(e) => return Err(unavailable(e)),
             };
-            match self.commit(&plan).await? {
-                Committed::Done { .. } => return Ok(Some(revoked)),
-                Committed::Lost(_) => {}
-                Committed::Busy(why) => tracing::debug!(%why, "revocation retry"),
+            match stored {
+                None => return Ok(None),
+                Some(policy) if !policy.is_live() => break policy,
+                // Granted again between a failed update and the read: revoke that.
+                Some(_) => budget.next().await?,
             }
-            budget.next().await?;
+        };
+        self.announce_revocation(&revoked).await;
+        Ok(Some(revoked))
+    }
+
+    /// `tool.policy_revoked` on every running stream `revoked` reached (at most
+    /// [`crate::MAX_ANNOUNCED_RUNS`]), concurrently and each on its own: a keyed append
+    /// with its own retry budget, so a busy stream delays only its own announcement and
+    /// a repeat writes nothing twice. A stream that ended is skipped (nothing follows a
+    /// terminal event). The revocation stands whatever happens here: a failed
+    /// announcement is logged, and revoking again completes it.
+    async fn announce_revocation(&self, revoked: &Policy) {
+        let mut announcements = tokio::task::JoinSet::new();
+        for run_id in revoked.reached_runs.iter().take(crate::MAX_ANNOUNCED_RUNS) {
+            let (store, run_id, event) = (self.clone(), run_id.clone(), revoked.revoked_event());
+            announcements.spawn(async move {
+                let result = store.append_events(RunRef::any(&run_id), vec![event]).await;
+                (run_id, result)
+            });
+        }
+        let policy_id = revoked.id();
+        while let Some(joined) = announcements.join_next().await {
+            match joined {
+                Ok((_, Ok(_))) => {}
+                // Ended (or gone): there is no running stream to tell.
+                Ok((_, Err(StoreError::RunTerminal { .. } | StoreError::NotFound))) => {}
+                Ok((run_id, Err(e))) => tracing::error!(
+                    %policy_id, %run_id, error = %e,
+                    "revocation stands but was not announced on this stream; revoke again to announce it"
+                ),
+                Err(e) => tracing::error!(
+                    %policy_id, error = %e,
+                    "revocation stands but an announcement task failed; revoke again to announce it"
+                ),
+            }
         }
     }
 }

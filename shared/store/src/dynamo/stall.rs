@@ -1,7 +1,16 @@
 //! The stall guard's reads and writes on DynamoDB. The runs table's sparse index
-//! `running_children` (`running_child`, `last_event_at`) holds exactly the running child
-//! runs, by their last event, so the silent ones are one `Query`.
+//! `running_children` (`running_child`, `last_event_at`) holds the running child runs
+//! that may still need a report, by their last event, so the silent ones are one `Query`.
+//!
+//! A child leaves the index when its silence is reported, when the guard finds its
+//! coordinator ended or gone (nobody to report to), and when it ends; every event it
+//! appends puts it back (the commit engine sets `running_child` on each append to a child
+//! run). So the front of the index is never held by children already dealt with, and a
+//! child that speaks after a report and falls silent again is listed and reported again
+//! (seed 003: the guard cannot latch).
 
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
@@ -30,6 +39,18 @@ impl DynamoStore {
                 .table_name(&self.tables.runs)
                 .index_name(RUNNING_CHILDREN_INDEX)
                 .key_condition_expression("running_child = :r AND last_event_at <= :t")
+                // A child already reported at this silence is no candidate. Reports take
+                // the child out of the index, so this only skips entries reported before
+                // they did (or that the index still shows for a moment): they cannot
+                // hold the front of the list either.
+                // Nor is a child waiting on a card (seed 003: never stalled while its
+                // latest real event is `tool.approval_required`): a page of those must not
+                // fill the batch while a real stall waits behind them.
+                .filter_expression(
+                    "(attribute_not_exists(stall_reported_seq) OR stall_reported_seq <> next_seq) \
+                     AND (attribute_not_exists(last_real_type) OR last_real_type <> :waiting)",
+                )
+                .expression_attribute_values(":waiting", s("tool.approval_required"))
                 .expression_attribute_values(":r", s(RUNNING_CHILD))
                 .expression_attribute_values(":t", AttributeValue::N(silent_since.to_string()))
                 .set_exclusive_start_key(start.take())
@@ -53,6 +74,7 @@ impl DynamoStore {
         now: i64,
     ) -> Result<Option<u64>, StoreError> {
         let Some(coordinator) = &child.parent_run_id else {
+            self.unlist_child(child).await?;
             return Ok(None);
         };
         let mut budget = Budget::new(self.contention_budget, "a stall report");
@@ -62,12 +84,16 @@ impl DynamoStore {
                 .await?
                 .filter(|h| !h.status.is_terminal())
             else {
+                // Nobody to report to, ever: out of the index, or it would hold the
+                // front for good and starve newer silences.
+                self.unlist_child(child).await?;
                 return Ok(None);
             };
             let mark = Update::builder()
                 .table_name(&self.tables.runs)
                 .key("run_id", s(&child.run_id))
-                .update_expression("SET stall_reported_seq = :seen")
+                // Reported: out of the index until the child speaks again.
+                .update_expression("SET stall_reported_seq = :seen REMOVE running_child")
                 // Invariant: a silence is reported only while it lasts — the child is
                 // exactly as read (no event since), still running.
                 .condition_expression(
@@ -99,6 +125,44 @@ impl DynamoStore {
                 Committed::Busy(why) => tracing::debug!(%why, "stall report retry"),
             }
             budget.next().await?;
+        }
+    }
+
+    /// Takes a silent child whose coordinator has ended (or is gone) out of the stall
+    /// guard's index — only if it is exactly as read (the same incarnation, no event
+    /// since, still running): a child that spoke meanwhile is listed by its new silence.
+    async fn unlist_child(&self, child: &RunHead) -> Result<(), StoreError> {
+        let mut update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.runs)
+            .key("run_id", s(&child.run_id))
+            .update_expression("REMOVE running_child")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":seen", n(child.next_seq))
+            .expression_attribute_values(":running", s(RunStatus::Running.as_str()));
+        // A head without an incarnation was written before incarnations existed.
+        let same_incarnation = if child.incarnation.is_empty() {
+            "attribute_not_exists(incarnation)"
+        } else {
+            update = update.expression_attribute_values(":inc", s(&child.incarnation));
+            "incarnation = :inc"
+        };
+        let result = update
+            .condition_expression(format!(
+                "next_seq = :seen AND #status = :running AND {same_incarnation}"
+            ))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            // It spoke, ended or was created again meanwhile: nothing to take out.
+            Err(SdkError::ServiceError(e))
+                if matches!(e.err(), UpdateItemError::ConditionalCheckFailedException(_)) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(unavailable(e)),
         }
     }
 }

@@ -1,0 +1,513 @@
+//! Four real `tollgate serve --backend aws` processes on one set of DynamoDB tables and one
+//! SQS timer queue, as four machines of a deployment would share them: clicks spread over
+//! the processes decide a card exactly once, and a card nobody answers is expired by the
+//! SQS timer (consumed by one of the processes), not by the in-process sweeper.
+//!
+//! Needs DynamoDB and SQS endpoints (`make test` starts DynamoDB Local and LocalStack; or
+//! `AWS_ENDPOINT_URL*`): without them the tests fail. The Makefile's `AWS_TESTS` filter
+//! selects them by their `dynamo_only_` names. They run the workspace's
+//! `target/debug/tollgate` (or `$CARGO_TARGET_DIR/debug/tollgate`), which
+//! `cargo build --workspace` builds. Every process listens on its own free loopback port
+//! and is killed when the test ends, also when it fails.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tollgate_api::{Auth, Role};
+use tollgate_tests::{aws_endpoint_configured, TEST_SECRET};
+
+/// How long one process may take to print its URL (the first one creates the tables).
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn sqs_endpoint_configured() -> bool {
+    [
+        "AWS_ENDPOINT_URL_SQS",
+        "AWS_ENDPOINT_URL",
+        "TOLLGATE_TEST_REAL_AWS",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some())
+}
+
+/// The `tollgate` binary the workspace built.
+fn tollgate_bin() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let bin = target.join("debug").join("tollgate");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it first (`cargo build --workspace` or `cargo build -p tollgate`)",
+        bin.display()
+    );
+    bin
+}
+
+/// What the processes of one test share.
+struct Setup {
+    /// Unique to the test: fresh tables.
+    table_prefix: String,
+    /// Unique to the test: a fresh timer queue.
+    queue_name: String,
+    extra_env: Vec<(&'static str, String)>,
+}
+
+/// One running `tollgate serve`.
+struct Serve {
+    base: String,
+    queue_url: String,
+}
+
+/// The running processes; kills them all when dropped (the test ended or panicked).
+struct Fleet {
+    children: Vec<Child>,
+    servers: Vec<Serve>,
+    http: reqwest::Client,
+    auth: Auth,
+    setup: Setup,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+        }
+        for child in &mut self.children {
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Fleet {
+    /// Starts `n` processes: the first with `--create-tables` (it creates the tables and
+    /// the queue named `TOLLGATE_TIMER_QUEUE_NAME`), the others with the queue's URL from
+    /// its banner in `TOLLGATE_TIMER_QUEUE_URL`.
+    fn start(n: usize, extra_env: &[(&'static str, &str)]) -> Self {
+        assert!(
+            aws_endpoint_configured(),
+            "no DynamoDB endpoint: run `make test` (it starts DynamoDB Local) or set AWS_ENDPOINT_URL"
+        );
+        assert!(
+            sqs_endpoint_configured(),
+            "no SQS endpoint: run `make test` (it starts LocalStack) or set AWS_ENDPOINT_URL_SQS / AWS_ENDPOINT_URL"
+        );
+        let bin = tollgate_bin();
+        let unique = uuid::Uuid::new_v4().simple().to_string();
+        let mut fleet = Self {
+            children: Vec::new(),
+            servers: Vec::new(),
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .pool_max_idle_per_host(64)
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+            auth: Auth::new(TEST_SECRET.as_bytes()),
+            setup: Setup {
+                table_prefix: format!("tollgate-serve-{}-", &unique[..12]),
+                queue_name: format!("tollgate-serve-timers-{unique}"),
+                extra_env: extra_env
+                    .iter()
+                    .map(|(k, v)| (*k, (*v).to_owned()))
+                    .collect(),
+            },
+        };
+        for i in 0..n {
+            let queue_url = fleet.servers.first().map(|s| s.queue_url.clone());
+            let serve = fleet.spawn(&bin, i, queue_url.as_deref());
+            fleet.servers.push(serve);
+        }
+        let first = &fleet.servers[0].queue_url;
+        assert!(
+            first.ends_with(&fleet.setup.queue_name),
+            "the queue serve created: {first}"
+        );
+        for s in &fleet.servers {
+            assert_eq!(&s.queue_url, first, "every process consumes the same queue");
+        }
+        fleet
+    }
+
+    /// Starts process `i` and waits for its banner; its output goes to this test's stderr.
+    fn spawn(&mut self, bin: &Path, i: usize, queue_url: Option<&str>) -> Serve {
+        let mut cmd = Command::new(bin);
+        cmd.args([
+            "serve",
+            "--backend",
+            "aws",
+            "--port",
+            "0",
+            "--host",
+            "127.0.0.1",
+        ])
+        .env("TOLLGATE_SECRET", TEST_SECRET)
+        .env("TOLLGATE_TABLE_PREFIX", &self.setup.table_prefix)
+        .env("TOLLGATE_TIMER_QUEUE_NAME", &self.setup.queue_name)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        for var in [
+            "TOLLGATE_RUNS_TABLE",
+            "TOLLGATE_EVENTS_TABLE",
+            "TOLLGATE_APPROVALS_TABLE",
+            "TOLLGATE_POLICIES_TABLE",
+            "TOLLGATE_TIMER_QUEUE_URL",
+            "TOLLGATE_CREATE_TABLES",
+            "TOLLGATE_BACKEND",
+            "TOLLGATE_PORT",
+            "TOLLGATE_SWEEP_SECONDS",
+            "TOLLGATE_HEARTBEAT_SECONDS",
+        ] {
+            cmd.env_remove(var);
+        }
+        for (k, v) in &self.setup.extra_env {
+            cmd.env(k, v);
+        }
+        match queue_url {
+            Some(url) => {
+                cmd.env("TOLLGATE_TIMER_QUEUE_URL", url);
+            }
+            None => {
+                cmd.arg("--create-tables");
+            }
+        }
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        let (tx, rx) = mpsc::channel::<String>();
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        // Drain both pipes for the whole life of the process (a full pipe would block
+        // it), echoing each line; stdout's lines also go to the banner parser.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                eprintln!("[serve {i}] {line}");
+                let _ = tx.send(line);
+            }
+        });
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[serve {i} stderr] {line}");
+            }
+        });
+        self.children.push(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        let (mut base, mut queue) = (None, None);
+        let mut seen = Vec::new();
+        while base.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = match rx.recv_timeout(left) {
+                Ok(line) => line,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!(
+                        "serve {i} printed no URL within {START_TIMEOUT:?}; it printed {seen:#?}"
+                    )
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = self.children.last_mut().unwrap().wait();
+                    panic!("serve {i} exited ({status:?}) before printing its URL; it printed {seen:#?}")
+                }
+            };
+            if let Some(url) = line.strip_prefix("export TOLLGATE_URL=") {
+                base = Some(url.trim().to_owned());
+            }
+            if let Some(rest) = line.split_once("SQS queue ").map(|(_, rest)| rest) {
+                queue = rest.split(", consumed").next().map(str::to_owned);
+            }
+            seen.push(line);
+        }
+        let base = base.unwrap();
+        assert!(base.starts_with("http://127.0.0.1:"), "{base}");
+        let queue_url = queue.unwrap_or_else(|| {
+            panic!(
+                "serve {i} does not say which SQS timer queue it uses (an old build? run \
+                 `cargo build -p tollgate`); it printed {seen:#?}"
+            )
+        });
+        Serve { base, queue_url }
+    }
+
+    fn base(&self, i: usize) -> &str {
+        &self.servers[i % self.servers.len()].base
+    }
+
+    fn agent_token(&self) -> String {
+        self.auth.mint_jwt("test-agent", Role::Agent, 3600, None)
+    }
+
+    fn operator_token(&self, sub: &str) -> String {
+        self.auth.mint_jwt(sub, Role::Operator, 3600, None)
+    }
+
+    async fn post(&self, i: usize, path: &str, token: &str, body: &Value) -> (StatusCode, Value) {
+        let req = self
+            .http
+            .post(format!("{}{path}", self.base(i)))
+            .bearer_auth(token)
+            .json(body);
+        send(req).await
+    }
+
+    async fn get(&self, i: usize, path: &str, token: &str) -> (StatusCode, Value) {
+        send(
+            self.http
+                .get(format!("{}{path}", self.base(i)))
+                .bearer_auth(token),
+        )
+        .await
+    }
+
+    /// Creates a run on process `i`: `(run_id, run_token)`.
+    async fn create_run(&self, i: usize) -> (String, String) {
+        let (status, v) = self
+            .post(
+                i,
+                "/api/runs",
+                &self.agent_token(),
+                &json!({"owner": "alice", "channel_id": "C1"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "create run: {v}");
+        (
+            v["run_id"].as_str().unwrap().to_owned(),
+            v["run_token"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    /// Arms a card on process `i`; answers its request id.
+    async fn arm(&self, i: usize, run_id: &str, token: &str, extra: Value) -> String {
+        let request_id = uuid::Uuid::new_v4().to_string();
+        let mut body = json!({"request_id": request_id, "tool_name": "web_fetch",
+                              "url": "https://example.com/docs"});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (status, v) = self
+            .post(
+                i,
+                &format!("/api/runs/{run_id}/approval-requests"),
+                token,
+                &body,
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "arm: {v}");
+        assert_eq!(v["state"], "pending", "{v}");
+        request_id
+    }
+
+    /// The whole stream through process `i`, page after page.
+    async fn replay_all(&self, i: usize, run_id: &str, token: &str) -> Vec<Value> {
+        let mut events = Vec::new();
+        let mut after = 0u64;
+        loop {
+            let (status, page) = self
+                .get(
+                    i,
+                    &format!("/api/runs/{run_id}/events?after={after}&limit=100"),
+                    token,
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "replay: {page}");
+            events.extend(page["events"].as_array().unwrap().iter().cloned());
+            if !page["has_more"].as_bool().unwrap() {
+                return events;
+            }
+            let next = page["next_after"].as_u64().unwrap();
+            assert!(next > after, "has_more must make progress");
+            after = next;
+        }
+    }
+
+    /// Best-effort removal of the test's tables and queue, once the processes are gone.
+    async fn clean_up(mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let sdk = aws_config::load_from_env().await;
+        let sqs = aws_sdk_sqs::Client::new(&sdk);
+        let _ = sqs
+            .delete_queue()
+            .queue_url(&self.servers[0].queue_url)
+            .send()
+            .await;
+        let dynamo = aws_sdk_dynamodb::Client::new(&sdk);
+        let tables = tollgate_store::dynamo::Tables::with_prefix(&self.setup.table_prefix);
+        for table in [
+            &tables.runs,
+            &tables.events,
+            &tables.approvals,
+            &tables.policies,
+        ] {
+            let _ = dynamo.delete_table().table_name(table).send().await;
+        }
+    }
+}
+
+async fn send(req: reqwest::RequestBuilder) -> (StatusCode, Value) {
+    let resp = req.send().await.expect("request reaches the server");
+    let status = resp.status();
+    let text = resp.text().await.unwrap();
+    let body = serde_json::from_str(&text)
+        .unwrap_or_else(|_| panic!("every answer is JSON; got {status} {text:?}"));
+    (status, body)
+}
+
+fn types(events: &[Value]) -> Vec<&str> {
+    events.iter().map(|e| e["type"].as_str().unwrap()).collect()
+}
+
+/// GIVEN one card WHEN 50 operators click at once, approve and deny mixed, spread over
+/// four `tollgate serve` processes on the same tables THEN every answer is 200 with the
+/// same final state, and the stream has exactly one `tool.approval_resolved`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamo_only_fifty_clicks_over_four_serve_processes() {
+    let fleet = Arc::new(Fleet::start(4, &[("TOLLGATE_HEARTBEAT_SECONDS", "60")]));
+    let (run_id, run_token) = fleet.create_run(0).await;
+    let request_id = fleet.arm(0, &run_id, &run_token, json!({})).await;
+
+    let clicks: Vec<_> = (0..50)
+        .map(|i| {
+            let fleet = Arc::clone(&fleet);
+            let (run_id, request_id) = (run_id.clone(), request_id.clone());
+            tokio::spawn(async move {
+                let verb = if i % 2 == 0 {
+                    "tool-approvals"
+                } else {
+                    "tool-denials"
+                };
+                let op = fleet.operator_token(&format!("op-{i}"));
+                fleet
+                    .post(
+                        i,
+                        &format!("/api/runs/{run_id}/{verb}"),
+                        &op,
+                        &json!({"request_id": request_id}),
+                    )
+                    .await
+            })
+        })
+        .collect();
+    let mut states = HashSet::new();
+    for click in clicks {
+        let (status, v) = click.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(v["run_id"], json!(run_id), "{v}");
+        assert_eq!(v["resolved"], true, "{v}");
+        states.insert(v["state"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(states.len(), 1, "one final state for all: {states:?}");
+    let state = states.into_iter().next().unwrap();
+    assert!(state == "approved" || state == "denied", "{state}");
+
+    let events = fleet.replay_all(3, &run_id, &run_token).await;
+    let resolved: Vec<_> = events
+        .iter()
+        .filter(|e| e["type"] == "tool.approval_resolved")
+        .collect();
+    assert_eq!(resolved.len(), 1, "{:?}", types(&events));
+    assert_eq!(resolved[0]["requestId"], json!(request_id));
+    assert_eq!(resolved[0]["approved"], json!(state == "approved"));
+    assert_eq!(resolved[0]["expired"], false);
+
+    match Arc::try_unwrap(fleet) {
+        Ok(fleet) => fleet.clean_up().await,
+        Err(_) => panic!("a click task still holds the fleet"),
+    }
+}
+
+/// GIVEN four processes whose sweeper would wait an hour WHEN a card with a 3 s timeout
+/// waits unanswered THEN the SQS timers (consumed by the processes) send heartbeats and
+/// expire it: the card reads `expired`, the stream has heartbeats, then exactly one
+/// `tool.approval_resolved` (expired), then nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamo_only_serve_expires_through_sqs() {
+    let fleet = Fleet::start(
+        4,
+        &[
+            ("TOLLGATE_SWEEP_SECONDS", "3600"),
+            ("TOLLGATE_HEARTBEAT_SECONDS", "1"),
+        ],
+    );
+    let (run_id, run_token) = fleet.create_run(2).await;
+    let armed_at = Instant::now();
+    let request_id = fleet
+        .arm(1, &run_id, &run_token, json!({"timeout_seconds": 3}))
+        .await;
+
+    // The card reads `expired` within a bounded wait, from any process.
+    let deadline = armed_at + Duration::from_secs(30);
+    let mut polls = 0usize;
+    let card = loop {
+        let (status, card) = fleet
+            .get(
+                polls,
+                &format!("/api/runs/{run_id}/approval-requests/{request_id}"),
+                &run_token,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{card}");
+        polls += 1;
+        if card["state"] != "pending" {
+            break card;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still pending {:?} after arming: the SQS timer did not expire it",
+            armed_at.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(card["state"], "expired", "{card}");
+    eprintln!("expired {:?} after arming", armed_at.elapsed());
+    assert!(
+        armed_at.elapsed() >= Duration::from_millis(2_500),
+        "expired after {:?}, before its 3 s timeout",
+        armed_at.elapsed()
+    );
+
+    // Let heartbeats in flight land, then read the stream.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let events = fleet.replay_all(0, &run_id, &run_token).await;
+    let kinds = types(&events);
+    eprintln!("the stream: {kinds:?}");
+    let resolved: Vec<usize> = kinds
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| **t == "tool.approval_resolved")
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(resolved.len(), 1, "one resolution: {kinds:?}");
+    let at = resolved[0];
+    assert_eq!(events[at]["expired"], true, "{}", events[at]);
+    assert_eq!(events[at]["approved"], false, "{}", events[at]);
+    assert_eq!(events[at]["requestId"], json!(request_id));
+    assert_eq!(kinds[..2], ["run_started", "tool.approval_required"]);
+    let beats = kinds[..at]
+        .iter()
+        .filter(|t| **t == "tool.approval_pending")
+        .count();
+    assert!(
+        beats >= 1,
+        "heartbeats every 1 s for 3 s, through SQS: {kinds:?}"
+    );
+    assert!(
+        kinds[2..at].iter().all(|t| *t == "tool.approval_pending"),
+        "{kinds:?}"
+    );
+    assert_eq!(
+        at,
+        events.len() - 1,
+        "nothing after the resolution: {kinds:?}"
+    );
+
+    fleet.clean_up().await;
+}
