@@ -125,11 +125,26 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                     &["logs:CreateLogStream", "logs:PutLogEvents"],
                 ),
                 ("SigningSecret", &["secretsmanager:GetSecretValue"]),
-                ("RunsTable", &["dynamodb:GetItem", "dynamodb:UpdateItem"]),
-                ("EventsTable", &["dynamodb:PutItem"]),
+                (
+                    "RunsTable",
+                    &[
+                        "dynamodb:BatchGetItem",
+                        "dynamodb:GetItem",
+                        "dynamodb:UpdateItem",
+                    ],
+                ),
+                (
+                    "EventsTable",
+                    &["dynamodb:BatchGetItem", "dynamodb:PutItem"],
+                ),
                 (
                     "ApprovalsTable",
-                    &["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"],
+                    &[
+                        "dynamodb:BatchGetItem",
+                        "dynamodb:GetItem",
+                        "dynamodb:PutItem",
+                        "dynamodb:Query",
+                    ],
                 ),
                 (
                     "ApprovalsTable/index/pending_by_expiry",
@@ -153,9 +168,23 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                     &["logs:CreateLogStream", "logs:PutLogEvents"],
                 ),
                 ("SigningSecret", &["secretsmanager:GetSecretValue"]),
-                ("RunsTable", &["dynamodb:GetItem", "dynamodb:UpdateItem"]),
+                (
+                    "RunsTable",
+                    &[
+                        "dynamodb:BatchGetItem",
+                        "dynamodb:GetItem",
+                        "dynamodb:UpdateItem",
+                    ],
+                ),
                 ("EventsTable", &["dynamodb:PutItem"]),
-                ("ApprovalsTable", &["dynamodb:GetItem", "dynamodb:PutItem"]),
+                (
+                    "ApprovalsTable",
+                    &[
+                        "dynamodb:BatchGetItem",
+                        "dynamodb:GetItem",
+                        "dynamodb:PutItem",
+                    ],
+                ),
                 (
                     "TimerQueue",
                     &[
@@ -175,9 +204,23 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                     &["logs:CreateLogStream", "logs:PutLogEvents"],
                 ),
                 ("SigningSecret", &["secretsmanager:GetSecretValue"]),
-                ("RunsTable", &["dynamodb:GetItem", "dynamodb:UpdateItem"]),
+                (
+                    "RunsTable",
+                    &[
+                        "dynamodb:BatchGetItem",
+                        "dynamodb:GetItem",
+                        "dynamodb:UpdateItem",
+                    ],
+                ),
                 ("EventsTable", &["dynamodb:PutItem"]),
-                ("ApprovalsTable", &["dynamodb:GetItem", "dynamodb:PutItem"]),
+                (
+                    "ApprovalsTable",
+                    &[
+                        "dynamodb:BatchGetItem",
+                        "dynamodb:GetItem",
+                        "dynamodb:PutItem",
+                    ],
+                ),
                 (
                     "ApprovalsTable/index/pending_by_expiry",
                     &["dynamodb:Query"],

@@ -403,7 +403,7 @@ async fn run_approvals(
     Ok(Json(json!({
         "run_id": head.run_id,
         "approvals": approvals,
-        "has_more": has_more,
+        "has_more": has_more || cards.len() >= tollgate_store::MAX_PENDING_LISTED,
     }))
     .into_response())
 }

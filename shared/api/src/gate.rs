@@ -13,6 +13,9 @@ use tollgate_domain::{
 use tollgate_store::{Armed, Beat, Located, Resolved, RunRef, Store, StoreError};
 use tollgate_timers::{TimerError, TimerHandler, TimerMessage, TimerQueue};
 
+/// How long after arming a retried arm sends the card's expiry again.
+const RESEND_EXPIRY_WITHIN_MS: i64 = 60_000;
+
 /// Knobs of the gate, read once at start-up.
 #[derive(Debug, Clone)]
 pub struct GateConfig {
@@ -140,10 +143,14 @@ impl Gate {
         // so does a gate a policy approved (its card is stored `approved` with
         // `tool.auto_approved`), even if the policy was revoked since.
         if let Some(existing) = self.store.read_card(&head.run_id, &card.request_id).await? {
-            if existing.state == tollgate_domain::ApprovalState::Pending {
-                // The first call may have stopped before its timers were sent: send the
-                // expiry again (a second expiry finds the card ended and writes nothing).
-                // Not the heartbeat: a second chain would double its reads.
+            // The first call may have stopped before its timers were sent: a retry soon
+            // after sends the expiry again (a second expiry finds the card ended and writes
+            // nothing). Only soon after — an agent re-arming an old card must not start
+            // one expiry chain per call; the sweeper covers the rest. Not the heartbeat: a
+            // second chain would double its reads.
+            if existing.state == tollgate_domain::ApprovalState::Pending
+                && now_millis() - existing.created_at < RESEND_EXPIRY_WITHIN_MS
+            {
                 self.schedule_expiry(&existing).await;
             }
             return Ok(ArmOutcome::Card(Armed::Existing(existing)));
@@ -429,7 +436,10 @@ impl TimerHandler for Gate {
                         .schedule(&next, self.config.heartbeat_every)
                         .await
                 }
-                Ok(Beat::Stopped) => Ok(()),
+                // A redelivery of a beat already written: the delivery that wrote it
+                // scheduled the next one, so a second chain is not started (it would
+                // double every later beat's reads and messages).
+                Ok(Beat::Repeated(_)) | Ok(Beat::Stopped) => Ok(()),
                 Err(e) => Err(unavailable(e)),
             },
         }

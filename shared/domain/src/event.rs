@@ -81,9 +81,20 @@ pub enum EventError {
     ReservedKey(String),
     #[error("event_id must be a non-empty string of at most 128 characters")]
     InvalidEventId,
+    #[error("event_id {0:?} starts with a prefix Tollgate keys its own events with")]
+    ServerEventId(String),
     #[error("event payload is {0} bytes; the limit is 65536")]
     PayloadTooLarge(usize),
 }
+
+/// Prefixes of the `event_id`s Tollgate gives its own keyed events; producer ids may not
+/// start with them.
+pub const SERVER_EVENT_ID_PREFIXES: &[&str] = &[
+    "approval_pending:",
+    "auto_approved:",
+    "policy_revoked:",
+    "tollgate:",
+];
 
 fn valid_type(t: &str) -> bool {
     let bytes = t.as_bytes();
@@ -116,6 +127,14 @@ pub fn validate_producer_event(value: Value) -> Result<EventDraft, EventError> {
         Some(Value::String(id)) if !id.is_empty() && id.chars().count() <= 128 => Some(id),
         Some(_) => return Err(EventError::InvalidEventId),
     };
+    // A producer id must never take the key of an event Tollgate writes itself (a
+    // heartbeat, an auto-approval, a revocation notice): that would suppress it.
+    if let Some(id) = event_id
+        .as_ref()
+        .filter(|id| SERVER_EVENT_ID_PREFIXES.iter().any(|p| id.starts_with(p)))
+    {
+        return Err(EventError::ServerEventId(id.clone()));
+    }
     validate_payload(&fields)?;
     Ok(EventDraft {
         event_type,
@@ -189,6 +208,27 @@ mod tests {
                 Err(EventError::ServerOwned((*t).to_owned()))
             );
         }
+    }
+
+    #[test]
+    fn producer_ids_cannot_take_a_server_key() {
+        for id in [
+            "approval_pending:r1:1",
+            "auto_approved:r1",
+            "policy_revoked:00ff",
+            "tollgate:x",
+        ] {
+            assert_eq!(
+                validate_producer_event(json!({"type": "agent.note", "event_id": id})),
+                Err(EventError::ServerEventId(id.to_owned())),
+                "{id}"
+            );
+        }
+        // Only as a prefix: elsewhere in an id these words are the producer's own.
+        assert!(validate_producer_event(
+            json!({"type": "agent.note", "event_id": "my-auto_approved:1"})
+        )
+        .is_ok());
     }
 
     #[test]

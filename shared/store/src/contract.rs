@@ -928,7 +928,7 @@ pub async fn heartbeats_never_follow_the_resolution(store: Store) {
     // The same heartbeat redelivered writes nothing and answers its sequence.
     assert!(matches!(
         store.heartbeat(&run_id, rid, 1).await.unwrap(),
-        Beat::Emitted(3)
+        Beat::Repeated(3)
     ));
     let beaters: Vec<_> = (0..4)
         .map(|_| {

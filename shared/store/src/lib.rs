@@ -188,6 +188,9 @@ pub struct Located {
 pub enum Beat {
     /// `tool.approval_pending` was appended at this sequence.
     Emitted(u64),
+    /// This beat was written before (a redelivered timer) at this sequence: nothing was
+    /// written, and the delivery that wrote it carries the chain on.
+    Repeated(u64),
     /// The card is no longer pending (or its run ended): no heartbeat, none later.
     Stopped,
 }
@@ -320,7 +323,7 @@ pub trait ApprovalStore: Send + Sync + 'static {
     /// the child is still exactly as read (no event since). `None`: nothing written.
     async fn report_stall(&self, child: &RunHead, now: i64) -> Result<Option<u64>, StoreError>;
 
-    /// Pending cards of one run.
+    /// Pending cards of one run, at most [`MAX_PENDING_LISTED`].
     async fn pending_cards(&self, run_id: &str) -> Result<Vec<ApprovalRequest>, StoreError>;
 
     /// Pending cards of every run (of one project when `project_id` is given), soonest
@@ -333,6 +336,9 @@ pub trait ApprovalStore: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<ApprovalRequest>, StoreError>;
 }
+
+/// Most cards one listing of pending cards reads (a console page; the sweeper's batch).
+pub const MAX_PENDING_LISTED: usize = 1000;
 
 /// Most streams a policy records as reached (and a revocation announces on); gates it
 /// covers beyond them are still auto-approved, only not announced again.

@@ -408,7 +408,7 @@ impl ApprovalStore for MemoryStore {
                 let draft = card.pending_event(beat);
                 let id = draft.event_id.clone().unwrap_or_default();
                 if let Some(seq) = record.event_ids.get(&id) {
-                    return Ok(Beat::Emitted(*seq));
+                    return Ok(Beat::Repeated(*seq));
                 }
                 let Some(seq) = record.push(&[draft], now_millis()) else {
                     return Ok(Beat::Stopped);
@@ -572,6 +572,8 @@ impl ApprovalStore for MemoryStore {
             .filter_map(|r| r.running_head())
             .filter(|h| h.kind == tollgate_domain::RunKind::Child)
             .filter(|h| h.last_event_at <= silent_since)
+            // Waiting on a card: never stalled (seed 003), so no candidate.
+            .filter(|h| h.last_real_type.as_deref() != Some("tool.approval_required"))
             .cloned()
             .collect();
         silent.sort_by_key(|h| h.last_event_at);
@@ -635,6 +637,7 @@ impl ApprovalStore for MemoryStore {
                 r.cards
                     .values()
                     .filter(|c| c.state == ApprovalState::Pending)
+                    .take(crate::MAX_PENDING_LISTED)
                     .cloned()
                     .collect()
             })

@@ -103,7 +103,38 @@ impl TimerQueue for SqsTimers {
 /// `tollgate serve --create-tables` and tests. Idempotent: an existing queue, whatever its
 /// attributes, answers its URL.
 pub async fn ensure_queue(client: &Client, name: &str) -> Result<String, TimerError> {
-    let created = client.create_queue().queue_name(name).send().await;
+    use aws_sdk_sqs::types::QueueAttributeName;
+    // As the template deploys it: a dead-letter queue after 5 receives, and a visibility
+    // timeout well past one batch's handling, so a slow batch is not handed out twice.
+    let dlq_name = format!("{name}-dlq");
+    let dlq_url = client
+        .create_queue()
+        .queue_name(&dlq_name)
+        .attributes(QueueAttributeName::MessageRetentionPeriod, "1209600")
+        .send()
+        .await
+        .map_err(|err| unavailable("CreateQueue", &dlq_name, err))?
+        .queue_url()
+        .map(str::to_owned)
+        .ok_or_else(|| TimerError::Unavailable("CreateQueue: no queue URL in the answer".into()))?;
+    let dlq_arn = client
+        .get_queue_attributes()
+        .queue_url(&dlq_url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|err| unavailable("GetQueueAttributes", &dlq_name, err))?
+        .attributes()
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+        .ok_or_else(|| TimerError::Unavailable("GetQueueAttributes: no QueueArn".into()))?;
+    let redrive = format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":"5"}}"#);
+    let created = client
+        .create_queue()
+        .queue_name(name)
+        .attributes(QueueAttributeName::VisibilityTimeout, "150")
+        .attributes(QueueAttributeName::RedrivePolicy, redrive)
+        .send()
+        .await;
     let url = match created {
         Ok(out) => out.queue_url().map(str::to_owned),
         // Exists with other attributes (e.g. deployed from the template): use it as is.

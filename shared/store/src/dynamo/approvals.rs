@@ -26,7 +26,7 @@ use super::{DynamoStore, PENDING_INDEX};
 use crate::{ApprovalStore, Armed, Beat, Located, Resolved, RunRef, StoreError};
 
 /// Most cards one listing reads (a console page; the sweeper's batch).
-const MAX_LISTED: usize = 1000;
+const MAX_LISTED: usize = crate::MAX_PENDING_LISTED;
 
 impl DynamoStore {
     fn card_put(
@@ -454,11 +454,21 @@ impl ApprovalStore for DynamoStore {
                 Committed::Lost(lost) => {
                     // Each failed condition returned the stored item: act on those,
                     // never on the stale reads (no second read for a lost race).
-                    if let Some(stored) = &lost.side[0] {
-                        match stored {
-                            Some(item) => located.card = card_from_item(item)?,
-                            None => return Err(StoreError::NotFound),
-                        }
+                    let vanished = matches!(lost.side[0], Some(None))
+                        || lost.heads.iter().any(|h| matches!(h, Some(None)));
+                    if vanished {
+                        // A failed condition without the stored item: read everything
+                        // again rather than take the item for deleted.
+                        let (run_id, request_id) = (card.run_id.clone(), card.request_id.clone());
+                        located = self
+                            .locate_card(&run_id, &request_id, false)
+                            .await?
+                            .ok_or(StoreError::NotFound)?;
+                        budget.next().await?;
+                        continue;
+                    }
+                    if let Some(Some(item)) = &lost.side[0] {
+                        located.card = card_from_item(item)?;
                         if located.card.state != ApprovalState::Pending {
                             continue;
                         }
@@ -516,7 +526,7 @@ impl ApprovalStore for DynamoStore {
                 Committed::Done { .. } => return Ok(Beat::Emitted(sequence)),
                 // This heartbeat was written by an earlier delivery of the same timer.
                 Committed::Lost(lost) if lost.taken[0][0].is_some() => {
-                    return Ok(Beat::Emitted(lost.taken[0][0].unwrap_or(sequence)))
+                    return Ok(Beat::Repeated(lost.taken[0][0].unwrap_or(sequence)))
                 }
                 Committed::Lost(_) => {}
                 Committed::Busy(why) => tracing::debug!(%why, "heartbeat retry"),
