@@ -39,6 +39,7 @@ test: lint
 # Runs every test; the AWS-backed ones use whatever AWS_ENDPOINT_URL* is set. Then the
 # Lambda-runtime tier: each function under `cargo lambda watch`, invoked with fixtures.
 test-integration:
+	cargo build -p tollgate
 	cargo nextest run --workspace --no-fail-fast
 	tests/lambda/run.sh
 

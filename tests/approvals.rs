@@ -1415,3 +1415,106 @@ async fn auto_approved_gate_retried_after_revocation(backend: Backend) {
         1
     );
 }
+
+/// GIVEN a revocation whose call stopped right after revoking (the policy item is revoked,
+/// no stream was told) WHEN the backstop timer the call sent first arrives (twice: SQS
+/// delivers at least once) THEN the reached stream gets exactly one `tool.policy_revoked`;
+/// a backstop for a policy that is still live writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamo_only_revocation_backstop_completes_announcements() {
+    use tollgate_timers::{TimerHandler, TimerMessage};
+    let store = tollgate_tests::dynamo_store().await;
+    let (client, tables) = (store.client().clone(), store.tables().clone());
+    let deps = TestServer::deps(Arc::new(store), gate(60_000));
+    let gate_handle = deps.gate.clone();
+    let srv = TestServer::with_deps(deps).await;
+    let owner = format!("alice-{}", &request_id()[..8]);
+    let alice = operator(&srv, &owner);
+    let (run_id, token) = srv.create_run(json!({"owner": owner})).await;
+    let rid = request_id();
+    let (status, _) = arm(
+        &srv,
+        &run_id,
+        &token,
+        json!({"request_id": rid, "tool_name": "shell"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, v) = decide(
+        &srv,
+        "tool-approvals",
+        &run_id,
+        &alice,
+        json!({"request_id": rid, "scope": "tool"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (_, listed) = srv.get("/api/policies", &alice).await;
+    let policy = listed["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["origin_run_id"] == json!(run_id))
+        .expect("the tool grant is listed")
+        .clone();
+    let policy_id = policy["policy_id"].as_str().unwrap().to_owned();
+    let backstop = TimerMessage::PolicyRevocation {
+        policy_id: policy_id.clone(),
+    };
+    let revoked_count = |events: &[Value]| {
+        types(events)
+            .iter()
+            .filter(|t| **t == "tool.policy_revoked")
+            .count()
+    };
+    // Still live: the backstop leaves it alone.
+    gate_handle.handle(backstop.clone()).await.unwrap();
+    let events = srv.replay_all(&run_id, &token, 100).await;
+    assert_eq!(revoked_count(&events), 0);
+    let (_, listed) = srv.get("/api/policies", &alice).await;
+    assert!(listed["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["policy_id"] == json!(policy_id) && p["revoked_at"].is_null()));
+    // The revoking call's own write, and nothing after it.
+    let (scope_key, tool_name) =
+        tollgate_domain::approval::parse_policy_id(&policy_id).expect("a policy id");
+    client
+        .update_item()
+        .table_name(&tables.policies)
+        .key(
+            "scope_key",
+            aws_sdk_dynamodb::types::AttributeValue::S(scope_key),
+        )
+        .key(
+            "tool_name",
+            aws_sdk_dynamodb::types::AttributeValue::S(tool_name),
+        )
+        .update_expression("SET revoked_by = :by, revoked_at = :at")
+        .expression_attribute_values(
+            ":by",
+            aws_sdk_dynamodb::types::AttributeValue::S(owner.clone()),
+        )
+        .expression_attribute_values(
+            ":at",
+            aws_sdk_dynamodb::types::AttributeValue::N(tollgate_domain::now_millis().to_string()),
+        )
+        .send()
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        gate_handle.handle(backstop.clone()).await.unwrap();
+    }
+    let events = srv.replay_all(&run_id, &token, 100).await;
+    assert_eq!(revoked_count(&events), 1, "{:?}", types(&events));
+    // A new gate of the tool needs a human again.
+    let (status, _) = arm(
+        &srv,
+        &run_id,
+        &token,
+        json!({"request_id": request_id(), "tool_name": "shell"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+}

@@ -482,8 +482,9 @@ async fn revoke_policy(
         Some(p) if in_project(&claims, &p.project_id) => {}
         _ => return Err(not_found()),
     }
-    let revoked = store
-        .revoke_policy(&scope_key, &tool_name, &claims.sub, now_millis())
+    let revoked = deps
+        .gate
+        .revoke(&scope_key, &tool_name, &claims.sub)
         .await?
         .ok_or_else(not_found)?;
     Ok(Json(revoked.to_json()).into_response())

@@ -13,6 +13,9 @@ use tollgate_domain::{
 use tollgate_store::{Armed, Beat, Located, Resolved, RunRef, Store, StoreError};
 use tollgate_timers::{TimerError, TimerHandler, TimerMessage, TimerQueue};
 
+/// When the revocation backstop checks that every reached stream was told.
+const REVOCATION_BACKSTOP: Duration = Duration::from_secs(60);
+
 /// How long after arming a retried arm sends the card's expiry again.
 const RESEND_EXPIRY_WITHIN_MS: i64 = 60_000;
 
@@ -276,6 +279,28 @@ impl Gate {
             .await
     }
 
+    /// Revokes a policy and announces it on the streams it reached. A backstop timer is
+    /// sent first: should this call stop after revoking but before every stream was told,
+    /// the timer completes the announcements (it does nothing for a policy still live).
+    pub async fn revoke(
+        &self,
+        scope_key: &str,
+        tool_name: &str,
+        by: &str,
+    ) -> Result<Option<Policy>, StoreError> {
+        let backstop = TimerMessage::PolicyRevocation {
+            policy_id: tollgate_domain::approval::policy_id(scope_key, tool_name),
+        };
+        if let Err(e) = self.timers.schedule(&backstop, REVOCATION_BACKSTOP).await {
+            // Revoking still goes ahead (it only narrows what is approved); a repeat of
+            // the call completes any announcement that does not land now.
+            tracing::warn!(error = %e, "revocation backstop not scheduled");
+        }
+        self.store
+            .revoke_policy(scope_key, tool_name, by, now_millis())
+            .await
+    }
+
     /// Expires every pending card whose deadline has passed (timers that were lost);
     /// returns how many this call expired.
     pub async fn sweep(&self, limit: usize) -> Result<usize, StoreError> {
@@ -442,6 +467,19 @@ impl TimerHandler for Gate {
                 Ok(Beat::Repeated(_)) | Ok(Beat::Stopped) => Ok(()),
                 Err(e) => Err(unavailable(e)),
             },
+            TimerMessage::PolicyRevocation { policy_id } => {
+                let Some((scope_key, tool_name)) =
+                    tollgate_domain::approval::parse_policy_id(&policy_id)
+                else {
+                    tracing::warn!(%policy_id, "revocation backstop for a malformed policy id");
+                    return Ok(());
+                };
+                self.store
+                    .announce_revocation(&scope_key, &tool_name)
+                    .await
+                    .map(|_| ())
+                    .map_err(unavailable)
+            }
         }
     }
 }

@@ -36,6 +36,7 @@ pub const SERVER_OWNED_TYPES: &[&str] = &[
     "coordinator.child_stall_detected",
     "tool_execution_started",
     "tool_execution",
+    "tool_execution_reconciled",
     "heartbeat",
     "run_completed",
     "run_failed",

@@ -4,12 +4,18 @@
 
 pub mod approval;
 pub mod event;
+pub mod execution;
 pub mod run;
 
 pub use approval::{ApprovalRequest, ApprovalState, Policy, Reach, Resolution, Scope};
 pub use event::{
     is_server_owned, render_event, validate_producer_event, EventDraft, EventError,
     MAX_BATCH_EVENTS, MAX_PAYLOAD_BYTES, PROTOCOL_VERSION, RESERVED_KEYS, SERVER_OWNED_TYPES,
+};
+pub use execution::{
+    Budget, BudgetUsage, Decision, Evidence, ExecutionSettings, ExecutionStatus, MutationRecord,
+    MutationState, Observed, Reason, Settlement, StartRefusal, StartRequest,
+    MUTATION_OUTCOME_SCHEMA,
 };
 pub use run::{
     delivery_run_id, is_heartbeat, is_stalled, last_real_type, stall_detected_event,

@@ -279,6 +279,16 @@ pub trait ApprovalStore: Send + Sync + 'static {
         policy: &Policy,
     ) -> Result<u64, StoreError>;
 
+    /// Announces a revoked policy on the running streams it reached (keyed: a stream
+    /// already told is not told again). `None`: no such policy; a live policy is answered
+    /// as it stands and nothing is written (it was never revoked). `Unavailable` when
+    /// some stream could not be told (try again).
+    async fn announce_revocation(
+        &self,
+        scope_key: &str,
+        tool_name: &str,
+    ) -> Result<Option<Policy>, StoreError>;
+
     /// Policies (of one project when `project_id` is given), newest first.
     async fn list_policies(
         &self,

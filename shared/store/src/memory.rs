@@ -218,6 +218,29 @@ impl RunStore for MemoryStore {
     }
 }
 
+/// `tool.policy_revoked` on each running stream `policy` reached, keyed: a stream
+/// already told is not told again.
+fn announce(state: &mut State, policy: &Policy) {
+    let draft = policy.revoked_event();
+    let id = draft.event_id.clone().unwrap_or_default();
+    let now = now_millis();
+    for run_id in policy.reached_runs.iter().take(crate::MAX_ANNOUNCED_RUNS) {
+        let Some(record) = state
+            .runs
+            .get_mut(run_id)
+            .filter(|r| r.running_head().is_some())
+        else {
+            continue;
+        };
+        if record.event_ids.contains_key(&id) {
+            continue;
+        }
+        if let Some(seq) = record.push(std::slice::from_ref(&draft), now) {
+            record.event_ids.insert(id.clone(), seq);
+        }
+    }
+}
+
 impl RunRecord {
     fn running_head(&self) -> Option<&RunHead> {
         self.head.as_ref().filter(|h| !h.status.is_terminal())
@@ -532,26 +555,22 @@ impl ApprovalStore for MemoryStore {
             policy.revoked_at = Some(at);
             state.policies.insert(key, policy.clone());
         }
-        // Keyed, on each running stream it reached: announced once however often.
-        let draft = policy.revoked_event();
-        let id = draft.event_id.clone().unwrap_or_default();
-        let now = now_millis();
-        for run_id in policy.reached_runs.iter().take(crate::MAX_ANNOUNCED_RUNS) {
-            let Some(record) = state
-                .runs
-                .get_mut(run_id)
-                .filter(|r| r.running_head().is_some())
-            else {
-                continue;
-            };
-            if record.event_ids.contains_key(&id) {
-                continue;
-            }
-            if let Some(seq) = record.push(std::slice::from_ref(&draft), now) {
-                record.event_ids.insert(id.clone(), seq);
-            }
-        }
+        announce(&mut state, &policy);
         Ok(Some(policy))
+    }
+
+    async fn announce_revocation(
+        &self,
+        scope_key: &str,
+        tool_name: &str,
+    ) -> Result<Option<Policy>, StoreError> {
+        let mut state = self.lock();
+        let key = (scope_key.to_owned(), tool_name.to_owned());
+        let policy = state.policies.get(&key).cloned();
+        if let Some(p) = policy.as_ref().filter(|p| !p.is_live()) {
+            announce(&mut state, p);
+        }
+        Ok(policy)
     }
 
     async fn silent_children(

@@ -50,6 +50,10 @@ pub enum TimerMessage {
         /// idempotent: the store writes beat `n` of a card once.
         beat: u32,
     },
+    /// Announce the revocation of policy `policy_id` on the streams it reached, if it is
+    /// revoked (a backstop sent before the revocation: if the revoking call stops after
+    /// revoking, this completes its announcements; if it never revoked, it does nothing).
+    PolicyRevocation { policy_id: String },
 }
 
 impl TimerMessage {
@@ -58,20 +62,25 @@ impl TimerMessage {
         match self {
             TimerMessage::ApprovalExpiry { .. } => "approval_expiry",
             TimerMessage::ApprovalHeartbeat { .. } => "approval_heartbeat",
+            TimerMessage::PolicyRevocation { .. } => "policy_revocation",
         }
     }
 
+    /// The run the timer is about (empty for a policy's).
     pub fn run_id(&self) -> &str {
         match self {
             TimerMessage::ApprovalExpiry { run_id, .. }
             | TimerMessage::ApprovalHeartbeat { run_id, .. } => run_id,
+            TimerMessage::PolicyRevocation { .. } => "",
         }
     }
 
+    /// The card the timer is about (the policy id for a policy's).
     pub fn request_id(&self) -> &str {
         match self {
             TimerMessage::ApprovalExpiry { request_id, .. }
             | TimerMessage::ApprovalHeartbeat { request_id, .. } => request_id,
+            TimerMessage::PolicyRevocation { policy_id } => policy_id,
         }
     }
 

@@ -578,6 +578,20 @@ impl ApprovalStore for DynamoStore {
         self.revoke(scope_key, tool_name, by, at).await
     }
 
+    async fn announce_revocation(
+        &self,
+        scope_key: &str,
+        tool_name: &str,
+    ) -> Result<Option<Policy>, StoreError> {
+        match self.get_policy(scope_key, tool_name).await? {
+            Some(policy) if !policy.is_live() => {
+                self.announce_revocation_of(&policy).await?;
+                Ok(Some(policy))
+            }
+            other => Ok(other),
+        }
+    }
+
     async fn silent_children(
         &self,
         silent_since: i64,

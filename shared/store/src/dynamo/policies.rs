@@ -296,7 +296,7 @@ impl DynamoStore {
 
     /// Revokes the policy alone — one conditional update, so no stream's traffic can
     /// hold it up — then announces it on each running stream it reached, each on its own
-    /// (see [`DynamoStore::announce_revocation`]). Revoking a revoked policy answers the
+    /// (see [`DynamoStore::announce_revocation_of`]). Revoking a revoked policy answers the
     /// stored revocation and announces again: the announcements are keyed, so that only
     /// completes what an earlier attempt missed.
     pub(crate) async fn revoke(
@@ -355,7 +355,9 @@ impl DynamoStore {
                 Some(_) => budget.next().await?,
             }
         };
-        self.announce_revocation(&revoked).await;
+        // The revocation stands whatever happens to its announcements (logged there; the
+        // backstop timer or a repeat completes them).
+        let _ = self.announce_revocation_of(&revoked).await;
         Ok(Some(revoked))
     }
 
@@ -364,8 +366,10 @@ impl DynamoStore {
     /// with its own retry budget, so a busy stream delays only its own announcement and
     /// a repeat writes nothing twice. A stream that ended is skipped (nothing follows a
     /// terminal event). The revocation stands whatever happens here: a failed
-    /// announcement is logged, and revoking again completes it.
-    async fn announce_revocation(&self, revoked: &Policy) {
+    /// announcement is logged and answered as `Unavailable` (the first such error), and
+    /// announcing again completes it.
+    pub(crate) async fn announce_revocation_of(&self, revoked: &Policy) -> Result<(), StoreError> {
+        let mut failed = None;
         let mut announcements = tokio::task::JoinSet::new();
         for run_id in revoked.reached_runs.iter().take(crate::MAX_ANNOUNCED_RUNS) {
             let (store, run_id, event) = (self.clone(), run_id.clone(), revoked.revoked_event());
@@ -380,15 +384,27 @@ impl DynamoStore {
                 Ok((_, Ok(_))) => {}
                 // Ended (or gone): there is no running stream to tell.
                 Ok((_, Err(StoreError::RunTerminal { .. } | StoreError::NotFound))) => {}
-                Ok((run_id, Err(e))) => tracing::error!(
-                    %policy_id, %run_id, error = %e,
-                    "revocation stands but was not announced on this stream; revoke again to announce it"
-                ),
-                Err(e) => tracing::error!(
-                    %policy_id, error = %e,
-                    "revocation stands but an announcement task failed; revoke again to announce it"
-                ),
+                Ok((run_id, Err(e))) => {
+                    tracing::error!(
+                        %policy_id, %run_id, error = %e,
+                        "revocation stands but was not announced on this stream yet"
+                    );
+                    failed.get_or_insert(e);
+                }
+                Err(e) => {
+                    tracing::error!(
+                        %policy_id, error = %e,
+                        "revocation stands but an announcement task failed"
+                    );
+                    failed.get_or_insert(StoreError::Unavailable(
+                        "an announcement task failed".into(),
+                    ));
+                }
             }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 }
