@@ -36,7 +36,7 @@ pub const TOOL_EXECUTION_TYPE: &str = "tool_execution";
 /// A sequenced heartbeat while a dispatched mutation waits for its settlement.
 pub const HEARTBEAT_TYPE: &str = "heartbeat";
 /// An operator's reconciliation of an `outcome_unknown` mutation, announced on a running
-/// run's stream (the seed names no type for it; see the module docs of the API).
+/// run's stream. Tollgate's own: seed 000 names no event for reconciliation.
 pub const EXECUTION_RECONCILED_TYPE: &str = "tool_execution_reconciled";
 
 /// `TOLLGATE_SETTLEMENT_DEADLINE_SECONDS` when unset.
