@@ -1518,3 +1518,98 @@ async fn dynamo_only_revocation_backstop_completes_announcements() {
     .await;
     assert_eq!(status, StatusCode::CREATED);
 }
+
+/// GIVEN one server armed a child's card (so it holds its coordinator's head from moments
+/// ago) WHEN another instance moves the coordinator on (appends; in the second trial, ends
+/// it) and the first server then decides THEN the decision lands once, the coordinator's
+/// stream stays gapless with its mirror right after the other writes — and nothing
+/// follows an ended coordinator's terminal event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamo_only_a_stale_coordinator_head_is_never_written_on() {
+    let a = TestServer::with_deps(TestServer::deps(
+        Arc::new(tollgate_tests::dynamo_store().await.without_lanes()),
+        gate(60_000),
+    ))
+    .await;
+    let b = TestServer::with_deps(TestServer::deps(
+        Arc::new(tollgate_tests::dynamo_store().await.without_lanes()),
+        gate(60_000),
+    ))
+    .await;
+    for end_coordinator in [false, true] {
+        let (coordinator, coordinator_token) = a.create_run(json!({"kind": "coordinator"})).await;
+        let (child, child_token) = a
+            .create_run(json!({"kind": "child", "parent_run_id": coordinator, "subtask_id": 1}))
+            .await;
+        let rid = request_id();
+        let (status, _) = arm(
+            &a,
+            &child,
+            &child_token,
+            json!({"request_id": rid, "tool_name": "shell"}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED);
+        b.append(
+            &coordinator,
+            &coordinator_token,
+            json!([{"type": "agent.message"}, {"type": "agent.message"}]),
+        )
+        .await;
+        if end_coordinator {
+            let (status, _) = b
+                .post(
+                    &format!("/api/runs/{coordinator}/complete"),
+                    &coordinator_token,
+                    &json!({}),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK);
+        }
+        let (status, v) = decide(
+            &a,
+            "tool-approvals",
+            &child,
+            &operator(&a, "op"),
+            json!({"request_id": rid}),
+        )
+        .await;
+        assert_eq!(
+            (status, v["state"].as_str()),
+            (StatusCode::OK, Some("approved")),
+            "{v}"
+        );
+        let events = a.replay_all(&coordinator, &a.operator_token, 100).await;
+        let seqs: Vec<u64> = events
+            .iter()
+            .map(|e| e["sequence"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "gapless");
+        let expected: Vec<&str> = if end_coordinator {
+            vec![
+                "run_started",
+                "coordinator.child_approval_required",
+                "agent.message",
+                "agent.message",
+                "run_completed",
+            ]
+        } else {
+            vec![
+                "run_started",
+                "coordinator.child_approval_required",
+                "agent.message",
+                "agent.message",
+                "coordinator.child_approval_resolved",
+            ]
+        };
+        assert_eq!(types(&events), expected);
+        let child_events = a.replay_all(&child, &child_token, 100).await;
+        assert_eq!(
+            types(&child_events)
+                .iter()
+                .filter(|t| **t == "tool.approval_resolved")
+                .count(),
+            1
+        );
+    }
+}

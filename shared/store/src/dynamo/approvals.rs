@@ -172,8 +172,10 @@ impl DynamoStore {
         let posted_head = heads.remove(run_id);
         if let Some(item) = items.get(&(run_id.to_owned(), card_k.clone())) {
             let card = card_from_item(item)?;
+            // Warm, this process saw the coordinator's head moments ago (it is
+            // conditioned like any read: a stale one loses and is replaced).
             let coordinator = match &card.coordinator_run_id {
-                Some(c) if c != run_id => self.get_head(c).await?,
+                Some(c) if c != run_id => self.recent_head(c).await?,
                 _ => None,
             };
             return Ok(Some(Located {

@@ -144,7 +144,21 @@ impl DynamoStore {
         let side_at = items.len();
         items.extend(plan.side.iter().cloned());
         match self.transact(items).await {
-            Ok(()) => Ok(Committed::Done { now }),
+            Ok(()) => {
+                for run in &plan.runs {
+                    if let WriteKind::Advance { end } = run.kind {
+                        let mut head = run.head.clone();
+                        head.next_seq += run.events.len() as u64;
+                        head.last_event_at = now;
+                        if let Some(kind) = end {
+                            head.status = kind.status();
+                            head.terminal_seq = Some(head.next_seq - 1);
+                        }
+                        self.recent.put(&head);
+                    }
+                }
+                Ok(Committed::Done { now })
+            }
             Err(TxFailure::Retryable(why)) => Ok(Committed::Busy(why)),
             Err(TxFailure::Fatal(why) | TxFailure::Ambiguous(why)) => {
                 Err(StoreError::Unavailable(why))

@@ -56,6 +56,50 @@ pub struct DynamoStore {
     /// Per-run write lanes inside this process (see [`lanes`]); `None` lets every call
     /// race on the head, as separate processes do.
     lanes: Option<std::sync::Arc<RunLanes>>,
+    /// Heads this store read or wrote in the last seconds (see [`RecentHeads`]).
+    recent: std::sync::Arc<RecentHeads>,
+}
+
+/// Heads this process read or wrote in the last [`RecentHeads::FRESH`]: a decision on a
+/// child card takes its coordinator's head from here instead of reading it (a round trip
+/// less when warm). Never trusted for correctness: every write is conditioned on the
+/// head it started from, so a stale entry only loses its condition, and the lost
+/// condition returns the stored head to retry with.
+#[derive(Default)]
+pub(crate) struct RecentHeads {
+    heads: std::sync::Mutex<HashMap<String, (RunHead, std::time::Instant)>>,
+}
+
+impl RecentHeads {
+    const FRESH: Duration = Duration::from_secs(5);
+    const MAX: usize = 4096;
+
+    pub(crate) fn get(&self, run_id: &str) -> Option<RunHead> {
+        let heads = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+        heads
+            .get(run_id)
+            .filter(|(_, at)| at.elapsed() < Self::FRESH)
+            .map(|(h, _)| h.clone())
+    }
+
+    pub(crate) fn put(&self, head: &RunHead) {
+        let mut heads = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+        if heads.len() >= Self::MAX {
+            heads.retain(|_, (_, at)| at.elapsed() < Self::FRESH);
+            if heads.len() >= Self::MAX {
+                heads.clear();
+            }
+        }
+        heads.insert(
+            head.run_id.clone(),
+            (head.clone(), std::time::Instant::now()),
+        );
+    }
+
+    pub(crate) fn forget(&self, run_id: &str) {
+        let mut heads = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+        heads.remove(run_id);
+    }
 }
 
 impl DynamoStore {
@@ -66,6 +110,7 @@ impl DynamoStore {
             retention: None,
             contention_budget: CONTENTION_BUDGET,
             lanes: Some(std::sync::Arc::new(RunLanes::default())),
+            recent: Default::default(),
         }
     }
 
@@ -158,7 +203,21 @@ impl DynamoStore {
             .send()
             .await
             .map_err(unavailable)?;
-        out.item.map(|item| head_from_item(&item)).transpose()
+        let head = out.item.map(|item| head_from_item(&item)).transpose()?;
+        match &head {
+            Some(h) => self.recent.put(h),
+            None => self.recent.forget(run_id),
+        }
+        Ok(head)
+    }
+
+    /// `run_id`'s head as this process last saw it within seconds, else a strong read.
+    /// Only for heads a write is then conditioned on (see [`RecentHeads`]).
+    async fn recent_head(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {
+        match self.recent.get(run_id) {
+            Some(head) => Ok(Some(head)),
+            None => self.get_head(run_id).await,
+        }
     }
 
     /// Sequences already stored for these event ids (used when a run has ended, to
