@@ -140,7 +140,22 @@ async fn main() {
             // the sweeper and the stall guard run in this process either way.
             let deps = Deps::serve(store, &timers, gate, auth).await;
             let app = tollgate_api::app(deps.clone());
+            // Ctrl-C, or SIGTERM (a process manager's stop): finish what is in hand.
             let shutdown = async {
+                #[cfg(unix)]
+                {
+                    use tokio::signal::unix::{signal, SignalKind};
+                    match signal(SignalKind::terminate()) {
+                        Ok(mut term) => {
+                            tokio::select! {
+                                _ = tokio::signal::ctrl_c() => {}
+                                _ = term.recv() => {}
+                            }
+                            return;
+                        }
+                        Err(e) => eprintln!("tollgate: SIGTERM not handled: {e}"),
+                    }
+                }
                 let _ = tokio::signal::ctrl_c().await;
             };
             if let Err(e) = axum::serve(listener, app)
