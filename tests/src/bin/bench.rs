@@ -1191,8 +1191,22 @@ impl ApprovalBench {
 
     /// A decision as the API makes it (`POST …/approve`, scope once, less HTTP and auth):
     /// the gate locates the card from the run it was posted on, then resolves it.
-    async fn gate_decisions(&mut self, cards: &[BenchCard], on_coordinator: bool) -> Phase {
-        let store: Arc<dyn Store> = self.store.clone();
+    /// `cold`: decided through another store instance than the one that armed them (as
+    /// when the approvals function decides what ingress armed): it has seen no head.
+    async fn gate_decisions(
+        &mut self,
+        cards: &[BenchCard],
+        on_coordinator: bool,
+        cold: bool,
+    ) -> Phase {
+        let store: Arc<dyn Store> = if cold {
+            Arc::new(DynamoStore::new(
+                self.store.client().clone(),
+                self.store.tables().clone(),
+            ))
+        } else {
+            self.store.clone()
+        };
         let gate = Gate::new(
             store,
             Arc::new(EmbeddedTimers::new()),
@@ -1251,11 +1265,13 @@ async fn approvals(d: &DynamoStore, start_baseline: &Baseline) {
     let child_decision = bench.decisions(&child).await;
     // Through the API's gate: the card is located first (decide → Gate::locate).
     let (cards, _) = bench.cards(false, GATE_CARDS).await;
-    let gate_single = bench.gate_decisions(&cards, false).await;
+    let gate_single = bench.gate_decisions(&cards, false, false).await;
     let (cards, _) = bench.cards(true, GATE_CARDS).await;
-    let gate_child = bench.gate_decisions(&cards, false).await;
+    let gate_child = bench.gate_decisions(&cards, false, false).await;
     let (cards, _) = bench.cards(true, GATE_CARDS).await;
-    let gate_routed = bench.gate_decisions(&cards, true).await;
+    let gate_child_cold = bench.gate_decisions(&cards, false, true).await;
+    let (cards, _) = bench.cards(true, GATE_CARDS).await;
+    let gate_routed = bench.gate_decisions(&cards, true, false).await;
 
     let put_after = put_item_time(d, BASELINE_OPS).await;
     let tx2_after = raw_append_transaction(d, BASELINE_OPS, false).await;
@@ -1299,7 +1315,12 @@ async fn approvals(d: &DynamoStore, start_baseline: &Baseline) {
     println!("      writes: {}", child_decision.writes("decision"));
     println!("  decision through the API gate (Gate::locate + Gate::resolve, scope once; {GATE_CARDS} cards each):");
     row("  posted on the single run", "decision", &gate_single);
-    row("  posted on the child run", "decision", &gate_child);
+    row("  posted on the child run (warm)", "decision", &gate_child);
+    row(
+        "  posted on the child run, cold instance",
+        "decision",
+        &gate_child_cold,
+    );
     row(
         "  posted on the coordinator (route)",
         "decision",
@@ -1345,11 +1366,13 @@ async fn approvals(d: &DynamoStore, start_baseline: &Baseline) {
 
     println!(
         "  goal ≤ 2 round trips per decision: store.resolve {} (single run), {} (with coordinator); \
-         through the gate {} / {} / {}; heartbeat {} / {}",
+         through the gate {} (run) / {} (child, warm) / {} (child, cold instance) / {} (via the \
+         coordinator's route); heartbeat {} / {}",
         single_decision.round_trips(),
         child_decision.round_trips(),
         gate_single.round_trips(),
         gate_child.round_trips(),
+        gate_child_cold.round_trips(),
         gate_routed.round_trips(),
         single_beat.round_trips(),
         child_beat.round_trips(),
