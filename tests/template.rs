@@ -158,6 +158,7 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                     "PoliciesTable/index/policies_by_project",
                     &["dynamodb:Query"],
                 ),
+                ("TimerQueue", &["sqs:SendMessage"]),
             ]),
         ),
         (
@@ -176,7 +177,15 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                         "dynamodb:UpdateItem",
                     ],
                 ),
-                ("EventsTable", &["dynamodb:PutItem"]),
+                (
+                    "EventsTable",
+                    &[
+                        "dynamodb:BatchGetItem",
+                        "dynamodb:GetItem",
+                        "dynamodb:PutItem",
+                    ],
+                ),
+                ("PoliciesTable", &["dynamodb:GetItem"]),
                 (
                     "ApprovalsTable",
                     &[

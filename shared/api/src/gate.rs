@@ -461,9 +461,9 @@ impl TimerHandler for Gate {
                         .schedule(&next, self.config.heartbeat_every)
                         .await
                 }
-                // A redelivery of a beat already written: the delivery that wrote it
-                // scheduled the next one, so a second chain is not started (it would
-                // double every later beat's reads and messages).
+                // A late redelivery of a chain that carried on (its next beat is
+                // written): a second chain is not started (it would double every later
+                // beat's reads and messages).
                 Ok(Beat::Repeated(_)) | Ok(Beat::Stopped) => Ok(()),
                 Err(e) => Err(unavailable(e)),
             },

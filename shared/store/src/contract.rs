@@ -925,7 +925,18 @@ pub async fn heartbeats_never_follow_the_resolution(store: Store) {
         store.heartbeat(&run_id, rid, 1).await.unwrap(),
         Beat::Emitted(3)
     ));
-    // The same heartbeat redelivered writes nothing and answers its sequence.
+    // The same heartbeat redelivered writes nothing and answers its sequence; while its
+    // successor is not written, the chain is to be carried on from it (the delivery that
+    // wrote it may have stopped before scheduling the next one).
+    assert!(matches!(
+        store.heartbeat(&run_id, rid, 1).await.unwrap(),
+        Beat::Emitted(3)
+    ));
+    assert!(matches!(
+        store.heartbeat(&run_id, rid, 2).await.unwrap(),
+        Beat::Emitted(4)
+    ));
+    // Once the successor exists, a late redelivery starts nothing.
     assert!(matches!(
         store.heartbeat(&run_id, rid, 1).await.unwrap(),
         Beat::Repeated(3)

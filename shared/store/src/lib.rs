@@ -186,10 +186,12 @@ pub struct Located {
 /// The answer to [`ApprovalStore::heartbeat`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Beat {
-    /// `tool.approval_pending` was appended at this sequence.
+    /// Beat `n` is on the stream at this sequence — appended now, or by an earlier
+    /// delivery whose successor was never written (it stopped before scheduling it) —
+    /// so the caller schedules beat `n + 1`.
     Emitted(u64),
-    /// This beat was written before (a redelivered timer) at this sequence: nothing was
-    /// written, and the delivery that wrote it carries the chain on.
+    /// Beat `n` and beat `n + 1` were both written before (a late redelivery of a chain
+    /// that carried on): nothing was written and nothing is to be scheduled.
     Repeated(u64),
     /// The card is no longer pending (or its run ended): no heartbeat, none later.
     Stopped,

@@ -431,7 +431,12 @@ impl ApprovalStore for MemoryStore {
                 let draft = card.pending_event(beat);
                 let id = draft.event_id.clone().unwrap_or_default();
                 if let Some(seq) = record.event_ids.get(&id) {
-                    return Ok(Beat::Repeated(*seq));
+                    let next = card.pending_event(beat + 1).event_id.unwrap_or_default();
+                    return Ok(if record.event_ids.contains_key(&next) {
+                        Beat::Repeated(*seq)
+                    } else {
+                        Beat::Emitted(*seq)
+                    });
                 }
                 let Some(seq) = record.push(&[draft], now_millis()) else {
                     return Ok(Beat::Stopped);

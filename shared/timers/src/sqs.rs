@@ -107,16 +107,32 @@ pub async fn ensure_queue(client: &Client, name: &str) -> Result<String, TimerEr
     // As the template deploys it: a dead-letter queue after 5 receives, and a visibility
     // timeout well past one batch's handling, so a slow batch is not handed out twice.
     let dlq_name = format!("{name}-dlq");
-    let dlq_url = client
+    let dlq_url = match client
         .create_queue()
         .queue_name(&dlq_name)
         .attributes(QueueAttributeName::MessageRetentionPeriod, "1209600")
         .send()
         .await
-        .map_err(|err| unavailable("CreateQueue", &dlq_name, err))?
-        .queue_url()
-        .map(str::to_owned)
-        .ok_or_else(|| TimerError::Unavailable("CreateQueue: no queue URL in the answer".into()))?;
+    {
+        Ok(out) => out.queue_url().map(str::to_owned),
+        // Exists with other attributes: use it as is.
+        Err(err)
+            if err
+                .as_service_error()
+                .is_some_and(|e| e.is_queue_name_exists()) =>
+        {
+            client
+                .get_queue_url()
+                .queue_name(&dlq_name)
+                .send()
+                .await
+                .map_err(|err| unavailable("GetQueueUrl", &dlq_name, err))?
+                .queue_url()
+                .map(str::to_owned)
+        }
+        Err(err) => return Err(unavailable("CreateQueue", &dlq_name, err)),
+    }
+    .ok_or_else(|| TimerError::Unavailable("CreateQueue: no queue URL in the answer".into()))?;
     let dlq_arn = client
         .get_queue_attributes()
         .queue_url(&dlq_url)

@@ -205,6 +205,22 @@ impl DynamoStore {
         }))
     }
 
+    /// Whether `run_id` holds the event keyed `event_id` (strongly consistent).
+    async fn keyed_event_exists(&self, run_id: &str, event_id: &str) -> Result<bool, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.tables.events)
+            .key("run_id", s(run_id))
+            .key("event_key", s(format!("id#{event_id}")))
+            .projection_expression("run_id")
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(out.item.is_some())
+    }
+
     /// The run's head and then its card as one serializable snapshot
     /// (`TransactGetItems`): a heartbeat's only read. `None` when the transaction was
     /// cancelled by a concurrent write (read again).
@@ -460,7 +476,11 @@ impl ApprovalStore for DynamoStore {
                         || lost.heads.iter().any(|h| matches!(h, Some(None)));
                     if vanished {
                         // A failed condition without the stored item: read everything
-                        // again rather than take the item for deleted.
+                        // again (not from the recent heads) rather than take the item for
+                        // deleted.
+                        if let Some(c) = &card.coordinator_run_id {
+                            self.recent.forget(c);
+                        }
                         let (run_id, request_id) = (card.run_id.clone(), card.request_id.clone());
                         located = self
                             .locate_card(&run_id, &request_id, false)
@@ -483,6 +503,11 @@ impl ApprovalStore for DynamoStore {
                     }
                     if on_coordinator {
                         if let Some(Some(stored)) = heads.next() {
+                            // The stored head replaces the stale one here and for the
+                            // next decisions of this process.
+                            if let Some(h) = &stored {
+                                self.recent.put(h);
+                            }
                             located.coordinator = stored;
                         }
                     }
@@ -527,8 +552,16 @@ impl ApprovalStore for DynamoStore {
             match self.commit(&plan).await? {
                 Committed::Done { .. } => return Ok(Beat::Emitted(sequence)),
                 // This heartbeat was written by an earlier delivery of the same timer.
+                // Carry the chain on unless its next beat exists too: the delivery that
+                // wrote this one may have stopped before scheduling the next.
                 Committed::Lost(lost) if lost.taken[0][0].is_some() => {
-                    return Ok(Beat::Repeated(lost.taken[0][0].unwrap_or(sequence)))
+                    let seq = lost.taken[0][0].unwrap_or(sequence);
+                    let next = card.pending_event(beat + 1).event_id.unwrap_or_default();
+                    return Ok(if self.keyed_event_exists(run_id, &next).await? {
+                        Beat::Repeated(seq)
+                    } else {
+                        Beat::Emitted(seq)
+                    });
                 }
                 Committed::Lost(_) => {}
                 Committed::Busy(why) => tracing::debug!(%why, "heartbeat retry"),

@@ -60,9 +60,9 @@ pub struct DynamoStore {
     recent: std::sync::Arc<RecentHeads>,
 }
 
-/// Heads this process read or wrote in the last [`RecentHeads::FRESH`]: a decision on a
-/// child card takes its coordinator's head from here instead of reading it (a round trip
-/// less when warm). Never trusted for correctness: every write is conditioned on the
+/// Coordinator heads this process read or wrote in the last [`RecentHeads::FRESH`] (at
+/// most [`RecentHeads::MAX`]): a decision on a child card takes its coordinator's head
+/// from here instead of reading it (a round trip less when warm). Never trusted for correctness: every write is conditioned on the
 /// head it started from, so a stale entry only loses its condition, and the lost
 /// condition returns the stored head to retry with.
 #[derive(Default)]
@@ -72,7 +72,7 @@ pub(crate) struct RecentHeads {
 
 impl RecentHeads {
     const FRESH: Duration = Duration::from_secs(5);
-    const MAX: usize = 4096;
+    const MAX: usize = 512;
 
     pub(crate) fn get(&self, run_id: &str) -> Option<RunHead> {
         let heads = self.heads.lock().unwrap_or_else(|p| p.into_inner());
@@ -83,6 +83,10 @@ impl RecentHeads {
     }
 
     pub(crate) fn put(&self, head: &RunHead) {
+        // Only coordinators are ever looked up (a child card's mirror).
+        if head.kind != tollgate_domain::RunKind::Coordinator {
+            return;
+        }
         let mut heads = self.heads.lock().unwrap_or_else(|p| p.into_inner());
         if heads.len() >= Self::MAX {
             heads.retain(|_, (_, at)| at.elapsed() < Self::FRESH);
