@@ -138,6 +138,9 @@ pub const MAX_TEXT: usize = 4096;
 pub const MAX_HASH: usize = 256;
 /// Longest a card may wait for a human.
 pub const MAX_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
+/// Most pending cards one run may hold at once: arming another answers 409 until one is
+/// decided or expires (a runaway agent cannot flood the operators' console).
+pub const MAX_OPEN_CARDS_PER_RUN: u64 = 200;
 pub const DEFAULT_TIMEOUT_SECONDS: u64 = 300;
 
 /// Ids travel in URLs and keys: `[A-Za-z0-9_.:-]`, 1–128, never `.` or `..`.

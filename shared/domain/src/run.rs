@@ -126,6 +126,10 @@ pub struct RunHead {
     /// The `next_seq` at which a silence was already reported as a stall (so a silence
     /// is reported once; any new event moves `next_seq` and starts a new one).
     pub stall_reported_seq: Option<u64>,
+    /// Pending approval cards on the run (counted by the store where it keeps a count;
+    /// a run holds at most [`crate::approval::MAX_OPEN_CARDS_PER_RUN`]).
+    #[serde(default)]
+    pub open_cards: u64,
 }
 
 /// Heartbeats keep a stream alive but are not "real" events to the stall guard.
@@ -221,6 +225,7 @@ impl NewRun {
             incarnation: hex::encode(rand::random::<[u8; 8]>()),
             last_real_type: Some("run_started".into()),
             stall_reported_seq: None,
+            open_cards: 0,
         }
     }
 

@@ -1575,6 +1575,83 @@ pub async fn reported_and_orphaned_children_leave_the_stall_listing(store: Store
 /// event's sequence), so a retried arm — even after the policy was revoked — finds that
 /// one outcome: no pending card, no second event. An arm racing the auto-approval of one
 /// request also ends in one outcome.
+/// GIVEN a run holding the most pending cards a run may hold (armed concurrently, in
+/// bursts) WHEN another is armed THEN it is refused and nothing is written — a retry of
+/// an armed one still answers its card; once one card ends, one more may be armed.
+pub async fn a_run_holds_a_bounded_number_of_pending_cards(store: Store) {
+    use tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN;
+    let run_id = new_run(&store, "cap").await;
+    let max = MAX_OPEN_CARDS_PER_RUN as usize;
+    // 8 more than the cap, 16 at a time: exactly the cap is armed.
+    let ids: Vec<String> = (0..max + 8).map(|i| format!("cap-{i:03}")).collect();
+    let mut armed = 0;
+    let mut refused = 0;
+    let mut first = None;
+    for chunk in ids.chunks(16) {
+        let calls: Vec<_> = chunk
+            .iter()
+            .map(|rid| {
+                let (store, run_id, rid) = (store.clone(), run_id.clone(), rid.clone());
+                tokio::spawn(async move {
+                    store
+                        .arm(RunRef::any(&run_id), card_for(&run_id, &rid, None))
+                        .await
+                })
+            })
+            .collect();
+        for c in calls {
+            match c.await.unwrap() {
+                Ok(Armed::Created { card, .. }) => {
+                    armed += 1;
+                    first.get_or_insert(card.request_id);
+                }
+                Err(StoreError::Conflict(msg)) => {
+                    assert!(msg.contains("pending approval requests"), "{msg}");
+                    refused += 1
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert_eq!((armed, refused), (max, 8));
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(
+        events.len(),
+        1 + max,
+        "run_started + one event per armed card"
+    );
+    // A retry of an armed card still answers it.
+    let first = first.expect("some armed");
+    assert!(matches!(
+        store
+            .arm(RunRef::any(&run_id), card_for(&run_id, &first, None))
+            .await
+            .unwrap(),
+        Armed::Existing(_)
+    ));
+    store
+        .resolve(
+            &run_id,
+            &first,
+            approve("alice"),
+            tollgate_domain::now_millis(),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        store
+            .arm(RunRef::any(&run_id), card_for(&run_id, "cap-after", None))
+            .await
+            .unwrap(),
+        Armed::Created { .. }
+    ));
+    assert!(store
+        .arm(RunRef::any(&run_id), card_for(&run_id, "cap-over", None))
+        .await
+        .is_err());
+}
+
 pub async fn auto_approval_stores_an_approved_card(store: Store) {
     let run_id = new_run(&store, "auto-card").await;
     let key = format!("run:{run_id}");
@@ -1833,6 +1910,10 @@ macro_rules! contract_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn auto_approval_stores_an_approved_card() {
             $crate::contract::auto_approval_stores_an_approved_card(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_run_holds_a_bounded_number_of_pending_cards() {
+            $crate::contract::a_run_holds_a_bounded_number_of_pending_cards(__store().await).await
         }
     };
 }

@@ -78,6 +78,15 @@ pub enum StoreError {
     Unavailable(String),
 }
 
+/// Arming on a run that holds [`tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN`]
+/// pending cards.
+pub(crate) fn too_many_open_cards() -> StoreError {
+    StoreError::Conflict(format!(
+        "the run has {} pending approval requests; decide or let some expire first",
+        tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN
+    ))
+}
+
 /// The answer to `create_run`: a new run, or the one already stored under that id.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CreateOutcome {

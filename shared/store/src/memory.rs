@@ -274,6 +274,14 @@ impl ApprovalStore for MemoryStore {
                 terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
             });
         }
+        let open = record
+            .cards
+            .values()
+            .filter(|c| c.state == ApprovalState::Pending)
+            .count() as u64;
+        if open >= tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN {
+            return Err(crate::too_many_open_cards());
+        }
         let mut card = card;
         let coordinator = card
             .coordinator_run_id

@@ -15,6 +15,7 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, Get, KeysAndAttributes, Put, ReturnValuesOnConditionCheckFailure,
     TransactGetItem,
 };
+use tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN;
 use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState, Policy, Resolution, RunHead};
 
 use super::commit::{Budget, Committed, Plan, RunWrite, WriteKind};
@@ -294,6 +295,11 @@ impl ApprovalStore for DynamoStore {
                     terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
                 });
             }
+            // (The commit's condition holds the cap against concurrent arms; a lost one
+            // reads the head again and stops here.)
+            if head.open_cards >= MAX_OPEN_CARDS_PER_RUN {
+                return Err(crate::too_many_open_cards());
+            }
             let mut card = card.clone();
             let coordinator = match &card.coordinator_run_id {
                 // (A run is never its own coordinator: one transaction cannot write one
@@ -311,6 +317,7 @@ impl ApprovalStore for DynamoStore {
                 head: head.clone(),
                 kind: WriteKind::Advance { end: None },
                 events: vec![card.required_event()],
+                open_cards: 1,
             }];
             if let Some(coord) = &coordinator {
                 let route = Put::builder()
@@ -335,6 +342,7 @@ impl ApprovalStore for DynamoStore {
                     head: coord.clone(),
                     kind: WriteKind::Advance { end: None },
                     events: vec![card.coordinator_required_event()],
+                    open_cards: 0,
                 });
             }
             let plan = Plan { runs, side };
@@ -452,6 +460,7 @@ impl ApprovalStore for DynamoStore {
                     head,
                     kind: WriteKind::Advance { end: None },
                     events: vec![ended.resolved_event()],
+                    open_cards: -1,
                 });
             }
             let coordinator = located.coordinator.clone().filter(|c| {
@@ -465,6 +474,7 @@ impl ApprovalStore for DynamoStore {
                     head: coord,
                     kind: WriteKind::Advance { end: None },
                     events: vec![ended.coordinator_resolved_event()],
+                    open_cards: 0,
                 });
             }
             match self.commit(&Plan { runs, side }).await? {
@@ -546,6 +556,7 @@ impl ApprovalStore for DynamoStore {
                     head,
                     kind: WriteKind::Advance { end: None },
                     events: vec![card.pending_event(beat)],
+                    open_cards: 0,
                 }],
                 side: Vec::new(),
             };

@@ -42,6 +42,10 @@ pub(crate) struct RunWrite {
     pub head: RunHead,
     pub kind: WriteKind,
     pub events: Vec<EventDraft>,
+    /// Change to the run's count of pending cards (`+1` arming, `-1` ending one); a
+    /// positive change is conditioned on staying within
+    /// [`tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN`].
+    pub open_cards: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,6 +154,7 @@ impl DynamoStore {
                         let mut head = run.head.clone();
                         head.next_seq += run.events.len() as u64;
                         head.last_event_at = now;
+                        head.open_cards = (head.open_cards as i64 + run.open_cards).max(0) as u64;
                         if let Some(kind) = end {
                             head.status = kind.status();
                             head.terminal_seq = Some(head.next_seq - 1);
@@ -255,6 +260,24 @@ impl DynamoStore {
         for (name, value) in extra {
             update = update.expression_attribute_values(name, value);
         }
+        let mut add = "";
+        if run.open_cards != 0 {
+            add = " ADD open_cards :oc";
+            update = update.expression_attribute_values(":oc", n(run.open_cards));
+            if run.open_cards > 0 {
+                // Invariant: a run holds at most MAX_OPEN_CARDS_PER_RUN pending cards.
+                update = update
+                    .condition_expression(format!(
+                        "next_seq = :seen AND #status = :running AND {same_incarnation} AND \
+                         (attribute_not_exists(open_cards) OR open_cards <= :ocmax)"
+                    ))
+                    .expression_attribute_values(
+                        ":ocmax",
+                        n(tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN as i64
+                            - run.open_cards),
+                    );
+            }
+        }
         let mut remove = "";
         if let Some(kind) = end {
             set.push_str(", #status = :terminal, terminal_seq = :tseq");
@@ -269,7 +292,7 @@ impl DynamoStore {
             set.push_str(", running_child = :rc");
             update = update.expression_attribute_values(":rc", s(RUNNING_CHILD));
         }
-        update = update.update_expression(format!("SET {set}{remove}"));
+        update = update.update_expression(format!("SET {set}{remove}{add}"));
         Ok(TransactWriteItem::builder()
             .update(update.build().map_err(build_error)?)
             .build())

@@ -137,6 +137,13 @@ pub(crate) fn head_from_item(
             .get("stall_reported_seq")
             .map(|_| get_n(item, "stall_reported_seq"))
             .transpose()?,
+        // (A card armed before the count existed can take it below zero: read as 0.)
+        open_cards: item
+            .get("open_cards")
+            .map(|_| get_n::<i64>(item, "open_cards"))
+            .transpose()?
+            .unwrap_or(0)
+            .max(0) as u64,
     })
 }
 

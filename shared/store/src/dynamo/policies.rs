@@ -220,6 +220,7 @@ impl DynamoStore {
                     head,
                     kind: WriteKind::Advance { end: None },
                     events: vec![policy.auto_approved_event(card)],
+                    open_cards: 0,
                 }],
                 side: vec![reach, TransactWriteItem::builder().put(card_put).build()],
             };

@@ -94,6 +94,7 @@ impl DynamoStore {
                     head: head.clone(),
                     kind: WriteKind::Advance { end: None },
                     events: pending.iter().map(|i| events[*i].clone()).collect(),
+                    open_cards: 0,
                 }],
                 side: Vec::new(),
             };
@@ -167,6 +168,7 @@ impl RunStore for DynamoStore {
                 head: head.clone(),
                 kind: WriteKind::Create,
                 events: vec![new.started_event()],
+                open_cards: 0,
             }],
             side: Vec::new(),
         };
@@ -258,6 +260,7 @@ impl RunStore for DynamoStore {
                     head: head.clone(),
                     kind: WriteKind::Advance { end: Some(kind) },
                     events: vec![draft.clone()],
+                    open_cards: 0,
                 }],
                 side: Vec::new(),
             };

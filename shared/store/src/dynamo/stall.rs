@@ -114,6 +114,7 @@ impl DynamoStore {
                     head: coord,
                     kind: WriteKind::Advance { end: None },
                     events: vec![stall_detected_event(child, now)],
+                    open_cards: 0,
                 }],
                 side: vec![TransactWriteItem::builder().update(mark).build()],
             };
