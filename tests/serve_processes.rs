@@ -159,6 +159,7 @@ impl Fleet {
             "TOLLGATE_EVENTS_TABLE",
             "TOLLGATE_APPROVALS_TABLE",
             "TOLLGATE_POLICIES_TABLE",
+            "TOLLGATE_MUTATIONS_TABLE",
             "TOLLGATE_TIMER_QUEUE_URL",
             "TOLLGATE_CREATE_TABLES",
             "TOLLGATE_BACKEND",

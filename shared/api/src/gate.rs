@@ -13,6 +13,9 @@ use tollgate_domain::{
 use tollgate_store::{Armed, Beat, Located, Resolved, RunRef, Store, StoreError};
 use tollgate_timers::{TimerError, TimerHandler, TimerMessage, TimerQueue};
 
+/// Overdue cards one sweep expires at once.
+const SWEEP_CONCURRENCY: usize = 16;
+
 /// When the revocation backstop checks that every reached stream was told.
 const REVOCATION_BACKSTOP: Duration = Duration::from_secs(60);
 
@@ -308,25 +311,37 @@ impl Gate {
         let overdue = self.store.open_cards(None, Some(now), limit).await?;
         let mut expired = 0;
         let mut failed = None;
-        // One card that cannot be expired now (throttling, contention) does not hold up
+        // SWEEP_CONCURRENCY at a time (a backlog after an outage clears in one tick), and
+        // one card that cannot be expired now (throttling, contention) does not hold up
         // the others; the next sweep retries it.
-        for card in overdue {
-            match self
-                .store
-                .resolve(
-                    &card.run_id,
-                    &card.request_id,
-                    Resolution::Expired,
-                    now,
-                    None,
-                )
-                .await
-            {
-                Ok(Resolved::Fresh(_)) => expired += 1,
-                Ok(_) | Err(StoreError::NotFound) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, request_id = %card.request_id, "overdue card not expired; next sweep retries");
-                    failed.get_or_insert(e);
+        for batch in overdue.chunks(SWEEP_CONCURRENCY) {
+            let mut expiring = tokio::task::JoinSet::new();
+            for card in batch {
+                let (store, card) = (self.store.clone(), card.clone());
+                expiring.spawn(async move {
+                    let result = store
+                        .resolve(
+                            &card.run_id,
+                            &card.request_id,
+                            Resolution::Expired,
+                            now,
+                            None,
+                        )
+                        .await;
+                    (card.request_id, result)
+                });
+            }
+            while let Some(joined) = expiring.join_next().await {
+                match joined {
+                    Ok((_, Ok(Resolved::Fresh(_)))) => expired += 1,
+                    Ok((_, Ok(_) | Err(StoreError::NotFound))) => {}
+                    Ok((request_id, Err(e))) => {
+                        tracing::warn!(error = %e, %request_id, "overdue card not expired; next sweep retries");
+                        failed.get_or_insert(e);
+                    }
+                    Err(e) => {
+                        failed.get_or_insert(StoreError::Unavailable(format!("sweep task: {e}")));
+                    }
                 }
             }
         }
@@ -348,17 +363,34 @@ impl Gate {
         let timeout = self.config.stall_timeout.as_millis() as i64;
         let mut reported = 0;
         let mut failed = None;
-        for child in self.store.silent_children(now - timeout, limit).await? {
-            if !tollgate_domain::is_stalled(&child, now, timeout) {
-                continue;
+        let stalled: Vec<RunHead> = self
+            .store
+            .silent_children(now - timeout, limit)
+            .await?
+            .into_iter()
+            .filter(|child| tollgate_domain::is_stalled(child, now, timeout))
+            .collect();
+        for batch in stalled.chunks(SWEEP_CONCURRENCY) {
+            let mut reporting = tokio::task::JoinSet::new();
+            for child in batch {
+                let (store, child) = (self.store.clone(), child.clone());
+                reporting.spawn(async move {
+                    let result = store.report_stall(&child, now).await;
+                    (child.run_id, result)
+                });
             }
-            match self.store.report_stall(&child, now).await {
-                Ok(Some(_)) => reported += 1,
-                Ok(None) => {}
-                // One child that cannot be reported now does not hold up the others.
-                Err(e) => {
-                    tracing::warn!(error = %e, run_id = %child.run_id, "stall not reported; next run retries");
-                    failed.get_or_insert(e);
+            while let Some(joined) = reporting.join_next().await {
+                match joined {
+                    Ok((_, Ok(Some(_)))) => reported += 1,
+                    Ok((_, Ok(None))) => {}
+                    // One child that cannot be reported now does not hold up the others.
+                    Ok((run_id, Err(e))) => {
+                        tracing::warn!(error = %e, %run_id, "stall not reported; next run retries");
+                        failed.get_or_insert(e);
+                    }
+                    Err(e) => {
+                        failed.get_or_insert(StoreError::Unavailable(format!("stall task: {e}")));
+                    }
                 }
             }
         }

@@ -130,6 +130,11 @@ pub struct RunHead {
     /// a run holds at most [`crate::approval::MAX_OPEN_CARDS_PER_RUN`]).
     #[serde(default)]
     pub open_cards: u64,
+    /// What the run has used of its `budget` (`{"starts":{tool:n},"calls":n}`, see
+    /// `execution::BudgetUsage`), written by each admitted start in the transaction that
+    /// appends its `tool_execution_started`; `None` until the first admission.
+    #[serde(default)]
+    pub budget_used: Option<Value>,
 }
 
 /// Heartbeats keep a stream alive but are not "real" events to the stall guard.
@@ -226,6 +231,7 @@ impl NewRun {
             last_real_type: Some("run_started".into()),
             stall_reported_seq: None,
             open_cards: 0,
+            budget_used: None,
         }
     }
 

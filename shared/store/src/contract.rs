@@ -1915,5 +1915,467 @@ macro_rules! contract_suite {
         async fn a_run_holds_a_bounded_number_of_pending_cards() {
             $crate::contract::a_run_holds_a_bounded_number_of_pending_cards(__store().await).await
         }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn start_admits_once() {
+            $crate::contract::start_admits_once(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn concurrent_starts_respect_the_call_ceiling() {
+            $crate::contract::concurrent_starts_respect_the_call_ceiling(vec![__store().await])
+                .await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn confirmed_settlement_completes() {
+            $crate::contract::confirmed_settlement_completes(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn deadlines_settle_and_late_evidence_is_kept() {
+            $crate::contract::deadlines_settle_and_late_evidence_is_kept(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn nothing_follows_the_end_of_a_run() {
+            $crate::contract::nothing_follows_the_end_of_a_run(__store().await).await
+        }
     };
+}
+
+// ---- approved execution: durable mutation records (seed 000) -----------------------
+
+use tollgate_domain::execution::{
+    self, Decision, ExecutionSettings, MutationRecord, MutationState, Settlement, StartRequest,
+    Verdict,
+};
+
+use crate::{decide_mutation, MutationCommit, MutationOutcome};
+
+/// A running run with `budget`.
+async fn budget_run(store: &Store, tag: &str, budget: Value) -> String {
+    let run_id = fresh_id(tag);
+    let outcome = store
+        .create_run(NewRun {
+            run_id: run_id.clone(),
+            created_by: "contract".into(),
+            budget: Some(budget),
+            ..NewRun::default()
+        })
+        .await
+        .expect("create_run");
+    assert!(matches!(outcome, CreateOutcome::Created(_)));
+    run_id
+}
+
+/// A card for `tool` on `run_id`, armed and approved by a human: what `start` admits.
+async fn approved_card(store: &Store, run_id: &str, call: &str, tool: &str) -> ApprovalRequest {
+    let mut card = card_for(run_id, &format!("req-{call}"), None);
+    card.tool_name = tool.into();
+    card.tool_call_id = call.into();
+    card.approval_id = format!("approval-{call}");
+    card.explicit_ids = true;
+    store.arm(RunRef::any(run_id), card.clone()).await.unwrap();
+    match store
+        .resolve(
+            run_id,
+            &card.request_id,
+            approve("alice"),
+            tollgate_domain::now_millis(),
+            None,
+        )
+        .await
+        .unwrap()
+    {
+        Resolved::Fresh(c) => {
+            assert_eq!(c.state, ApprovalState::Approved);
+            c
+        }
+        other => panic!("approval: {other:?}"),
+    }
+}
+
+fn start_request(card: &ApprovalRequest) -> StartRequest {
+    StartRequest {
+        run_id: card.run_id.clone(),
+        tool_call_id: card.tool_call_id.clone(),
+        request_id: card.request_id.clone(),
+        approval_id: card.approval_id.clone(),
+        tool_name: card.tool_name.clone(),
+        arguments_hash: card.arguments_hash.clone(),
+    }
+}
+
+/// `start` of an approved card through the store's read–decide–commit loop.
+async fn start_call(store: &Store, card: &ApprovalRequest) -> MutationOutcome {
+    let req = start_request(card);
+    let now = tollgate_domain::now_millis();
+    decide_mutation(
+        store.as_ref(),
+        &card.run_id,
+        &card.tool_call_id,
+        &card.approval_id,
+        |v| {
+            execution::start(
+                &req,
+                card,
+                &v.head,
+                &v.usage,
+                &v.attempts,
+                &ExecutionSettings::default(),
+                now,
+            )
+        },
+    )
+    .await
+    .expect("store")
+    .expect("start is not refused outright")
+}
+
+/// A transition of a stored record (dispatch, settle, deadline, reconcile).
+async fn transit(
+    store: &Store,
+    record: &MutationRecord,
+    step: impl Fn(&MutationRecord, RunStatus) -> Decision + Send + Sync,
+) -> MutationOutcome {
+    decide_mutation(
+        store.as_ref(),
+        &record.run_id,
+        &record.tool_call_id,
+        &record.approval_id,
+        |v| {
+            v.record(&record.approval_id)
+                .map(|r| step(r, v.head.status))
+                .ok_or("no record")
+        },
+    )
+    .await
+    .expect("store")
+    .expect("the record is stored")
+}
+
+/// The stored record equals what the domain produced, as a struct and on the wire.
+async fn assert_stored(store: &Store, expected: &MutationRecord) {
+    let stored = store
+        .read_mutation(
+            &expected.run_id,
+            &expected.tool_call_id,
+            &expected.approval_id,
+        )
+        .await
+        .unwrap()
+        .expect("record stored");
+    assert_eq!(&stored, expected);
+    assert_eq!(stored.to_json(), expected.to_json());
+    assert_eq!(stored.to_json()["schema"], "mutation_outcome/v1");
+}
+
+fn confirmed(result: Value) -> Settlement {
+    Settlement::new("confirmed", Some(result), None).unwrap()
+}
+
+/// GIVEN a human-approved card on a budgeted run WHEN `start` is called (and repeated)
+/// THEN one intent, one `tool_execution_started` at the sequence the answer reports, the
+/// head's usage counted once, and the repeat answers the same without a second event.
+pub async fn start_admits_once(store: Store) {
+    let run_id = budget_run(
+        &store,
+        "start",
+        json!({"tools": {"web_fetch": 2}, "call_ceiling": 5}),
+    )
+    .await;
+    let card = approved_card(&store, &run_id, "call-1", "web_fetch").await;
+    let first = start_call(&store, &card).await;
+    assert!(first.decision.changed && first.decision.accepted());
+    let seq = first.decision.record.started_sequence.expect("admitted");
+    assert_eq!(first.sequences, vec![seq]);
+    assert_eq!(first.decision.answer().body["sequence"], json!(seq));
+    assert_eq!(first.decision.record.state, MutationState::Intent);
+    assert_stored(&store, &first.decision.record).await;
+    let events = all_events(&store, &run_id).await;
+    let started = &events[(seq - 1) as usize];
+    assert_eq!(started["type"], "tool_execution_started");
+    assert_eq!(started["tool_call_id"], "call-1");
+    assert_eq!(started["approval_id"], "approval-call-1");
+    assert_eq!(started["tool_name"], "web_fetch");
+    assert!(started.get("arguments").is_none());
+    let head = store.read_head(&run_id).await.unwrap().unwrap();
+    assert_eq!(
+        head.budget_used,
+        Some(json!({"starts": {"web_fetch": 1}, "calls": 1}))
+    );
+    let view = store
+        .read_mutation_view(&run_id, "call-1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.usage.calls, 1);
+    assert_eq!(view.attempts, vec![first.decision.record.clone()]);
+
+    let again = start_call(&store, &card).await;
+    assert!(!again.decision.changed && again.sequences.is_empty());
+    assert_eq!(again.decision.answer(), first.decision.answer());
+    assert_eq!(all_events(&store, &run_id).await.len(), events.len());
+    let head = store.read_head(&run_id).await.unwrap().unwrap();
+    assert_eq!(head.budget_used.unwrap()["calls"], 1, "counted once");
+    assert_eq!(
+        store.tool_call_mutations(&run_id, "call-1").await.unwrap(),
+        vec![first.decision.record.clone()]
+    );
+    assert_eq!(
+        store.list_mutations(&run_id, 10).await.unwrap(),
+        vec![first.decision.record.clone()]
+    );
+    // A decision computed from a record that has since changed loses, writes nothing.
+    let stale = execution::dispatch(
+        &first.decision.record,
+        RunStatus::Running,
+        tollgate_domain::now_millis(),
+    );
+    let head = store.read_head(&run_id).await.unwrap().unwrap();
+    let ok = store
+        .commit_mutation(&head, Some(&first.decision.record), &stale)
+        .await
+        .unwrap();
+    assert_eq!(
+        ok,
+        MutationCommit::Written {
+            sequences: Vec::new()
+        }
+    );
+    let lost = store
+        .commit_mutation(&head, Some(&first.decision.record), &stale)
+        .await
+        .unwrap();
+    assert_eq!(lost, MutationCommit::Lost);
+    assert_stored(&store, &stale.record).await;
+}
+
+/// GIVEN 20 approved calls on a run whose `call_ceiling` is 5 WHEN all 20 start at once
+/// (over every store given) THEN exactly 5 are admitted and 15 refused with
+/// `call_ceiling_reached`, each durably recorded with its one event.
+pub async fn concurrent_starts_respect_the_call_ceiling(stores: Vec<Store>) {
+    let store = stores[0].clone();
+    let run_id = budget_run(
+        &store,
+        "ceiling",
+        json!({"tools": {"w": 100}, "call_ceiling": 5}),
+    )
+    .await;
+    let mut cards = Vec::new();
+    for i in 0..20 {
+        cards.push(approved_card(&store, &run_id, &format!("c{i}"), "w").await);
+    }
+    let racers: Vec<_> = cards
+        .into_iter()
+        .enumerate()
+        .map(|(i, card)| {
+            let store = stores[i % stores.len()].clone();
+            tokio::spawn(async move { start_call(&store, &card).await })
+        })
+        .collect();
+    let mut admitted = 0;
+    let mut refused = 0;
+    for r in racers {
+        let out = r.await.unwrap();
+        assert!(out.decision.changed);
+        assert_stored(&store, &out.decision.record).await;
+        assert_eq!(out.sequences.len(), 1);
+        match out.decision.answer().verdict {
+            Verdict::Ok => {
+                assert_eq!(out.decision.record.state, MutationState::Intent);
+                admitted += 1;
+            }
+            _ => {
+                assert_eq!(
+                    out.decision.record.to_json()["reason"],
+                    "call_ceiling_reached"
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((admitted, refused), (5, 15));
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(count_of(&store, &run_id, "tool_execution_started").await, 5);
+    let not_executed = events
+        .iter()
+        .filter(|e| e["type"] == "tool_execution" && e["execution_status"] == "not_executed")
+        .count();
+    assert_eq!(not_executed, 15);
+    let head = store.read_head(&run_id).await.unwrap().unwrap();
+    assert_eq!(
+        head.budget_used,
+        Some(json!({"starts": {"w": 5}, "calls": 5}))
+    );
+    assert_eq!(store.list_mutations(&run_id, 100).await.unwrap().len(), 20);
+    assert_eq!(store.list_mutations(&run_id, 7).await.unwrap().len(), 7);
+}
+
+/// dispatch → settle(confirmed): the record completes with its result and the terminal
+/// `tool_execution` (`executed`, `completed`) is appended once.
+pub async fn confirmed_settlement_completes(store: Store) {
+    let run_id = budget_run(&store, "settle", json!({"tools": {"web_fetch": 1}})).await;
+    let card = approved_card(&store, &run_id, "call-1", "web_fetch").await;
+    let started = start_call(&store, &card).await.decision.record;
+    let dispatched = transit(&store, &started, |r, run| {
+        execution::dispatch(r, run, tollgate_domain::now_millis())
+    })
+    .await;
+    assert!(dispatched.decision.accepted() && dispatched.sequences.is_empty());
+    assert_eq!(dispatched.decision.record.state, MutationState::Dispatched);
+    assert_stored(&store, &dispatched.decision.record).await;
+    let settle = |r: &MutationRecord, run| {
+        execution::settle(
+            r,
+            &confirmed(json!({"id": "d-1"})),
+            run,
+            tollgate_domain::now_millis(),
+        )
+    };
+    let done = transit(&store, &dispatched.decision.record, settle).await;
+    assert!(done.decision.accepted());
+    assert_eq!(done.sequences.len(), 1);
+    assert_stored(&store, &done.decision.record).await;
+    assert_eq!(done.decision.record.to_json()["state"], "completed");
+    assert_eq!(
+        done.decision.record.to_json()["result"],
+        json!({"id": "d-1"})
+    );
+    let events = all_events(&store, &run_id).await;
+    let last = events.last().unwrap();
+    assert_eq!(last["sequence"], json!(done.sequences[0]));
+    assert_eq!(last["type"], "tool_execution");
+    assert_eq!(last["execution_status"], "executed");
+    assert_eq!(last["mutation_outcome"], "completed");
+    assert_eq!(last["result"], json!({"id": "d-1"}));
+    // The same settlement again: the same answer, nothing written.
+    let again = transit(&store, &done.decision.record, settle).await;
+    assert!(!again.decision.changed && again.decision.accepted());
+    assert_eq!(all_events(&store, &run_id).await.len(), events.len());
+    assert_eq!(
+        types(&events)[events.len() - 2..],
+        ["tool_execution_started", "tool_execution"]
+    );
+}
+
+/// The settlement deadline settles an undispatched intent `not_executed` (and dispatch
+/// is then refused) and a dispatched one `outcome_unknown`; a late confirmed settlement
+/// still records the actual result, without a second terminal event.
+pub async fn deadlines_settle_and_late_evidence_is_kept(store: Store) {
+    let run_id = budget_run(&store, "deadline-exec", json!({"tools": {"t": 2}})).await;
+    let a = approved_card(&store, &run_id, "undispatched", "t").await;
+    let b = approved_card(&store, &run_id, "dispatched", "t").await;
+    let a = start_call(&store, &a).await.decision.record;
+    let b = start_call(&store, &b).await.decision.record;
+    let b = transit(&store, &b, |r, run| {
+        execution::dispatch(r, run, tollgate_domain::now_millis())
+    })
+    .await
+    .decision
+    .record;
+    let at_deadline = |r: &MutationRecord, run| {
+        execution::settle_at_deadline(r, run, r.settlement_deadline_at).expect("due")
+    };
+
+    let unsent = transit(&store, &a, at_deadline).await;
+    assert_eq!(unsent.sequences.len(), 1);
+    assert_stored(&store, &unsent.decision.record).await;
+    let json = unsent.decision.record.to_json();
+    assert_eq!(
+        (json["state"].as_str(), json["reason"].as_str()),
+        (Some("not_executed"), Some("unsent"))
+    );
+    let fenced = transit(&store, &unsent.decision.record, |r, run| {
+        execution::dispatch(r, run, r.settlement_deadline_at + 1)
+    })
+    .await;
+    assert!(!fenced.decision.accepted() && !fenced.decision.changed);
+    assert_eq!(fenced.decision.answer().body["state"], "not_executed");
+
+    let unknown = transit(&store, &b, at_deadline).await;
+    assert_eq!(unknown.sequences.len(), 1);
+    assert_stored(&store, &unknown.decision.record).await;
+    assert_eq!(unknown.decision.record.state, MutationState::OutcomeUnknown);
+    let events = all_events(&store, &run_id).await;
+    let terminal: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "tool_execution")
+        .collect();
+    assert_eq!(terminal.len(), 2);
+    assert_eq!(terminal[0]["execution_status"], "not_executed");
+    assert_eq!(terminal[1]["execution_status"], "executed");
+    assert_eq!(terminal[1]["mutation_outcome"], "outcome_unknown");
+    // A deadline redelivered: nothing more.
+    let again = transit(&store, &unknown.decision.record, at_deadline).await;
+    assert!(!again.decision.changed);
+
+    let late = transit(&store, &unknown.decision.record, |r, run| {
+        execution::settle(
+            r,
+            &confirmed(json!({"ok": true})),
+            run,
+            r.settlement_deadline_at + 5_000,
+        )
+    })
+    .await;
+    assert!(late.decision.changed && late.sequences.is_empty());
+    assert_stored(&store, &late.decision.record).await;
+    assert_eq!(late.decision.record.to_json()["state"], "completed");
+    assert_eq!(
+        late.decision.record.to_json()["result"],
+        json!({"ok": true})
+    );
+    assert_eq!(all_events(&store, &run_id).await.len(), events.len());
+}
+
+/// Nothing is appended after the run ended: a settlement still changes the durable
+/// record, a start is recorded `not_executed` (`run_not_running`), both silently, and a
+/// decision computed while the run was running loses.
+pub async fn nothing_follows_the_end_of_a_run(store: Store) {
+    let run_id = budget_run(&store, "ended-exec", json!({"tools": {"t": 2}})).await;
+    let a = approved_card(&store, &run_id, "in-flight", "t").await;
+    let late_card = approved_card(&store, &run_id, "too-late", "t").await;
+    let a = start_call(&store, &a).await.decision.record;
+    let a = transit(&store, &a, |r, run| {
+        execution::dispatch(r, run, tollgate_domain::now_millis())
+    })
+    .await
+    .decision
+    .record;
+    let running_head = store.read_head(&run_id).await.unwrap().unwrap();
+    let computed_while_running = execution::settle(
+        &a,
+        &confirmed(json!(1)),
+        RunStatus::Running,
+        tollgate_domain::now_millis(),
+    );
+    assert_eq!(computed_while_running.events.len(), 1);
+    let end = store
+        .finish_run(RunRef::any(&run_id), TerminalKind::Complete, Map::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .commit_mutation(&running_head, Some(&a), &computed_while_running)
+            .await
+            .unwrap(),
+        MutationCommit::Lost,
+        "the head moved and ended"
+    );
+    let settled = transit(&store, &a, |r, run| {
+        execution::settle(r, &confirmed(json!(1)), run, tollgate_domain::now_millis())
+    })
+    .await;
+    assert!(settled.decision.changed && settled.sequences.is_empty());
+    assert_stored(&store, &settled.decision.record).await;
+    assert_eq!(settled.decision.record.state, MutationState::Completed);
+    let refused = start_call(&store, &late_card).await;
+    assert!(refused.decision.changed && refused.sequences.is_empty());
+    assert_stored(&store, &refused.decision.record).await;
+    assert_eq!(
+        refused.decision.record.to_json()["reason"],
+        "run_not_running"
+    );
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(events.last().unwrap()["type"], "run_completed");
+    assert_eq!(events.last().unwrap()["sequence"], json!(end.sequence));
+    let head = store.read_head(&run_id).await.unwrap().unwrap();
+    assert_eq!(head.budget_used.unwrap()["calls"], 1);
 }

@@ -6,6 +6,7 @@
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
+use tollgate_domain::execution::{BudgetUsage, Decision, MutationRecord};
 use tollgate_domain::{
     ApprovalRequest, EventDraft, NewRun, Policy, Resolution, RunHead, RunStatus, TerminalKind,
 };
@@ -365,9 +366,218 @@ pub const MAX_PENDING_LISTED: usize = 1000;
 /// covers beyond them are still auto-approved, only not announced again.
 pub const MAX_ANNOUNCED_RUNS: usize = 48;
 
-/// Everything a deployment stores: the run log and the approval cards, on one backend.
-pub trait Store: RunStore + ApprovalStore {}
-impl<T: RunStore + ApprovalStore> Store for T {}
+/// Most records one listing of a run's mutations reads (`GET /api/runs/{id}/mutations`).
+pub const MAX_MUTATIONS_LISTED: usize = 1000;
+
+/// What every execution transition decides from, read so that a decision conditioned on
+/// it cannot miss a concurrent admission: the run's head (with its budget usage) first,
+/// then every stored attempt of one `(run_id, tool_call_id)`. Any admission that
+/// committed before the head was read is among `attempts`; any later one moves the
+/// head's `next_seq`, on which every admission is conditioned.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MutationView {
+    pub head: RunHead,
+    /// The head's `budget_used` (nothing stored: nothing used).
+    pub usage: BudgetUsage,
+    /// The tool call's attempts, by `approval_id`.
+    pub attempts: Vec<MutationRecord>,
+}
+
+impl MutationView {
+    /// The attempt of `approval_id`, if it is stored.
+    pub fn record(&self, approval_id: &str) -> Option<&MutationRecord> {
+        self.attempts.iter().find(|r| r.approval_id == approval_id)
+    }
+}
+
+/// The budget usage stored on a head (`budget_used`); one that no longer parses is
+/// `Unavailable` (never read as "nothing used", which would admit past the budget).
+pub fn budget_usage(head: &RunHead) -> Result<BudgetUsage, StoreError> {
+    BudgetUsage::from_json(head.budget_used.as_ref()).map_err(|_| {
+        StoreError::Unavailable("stored item has a missing or malformed \"budget_used\"".into())
+    })
+}
+
+/// The answer to [`MutationStore::commit_mutation`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MutationCommit {
+    /// The record and the decision's events are stored: the events' sequences, in order
+    /// (empty when the decision announces nothing).
+    Written { sequences: Vec<u64> },
+    /// The record or the head is no longer what the decision was computed from (or the
+    /// backend turned the write away before it could commit): nothing was written. Read
+    /// again ([`MutationStore::read_mutation_view`]) and decide again —
+    /// [`decide_mutation`] does exactly that.
+    Lost,
+}
+
+/// Durable mutation records (seed 000, DESIGN §7), keyed `(run_id, tool_call_id,
+/// approval_id)`. The store never decides a transition: [`tollgate_domain::execution`]
+/// does, from a [`MutationView`], and [`MutationStore::commit_mutation`] writes the
+/// [`Decision`] in one atomic step conditioned on exactly what it was computed from, or
+/// reports it [`MutationCommit::Lost`].
+#[async_trait]
+pub trait MutationStore: Send + Sync + 'static {
+    /// One record (strongly consistent).
+    async fn read_mutation(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+        approval_id: &str,
+    ) -> Result<Option<MutationRecord>, StoreError>;
+
+    /// A run's records by `(tool_call_id, approval_id)`, at most `limit` (capped at
+    /// [`MAX_MUTATIONS_LISTED`]).
+    async fn list_mutations(
+        &self,
+        run_id: &str,
+        limit: usize,
+    ) -> Result<Vec<MutationRecord>, StoreError>;
+
+    /// Every record of one tool call of a run, by `approval_id`.
+    async fn tool_call_mutations(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+    ) -> Result<Vec<MutationRecord>, StoreError>;
+
+    /// The head and the tool call's attempts, read in the order that makes a decision on
+    /// them safe (see [`MutationView`]). `None`: no such run.
+    async fn read_mutation_view(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+    ) -> Result<Option<MutationView>, StoreError>;
+
+    /// Commits a decision whose `changed` is true, in one atomic step: its record, put
+    /// only if the stored record is still `prior` (absent for a new attempt); its events
+    /// appended on the run, only if the head is still exactly `head` and running; and
+    /// for an admission (`usage`) the head's `budget_used` — so concurrent admissions are
+    /// serialised by the sequence they all advance and can never exceed the budget. A
+    /// decision without events or usage (a dispatch, a settlement on an ended run, a late
+    /// settlement replacing the deadline's guess) writes the record alone. A decision
+    /// that changed nothing writes nothing and answers `Written` with no sequences.
+    /// `Conflict` when the decision does not belong to `head`/`prior` or carries events
+    /// for an ended run (a caller bug).
+    async fn commit_mutation(
+        &self,
+        head: &RunHead,
+        prior: Option<&MutationRecord>,
+        decision: &Decision,
+    ) -> Result<MutationCommit, StoreError>;
+}
+
+/// Checks a decision against the reads it claims to come from, before any adapter
+/// writes it.
+pub(crate) fn check_decision(
+    head: &RunHead,
+    prior: Option<&MutationRecord>,
+    decision: &Decision,
+) -> Result<(), StoreError> {
+    let r = &decision.record;
+    let conflict = |why: &str| Err(StoreError::Conflict(why.into()));
+    if r.run_id != head.run_id {
+        return conflict("the mutation record names another run than the head");
+    }
+    if let Some(p) = prior {
+        if (&p.run_id, &p.tool_call_id, &p.approval_id)
+            != (&r.run_id, &r.tool_call_id, &r.approval_id)
+        {
+            return conflict("the decision is about another attempt than the record read");
+        }
+    }
+    if !decision.events.is_empty() && head.status.is_terminal() {
+        return conflict("a decision on an ended run announces nothing");
+    }
+    if decision.events.len() > tollgate_domain::MAX_BATCH_EVENTS {
+        return conflict("a decision announces too many events");
+    }
+    if decision.usage.is_some() && decision.events.is_empty() {
+        return conflict("an admission is announced by tool_execution_started");
+    }
+    Ok(())
+}
+
+/// `<tool_call_id>#<approval_id>`: the record's sort key (ids never hold `#`, and `#`
+/// sorts before every id character, so key order is `(tool_call_id, approval_id)` order).
+pub fn mutation_key(tool_call_id: &str, approval_id: &str) -> String {
+    format!("{tool_call_id}#{approval_id}")
+}
+
+/// A committed decision: what was decided from the final reads, and the sequences its
+/// events got (empty when it wrote nothing or announced nothing).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MutationOutcome {
+    pub decision: Decision,
+    pub sequences: Vec<u64>,
+}
+
+/// How long [`decide_mutation`] keeps re-reading and re-deciding after lost races.
+pub const MUTATION_CONTENTION_BUDGET: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// The read–decide–commit loop of every execution transition: reads the
+/// [`MutationView`] of `(run_id, tool_call_id)`, asks `decide` (a pure domain call such
+/// as `execution::start` or `|v| Ok(execution::dispatch(v.record(..)?, ..))`) for the
+/// decision, and commits it conditioned on exactly those reads — the view's head and the
+/// view's record of `approval_id` — until it commits or the contention budget is spent
+/// (`Unavailable`, nothing written). `decide` may refuse (`Err(E)`, answered as is, nothing
+/// written). `NotFound`: no such run.
+pub async fn decide_mutation<S, E, F>(
+    store: &S,
+    run_id: &str,
+    tool_call_id: &str,
+    approval_id: &str,
+    mut decide: F,
+) -> Result<Result<MutationOutcome, E>, StoreError>
+where
+    S: MutationStore + ?Sized,
+    F: FnMut(&MutationView) -> Result<Decision, E> + Send,
+    E: Send,
+{
+    let deadline = std::time::Instant::now() + MUTATION_CONTENTION_BUDGET;
+    let mut attempt = 0u32;
+    loop {
+        let view = store
+            .read_mutation_view(run_id, tool_call_id)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        let decision = match decide(&view) {
+            Ok(d) => d,
+            Err(e) => return Ok(Err(e)),
+        };
+        if !decision.changed {
+            return Ok(Ok(MutationOutcome {
+                decision,
+                sequences: Vec::new(),
+            }));
+        }
+        let prior = view.record(approval_id);
+        match store.commit_mutation(&view.head, prior, &decision).await? {
+            MutationCommit::Written { sequences } => {
+                return Ok(Ok(MutationOutcome {
+                    decision,
+                    sequences,
+                }))
+            }
+            MutationCommit::Lost => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(StoreError::Unavailable(
+                        "a mutation transition kept losing to concurrent writers; retry".into(),
+                    ));
+                }
+                attempt += 1;
+                let cap = 2u64 << attempt.min(4);
+                let ms = rand::Rng::random_range(&mut rand::rng(), 1..=cap);
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+            }
+        }
+    }
+}
+
+/// Everything a deployment stores: the run log, the approval cards and the mutation
+/// records, on one backend.
+pub trait Store: RunStore + ApprovalStore + MutationStore {}
+impl<T: RunStore + ApprovalStore + MutationStore> Store for T {}
 
 /// Checks a batch before any adapter touches storage: 1..=99 events, no `event_id` twice.
 pub fn check_batch(events: &[EventDraft]) -> Result<(), StoreError> {

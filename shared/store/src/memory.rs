@@ -12,9 +12,12 @@ use tollgate_domain::{
     Resolution, RunHead, TerminalKind,
 };
 
+use tollgate_domain::execution::{Decision, MutationRecord};
+
 use crate::{
-    check_batch, ended_run_answer, fill_page, ApprovalStore, Armed, Beat, CreateOutcome, EventPage,
-    Finished, Located, Resolved, RunRef, RunStore, StoreError, StoredEvent,
+    budget_usage, check_batch, check_decision, ended_run_answer, fill_page, mutation_key,
+    ApprovalStore, Armed, Beat, CreateOutcome, EventPage, Finished, Located, MutationCommit,
+    MutationStore, MutationView, Resolved, RunRef, RunStore, StoreError, StoredEvent,
 };
 
 #[derive(Default)]
@@ -26,6 +29,9 @@ struct RunRecord {
     cards: BTreeMap<String, ApprovalRequest>,
     /// request_id → child run id (on a coordinator).
     routes: HashMap<String, String>,
+    /// `<tool_call_id>#<approval_id>` → durable mutation record (key order is
+    /// `(tool_call_id, approval_id)` order, as on DynamoDB).
+    mutations: BTreeMap<String, MutationRecord>,
     event_ids: HashMap<String, u64>,
     /// The stall guard dealt with this child's silence at this `next_seq` (reported it,
     /// or found its coordinator ended): it is not listed by `silent_children` until its
@@ -695,4 +701,124 @@ impl ApprovalStore for MemoryStore {
         open.truncate(limit);
         Ok(open)
     }
+}
+
+#[async_trait]
+impl MutationStore for MemoryStore {
+    async fn read_mutation(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+        approval_id: &str,
+    ) -> Result<Option<MutationRecord>, StoreError> {
+        Ok(self.lock().get(run_id).and_then(|r| {
+            r.mutations
+                .get(&mutation_key(tool_call_id, approval_id))
+                .cloned()
+        }))
+    }
+
+    async fn list_mutations(
+        &self,
+        run_id: &str,
+        limit: usize,
+    ) -> Result<Vec<MutationRecord>, StoreError> {
+        Ok(self
+            .lock()
+            .get(run_id)
+            .map(|r| {
+                r.mutations
+                    .values()
+                    .take(limit.min(crate::MAX_MUTATIONS_LISTED))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    async fn tool_call_mutations(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+    ) -> Result<Vec<MutationRecord>, StoreError> {
+        Ok(self
+            .lock()
+            .get(run_id)
+            .map(|r| of_tool_call(r, tool_call_id))
+            .unwrap_or_default())
+    }
+
+    async fn read_mutation_view(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+    ) -> Result<Option<MutationView>, StoreError> {
+        let runs = self.lock();
+        let Some((record, head)) = runs
+            .get(run_id)
+            .and_then(|r| r.head.clone().map(|h| (r, h)))
+        else {
+            return Ok(None);
+        };
+        Ok(Some(MutationView {
+            usage: budget_usage(&head)?,
+            attempts: of_tool_call(record, tool_call_id),
+            head,
+        }))
+    }
+
+    async fn commit_mutation(
+        &self,
+        head: &RunHead,
+        prior: Option<&MutationRecord>,
+        decision: &Decision,
+    ) -> Result<MutationCommit, StoreError> {
+        if !decision.changed {
+            return Ok(MutationCommit::Written {
+                sequences: Vec::new(),
+            });
+        }
+        check_decision(head, prior, decision)?;
+        // One lock: the conditions and the writes are one atomic step.
+        let mut runs = self.lock();
+        let Some(run) = runs.get_mut(&head.run_id) else {
+            return Ok(MutationCommit::Lost);
+        };
+        let rec = &decision.record;
+        let key = mutation_key(&rec.tool_call_id, &rec.approval_id);
+        if run.mutations.get(&key) != prior {
+            return Ok(MutationCommit::Lost);
+        }
+        let writes_head = !decision.events.is_empty() || decision.usage.is_some();
+        if writes_head {
+            let same = run
+                .running_head()
+                .is_some_and(|h| h.next_seq == head.next_seq && h.incarnation == head.incarnation);
+            if !same {
+                return Ok(MutationCommit::Lost);
+            }
+        }
+        let mut sequences = Vec::new();
+        if !decision.events.is_empty() {
+            let first = run
+                .push(&decision.events, now_millis())
+                .ok_or(StoreError::NotFound)?;
+            sequences = (first..first + decision.events.len() as u64).collect();
+        }
+        if let (Some(usage), Some(h)) = (&decision.usage, run.head.as_mut()) {
+            h.budget_used = Some(usage.to_json());
+        }
+        run.mutations.insert(key, rec.clone());
+        Ok(MutationCommit::Written { sequences })
+    }
+}
+
+/// The records of one tool call, by `approval_id`.
+fn of_tool_call(run: &RunRecord, tool_call_id: &str) -> Vec<MutationRecord> {
+    let from = mutation_key(tool_call_id, "");
+    run.mutations
+        .range(from.clone()..)
+        .take_while(|(k, _)| k.starts_with(&from))
+        .map(|(_, r)| r.clone())
+        .collect()
 }

@@ -40,6 +40,7 @@ pub fn physical_name(tables: &Tables, logical_id: &str) -> Option<String> {
         "EventsTable" => Some(tables.events.clone()),
         "ApprovalsTable" => Some(tables.approvals.clone()),
         "PoliciesTable" => Some(tables.policies.clone()),
+        "MutationsTable" => Some(tables.mutations.clone()),
         _ => None,
     }
 }

@@ -50,3 +50,12 @@ async fn expiry_races_clicks_across_processes() {
     let b = Arc::new(dynamo_store_raw().await.without_lanes()) as tollgate_store::contract::Store;
     tollgate_store::contract::expiry_races_clicks_at_the_deadline(vec![a, b], 200).await;
 }
+
+/// Starts racing on two store instances (two Lambda instances) against one call ceiling:
+/// only the head's condition keeps the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn starts_respect_the_ceiling_across_processes() {
+    let a = Arc::new(dynamo_store_raw().await.without_lanes()) as tollgate_store::contract::Store;
+    let b = Arc::new(dynamo_store_raw().await.without_lanes()) as tollgate_store::contract::Store;
+    tollgate_store::contract::concurrent_starts_respect_the_call_ceiling(vec![a, b]).await;
+}

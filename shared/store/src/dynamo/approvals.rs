@@ -318,6 +318,7 @@ impl ApprovalStore for DynamoStore {
                 kind: WriteKind::Advance { end: None },
                 events: vec![card.required_event()],
                 open_cards: 1,
+                budget_used: None,
             }];
             if let Some(coord) = &coordinator {
                 let route = Put::builder()
@@ -343,6 +344,7 @@ impl ApprovalStore for DynamoStore {
                     kind: WriteKind::Advance { end: None },
                     events: vec![card.coordinator_required_event()],
                     open_cards: 0,
+                    budget_used: None,
                 });
             }
             let plan = Plan { runs, side };
@@ -461,6 +463,7 @@ impl ApprovalStore for DynamoStore {
                     kind: WriteKind::Advance { end: None },
                     events: vec![ended.resolved_event()],
                     open_cards: -1,
+                    budget_used: None,
                 });
             }
             let coordinator = located.coordinator.clone().filter(|c| {
@@ -475,6 +478,7 @@ impl ApprovalStore for DynamoStore {
                     kind: WriteKind::Advance { end: None },
                     events: vec![ended.coordinator_resolved_event()],
                     open_cards: 0,
+                    budget_used: None,
                 });
             }
             match self.commit(&Plan { runs, side }).await? {
@@ -557,6 +561,7 @@ impl ApprovalStore for DynamoStore {
                     kind: WriteKind::Advance { end: None },
                     events: vec![card.pending_event(beat)],
                     open_cards: 0,
+                    budget_used: None,
                 }],
                 side: Vec::new(),
             };

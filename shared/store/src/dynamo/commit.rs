@@ -46,6 +46,10 @@ pub(crate) struct RunWrite {
     /// positive change is conditioned on staying within
     /// [`tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN`].
     pub open_cards: i64,
+    /// The run's budget usage after this write (an admitted start), stored on the head
+    /// as `budget_used`; conditioned like everything else on the head's `next_seq`, so
+    /// concurrent admissions are serialised by the sequence they all advance.
+    pub budget_used: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,6 +159,9 @@ impl DynamoStore {
                         head.next_seq += run.events.len() as u64;
                         head.last_event_at = now;
                         head.open_cards = (head.open_cards as i64 + run.open_cards).max(0) as u64;
+                        if let Some(used) = &run.budget_used {
+                            head.budget_used = Some(used.clone());
+                        }
                         if let Some(kind) = end {
                             head.status = kind.status();
                             head.terminal_seq = Some(head.next_seq - 1);
@@ -231,6 +238,10 @@ impl DynamoStore {
         {
             set.push_str(", last_real_type = :lt");
             extra.push((":lt", s(t)));
+        }
+        if let Some(used) = &run.budget_used {
+            set.push_str(", budget_used = :bu");
+            extra.push((":bu", s(used.to_string())));
         }
         // A head without an incarnation was written before incarnations existed.
         let same_incarnation = if head.incarnation.is_empty() {

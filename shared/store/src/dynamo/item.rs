@@ -94,7 +94,11 @@ pub(crate) fn head_to_item(h: &RunHead) -> HashMap<String, AttributeValue> {
             item.insert(k.into(), s(v));
         }
     }
-    for (k, v) in [("subtask_id", &h.subtask_id), ("budget", &h.budget)] {
+    for (k, v) in [
+        ("subtask_id", &h.subtask_id),
+        ("budget", &h.budget),
+        ("budget_used", &h.budget_used),
+    ] {
         if let Some(v) = v {
             item.insert(k.into(), s(v.to_string()));
         }
@@ -144,6 +148,7 @@ pub(crate) fn head_from_item(
             .transpose()?
             .unwrap_or(0)
             .max(0) as u64,
+        budget_used: opt_json(item, "budget_used")?,
     })
 }
 

@@ -14,12 +14,14 @@
 //!
 //! Modules by job: [`tables`] (names, client), [`item`] (mapping, error translation),
 //! [`commit`] (the engine), [`lanes`] (group commit in one process), [`runs`] (the
-//! [`crate::RunStore`] port as plans), [`approvals`] (the [`crate::ApprovalStore`] port).
+//! [`crate::RunStore`] port as plans), [`approvals`] (the [`crate::ApprovalStore`] port),
+//! [`mutations`] (the [`crate::MutationStore`] port).
 
 mod approvals;
 mod commit;
 mod item;
 mod lanes;
+mod mutations;
 mod policies;
 mod runs;
 mod stall;

@@ -221,6 +221,7 @@ impl DynamoStore {
                     kind: WriteKind::Advance { end: None },
                     events: vec![policy.auto_approved_event(card)],
                     open_cards: 0,
+                    budget_used: None,
                 }],
                 side: vec![reach, TransactWriteItem::builder().put(card_put).build()],
             };

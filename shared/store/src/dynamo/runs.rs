@@ -95,6 +95,7 @@ impl DynamoStore {
                     kind: WriteKind::Advance { end: None },
                     events: pending.iter().map(|i| events[*i].clone()).collect(),
                     open_cards: 0,
+                    budget_used: None,
                 }],
                 side: Vec::new(),
             };
@@ -169,6 +170,7 @@ impl RunStore for DynamoStore {
                 kind: WriteKind::Create,
                 events: vec![new.started_event()],
                 open_cards: 0,
+                budget_used: None,
             }],
             side: Vec::new(),
         };
@@ -261,6 +263,7 @@ impl RunStore for DynamoStore {
                     kind: WriteKind::Advance { end: Some(kind) },
                     events: vec![draft.clone()],
                     open_cards: 0,
+                    budget_used: None,
                 }],
                 side: Vec::new(),
             };

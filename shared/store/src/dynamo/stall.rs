@@ -115,6 +115,7 @@ impl DynamoStore {
                     kind: WriteKind::Advance { end: None },
                     events: vec![stall_detected_event(child, now)],
                     open_cards: 0,
+                    budget_used: None,
                 }],
                 side: vec![TransactWriteItem::builder().update(mark).build()],
             };

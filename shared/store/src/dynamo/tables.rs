@@ -11,11 +11,15 @@ pub struct Tables {
     pub events: String,
     pub approvals: String,
     pub policies: String,
+    /// Durable mutation records (seed 000, DESIGN §7).
+    pub mutations: String,
 }
 
 impl Tables {
-    /// `TOLLGATE_RUNS_TABLE` / `TOLLGATE_EVENTS_TABLE` / `TOLLGATE_APPROVALS_TABLE`, or
-    /// `<TOLLGATE_TABLE_PREFIX>runs`, `…events`, `…approvals` (prefix default `tollgate-`).
+    /// `TOLLGATE_RUNS_TABLE` / `TOLLGATE_EVENTS_TABLE` / `TOLLGATE_APPROVALS_TABLE` /
+    /// `TOLLGATE_POLICIES_TABLE` / `TOLLGATE_MUTATIONS_TABLE`, or
+    /// `<TOLLGATE_TABLE_PREFIX>runs`, `…events`, `…approvals`, `…policies`, `…mutations`
+    /// (prefix default `tollgate-`).
     pub fn from_env() -> Self {
         let prefix = std::env::var("TOLLGATE_TABLE_PREFIX").unwrap_or_else(|_| "tollgate-".into());
         let pick = |var: &str, suffix: &str| {
@@ -29,6 +33,7 @@ impl Tables {
             events: pick("TOLLGATE_EVENTS_TABLE", "events"),
             approvals: pick("TOLLGATE_APPROVALS_TABLE", "approvals"),
             policies: pick("TOLLGATE_POLICIES_TABLE", "policies"),
+            mutations: pick("TOLLGATE_MUTATIONS_TABLE", "mutations"),
         }
     }
 
@@ -38,6 +43,7 @@ impl Tables {
             events: format!("{prefix}events"),
             approvals: format!("{prefix}approvals"),
             policies: format!("{prefix}policies"),
+            mutations: format!("{prefix}mutations"),
         }
     }
 }

@@ -1,0 +1,415 @@
+//! Durable mutation records on DynamoDB ([`MutationStore`]).
+//!
+//! Mutations table: partition `run_id`, sort `mutation_key` = `<tool_call_id>#<approval_id>`
+//! for a record (the whole [`MutationRecord`] as JSON in `record`, with `state`,
+//! `settled_by`, `dispatched_at` and `settled_at` beside it for conditions), and
+//! `<tool_call_id>#` for the tool call's guard item, whose string set `admitted` names
+//! every admitted attempt of the call (written by each admission, in its transaction).
+//!
+//! Why the guard: `start` decides from every attempt of the tool call, read with a
+//! `Query`, which is only read-committed — it may miss an item of a transaction that is
+//! committing while a `GetItem` of the head already shows it. The view is therefore read
+//! as: the head (`GetItem`), then the guard (`GetItem`, serializable) with the `Query`;
+//! any admitted attempt the guard names but the `Query` missed is read by `GetItem`.
+//! An admission that committed before the head read is thus always seen; a later one
+//! moves the head's `next_seq`, on which every admission is conditioned.
+//!
+//! Writes: a decision with events (or an admission's usage) is one plan on the commit
+//! engine — the head advanced (conditioned on exactly the head read and on the run
+//! running), the events, the record put (conditioned on the stored record being the one
+//! read) and, for an admission, the guard. A decision without events writes the record
+//! alone with one conditional `PutItem` (one item is atomic, and a transaction would
+//! cost twice as much).
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
+use tollgate_domain::execution::{Decision, MutationRecord, MutationState};
+use tollgate_domain::{now_millis, RunHead};
+
+use super::commit::{Committed, Plan, RunWrite, WriteKind};
+use super::item::{build_error, corrupt, get_s, n, opt_s, s, unavailable, Item};
+use super::DynamoStore;
+use crate::{
+    budget_usage, check_decision, mutation_key, MutationCommit, MutationStore, MutationView,
+    StoreError,
+};
+
+/// Sort key of a tool call's guard item: sorts before every attempt of the call.
+fn guard_key(tool_call_id: &str) -> String {
+    mutation_key(tool_call_id, "")
+}
+
+/// A snake_case wire string of a serde enum (`settled_by`).
+fn wire<T: serde::Serialize>(v: &T) -> Result<String, StoreError> {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => Ok(s),
+        _ => Err(StoreError::Unavailable("unencodable enum".into())),
+    }
+}
+
+fn record_to_item(r: &MutationRecord) -> Result<Item, StoreError> {
+    let json = serde_json::to_string(r)
+        .map_err(|e| StoreError::Unavailable(format!("encode mutation record: {e}")))?;
+    let mut item = HashMap::from([
+        ("run_id".to_string(), s(&r.run_id)),
+        (
+            "mutation_key".to_string(),
+            s(mutation_key(&r.tool_call_id, &r.approval_id)),
+        ),
+        ("tool_call_id".to_string(), s(&r.tool_call_id)),
+        ("approval_id".to_string(), s(&r.approval_id)),
+        ("state".to_string(), s(r.state.as_str())),
+        (
+            "settlement_deadline_at".to_string(),
+            n(r.settlement_deadline_at),
+        ),
+        ("record".to_string(), s(json)),
+    ]);
+    if let Some(by) = &r.settled_by {
+        item.insert("settled_by".into(), s(wire(by)?));
+    }
+    if let Some(at) = r.dispatched_at {
+        item.insert("dispatched_at".into(), n(at));
+    }
+    if let Some(at) = r.settled_at {
+        item.insert("settled_at".into(), n(at));
+    }
+    Ok(item)
+}
+
+fn record_from_item(item: &Item) -> Result<MutationRecord, StoreError> {
+    let raw = get_s(item, "record")?;
+    let record: MutationRecord = serde_json::from_str(&raw).map_err(|_| corrupt("record"))?;
+    // The attributes conditions read must agree with the record they describe.
+    if opt_s(item, "state").and_then(|st| MutationState::parse(&st)) != Some(record.state) {
+        return Err(corrupt("state"));
+    }
+    Ok(record)
+}
+
+/// Whether an item is a record (not a tool call's guard item).
+fn is_record(item: &Item) -> bool {
+    item.contains_key("record")
+}
+
+/// A condition expression with its placeholder values.
+type Condition = (String, Vec<(&'static str, AttributeValue)>);
+
+/// The condition that the stored record is exactly `prior` (absent for `None`): its
+/// state, who settled it and when it was dispatched and settled. Every transition of a
+/// record changes at least one of them, and none returns to an earlier combination
+/// (the transitions form a DAG), so equal attributes mean the same record version.
+fn prior_condition(prior: Option<&MutationRecord>) -> Result<Condition, StoreError> {
+    let Some(p) = prior else {
+        return Ok(("attribute_not_exists(mutation_key)".into(), Vec::new()));
+    };
+    let mut parts = vec!["#state = :pstate".to_owned()];
+    let mut values = vec![(":pstate", s(p.state.as_str()))];
+    match &p.settled_by {
+        Some(by) => {
+            parts.push("settled_by = :pby".into());
+            values.push((":pby", s(wire(by)?)));
+        }
+        None => parts.push("attribute_not_exists(settled_by)".into()),
+    }
+    for (attr, placeholder, v) in [
+        ("dispatched_at", ":pdis", p.dispatched_at),
+        ("settled_at", ":pset", p.settled_at),
+    ] {
+        match v {
+            Some(at) => {
+                parts.push(format!("{attr} = {placeholder}"));
+                values.push((placeholder, n(at)));
+            }
+            None => parts.push(format!("attribute_not_exists({attr})")),
+        }
+    }
+    Ok((parts.join(" AND "), values))
+}
+
+impl DynamoStore {
+    /// The record's item with its TTL: never before its settlement deadline.
+    fn mutation_item(&self, r: &MutationRecord, now: i64) -> Result<Item, StoreError> {
+        let mut item = record_to_item(r)?;
+        if let Some(exp) = self.expires_at(now.max(r.settlement_deadline_at)) {
+            item.insert("expires_at".into(), exp);
+        }
+        Ok(item)
+    }
+
+    async fn get_mutation_item(
+        &self,
+        run_id: &str,
+        key: String,
+    ) -> Result<Option<Item>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.tables.mutations)
+            .key("run_id", s(run_id))
+            .key("mutation_key", s(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(out.item)
+    }
+
+    /// Strongly consistent `Query` of a run's mutation items (with `prefix`, only keys
+    /// that start with it), at most `limit` records.
+    async fn query_mutations(
+        &self,
+        run_id: &str,
+        prefix: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<MutationRecord>, StoreError> {
+        let mut records = Vec::new();
+        let mut start_key = None;
+        loop {
+            let mut q = self
+                .client
+                .query()
+                .table_name(&self.tables.mutations)
+                .consistent_read(true)
+                .expression_attribute_values(":r", s(run_id))
+                .set_exclusive_start_key(start_key.take());
+            q = match prefix {
+                Some(p) => q
+                    .key_condition_expression("run_id = :r AND begins_with(mutation_key, :p)")
+                    .expression_attribute_values(":p", s(p)),
+                None => q.key_condition_expression("run_id = :r"),
+            };
+            // (+1: the guard items are skipped.)
+            let want = (limit - records.len()).saturating_add(1).min(1000);
+            let out = q.limit(want as i32).send().await.map_err(unavailable)?;
+            for item in out.items.unwrap_or_default() {
+                if is_record(&item) && records.len() < limit {
+                    records.push(record_from_item(&item)?);
+                }
+            }
+            start_key = out.last_evaluated_key;
+            if start_key.is_none() || records.len() >= limit {
+                return Ok(records);
+            }
+        }
+    }
+
+    /// A conditional `PutItem` of the record alone.
+    async fn put_record_alone(
+        &self,
+        prior: Option<&MutationRecord>,
+        record: &MutationRecord,
+    ) -> Result<MutationCommit, StoreError> {
+        let (condition, values) = prior_condition(prior)?;
+        let mut put = self
+            .client
+            .put_item()
+            .table_name(&self.tables.mutations)
+            .set_item(Some(self.mutation_item(record, now_millis())?))
+            .condition_expression(condition);
+        if prior.is_some() {
+            put = put.expression_attribute_names("#state", "state");
+        }
+        for (k, v) in values {
+            put = put.expression_attribute_values(k, v);
+        }
+        match put.send().await {
+            Ok(_) => Ok(MutationCommit::Written {
+                sequences: Vec::new(),
+            }),
+            Err(SdkError::ServiceError(ctx))
+                if matches!(
+                    ctx.err(),
+                    PutItemError::ConditionalCheckFailedException(_)
+                        | PutItemError::ProvisionedThroughputExceededException(_)
+                        | PutItemError::RequestLimitExceeded(_)
+                        | PutItemError::ThrottlingException(_)
+                ) =>
+            {
+                // A lost condition — or a resend of a put that did land (read again: the
+                // decision from the stored record then changes nothing).
+                Ok(MutationCommit::Lost)
+            }
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    fn record_put(
+        &self,
+        prior: Option<&MutationRecord>,
+        record: &MutationRecord,
+        now: i64,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let (condition, values) = prior_condition(prior)?;
+        let mut put = Put::builder()
+            .table_name(&self.tables.mutations)
+            .set_item(Some(self.mutation_item(record, now)?))
+            .condition_expression(condition)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if prior.is_some() {
+            put = put.expression_attribute_names("#state", "state");
+        }
+        for (k, v) in values {
+            put = put.expression_attribute_values(k, v);
+        }
+        Ok(TransactWriteItem::builder()
+            .put(put.build().map_err(build_error)?)
+            .build())
+    }
+
+    /// Adds an admitted attempt to its tool call's guard item.
+    fn guard_update(
+        &self,
+        record: &MutationRecord,
+        now: i64,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let mut update = Update::builder()
+            .table_name(&self.tables.mutations)
+            .key("run_id", s(&record.run_id))
+            .key("mutation_key", s(guard_key(&record.tool_call_id)))
+            .expression_attribute_values(
+                ":a",
+                AttributeValue::Ss(vec![record.approval_id.clone()]),
+            );
+        let mut expr = "ADD admitted :a".to_owned();
+        if let Some(exp) = self.expires_at(now.max(record.settlement_deadline_at)) {
+            expr.push_str(" SET expires_at = :exp");
+            update = update.expression_attribute_values(":exp", exp);
+        }
+        Ok(TransactWriteItem::builder()
+            .update(
+                update
+                    .update_expression(expr)
+                    .build()
+                    .map_err(build_error)?,
+            )
+            .build())
+    }
+}
+
+#[async_trait]
+impl MutationStore for DynamoStore {
+    async fn read_mutation(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+        approval_id: &str,
+    ) -> Result<Option<MutationRecord>, StoreError> {
+        self.get_mutation_item(run_id, mutation_key(tool_call_id, approval_id))
+            .await?
+            .filter(is_record)
+            .map(|item| record_from_item(&item))
+            .transpose()
+    }
+
+    async fn list_mutations(
+        &self,
+        run_id: &str,
+        limit: usize,
+    ) -> Result<Vec<MutationRecord>, StoreError> {
+        self.query_mutations(run_id, None, limit.min(crate::MAX_MUTATIONS_LISTED))
+            .await
+    }
+
+    async fn tool_call_mutations(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+    ) -> Result<Vec<MutationRecord>, StoreError> {
+        self.query_mutations(run_id, Some(&guard_key(tool_call_id)), usize::MAX)
+            .await
+    }
+
+    async fn read_mutation_view(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+    ) -> Result<Option<MutationView>, StoreError> {
+        // The head first (see the module docs), then the guard and the attempts.
+        let Some(head) = self.get_head(run_id).await? else {
+            return Ok(None);
+        };
+        let usage = budget_usage(&head)?;
+        let (guard, attempts) = tokio::join!(
+            self.get_mutation_item(run_id, guard_key(tool_call_id)),
+            self.tool_call_mutations(run_id, tool_call_id)
+        );
+        let mut attempts = attempts?;
+        let admitted = match guard?.and_then(|g| g.get("admitted").cloned()) {
+            Some(AttributeValue::Ss(ids)) => ids,
+            _ => Vec::new(),
+        };
+        for approval_id in admitted {
+            if attempts.iter().any(|a| a.approval_id == approval_id) {
+                continue;
+            }
+            // Committed, but not yet visible to the read-committed Query. (A GetItem is
+            // serializable, so a record it does not find is gone — removed by retention,
+            // which may take a record before its guard — not in flight.)
+            if let Some(record) = self
+                .read_mutation(run_id, tool_call_id, &approval_id)
+                .await?
+            {
+                attempts.push(record);
+            }
+        }
+        attempts.sort_by(|a, b| a.approval_id.cmp(&b.approval_id));
+        Ok(Some(MutationView {
+            head,
+            usage,
+            attempts,
+        }))
+    }
+
+    async fn commit_mutation(
+        &self,
+        head: &RunHead,
+        prior: Option<&MutationRecord>,
+        decision: &Decision,
+    ) -> Result<MutationCommit, StoreError> {
+        if !decision.changed {
+            return Ok(MutationCommit::Written {
+                sequences: Vec::new(),
+            });
+        }
+        check_decision(head, prior, decision)?;
+        let record = &decision.record;
+        if decision.events.is_empty() && decision.usage.is_none() {
+            return self.put_record_alone(prior, record).await;
+        }
+        let now = now_millis();
+        let mut side = vec![self.record_put(prior, record, now)?];
+        if decision.usage.is_some() {
+            side.push(self.guard_update(record, now)?);
+        }
+        let plan = Plan {
+            runs: vec![RunWrite {
+                head: head.clone(),
+                kind: WriteKind::Advance { end: None },
+                events: decision.events.clone(),
+                open_cards: 0,
+                budget_used: decision.usage.as_ref().map(|u| u.to_json()),
+            }],
+            side,
+        };
+        match self.commit(&plan).await? {
+            Committed::Done { .. } => {
+                let first = head.next_seq;
+                Ok(MutationCommit::Written {
+                    sequences: (first..first + decision.events.len() as u64).collect(),
+                })
+            }
+            Committed::Lost(_) => Ok(MutationCommit::Lost),
+            Committed::Busy(why) => {
+                tracing::debug!(%why, "mutation commit turned away; read again");
+                Ok(MutationCommit::Lost)
+            }
+        }
+    }
+}
