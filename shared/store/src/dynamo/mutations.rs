@@ -8,11 +8,12 @@
 //!
 //! Why the guard: `start` decides from every attempt of the tool call, read with a
 //! `Query`, which is only read-committed — it may miss an item of a transaction that is
-//! committing while a `GetItem` of the head already shows it. The view is therefore read
-//! as: the head (`GetItem`), then the guard (`GetItem`, serializable) with the `Query`;
-//! any admitted attempt the guard names but the `Query` missed is read by `GetItem`.
-//! An admission that committed before the head read is thus always seen; a later one
-//! moves the head's `next_seq`, on which every admission is conditioned.
+//! committing. The view is therefore read as: the head and the guard as one
+//! `TransactGetItems` snapshot (an admission writes both in one transaction, so the
+//! snapshot holds both of its writes or neither — two separate `GetItem`s would not),
+//! then the `Query`; any admitted attempt the guard names but the `Query` missed is read
+//! by `GetItem`. An admission that committed before the snapshot is thus always seen; a
+//! later one moves the head's `next_seq`, on which every admission is conditioned.
 //!
 //! Writes: a decision with events (or an admission's usage) is one plan on the commit
 //! engine — the head advanced (conditioned on exactly the head read and on the run
@@ -134,13 +135,77 @@ fn prior_condition(prior: Option<&MutationRecord>) -> Result<Condition, StoreErr
 }
 
 impl DynamoStore {
-    /// The record's item with its TTL: never before its settlement deadline.
+    /// The record's item with its TTL — only once it is settled (`completed` or
+    /// `not_executed`): an intent, a dispatched call or an unknown outcome is kept until
+    /// it settles or an operator reconciles it, however long the run lives.
     fn mutation_item(&self, r: &MutationRecord, now: i64) -> Result<Item, StoreError> {
         let mut item = record_to_item(r)?;
-        if let Some(exp) = self.expires_at(now.max(r.settlement_deadline_at)) {
+        let settled = matches!(
+            r.state,
+            MutationState::Completed | MutationState::NotExecuted
+        );
+        if let Some(exp) = self
+            .expires_at(now.max(r.settlement_deadline_at))
+            .filter(|_| settled)
+        {
             item.insert("expires_at".into(), exp);
         }
         Ok(item)
+    }
+
+    /// The run's head and the tool call's guard as one serializable snapshot
+    /// (`TransactGetItems`): an admission writes both in one transaction, so the
+    /// snapshot holds both of its writes or neither. `None`: cancelled by a transaction
+    /// in flight (read again).
+    async fn head_and_guard(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+    ) -> Result<Option<(Option<RunHead>, Option<Item>)>, StoreError> {
+        use aws_sdk_dynamodb::types::{Get, TransactGetItem};
+        let get = |table: &str, key: Item| -> Result<TransactGetItem, StoreError> {
+            Ok(TransactGetItem::builder()
+                .get(
+                    Get::builder()
+                        .table_name(table)
+                        .set_key(Some(key))
+                        .build()
+                        .map_err(build_error)?,
+                )
+                .build())
+        };
+        let head_key = HashMap::from([("run_id".to_owned(), s(run_id))]);
+        let guard_k = HashMap::from([
+            ("run_id".to_owned(), s(run_id)),
+            ("mutation_key".to_owned(), s(guard_key(tool_call_id))),
+        ]);
+        let result = self
+            .client
+            .transact_get_items()
+            .transact_items(get(&self.tables.runs, head_key)?)
+            .transact_items(get(&self.tables.mutations, guard_k)?)
+            .send()
+            .await;
+        let out = match result {
+            Ok(out) => out,
+            Err(SdkError::ServiceError(ctx))
+                if matches!(
+                    ctx.err(),
+                    aws_sdk_dynamodb::operation::transact_get_items::TransactGetItemsError::TransactionCanceledException(_)
+                ) =>
+            {
+                return Ok(None)
+            }
+            Err(e) => return Err(unavailable(e)),
+        };
+        let mut responses = out.responses.unwrap_or_default().into_iter();
+        let head = responses
+            .next()
+            .and_then(|r| r.item)
+            .map(|i| super::item::head_from_item(&i))
+            .transpose()?;
+        let guard = responses.next().and_then(|r| r.item);
+        Ok(Some((head, guard)))
     }
 
     async fn get_mutation_item(
@@ -331,17 +396,21 @@ impl MutationStore for DynamoStore {
         run_id: &str,
         tool_call_id: &str,
     ) -> Result<Option<MutationView>, StoreError> {
-        // The head first (see the module docs), then the guard and the attempts.
-        let Some(head) = self.get_head(run_id).await? else {
+        // The head and the guard as one snapshot (see the module docs), then the attempts.
+        let mut budget =
+            super::commit::Budget::new(self.contention_budget, "reading a tool call's attempts");
+        let (head, guard) = loop {
+            match self.head_and_guard(run_id, tool_call_id).await? {
+                Some(read) => break read,
+                None => budget.next().await?,
+            }
+        };
+        let Some(head) = head else {
             return Ok(None);
         };
         let usage = budget_usage(&head)?;
-        let (guard, attempts) = tokio::join!(
-            self.get_mutation_item(run_id, guard_key(tool_call_id)),
-            self.tool_call_mutations(run_id, tool_call_id)
-        );
-        let mut attempts = attempts?;
-        let admitted = match guard?.and_then(|g| g.get("admitted").cloned()) {
+        let mut attempts = self.tool_call_mutations(run_id, tool_call_id).await?;
+        let admitted = match guard.and_then(|g| g.get("admitted").cloned()) {
             Some(AttributeValue::Ss(ids)) => ids,
             _ => Vec::new(),
         };
@@ -349,14 +418,20 @@ impl MutationStore for DynamoStore {
             if attempts.iter().any(|a| a.approval_id == approval_id) {
                 continue;
             }
-            // Committed, but not yet visible to the read-committed Query. (A GetItem is
-            // serializable, so a record it does not find is gone — removed by retention,
-            // which may take a record before its guard — not in flight.)
-            if let Some(record) = self
+            // Committed (the snapshot holds its guard entry), but not yet visible to the
+            // read-committed Query. A record of a committed admission is never removed
+            // before it settles (no TTL until then), so one that cannot be read is not
+            // taken as absent: fail closed, the caller reads again.
+            match self
                 .read_mutation(run_id, tool_call_id, &approval_id)
                 .await?
             {
-                attempts.push(record);
+                Some(record) => attempts.push(record),
+                None => {
+                    return Err(StoreError::Unavailable(
+                        "an admitted attempt of this tool call is not readable yet; retry".into(),
+                    ))
+                }
             }
         }
         attempts.sort_by(|a, b| a.approval_id.cmp(&b.approval_id));
