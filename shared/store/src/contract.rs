@@ -1933,6 +1933,10 @@ macro_rules! contract_suite {
             $crate::contract::deadlines_settle_and_late_evidence_is_kept(__store().await).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_dispatch_never_lands_after_the_run_ended() {
+            $crate::contract::a_dispatch_never_lands_after_the_run_ended(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn nothing_follows_the_end_of_a_run() {
             $crate::contract::nothing_follows_the_end_of_a_run(__store().await).await
         }
@@ -2328,6 +2332,39 @@ pub async fn deadlines_settle_and_late_evidence_is_kept(store: Store) {
 /// Nothing is appended after the run ended: a settlement still changes the durable
 /// record, a start is recorded `not_executed` (`run_not_running`), both silently, and a
 /// decision computed while the run was running loses.
+/// GIVEN a dispatch decided while the run was running WHEN the run ends before it is
+/// written THEN it is not written (the agent would send on it); decided again, the call
+/// settles `not_executed` and nothing follows the terminal event.
+pub async fn a_dispatch_never_lands_after_the_run_ended(store: Store) {
+    let run_id = budget_run(&store, "dispatch-end", json!({"tools": {"t": 1}})).await;
+    let card = approved_card(&store, &run_id, "to-dispatch", "t").await;
+    let started = start_call(&store, &card).await.decision.record;
+    let running_head = store.read_head(&run_id).await.unwrap().unwrap();
+    let dispatch = execution::dispatch(&started, RunStatus::Running, tollgate_domain::now_millis());
+    assert!(dispatch.changed);
+    assert_eq!(dispatch.record.state, MutationState::Dispatched);
+    let end = store
+        .finish_run(RunRef::any(&run_id), TerminalKind::Cancel, Map::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .commit_mutation(&running_head, Some(&started), &dispatch)
+            .await
+            .unwrap(),
+        MutationCommit::Lost,
+        "the run was cancelled before the dispatch landed"
+    );
+    let again = transit(&store, &started, |r, run| {
+        execution::dispatch(r, run, tollgate_domain::now_millis())
+    })
+    .await;
+    assert_ne!(again.decision.record.state, MutationState::Dispatched);
+    assert_stored(&store, &again.decision.record).await;
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(events.last().unwrap()["sequence"], json!(end.sequence));
+}
+
 pub async fn nothing_follows_the_end_of_a_run(store: Store) {
     let run_id = budget_run(&store, "ended-exec", json!({"tools": {"t": 2}})).await;
     let a = approved_card(&store, &run_id, "in-flight", "t").await;

@@ -12,7 +12,7 @@ use tollgate_domain::{
     Resolution, RunHead, TerminalKind,
 };
 
-use tollgate_domain::execution::{Decision, MutationRecord};
+use tollgate_domain::execution::{Decision, MutationRecord, MutationState};
 
 use crate::{
     budget_usage, check_batch, check_decision, ended_run_answer, fill_page, mutation_key,
@@ -787,6 +787,14 @@ impl MutationStore for MemoryStore {
         let rec = &decision.record;
         let key = mutation_key(&rec.tool_call_id, &rec.approval_id);
         if run.mutations.get(&key) != prior {
+            return Ok(MutationCommit::Lost);
+        }
+        // A dispatch tells the agent to send: only while the run is still the running
+        // incarnation it was decided on (a cancel in between must win).
+        let still_running = run
+            .running_head()
+            .is_some_and(|h| h.incarnation == head.incarnation);
+        if rec.state == MutationState::Dispatched && !still_running {
             return Ok(MutationCommit::Lost);
         }
         let writes_head = !decision.events.is_empty() || decision.usage.is_some();

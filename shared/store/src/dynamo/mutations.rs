@@ -265,6 +265,50 @@ impl DynamoStore {
         }
     }
 
+    /// A dispatch: the record with a check that the run is still the running incarnation
+    /// it was decided on, in one transaction — the agent sends only on this answer, so a
+    /// cancel or an end committed in between must win.
+    async fn dispatch_while_running(
+        &self,
+        head: &RunHead,
+        prior: Option<&MutationRecord>,
+        record: &MutationRecord,
+    ) -> Result<MutationCommit, StoreError> {
+        use aws_sdk_dynamodb::types::ConditionCheck;
+        let same_incarnation = if head.incarnation.is_empty() {
+            "attribute_not_exists(incarnation)"
+        } else {
+            "incarnation = :inc"
+        };
+        let mut check = ConditionCheck::builder()
+            .table_name(&self.tables.runs)
+            .key("run_id", s(&head.run_id))
+            .condition_expression(format!("#status = :running AND {same_incarnation}"))
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(
+                ":running",
+                s(tollgate_domain::RunStatus::Running.as_str()),
+            );
+        if !head.incarnation.is_empty() {
+            check = check.expression_attribute_values(":inc", s(&head.incarnation));
+        }
+        let plan = Plan {
+            runs: Vec::new(),
+            side: vec![
+                self.record_put(prior, record, now_millis())?,
+                TransactWriteItem::builder()
+                    .condition_check(check.build().map_err(build_error)?)
+                    .build(),
+            ],
+        };
+        match self.commit(&plan).await? {
+            Committed::Done { .. } => Ok(MutationCommit::Written {
+                sequences: Vec::new(),
+            }),
+            Committed::Lost(_) | Committed::Busy(_) => Ok(MutationCommit::Lost),
+        }
+    }
+
     /// A conditional `PutItem` of the record alone.
     async fn put_record_alone(
         &self,
@@ -456,6 +500,9 @@ impl MutationStore for DynamoStore {
         check_decision(head, prior, decision)?;
         let record = &decision.record;
         if decision.events.is_empty() && decision.usage.is_none() {
+            if record.state == MutationState::Dispatched {
+                return self.dispatch_while_running(head, prior, record).await;
+            }
             return self.put_record_alone(prior, record).await;
         }
         let now = now_millis();
