@@ -309,17 +309,17 @@ impl Gate {
     pub async fn sweep(&self, limit: usize) -> Result<usize, StoreError> {
         let now = now_millis();
         let overdue = self.store.open_cards(None, Some(now), limit).await?;
-        let mut expired = 0;
-        let mut failed = None;
-        // SWEEP_CONCURRENCY at a time (a backlog after an outage clears in one tick), and
-        // one card that cannot be expired now (throttling, contention) does not hold up
-        // the others; the next sweep retries it.
-        for batch in overdue.chunks(SWEEP_CONCURRENCY) {
-            let mut expiring = tokio::task::JoinSet::new();
-            for card in batch {
-                let (store, card) = (self.store.clone(), card.clone());
-                expiring.spawn(async move {
-                    let result = store
+        // A backlog after an outage clears in one tick; a card that cannot be expired now
+        // (throttling, contention) does not hold up the others: the next sweep retries it.
+        let store = self.store.clone();
+        each_concurrently(
+            overdue,
+            "overdue card not expired; next sweep retries",
+            move |card| {
+                let store = store.clone();
+                async move {
+                    let label = card.request_id.clone();
+                    match store
                         .resolve(
                             &card.run_id,
                             &card.request_id,
@@ -327,28 +327,16 @@ impl Gate {
                             now,
                             None,
                         )
-                        .await;
-                    (card.request_id, result)
-                });
-            }
-            while let Some(joined) = expiring.join_next().await {
-                match joined {
-                    Ok((_, Ok(Resolved::Fresh(_)))) => expired += 1,
-                    Ok((_, Ok(_) | Err(StoreError::NotFound))) => {}
-                    Ok((request_id, Err(e))) => {
-                        tracing::warn!(error = %e, %request_id, "overdue card not expired; next sweep retries");
-                        failed.get_or_insert(e);
-                    }
-                    Err(e) => {
-                        failed.get_or_insert(StoreError::Unavailable(format!("sweep task: {e}")));
+                        .await
+                    {
+                        Ok(Resolved::Fresh(_)) => Ok(true),
+                        Ok(_) | Err(StoreError::NotFound) => Ok(false),
+                        Err(e) => Err((label, e)),
                     }
                 }
-            }
-        }
-        match failed {
-            Some(e) if expired == 0 => Err(e),
-            _ => Ok(expired),
-        }
+            },
+        )
+        .await
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -361,8 +349,6 @@ impl Gate {
     pub async fn stall_guard(&self, limit: usize) -> Result<usize, StoreError> {
         let now = now_millis();
         let timeout = self.config.stall_timeout.as_millis() as i64;
-        let mut reported = 0;
-        let mut failed = None;
         let stalled: Vec<RunHead> = self
             .store
             .silent_children(now - timeout, limit)
@@ -370,34 +356,22 @@ impl Gate {
             .into_iter()
             .filter(|child| tollgate_domain::is_stalled(child, now, timeout))
             .collect();
-        for batch in stalled.chunks(SWEEP_CONCURRENCY) {
-            let mut reporting = tokio::task::JoinSet::new();
-            for child in batch {
-                let (store, child) = (self.store.clone(), child.clone());
-                reporting.spawn(async move {
-                    let result = store.report_stall(&child, now).await;
-                    (child.run_id, result)
-                });
-            }
-            while let Some(joined) = reporting.join_next().await {
-                match joined {
-                    Ok((_, Ok(Some(_)))) => reported += 1,
-                    Ok((_, Ok(None))) => {}
-                    // One child that cannot be reported now does not hold up the others.
-                    Ok((run_id, Err(e))) => {
-                        tracing::warn!(error = %e, %run_id, "stall not reported; next run retries");
-                        failed.get_or_insert(e);
-                    }
-                    Err(e) => {
-                        failed.get_or_insert(StoreError::Unavailable(format!("stall task: {e}")));
+        // One child that cannot be reported now does not hold up the others.
+        let store = self.store.clone();
+        each_concurrently(
+            stalled,
+            "stall not reported; next run retries",
+            move |child| {
+                let store = store.clone();
+                async move {
+                    match store.report_stall(&child, now).await {
+                        Ok(found) => Ok(found.is_some()),
+                        Err(e) => Err((child.run_id, e)),
                     }
                 }
-            }
-        }
-        match failed {
-            Some(e) if reported == 0 => Err(e),
-            _ => Ok(reported),
-        }
+            },
+        )
+        .await
     }
 
     /// Sweeps every `sweep_every` in this process until the gate is dropped (`tollgate
@@ -424,6 +398,47 @@ impl Gate {
                 }
             }
         })
+    }
+}
+
+/// Runs `work` on every item, [`SWEEP_CONCURRENCY`] at a time; counts the items it did
+/// something for (`Ok(true)`). A failure (`Err((label, error))`) is logged with `failed`
+/// and does not stop the others; the first is answered only when nothing was done.
+async fn each_concurrently<T, F, Fut>(
+    items: Vec<T>,
+    failed: &'static str,
+    work: F,
+) -> Result<usize, StoreError>
+where
+    T: Send + 'static,
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future<Output = Result<bool, (String, StoreError)>> + Send + 'static,
+{
+    let mut done = 0;
+    let mut first_error = None;
+    let mut items = items.into_iter().peekable();
+    while items.peek().is_some() {
+        let mut running = tokio::task::JoinSet::new();
+        for item in items.by_ref().take(SWEEP_CONCURRENCY) {
+            running.spawn(work(item));
+        }
+        while let Some(joined) = running.join_next().await {
+            match joined {
+                Ok(Ok(true)) => done += 1,
+                Ok(Ok(false)) => {}
+                Ok(Err((label, e))) => {
+                    tracing::warn!(error = %e, item = %label, "{failed}");
+                    first_error.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(StoreError::Unavailable(format!("task: {e}")));
+                }
+            }
+        }
+    }
+    match first_error {
+        Some(e) if done == 0 => Err(e),
+        _ => Ok(done),
     }
 }
 

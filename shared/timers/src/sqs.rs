@@ -99,40 +99,20 @@ impl TimerQueue for SqsTimers {
     }
 }
 
-/// The URL of the queue `name`, created (with default attributes) when missing; for
-/// `tollgate serve --create-tables` and tests. Idempotent: an existing queue, whatever its
-/// attributes, answers its URL.
+/// The URL of the queue `name`, created when missing with a dead-letter queue
+/// (`<name>-dlq`) as the template deploys it; for `tollgate serve --create-tables` and
+/// tests. Idempotent: an existing queue, whatever its attributes, answers its URL.
 pub async fn ensure_queue(client: &Client, name: &str) -> Result<String, TimerError> {
     use aws_sdk_sqs::types::QueueAttributeName;
     // As the template deploys it: a dead-letter queue after 5 receives, and a visibility
     // timeout well past one batch's handling, so a slow batch is not handed out twice.
     let dlq_name = format!("{name}-dlq");
-    let dlq_url = match client
-        .create_queue()
-        .queue_name(&dlq_name)
-        .attributes(QueueAttributeName::MessageRetentionPeriod, "1209600")
-        .send()
-        .await
-    {
-        Ok(out) => out.queue_url().map(str::to_owned),
-        // Exists with other attributes: use it as is.
-        Err(err)
-            if err
-                .as_service_error()
-                .is_some_and(|e| e.is_queue_name_exists()) =>
-        {
-            client
-                .get_queue_url()
-                .queue_name(&dlq_name)
-                .send()
-                .await
-                .map_err(|err| unavailable("GetQueueUrl", &dlq_name, err))?
-                .queue_url()
-                .map(str::to_owned)
-        }
-        Err(err) => return Err(unavailable("CreateQueue", &dlq_name, err)),
-    }
-    .ok_or_else(|| TimerError::Unavailable("CreateQueue: no queue URL in the answer".into()))?;
+    let dlq_url = create_or_get(
+        client,
+        &dlq_name,
+        &[(QueueAttributeName::MessageRetentionPeriod, "1209600".into())],
+    )
+    .await?;
     let dlq_arn = client
         .get_queue_attributes()
         .queue_url(&dlq_url)
@@ -144,16 +124,30 @@ pub async fn ensure_queue(client: &Client, name: &str) -> Result<String, TimerEr
         .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
         .ok_or_else(|| TimerError::Unavailable("GetQueueAttributes: no QueueArn".into()))?;
     let redrive = format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":"5"}}"#);
-    let created = client
-        .create_queue()
-        .queue_name(name)
-        .attributes(QueueAttributeName::VisibilityTimeout, "150")
-        .attributes(QueueAttributeName::RedrivePolicy, redrive)
-        .send()
-        .await;
-    let url = match created {
+    create_or_get(
+        client,
+        name,
+        &[
+            (QueueAttributeName::VisibilityTimeout, "150".into()),
+            (QueueAttributeName::RedrivePolicy, redrive),
+        ],
+    )
+    .await
+}
+
+/// Creates the queue `name` with `attributes`, or — when it exists, with whatever
+/// attributes (e.g. deployed from the template) — answers its URL as it is.
+async fn create_or_get(
+    client: &Client,
+    name: &str,
+    attributes: &[(aws_sdk_sqs::types::QueueAttributeName, String)],
+) -> Result<String, TimerError> {
+    let mut create = client.create_queue().queue_name(name);
+    for (attribute, value) in attributes {
+        create = create.attributes(attribute.clone(), value);
+    }
+    let url = match create.send().await {
         Ok(out) => out.queue_url().map(str::to_owned),
-        // Exists with other attributes (e.g. deployed from the template): use it as is.
         Err(err)
             if err
                 .as_service_error()

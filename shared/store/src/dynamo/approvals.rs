@@ -12,8 +12,7 @@ use async_trait::async_trait;
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{
-    AttributeValue, Get, KeysAndAttributes, Put, ReturnValuesOnConditionCheckFailure,
-    TransactGetItem,
+    AttributeValue, KeysAndAttributes, Put, ReturnValuesOnConditionCheckFailure,
 };
 use tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN;
 use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState, Policy, Resolution, RunHead};
@@ -230,52 +229,17 @@ impl DynamoStore {
         run_id: &str,
         request_id: &str,
     ) -> Result<Option<(Option<RunHead>, Option<ApprovalRequest>)>, StoreError> {
-        let get = |table: &str, key: Item| -> Result<TransactGetItem, StoreError> {
-            Ok(TransactGetItem::builder()
-                .get(
-                    Get::builder()
-                        .table_name(table)
-                        .set_key(Some(key))
-                        .build()
-                        .map_err(build_error)?,
-                )
-                .build())
-        };
-        let head_key = HashMap::from([("run_id".to_owned(), s(run_id))]);
         let card_k = HashMap::from([
             ("run_id".to_owned(), s(run_id)),
             ("item_key".to_owned(), s(card_key(request_id))),
         ]);
-        let result = self
-            .client
-            .transact_get_items()
-            .transact_items(get(&self.tables.runs, head_key)?)
-            .transact_items(get(&self.tables.approvals, card_k)?)
-            .send()
-            .await;
-        let out = match result {
-            Ok(out) => out,
-            Err(aws_sdk_dynamodb::error::SdkError::ServiceError(ctx))
-                if matches!(
-                    ctx.err(),
-                    aws_sdk_dynamodb::operation::transact_get_items::TransactGetItemsError::TransactionCanceledException(_)
-                ) =>
-            {
-                return Ok(None)
-            }
-            Err(e) => return Err(unavailable(e)),
+        let Some((head, card)) = self
+            .head_with_item(run_id, &self.tables.approvals, card_k)
+            .await?
+        else {
+            return Ok(None);
         };
-        let mut responses = out.responses.unwrap_or_default().into_iter();
-        let head = responses
-            .next()
-            .and_then(|r| r.item)
-            .map(|i| super::item::head_from_item(&i))
-            .transpose()?;
-        let card = responses
-            .next()
-            .and_then(|r| r.item)
-            .map(|i| card_from_item(&i))
-            .transpose()?;
+        let card = card.map(|i| card_from_item(&i)).transpose()?;
         Ok(Some((head, card)))
     }
 }

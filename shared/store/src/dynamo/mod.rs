@@ -217,6 +217,59 @@ impl DynamoStore {
         Ok(head)
     }
 
+    /// `run_id`'s head and the item `key` of `table` as one serializable snapshot
+    /// (`TransactGetItems`): a transaction that writes both is seen whole or not at all.
+    /// `None` when a transaction in flight cancelled the read (read again).
+    pub(crate) async fn head_with_item(
+        &self,
+        run_id: &str,
+        table: &str,
+        key: item::Item,
+    ) -> Result<Option<(Option<RunHead>, Option<item::Item>)>, StoreError> {
+        use aws_sdk_dynamodb::error::SdkError;
+        use aws_sdk_dynamodb::operation::transact_get_items::TransactGetItemsError;
+        use aws_sdk_dynamodb::types::{Get, TransactGetItem};
+        let get = |table: &str, key: item::Item| -> Result<TransactGetItem, StoreError> {
+            Ok(TransactGetItem::builder()
+                .get(
+                    Get::builder()
+                        .table_name(table)
+                        .set_key(Some(key))
+                        .build()
+                        .map_err(build_error)?,
+                )
+                .build())
+        };
+        let head_key = HashMap::from([("run_id".to_owned(), s(run_id))]);
+        let result = self
+            .client
+            .transact_get_items()
+            .transact_items(get(&self.tables.runs, head_key)?)
+            .transact_items(get(table, key)?)
+            .send()
+            .await;
+        let out = match result {
+            Ok(out) => out,
+            Err(SdkError::ServiceError(ctx))
+                if matches!(
+                    ctx.err(),
+                    TransactGetItemsError::TransactionCanceledException(_)
+                ) =>
+            {
+                return Ok(None)
+            }
+            Err(e) => return Err(unavailable(e)),
+        };
+        let mut responses = out.responses.unwrap_or_default().into_iter();
+        let head = responses
+            .next()
+            .and_then(|r| r.item)
+            .map(|i| head_from_item(&i))
+            .transpose()?;
+        let other = responses.next().and_then(|r| r.item);
+        Ok(Some((head, other)))
+    }
+
     /// `run_id`'s head as this process last saw it within seconds, else a strong read.
     /// Only for heads a write is then conditioned on (see [`RecentHeads`]).
     async fn recent_head(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {

@@ -162,50 +162,12 @@ impl DynamoStore {
         run_id: &str,
         tool_call_id: &str,
     ) -> Result<Option<(Option<RunHead>, Option<Item>)>, StoreError> {
-        use aws_sdk_dynamodb::types::{Get, TransactGetItem};
-        let get = |table: &str, key: Item| -> Result<TransactGetItem, StoreError> {
-            Ok(TransactGetItem::builder()
-                .get(
-                    Get::builder()
-                        .table_name(table)
-                        .set_key(Some(key))
-                        .build()
-                        .map_err(build_error)?,
-                )
-                .build())
-        };
-        let head_key = HashMap::from([("run_id".to_owned(), s(run_id))]);
         let guard_k = HashMap::from([
             ("run_id".to_owned(), s(run_id)),
             ("mutation_key".to_owned(), s(guard_key(tool_call_id))),
         ]);
-        let result = self
-            .client
-            .transact_get_items()
-            .transact_items(get(&self.tables.runs, head_key)?)
-            .transact_items(get(&self.tables.mutations, guard_k)?)
-            .send()
-            .await;
-        let out = match result {
-            Ok(out) => out,
-            Err(SdkError::ServiceError(ctx))
-                if matches!(
-                    ctx.err(),
-                    aws_sdk_dynamodb::operation::transact_get_items::TransactGetItemsError::TransactionCanceledException(_)
-                ) =>
-            {
-                return Ok(None)
-            }
-            Err(e) => return Err(unavailable(e)),
-        };
-        let mut responses = out.responses.unwrap_or_default().into_iter();
-        let head = responses
-            .next()
-            .and_then(|r| r.item)
-            .map(|i| super::item::head_from_item(&i))
-            .transpose()?;
-        let guard = responses.next().and_then(|r| r.item);
-        Ok(Some((head, guard)))
+        self.head_with_item(run_id, &self.tables.mutations, guard_k)
+            .await
     }
 
     async fn get_mutation_item(
