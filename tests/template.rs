@@ -162,6 +162,36 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
             ]),
         ),
         (
+            "SettlementFunction",
+            grant(&[
+                (
+                    "SettlementLogGroup",
+                    &["logs:CreateLogStream", "logs:PutLogEvents"],
+                ),
+                ("SigningSecret", &["secretsmanager:GetSecretValue"]),
+                (
+                    "RunsTable",
+                    &[
+                        "dynamodb:ConditionCheckItem",
+                        "dynamodb:GetItem",
+                        "dynamodb:UpdateItem",
+                    ],
+                ),
+                ("EventsTable", &["dynamodb:PutItem"]),
+                ("ApprovalsTable", &["dynamodb:GetItem"]),
+                (
+                    "MutationsTable",
+                    &[
+                        "dynamodb:GetItem",
+                        "dynamodb:PutItem",
+                        "dynamodb:Query",
+                        "dynamodb:UpdateItem",
+                    ],
+                ),
+                ("TimerQueue", &["sqs:SendMessage"]),
+            ]),
+        ),
+        (
             "TimersFunction",
             grant(&[
                 (
@@ -193,6 +223,10 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                         "dynamodb:GetItem",
                         "dynamodb:PutItem",
                     ],
+                ),
+                (
+                    "MutationsTable",
+                    &["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"],
                 ),
                 (
                     "TimerQueue",

@@ -5,7 +5,7 @@
 
 use axum::Router;
 
-use crate::{approvals, ingress, replay, ConfigError, Deps};
+use crate::{approvals, ingress, replay, settlement, ConfigError, Deps};
 
 /// What invokes a function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,10 +24,12 @@ pub enum Trigger {
 /// mounts each set once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Routes {
-    /// Create runs, append, end runs; arm and read approval cards.
+    /// Create runs, append, end runs; arm and read approval cards; delivery receipts.
     Ingress,
     /// Operator decisions and pending listings.
     Approvals,
+    /// Approved execution: start, dispatch, settle, mutation records, reconciliation.
+    Settlement,
     /// Sequenced replay.
     Replay,
 }
@@ -36,8 +38,11 @@ impl Routes {
     /// The routes alone (no state, no fallbacks), for merging.
     pub fn routes(self) -> Router<Deps> {
         match self {
-            Routes::Ingress => ingress::routes().merge(approvals::arm_routes()),
+            Routes::Ingress => ingress::routes()
+                .merge(approvals::arm_routes())
+                .merge(settlement::receipt_routes()),
             Routes::Approvals => approvals::decision_routes(),
+            Routes::Settlement => settlement::routes(),
             Routes::Replay => replay::routes(),
         }
     }
@@ -81,6 +86,12 @@ pub static FUNCTIONS: &[Function] = &[
         trigger: Trigger::Http { streaming: false },
         logical_id: "ApprovalsFunction",
         routes: Some(Routes::Approvals),
+    },
+    Function {
+        name: "settlement",
+        trigger: Trigger::Http { streaming: false },
+        logical_id: "SettlementFunction",
+        routes: Some(Routes::Settlement),
     },
     Function {
         name: "timers",
@@ -172,7 +183,12 @@ mod tests {
         }
         assert_eq!(
             route_sets(),
-            [Routes::Ingress, Routes::Approvals, Routes::Replay]
+            [
+                Routes::Ingress,
+                Routes::Approvals,
+                Routes::Settlement,
+                Routes::Replay
+            ]
         );
     }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_domain::approval::{covering_keys, scope_key};
+use tollgate_domain::execution::ExecutionSettings;
 use tollgate_domain::{
     now_millis, ApprovalRequest, Policy, Reach, Resolution, RunHead, RunKind, Scope,
 };
@@ -36,6 +37,9 @@ pub struct GateConfig {
     /// `TOLLGATE_STALL_TIMEOUT_SECONDS` (default 300): how long a child may stay silent
     /// (heartbeats count) before its coordinator is told it stalled.
     pub stall_timeout: Duration,
+    /// Approved execution: `TOLLGATE_SETTLEMENT_DEADLINE_SECONDS` (default 60) and
+    /// `TOLLGATE_EXECUTION_HEARTBEAT_SECONDS` (default 15).
+    pub execution: ExecutionSettings,
 }
 
 impl Default for GateConfig {
@@ -45,6 +49,7 @@ impl Default for GateConfig {
             sweep_every: Duration::from_secs(60),
             stall_timeout: Duration::from_secs(300),
             always_eligible: vec!["web_fetch".into()],
+            execution: ExecutionSettings::default(),
         }
     }
 }
@@ -52,38 +57,20 @@ impl Default for GateConfig {
 impl GateConfig {
     pub fn from_env() -> Result<Self, crate::ConfigError> {
         let mut config = Self::default();
-        if let Some(v) = std::env::var("TOLLGATE_HEARTBEAT_SECONDS")
-            .ok()
-            .filter(|v| !v.is_empty())
-        {
-            let secs: f64 = v.parse().ok().filter(|s: &f64| *s > 0.0).ok_or_else(|| {
-                crate::ConfigError::Invalid(
-                    "TOLLGATE_HEARTBEAT_SECONDS must be a positive number".into(),
-                )
-            })?;
-            config.heartbeat_every = Duration::from_secs_f64(secs);
+        if let Some(d) = positive_seconds("TOLLGATE_HEARTBEAT_SECONDS")? {
+            config.heartbeat_every = d;
         }
-        if let Some(v) = std::env::var("TOLLGATE_SWEEP_SECONDS")
-            .ok()
-            .filter(|v| !v.is_empty())
-        {
-            let secs: f64 = v.parse().ok().filter(|s: &f64| *s > 0.0).ok_or_else(|| {
-                crate::ConfigError::Invalid(
-                    "TOLLGATE_SWEEP_SECONDS must be a positive number".into(),
-                )
-            })?;
-            config.sweep_every = Duration::from_secs_f64(secs);
+        if let Some(d) = positive_seconds("TOLLGATE_SWEEP_SECONDS")? {
+            config.sweep_every = d;
         }
-        if let Some(v) = std::env::var("TOLLGATE_STALL_TIMEOUT_SECONDS")
-            .ok()
-            .filter(|v| !v.is_empty())
-        {
-            let secs: f64 = v.parse().ok().filter(|s: &f64| *s > 0.0).ok_or_else(|| {
-                crate::ConfigError::Invalid(
-                    "TOLLGATE_STALL_TIMEOUT_SECONDS must be a positive number".into(),
-                )
-            })?;
-            config.stall_timeout = Duration::from_secs_f64(secs);
+        if let Some(d) = positive_seconds("TOLLGATE_STALL_TIMEOUT_SECONDS")? {
+            config.stall_timeout = d;
+        }
+        if let Some(d) = positive_seconds("TOLLGATE_SETTLEMENT_DEADLINE_SECONDS")? {
+            config.execution.settlement_deadline_ms = millis(d);
+        }
+        if let Some(d) = positive_seconds("TOLLGATE_EXECUTION_HEARTBEAT_SECONDS")? {
+            config.execution.heartbeat_interval_ms = millis(d);
         }
         if let Ok(v) = std::env::var("TOLLGATE_ALWAYS_ELIGIBLE_TOOLS") {
             config.always_eligible = v
@@ -97,11 +84,28 @@ impl GateConfig {
     }
 }
 
+/// A duration setting in (possibly fractional) seconds; `None` when unset or empty.
+fn positive_seconds(var: &str) -> Result<Option<Duration>, crate::ConfigError> {
+    let Some(v) = std::env::var(var).ok().filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    let secs: f64 = v
+        .parse()
+        .ok()
+        .filter(|s: &f64| *s > 0.0 && *s <= 86_400.0 * 365.0)
+        .ok_or_else(|| crate::ConfigError::Invalid(format!("{var} must be a positive number")))?;
+    Ok(Some(Duration::from_secs_f64(secs)))
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
+}
+
 /// The gate: cards, their timers, their decisions.
 pub struct Gate {
-    store: Arc<dyn Store>,
-    timers: Arc<dyn TimerQueue>,
-    config: GateConfig,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) timers: Arc<dyn TimerQueue>,
+    pub(crate) config: GateConfig,
 }
 
 /// What arming a gate did.
@@ -514,6 +518,24 @@ impl TimerHandler for Gate {
                 Ok(Beat::Repeated(_)) | Ok(Beat::Stopped) => Ok(()),
                 Err(e) => Err(unavailable(e)),
             },
+            TimerMessage::SettlementDeadline {
+                run_id,
+                tool_call_id,
+                approval_id,
+                ..
+            } => {
+                self.settlement_deadline(&run_id, &tool_call_id, &approval_id)
+                    .await
+            }
+            TimerMessage::ExecutionHeartbeat {
+                run_id,
+                tool_call_id,
+                approval_id,
+                beat,
+            } => {
+                self.execution_beat(&run_id, &tool_call_id, &approval_id, beat)
+                    .await
+            }
             TimerMessage::PolicyRevocation { policy_id } => {
                 let Some((scope_key, tool_name)) =
                     tollgate_domain::approval::parse_policy_id(&policy_id)

@@ -14,6 +14,7 @@ pub mod jwt;
 pub mod lambda;
 pub mod replay;
 pub mod request;
+pub mod settlement;
 pub mod telemetry;
 
 use std::sync::Arc;
@@ -194,6 +195,11 @@ pub fn ingress_router(deps: Deps) -> Router {
 /// The `approvals` function's routes.
 pub fn approvals_router(deps: Deps) -> Router {
     functions::Routes::Approvals.router(deps)
+}
+
+/// The `settlement` function's routes.
+pub fn settlement_router(deps: Deps) -> Router {
+    functions::Routes::Settlement.router(deps)
 }
 
 /// The `replay` (and `replay-stream`) function's routes.

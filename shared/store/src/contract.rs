@@ -1937,6 +1937,10 @@ macro_rules! contract_suite {
             $crate::contract::a_dispatch_never_lands_after_the_run_ended(__store().await).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn execution_heartbeats_stop_at_settlement() {
+            $crate::contract::execution_heartbeats_stop_at_settlement(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn nothing_follows_the_end_of_a_run() {
             $crate::contract::nothing_follows_the_end_of_a_run(__store().await).await
         }
@@ -2363,6 +2367,76 @@ pub async fn a_dispatch_never_lands_after_the_run_ended(store: Store) {
     assert_stored(&store, &again.decision.record).await;
     let events = all_events(&store, &run_id).await;
     assert_eq!(events.last().unwrap()["sequence"], json!(end.sequence));
+}
+
+/// GIVEN a dispatched mutation WHEN its heartbeat timers fire (and are redelivered)
+/// THEN one sequenced `heartbeat` per beat number, a redelivery writes nothing, and none
+/// once the call is settled — nor for an intent that was never dispatched.
+pub async fn execution_heartbeats_stop_at_settlement(store: Store) {
+    let run_id = budget_run(&store, "exec-beats", json!({"tools": {"t": 2}})).await;
+    let card = approved_card(&store, &run_id, "beating", "t").await;
+    let intent = start_call(&store, &card).await.decision.record;
+    let beat = |n: u32| {
+        let store = store.clone();
+        let (r, t, a) = (
+            intent.run_id.clone(),
+            intent.tool_call_id.clone(),
+            intent.approval_id.clone(),
+        );
+        async move { store.execution_heartbeat(&r, &t, &a, n).await.unwrap() }
+    };
+    assert_eq!(
+        beat(1).await,
+        Beat::Stopped,
+        "an intent is not dispatched yet"
+    );
+    let dispatched = transit(&store, &intent, |r, run| {
+        execution::dispatch(r, run, tollgate_domain::now_millis())
+    })
+    .await
+    .decision
+    .record;
+    let Beat::Emitted(first) = beat(1).await else {
+        panic!("the first beat of a dispatched call is written")
+    };
+    assert_eq!(
+        beat(1).await,
+        Beat::Emitted(first),
+        "redelivered before beat 2"
+    );
+    let Beat::Emitted(second) = beat(2).await else {
+        panic!("beat 2")
+    };
+    assert_eq!(second, first + 1);
+    assert_eq!(beat(1).await, Beat::Repeated(first), "a late redelivery");
+    let settled = transit(&store, &dispatched, |r, run| {
+        execution::settle(
+            r,
+            &confirmed(json!({"ok": true})),
+            run,
+            tollgate_domain::now_millis(),
+        )
+    })
+    .await;
+    assert_eq!(settled.decision.record.state, MutationState::Completed);
+    assert_eq!(beat(3).await, Beat::Stopped, "none after settlement");
+    let events = all_events(&store, &run_id).await;
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        &types[types.len() - 4..],
+        [
+            "tool_execution_started",
+            "heartbeat",
+            "heartbeat",
+            "tool_execution"
+        ]
+    );
+    let beats: Vec<&Value> = events.iter().filter(|e| e["type"] == "heartbeat").collect();
+    assert_eq!(beats.len(), 2);
+    for b in beats {
+        assert_eq!(b["tool_call_id"], "beating");
+        assert_eq!(b["approval_id"], "approval-beating");
+    }
 }
 
 pub async fn nothing_follows_the_end_of_a_run(store: Store) {

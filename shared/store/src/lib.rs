@@ -203,7 +203,8 @@ pub enum Beat {
     /// Beat `n` and beat `n + 1` were both written before (a late redelivery of a chain
     /// that carried on): nothing was written and nothing is to be scheduled.
     Repeated(u64),
-    /// The card is no longer pending (or its run ended): no heartbeat, none later.
+    /// The card is no longer pending, or the mutation no longer dispatched (or its run
+    /// ended): no heartbeat, none later.
     Stopped,
 }
 
@@ -465,6 +466,20 @@ pub trait MutationStore: Send + Sync + 'static {
         prior: Option<&MutationRecord>,
         decision: &Decision,
     ) -> Result<MutationCommit, StoreError>;
+
+    /// Execution heartbeat number `beat` (1, 2, …) of the attempt `(tool_call_id,
+    /// approval_id)`: one sequenced `heartbeat` on its run while the record is
+    /// `dispatched`, unsettled and before its settlement deadline, and the run running —
+    /// conditioned on the head read in one snapshot with the record, so that no heartbeat
+    /// can follow the settlement (which moves the head). The same `beat` again writes
+    /// nothing and answers as [`ApprovalStore::heartbeat`] does.
+    async fn execution_heartbeat(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+        approval_id: &str,
+        beat: u32,
+    ) -> Result<Beat, StoreError>;
 }
 
 /// Checks a decision against the reads it claims to come from, before any adapter

@@ -12,7 +12,7 @@ use tollgate_domain::{
     Resolution, RunHead, TerminalKind,
 };
 
-use tollgate_domain::execution::{Decision, MutationRecord, MutationState};
+use tollgate_domain::execution::{self, Decision, MutationRecord, MutationState};
 
 use crate::{
     budget_usage, check_batch, check_decision, ended_run_answer, fill_page, mutation_key,
@@ -441,23 +441,11 @@ impl ApprovalStore for MemoryStore {
             .filter(|c| c.state == ApprovalState::Pending)
             .cloned();
         match pending {
-            Some(card) if record.running_head().is_some() => {
-                let draft = card.pending_event(beat);
-                let id = draft.event_id.clone().unwrap_or_default();
-                if let Some(seq) = record.event_ids.get(&id) {
-                    let next = card.pending_event(beat + 1).event_id.unwrap_or_default();
-                    return Ok(if record.event_ids.contains_key(&next) {
-                        Beat::Repeated(*seq)
-                    } else {
-                        Beat::Emitted(*seq)
-                    });
-                }
-                let Some(seq) = record.push(&[draft], now_millis()) else {
-                    return Ok(Beat::Stopped);
-                };
-                record.event_ids.insert(id, seq);
-                Ok(Beat::Emitted(seq))
-            }
+            Some(card) if record.running_head().is_some() => Ok(beat_on(
+                record,
+                card.pending_event(beat),
+                card.pending_event(beat + 1),
+            )),
             _ => Ok(Beat::Stopped),
         }
     }
@@ -819,6 +807,54 @@ impl MutationStore for MemoryStore {
         run.mutations.insert(key, rec.clone());
         Ok(MutationCommit::Written { sequences })
     }
+
+    async fn execution_heartbeat(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+        approval_id: &str,
+        beat: u32,
+    ) -> Result<Beat, StoreError> {
+        let mut runs = self.lock();
+        let Some(run) = runs.get_mut(run_id) else {
+            return Ok(Beat::Stopped);
+        };
+        let Some(head) = run.running_head() else {
+            return Ok(Beat::Stopped);
+        };
+        let status = head.status;
+        let due = run
+            .mutations
+            .get(&mutation_key(tool_call_id, approval_id))
+            .and_then(|r| {
+                execution::execution_heartbeat(r, beat, status, now_millis())
+                    .map(|draft| (draft, r.heartbeat_event(beat + 1)))
+            });
+        Ok(match due {
+            Some((draft, successor)) => beat_on(run, draft, successor),
+            None => Beat::Stopped,
+        })
+    }
+}
+
+/// Appends the keyed heartbeat `draft` on a running `run` — unless an earlier delivery
+/// wrote it: then the chain carries on ([`Beat::Emitted`]) only if that delivery never
+/// wrote `successor` (it may have stopped before scheduling it).
+fn beat_on(run: &mut RunRecord, draft: EventDraft, successor: EventDraft) -> Beat {
+    let id = draft.event_id.clone().unwrap_or_default();
+    if let Some(seq) = run.event_ids.get(&id) {
+        let next = successor.event_id.unwrap_or_default();
+        return if run.event_ids.contains_key(&next) {
+            Beat::Repeated(*seq)
+        } else {
+            Beat::Emitted(*seq)
+        };
+    }
+    let Some(seq) = run.push(&[draft], now_millis()) else {
+        return Beat::Stopped;
+    };
+    run.event_ids.insert(id, seq);
+    Beat::Emitted(seq)
 }
 
 /// The records of one tool call, by `approval_id`.

@@ -54,6 +54,24 @@ pub enum TimerMessage {
     /// revoked (a backstop sent before the revocation: if the revoking call stops after
     /// revoking, this completes its announcements; if it never revoked, it does nothing).
     PolicyRevocation { policy_id: String },
+    /// Settle the mutation attempt `(tool_call_id, approval_id)` of `run_id` at its
+    /// settlement deadline `due_at_millis`, if nobody settled it before: an undispatched
+    /// intent as `not_executed` (unsent), a dispatched one as `outcome_unknown`.
+    SettlementDeadline {
+        run_id: String,
+        tool_call_id: String,
+        approval_id: String,
+        due_at_millis: i64,
+    },
+    /// Emit execution heartbeat number `beat` for the attempt if it is still dispatched
+    /// and unsettled (the next one is scheduled with `beat + 1`; a redelivery carries the
+    /// same number and writes nothing new).
+    ExecutionHeartbeat {
+        run_id: String,
+        tool_call_id: String,
+        approval_id: String,
+        beat: u32,
+    },
 }
 
 impl TimerMessage {
@@ -63,6 +81,8 @@ impl TimerMessage {
             TimerMessage::ApprovalExpiry { .. } => "approval_expiry",
             TimerMessage::ApprovalHeartbeat { .. } => "approval_heartbeat",
             TimerMessage::PolicyRevocation { .. } => "policy_revocation",
+            TimerMessage::SettlementDeadline { .. } => "settlement_deadline",
+            TimerMessage::ExecutionHeartbeat { .. } => "execution_heartbeat",
         }
     }
 
@@ -70,17 +90,22 @@ impl TimerMessage {
     pub fn run_id(&self) -> &str {
         match self {
             TimerMessage::ApprovalExpiry { run_id, .. }
-            | TimerMessage::ApprovalHeartbeat { run_id, .. } => run_id,
+            | TimerMessage::ApprovalHeartbeat { run_id, .. }
+            | TimerMessage::SettlementDeadline { run_id, .. }
+            | TimerMessage::ExecutionHeartbeat { run_id, .. } => run_id,
             TimerMessage::PolicyRevocation { .. } => "",
         }
     }
 
-    /// The card the timer is about (the policy id for a policy's).
+    /// The card the timer is about (the policy id for a policy's, the approval id for a
+    /// mutation attempt's).
     pub fn request_id(&self) -> &str {
         match self {
             TimerMessage::ApprovalExpiry { request_id, .. }
             | TimerMessage::ApprovalHeartbeat { request_id, .. } => request_id,
             TimerMessage::PolicyRevocation { policy_id } => policy_id,
+            TimerMessage::SettlementDeadline { approval_id, .. }
+            | TimerMessage::ExecutionHeartbeat { approval_id, .. } => approval_id,
         }
     }
 
@@ -92,7 +117,10 @@ impl TimerMessage {
     /// acks) instead of expiring the card. A heartbeat is always due when it arrives.
     pub fn remaining_delay(&self, now_millis: i64) -> Option<Duration> {
         match self {
-            TimerMessage::ApprovalExpiry { due_at_millis, .. } if *due_at_millis > now_millis => {
+            TimerMessage::ApprovalExpiry { due_at_millis, .. }
+            | TimerMessage::SettlementDeadline { due_at_millis, .. }
+                if *due_at_millis > now_millis =>
+            {
                 let millis = due_at_millis.saturating_sub(now_millis);
                 Some(Duration::from_millis(
                     u64::try_from(millis).unwrap_or(u64::MAX),
@@ -191,5 +219,48 @@ mod tests {
             beat: 1,
         };
         assert_eq!(beat.remaining_delay(0), None);
+        let deadline = TimerMessage::SettlementDeadline {
+            run_id: "r".into(),
+            tool_call_id: "t".into(),
+            approval_id: "a".into(),
+            due_at_millis: 10_000,
+        };
+        assert_eq!(
+            deadline.remaining_delay(9_000),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(deadline.remaining_delay(10_000), None);
+    }
+
+    #[test]
+    fn execution_timers_round_trip() {
+        for message in [
+            TimerMessage::SettlementDeadline {
+                run_id: "run-1".into(),
+                tool_call_id: "write-1".into(),
+                approval_id: "approval-1".into(),
+                due_at_millis: 1_795_989_600_000,
+            },
+            TimerMessage::ExecutionHeartbeat {
+                run_id: "run-1".into(),
+                tool_call_id: "write-1".into(),
+                approval_id: "approval-1".into(),
+                beat: 2,
+            },
+        ] {
+            let json = serde_json::to_string(&message).unwrap();
+            assert!(
+                json.starts_with(&format!(r#"{{"kind":"{}""#, message.kind())),
+                "{json}"
+            );
+            assert_eq!(
+                serde_json::from_str::<TimerMessage>(&json).unwrap(),
+                message
+            );
+            assert_eq!(
+                (message.run_id(), message.request_id()),
+                ("run-1", "approval-1")
+            );
+        }
     }
 }

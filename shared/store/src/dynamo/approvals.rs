@@ -15,7 +15,9 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, KeysAndAttributes, Put, ReturnValuesOnConditionCheckFailure,
 };
 use tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN;
-use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState, Policy, Resolution, RunHead};
+use tollgate_domain::{
+    now_millis, ApprovalRequest, ApprovalState, EventDraft, Policy, Resolution, RunHead,
+};
 
 use super::commit::{Budget, Committed, Plan, RunWrite, WriteKind};
 use super::item::{
@@ -203,6 +205,48 @@ impl DynamoStore {
             card,
             coordinator,
         }))
+    }
+
+    /// Appends the keyed heartbeat `draft` on `head`'s run, conditioned on exactly that
+    /// head (the fence: anything that ends what the heartbeat is about moves the head).
+    /// `None`: the head moved — read again. When an earlier delivery already wrote
+    /// `draft`, the chain carries on ([`Beat::Emitted`]) unless `successor` exists too:
+    /// the delivery that wrote it may have stopped before scheduling the next.
+    pub(crate) async fn beat_on(
+        &self,
+        head: RunHead,
+        draft: EventDraft,
+        successor: EventDraft,
+    ) -> Result<Option<Beat>, StoreError> {
+        let run_id = head.run_id.clone();
+        let sequence = head.next_seq;
+        let plan = Plan {
+            runs: vec![RunWrite {
+                head,
+                kind: WriteKind::Advance { end: None },
+                events: vec![draft],
+                open_cards: 0,
+                budget_used: None,
+            }],
+            side: Vec::new(),
+        };
+        match self.commit(&plan).await? {
+            Committed::Done { .. } => Ok(Some(Beat::Emitted(sequence))),
+            Committed::Lost(lost) if lost.taken[0][0].is_some() => {
+                let seq = lost.taken[0][0].unwrap_or(sequence);
+                let next = successor.event_id.unwrap_or_default();
+                Ok(Some(if self.keyed_event_exists(&run_id, &next).await? {
+                    Beat::Repeated(seq)
+                } else {
+                    Beat::Emitted(seq)
+                }))
+            }
+            Committed::Lost(_) => Ok(None),
+            Committed::Busy(why) => {
+                tracing::debug!(%why, "heartbeat retry");
+                Ok(None)
+            }
+        }
     }
 
     /// Whether `run_id` holds the event keyed `event_id` (strongly consistent).
@@ -518,33 +562,11 @@ impl ApprovalStore for DynamoStore {
             let Some(card) = card.filter(|c| c.state == ApprovalState::Pending) else {
                 return Ok(Beat::Stopped);
             };
-            let sequence = head.next_seq;
-            let plan = Plan {
-                runs: vec![RunWrite {
-                    head,
-                    kind: WriteKind::Advance { end: None },
-                    events: vec![card.pending_event(beat)],
-                    open_cards: 0,
-                    budget_used: None,
-                }],
-                side: Vec::new(),
-            };
-            match self.commit(&plan).await? {
-                Committed::Done { .. } => return Ok(Beat::Emitted(sequence)),
-                // This heartbeat was written by an earlier delivery of the same timer.
-                // Carry the chain on unless its next beat exists too: the delivery that
-                // wrote this one may have stopped before scheduling the next.
-                Committed::Lost(lost) if lost.taken[0][0].is_some() => {
-                    let seq = lost.taken[0][0].unwrap_or(sequence);
-                    let next = card.pending_event(beat + 1).event_id.unwrap_or_default();
-                    return Ok(if self.keyed_event_exists(run_id, &next).await? {
-                        Beat::Repeated(seq)
-                    } else {
-                        Beat::Emitted(seq)
-                    });
-                }
-                Committed::Lost(_) => {}
-                Committed::Busy(why) => tracing::debug!(%why, "heartbeat retry"),
+            let beat = self
+                .beat_on(head, card.pending_event(beat), card.pending_event(beat + 1))
+                .await?;
+            if let Some(beat) = beat {
+                return Ok(beat);
             }
             budget.next().await?;
         }

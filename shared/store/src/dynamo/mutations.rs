@@ -30,14 +30,14 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
-use tollgate_domain::execution::{Decision, MutationRecord, MutationState};
+use tollgate_domain::execution::{self, Decision, MutationRecord, MutationState};
 use tollgate_domain::{now_millis, RunHead};
 
-use super::commit::{Committed, Plan, RunWrite, WriteKind};
+use super::commit::{Budget, Committed, Plan, RunWrite, WriteKind};
 use super::item::{build_error, corrupt, get_s, n, opt_s, s, unavailable, Item};
 use super::DynamoStore;
 use crate::{
-    budget_usage, check_decision, mutation_key, MutationCommit, MutationStore, MutationView,
+    budget_usage, check_decision, mutation_key, Beat, MutationCommit, MutationStore, MutationView,
     StoreError,
 };
 
@@ -494,6 +494,50 @@ impl MutationStore for DynamoStore {
                 tracing::debug!(%why, "mutation commit turned away; read again");
                 Ok(MutationCommit::Lost)
             }
+        }
+    }
+
+    async fn execution_heartbeat(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+        approval_id: &str,
+        beat: u32,
+    ) -> Result<Beat, StoreError> {
+        let mut budget = Budget::new(self.contention_budget, "an execution heartbeat");
+        let key = HashMap::from([
+            ("run_id".to_owned(), s(run_id)),
+            (
+                "mutation_key".to_owned(),
+                s(mutation_key(tool_call_id, approval_id)),
+            ),
+        ]);
+        loop {
+            // The head and the record as one snapshot: the settlement (or a cancel)
+            // committing after it moves the head, so this append cannot follow it.
+            let Some((head, item)) = self
+                .head_with_item(run_id, &self.tables.mutations, key.clone())
+                .await?
+            else {
+                budget.next().await?;
+                continue;
+            };
+            let (Some(head), Some(item)) = (head, item) else {
+                return Ok(Beat::Stopped);
+            };
+            let record = record_from_item(&item)?;
+            let Some(draft) =
+                execution::execution_heartbeat(&record, beat, head.status, now_millis())
+            else {
+                return Ok(Beat::Stopped);
+            };
+            if let Some(beat) = self
+                .beat_on(head, draft, record.heartbeat_event(beat + 1))
+                .await?
+            {
+                return Ok(beat);
+            }
+            budget.next().await?;
         }
     }
 }
