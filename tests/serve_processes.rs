@@ -347,6 +347,7 @@ impl Fleet {
             &tables.events,
             &tables.approvals,
             &tables.policies,
+            &tables.mutations,
         ] {
             let _ = dynamo.delete_table().table_name(table).send().await;
         }
@@ -511,4 +512,123 @@ async fn dynamo_only_serve_expires_through_sqs() {
     );
 
     fleet.clean_up().await;
+}
+
+/// GIVEN a run whose budget allows 20 starts of the tool but whose call ceiling is 5, and
+/// 20 human-approved calls WHEN the agent starts all 20 at once, spread over four
+/// `tollgate serve` processes on the same tables THEN exactly 5 are admitted (200
+/// `intent`) and 15 refused (409 `not_executed`, `call_ceiling_reached`); the stream has
+/// 5 `tool_execution_started` and 15 refusals, and the durable records say the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamo_only_twenty_starts_over_four_serve_processes_respect_the_ceiling() {
+    let fleet = Arc::new(Fleet::start(4, &[("TOLLGATE_HEARTBEAT_SECONDS", "60")]));
+    let (status, run) = fleet
+        .post(
+            0,
+            "/api/runs",
+            &fleet.agent_token(),
+            &json!({"owner": "alice",
+                    "budget": {"tools": {"create_dashboard": 20}, "call_ceiling": 5}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let run_token = run["run_token"].as_str().unwrap().to_owned();
+    let op = fleet.operator_token("op");
+    let mut calls = Vec::new();
+    for i in 0..20 {
+        let call = format!("write-{i}");
+        let request_id = fleet
+            .arm(
+                i,
+                &run_id,
+                &run_token,
+                json!({"tool_name": "create_dashboard", "tool_call_id": call,
+                       "approval_id": format!("approval-{i}")}),
+            )
+            .await;
+        let (status, v) = fleet
+            .post(
+                i + 1,
+                &format!("/api/runs/{run_id}/tool-approvals"),
+                &op,
+                &json!({"request_id": request_id, "scope": "once"}),
+            )
+            .await;
+        assert_eq!(
+            (status, &v["state"]),
+            (StatusCode::OK, &json!("approved")),
+            "{v}"
+        );
+        calls.push((call, request_id, format!("approval-{i}")));
+    }
+    let starts: Vec<_> = calls
+        .iter()
+        .enumerate()
+        .map(|(i, (call, request_id, approval_id))| {
+            let fleet = Arc::clone(&fleet);
+            let path = format!("/api/runs/{run_id}/tool-calls/{call}/start");
+            let body = json!({"request_id": request_id, "approval_id": approval_id,
+                              "tool_name": "create_dashboard"});
+            let token = run_token.clone();
+            tokio::spawn(async move { fleet.post(i, &path, &token, &body).await })
+        })
+        .collect();
+    let (mut admitted, mut refused) = (0, 0);
+    for start in starts {
+        let (status, v) = start.await.unwrap();
+        match status {
+            StatusCode::OK => {
+                assert_eq!(v["state"], "intent", "{v}");
+                assert!(v["sequence"].as_u64().is_some(), "{v}");
+                admitted += 1;
+            }
+            StatusCode::CONFLICT => {
+                assert_eq!(v["state"], "not_executed", "{v}");
+                assert_eq!(v["reason"], "call_ceiling_reached", "{v}");
+                refused += 1;
+            }
+            other => panic!("start answered {other}: {v}"),
+        }
+    }
+    assert_eq!((admitted, refused), (5, 15));
+
+    let events = fleet.replay_all(2, &run_id, &run_token).await;
+    let count = |ty: &str, status: Option<&str>| {
+        events
+            .iter()
+            .filter(|e| e["type"] == ty)
+            .filter(|e| status.is_none_or(|s| e["execution_status"] == s))
+            .count()
+    };
+    assert_eq!(
+        count("tool_execution_started", None),
+        5,
+        "{:?}",
+        types(&events)
+    );
+    assert_eq!(count("tool_execution", Some("not_executed")), 15);
+    let seqs: Vec<u64> = events
+        .iter()
+        .map(|e| e["sequence"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "gapless");
+    let (status, listing) = fleet
+        .get(3, &format!("/api/runs/{run_id}/mutations"), &run_token)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{listing}");
+    let states: Vec<&str> = listing["mutations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states.len(), 20);
+    assert_eq!(states.iter().filter(|s| **s == "intent").count(), 5);
+    assert_eq!(states.iter().filter(|s| **s == "not_executed").count(), 15);
+
+    match Arc::try_unwrap(fleet) {
+        Ok(fleet) => fleet.clean_up().await,
+        Err(_) => panic!("a start task still holds the fleet"),
+    }
 }
