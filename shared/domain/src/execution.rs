@@ -1134,7 +1134,8 @@ pub fn settle(record: &MutationRecord, s: &Settlement, run: RunStatus, now: i64)
 /// `not_executed` (`unsent`); a dispatched, unsettled one as `executed` +
 /// `outcome_unknown` with error facts; anything settled is left alone.
 pub fn settle_at_deadline(record: &MutationRecord, run: RunStatus, now: i64) -> Option<Decision> {
-    if now < record.settlement_deadline_at {
+    // A settled record needs no deadline, whenever the timer arrives.
+    if now < record.settlement_deadline_at && !record.state.is_settled() {
         return None;
     }
     Some(match record.state {
@@ -2237,6 +2238,11 @@ mod tests {
             settle_at_deadline(&dispatched(), RunStatus::Running, T0 + 59_999),
             None
         );
+        // A settled record is done with its deadline: an early timer is not sent again.
+        let done = settle(&dispatched(), &confirmed(json!(1)), RunStatus::Running, T0 + 2_000);
+        let early = settle_at_deadline(&done.record, RunStatus::Running, T0 + 3_000).unwrap();
+        assert!(!early.changed && early.events.is_empty());
+        assert_eq!(early.record, done.record);
     }
 
     #[test]
