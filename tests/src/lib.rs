@@ -2,6 +2,8 @@
 //! embedded store or DynamoDB (DynamoDB Local from `make test`, or whatever
 //! `AWS_ENDPOINT_URL*` points at), and talk to it the way a client does.
 
+pub mod meter;
+
 use std::sync::Arc;
 
 use reqwest::StatusCode;

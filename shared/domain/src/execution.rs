@@ -28,6 +28,10 @@ use crate::run::{RunHead, RunStatus};
 /// `schema` of every durable mutation record the API serves.
 pub const MUTATION_OUTCOME_SCHEMA: &str = "mutation_outcome/v1";
 
+/// The tool that asks a human a question: answered, never executed (seed 000:
+/// "human__ask do[es] not produce" `tool_execution_started`).
+pub const HUMAN_ASK_TOOL: &str = "human__ask";
+
 /// Seed 000: "A human-approved call emits tool_execution_started once after
 /// approval_resolved and before post-approval admission …".
 pub const EXECUTION_STARTED_TYPE: &str = "tool_execution_started";
@@ -732,6 +736,9 @@ pub enum StartRefusal {
         "the call was approved automatically by a policy; start admits human-approved calls only"
     )]
     AutoApproved,
+    /// 400: `human__ask` is a question to a human, not a mutation.
+    #[error("human__ask is answered by a human, not executed; start admits tool calls only")]
+    HumanAsk,
     /// 409: the card is still waiting for a human.
     #[error("the approval is still pending")]
     NotApproved(ApprovalState),
@@ -748,7 +755,8 @@ impl StartRefusal {
         match self {
             StartRefusal::Invalid(_)
             | StartRefusal::Mismatch { .. }
-            | StartRefusal::AutoApproved => Answer {
+            | StartRefusal::AutoApproved
+            | StartRefusal::HumanAsk => Answer {
                 verdict: Verdict::Invalid,
                 body: json!({"error": error}),
             },
@@ -803,6 +811,9 @@ pub fn start(
     now: i64,
 ) -> Result<Decision, StartRefusal> {
     req.validate()?;
+    if req.tool_name == HUMAN_ASK_TOOL {
+        return Err(StartRefusal::HumanAsk);
+    }
     let attempts = attempts
         .iter()
         .filter(|a| a.run_id == req.run_id && a.tool_call_id == req.tool_call_id);
@@ -1100,11 +1111,20 @@ pub fn settle(record: &MutationRecord, s: &Settlement, run: RunStatus, now: i64)
             let event = r.execution_event();
             Decision::write(r, vec![event], run)
         }
-        // The agent settling again with the same evidence: the same answer.
+        // The agent settling again with the same evidence and facts: the same answer.
+        // Other facts are refused: the first settlement's are the ones kept.
         (state, Some(SettledBy::Agent))
             if state == outcome && record.evidence == Some(s.evidence) =>
         {
-            Decision::same(record, None)
+            let again = apply_evidence(record, s, now);
+            if (&again.result, &again.error) == (&record.result, &record.error) {
+                Decision::same(record, None)
+            } else {
+                Decision::same(record, None).refused(format!(
+                    "the call is already settled as {} with other facts; the first settlement's are kept",
+                    state.as_str()
+                ))
+            }
         }
         // The deadline guessed `outcome_unknown` for a dispatched call; the actual
         // result replaces the guess in the durable record.
@@ -1532,6 +1552,27 @@ mod tests {
             .unwrap_err();
             assert!(matches!(refusal, StartRefusal::Invalid(_)), "{refusal:?}");
         }
+    }
+
+    #[test]
+    fn human_ask_never_starts() {
+        let mut ask = card();
+        ask.tool_name = HUMAN_ASK_TOOL.into();
+        let mut r = req();
+        r.tool_name = HUMAN_ASK_TOOL.into();
+        let head = head_with(Some(json!({"tools": {"human__ask": 5}})));
+        let refusal = start(
+            &r,
+            &ask,
+            &head,
+            &BudgetUsage::default(),
+            &[],
+            &settings(),
+            T0,
+        )
+        .unwrap_err();
+        assert_eq!(refusal, StartRefusal::HumanAsk);
+        assert_eq!(refusal.answer().verdict, Verdict::Invalid);
     }
 
     #[test]
@@ -2171,6 +2212,19 @@ mod tests {
         let contra = settle(&done, &not_sent(), RunStatus::Running, T0 + 3_000);
         assert!(!contra.changed && !contra.accepted());
         assert_eq!(contra.answer().body["state"], "completed");
+        // The same evidence with other facts is not the same settlement.
+        let other = settle(
+            &done,
+            &confirmed(json!({"id": 2})),
+            RunStatus::Running,
+            T0 + 3_000,
+        );
+        assert!(!other.changed && !other.accepted());
+        assert_eq!(
+            other.record.result,
+            Some(json!({"id": 1})),
+            "the first facts are kept"
+        );
         // The agent's own ambiguous outcome is not its to overturn: only an operator.
         let unknown = settle(&dispatched(), &ambiguous(), RunStatus::Running, T0 + 2_000).record;
         let d = settle(
@@ -2239,7 +2293,12 @@ mod tests {
             None
         );
         // A settled record is done with its deadline: an early timer is not sent again.
-        let done = settle(&dispatched(), &confirmed(json!(1)), RunStatus::Running, T0 + 2_000);
+        let done = settle(
+            &dispatched(),
+            &confirmed(json!(1)),
+            RunStatus::Running,
+            T0 + 2_000,
+        );
         let early = settle_at_deadline(&done.record, RunStatus::Running, T0 + 3_000).unwrap();
         assert!(!early.changed && early.events.is_empty());
         assert_eq!(early.record, done.record);

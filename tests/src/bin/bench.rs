@@ -14,21 +14,11 @@
 //! its transaction, sized item by item with DynamoDB's item-size rules.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aws_sdk_dynamodb::config::interceptors::{
-    AfterDeserializationInterceptorContextRef, BeforeSerializationInterceptorContextMut,
-    BeforeTransmitInterceptorContextRef,
-};
-use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
-use aws_sdk_dynamodb::operation::transact_write_items::{
-    TransactWriteItemsInput, TransactWriteItemsOutput,
-};
 use aws_sdk_dynamodb::types::{
-    AttributeValue, ConsumedCapacity, Put, ReturnConsumedCapacity,
-    ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
 use serde_json::{json, Map};
 use tollgate_api::{Gate, GateConfig};
@@ -39,6 +29,10 @@ use tollgate_domain::{
 use tollgate_store::dynamo::DynamoStore;
 use tollgate_store::memory::MemoryStore;
 use tollgate_store::{ApprovalStore, Armed, Beat, Resolved, RunRef, RunStore, Store};
+use tollgate_tests::meter::{
+    bill, item_size, model_key, table_infos, units, DynamoMeter, ItemBill, MeterLog, Model,
+    TableInfo, TxBill,
+};
 use tollgate_tests::{aws_endpoint_configured, dynamo_store};
 use tollgate_timers::EmbeddedTimers;
 
@@ -502,319 +496,11 @@ const GATE_CARDS: usize = 50;
 /// Cards per kind whose transactions ask DynamoDB Local for its `ConsumedCapacity`.
 const CAPACITY_CARDS: usize = 5;
 
-type Item = HashMap<String, AttributeValue>;
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// What the SDK sent through the instrumented client since the last [`Wire::take`].
-#[derive(Debug, Default)]
-struct WireLog {
-    /// One entry per HTTP request sent (SDK resends included): the operation from
-    /// `X-Amz-Target` and the kind of item it names, e.g. `GetItem(card)`.
-    sent: Vec<String>,
-    /// Every `TransactWriteItems` call's items, as the store built them.
-    transactions: Vec<Vec<TransactWriteItem>>,
-    /// The `ConsumedCapacity` of every `TransactWriteItems` answer (when asked for).
-    consumed: Vec<Vec<ConsumedCapacity>>,
-}
-
-/// An SDK interceptor that records every request of the client it is registered on.
-#[derive(Debug, Clone)]
-struct Wire {
-    log: Arc<Mutex<WireLog>>,
-    /// Physical table name → what its items are (`head`, `event`, `card`, `policy`).
-    labels: Arc<HashMap<String, &'static str>>,
-    /// Sets `ReturnConsumedCapacity=INDEXES` on every `TransactWriteItems`.
-    ask_capacity: Arc<AtomicBool>,
-}
-
-impl Wire {
-    fn take(&self) -> WireLog {
-        std::mem::take(&mut *self.log.lock().unwrap())
-    }
-}
-
-impl Intercept for Wire {
-    fn name(&self) -> &'static str {
-        "tollgate-bench-wire"
-    }
-
-    fn modify_before_serialization(
-        &self,
-        context: &mut BeforeSerializationInterceptorContextMut<'_>,
-        _: &RuntimeComponents,
-        _: &mut ConfigBag,
-    ) -> Result<(), BoxError> {
-        if let Some(tx) = context
-            .input_mut()
-            .downcast_mut::<TransactWriteItemsInput>()
-        {
-            if self.ask_capacity.load(Ordering::Relaxed) {
-                tx.return_consumed_capacity = Some(ReturnConsumedCapacity::Indexes);
-            }
-            let items = tx.transact_items().to_vec();
-            self.log.lock().unwrap().transactions.push(items);
-        }
-        Ok(())
-    }
-
-    fn read_before_transmit(
-        &self,
-        context: &BeforeTransmitInterceptorContextRef<'_>,
-        _: &RuntimeComponents,
-        _: &mut ConfigBag,
-    ) -> Result<(), BoxError> {
-        let request = context.request();
-        let op = request
-            .headers()
-            .get("x-amz-target")
-            .and_then(|t| t.rsplit('.').next())
-            .unwrap_or("unknown")
-            .to_owned();
-        let body: Option<serde_json::Value> = request
-            .body()
-            .bytes()
-            .and_then(|b| serde_json::from_slice(b).ok());
-        let label = body.as_ref().and_then(|b| {
-            let table = b.get("TableName")?.as_str()?;
-            let label = *self.labels.get(table)?;
-            let item_key = b.pointer("/Key/item_key/S").and_then(|k| k.as_str());
-            Some(match item_key {
-                Some(k) if k.starts_with("route#") => "route",
-                _ => label,
-            })
-        });
-        let sent = match label {
-            Some(l) => format!("{op}({l})"),
-            None => op,
-        };
-        self.log.lock().unwrap().sent.push(sent);
-        Ok(())
-    }
-
-    fn read_after_deserialization(
-        &self,
-        context: &AfterDeserializationInterceptorContextRef<'_>,
-        _: &RuntimeComponents,
-        _: &mut ConfigBag,
-    ) -> Result<(), BoxError> {
-        if let Ok(output) = context.output_or_error() {
-            if let Some(out) = output.downcast_ref::<TransactWriteItemsOutput>() {
-                if !out.consumed_capacity().is_empty() {
-                    let consumed = out.consumed_capacity().to_vec();
-                    self.log.lock().unwrap().consumed.push(consumed);
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// One secondary index as the template declares it.
-struct IndexInfo {
-    name: String,
-    key: Vec<String>,
-    /// `ProjectionType: ALL` (an index entry is the whole item).
-    all: bool,
-}
-
-/// One table as the template declares it: what its items are, key, indexes.
-struct TableInfo {
-    label: &'static str,
-    key: Vec<String>,
-    indexes: Vec<IndexInfo>,
-}
-
-/// Physical table name → its definition, from the deployment template.
-fn table_infos(tables: &tollgate_store::dynamo::Tables) -> HashMap<String, TableInfo> {
-    use tollgate_store::schema::{physical_name, table_defs, TEMPLATE};
-    let defs = table_defs(TEMPLATE).expect("the template's tables");
-    let names = |pairs: Vec<(String, String)>| pairs.into_iter().map(|(a, _)| a).collect();
-    defs.into_iter()
-        .filter_map(|def| {
-            let physical = physical_name(tables, &def.logical_id)?;
-            let label = match def.logical_id.as_str() {
-                "RunsTable" => "head",
-                "EventsTable" => "event",
-                "ApprovalsTable" => "card",
-                "PoliciesTable" => "policy",
-                _ => "item",
-            };
-            let indexes = def
-                .local_indexes
-                .into_iter()
-                .chain(def.global_indexes)
-                .map(|(name, key, projection)| IndexInfo {
-                    name,
-                    key: names(key),
-                    all: projection == "ALL",
-                })
-                .collect();
-            Some((
-                physical,
-                TableInfo {
-                    label,
-                    key: names(def.key),
-                    indexes,
-                },
-            ))
-        })
-        .collect()
-}
-
-/// DynamoDB's size of a number: 1 byte per two significant digits, plus 1.
-fn number_size(n: &str) -> usize {
-    let mantissa = n.split(['e', 'E']).next().unwrap_or("");
-    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
-    let significant = digits.trim_start_matches('0').trim_end_matches('0').len();
-    significant.max(1).div_ceil(2) + 1
-}
-
-/// DynamoDB's size of one attribute value (without its name).
-fn value_size(v: &AttributeValue) -> usize {
-    match v {
-        AttributeValue::S(s) => s.len(),
-        AttributeValue::N(n) => number_size(n),
-        AttributeValue::B(b) => b.as_ref().len(),
-        AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
-        AttributeValue::Ss(v) => v.iter().map(String::len).sum(),
-        AttributeValue::Ns(v) => v.iter().map(|n| number_size(n)).sum(),
-        AttributeValue::Bs(v) => v.iter().map(|b| b.as_ref().len()).sum(),
-        AttributeValue::L(v) => 3 + v.iter().map(|e| 1 + value_size(e)).sum::<usize>(),
-        AttributeValue::M(m) => {
-            3 + m
-                .iter()
-                .map(|(k, e)| 1 + k.len() + value_size(e))
-                .sum::<usize>()
-        }
-        _ => 0,
-    }
-}
-
-/// DynamoDB's item size: the attribute names' UTF-8 lengths plus the values' sizes.
-fn item_size(item: &Item) -> usize {
-    item.iter().map(|(k, v)| k.len() + value_size(v)).sum()
-}
-
-/// Units of `unit` bytes, rounded up per item (a write of 0 bytes still costs one).
-fn units(bytes: usize, unit: usize) -> u64 {
-    bytes.max(1).div_ceil(unit) as u64
-}
-
-/// The last known image of every item the instrumented store wrote, by table and key.
-type Model = HashMap<String, Item>;
-
-fn model_key(info: &TableInfo, table: &str, attrs: &Item) -> String {
-    let mut key = table.to_owned();
-    for name in &info.key {
-        key.push_str(&format!("|{:?}", attrs.get(name)));
-    }
-    key
-}
-
-/// One item of a transaction as AWS bills it.
-struct ItemBill {
-    label: String,
-    op: &'static str,
-    /// The larger of the item before and after the write.
-    bytes: usize,
-    /// Transactional: 2 write units per started KB.
-    wcu: u64,
-}
-
-/// One transaction as AWS bills it: its items, and the index writes they cause.
-struct TxBill {
-    items: Vec<ItemBill>,
-    /// Index name → write units (1 per started KB of each index entry written).
-    index: Vec<(String, u64)>,
-}
-
-/// Bills one transaction from the items it names, their images before (`pre`) and after
-/// (`post`; a `Put`'s own item), with DynamoDB's sizing rules.
-fn bill<'a>(
-    tables: &HashMap<String, TableInfo>,
-    coordinators: &HashSet<String>,
-    tx: &'a [TransactWriteItem],
-    pre: &'a Model,
-    post: &'a Model,
-) -> TxBill {
-    let mut out = TxBill {
-        items: Vec::new(),
-        index: Vec::new(),
-    };
-    for w in tx {
-        let (op, table, attrs) = if let Some(p) = w.put() {
-            ("Put", p.table_name(), p.item())
-        } else if let Some(u) = w.update() {
-            ("Update", u.table_name(), u.key())
-        } else if let Some(d) = w.delete() {
-            ("Delete", d.table_name(), d.key())
-        } else if let Some(c) = w.condition_check() {
-            ("ConditionCheck", c.table_name(), c.key())
-        } else {
-            continue;
-        };
-        let info = &tables[table];
-        let key = model_key(info, table, attrs);
-        let before = pre.get(&key);
-        let after = match op {
-            "Put" => Some(attrs),
-            "Delete" => None,
-            "ConditionCheck" => before,
-            _ => post.get(&key),
-        };
-        let mut label = info.label.to_owned();
-        if let Some(AttributeValue::S(k)) = attrs.get("item_key") {
-            if k.starts_with("route#") {
-                label = "route".into();
-            }
-        }
-        if let Some(AttributeValue::S(run)) = attrs.get("run_id") {
-            if coordinators.contains(run) && (label == "head" || label == "event") {
-                label = format!("coordinator {label}");
-            }
-        }
-        let bytes = before
-            .map(item_size)
-            .unwrap_or(0)
-            .max(after.map(item_size).unwrap_or(0));
-        out.items.push(ItemBill {
-            label,
-            op,
-            bytes,
-            wcu: 2 * units(bytes, 1024),
-        });
-        for index in &info.indexes {
-            let in_index =
-                |i: Option<&'a Item>| i.filter(|i| index.key.iter().all(|k| i.contains_key(k)));
-            // Sized as the whole item: exact for `ALL` projections (every index here).
-            let entries: Vec<usize> = match (in_index(before), in_index(after)) {
-                (None, None) => vec![],
-                (None, Some(a)) => vec![item_size(a)],
-                (Some(b), None) => vec![item_size(b)],
-                (Some(b), Some(a)) if index.key.iter().any(|k| b.get(k) != a.get(k)) => {
-                    vec![item_size(b), item_size(a)] // the entry moves: delete + put
-                }
-                (Some(b), Some(a)) if b != a => vec![item_size(b).max(item_size(a))],
-                _ => vec![],
-            };
-            let name = if index.all {
-                index.name.clone()
-            } else {
-                format!("{} (not ALL: sized as the whole item)", index.name)
-            };
-            for size in entries {
-                out.index.push((name.clone(), units(size, 1024)));
-            }
-        }
-    }
-    out
-}
-
 /// One measured phase: `n` calls, one at a time.
 struct Phase {
     per_op: Duration,
     n: usize,
-    log: WireLog,
+    log: MeterLog,
     bills: Vec<TxBill>,
 }
 
@@ -927,7 +613,7 @@ impl Phase {
     /// DynamoDB Local's own figure per call, when the transactions asked for it: the
     /// total, then per table its own units and each index's.
     fn consumed(&self, tables: &HashMap<String, TableInfo>) -> String {
-        if self.log.consumed.is_empty() {
+        if self.log.transaction_capacity().next().is_none() {
             return "none returned".into();
         }
         let mut parts: Vec<(String, f64)> = Vec::new();
@@ -937,7 +623,7 @@ impl Phase {
         };
         let mut total = 0.0;
         let capacity = |c: &aws_sdk_dynamodb::types::Capacity| c.capacity_units().unwrap_or(0.0);
-        for c in self.log.consumed.iter().flatten() {
+        for c in self.log.transaction_capacity() {
             total += c.capacity_units().unwrap_or(0.0);
             let table = c.table_name().unwrap_or("?");
             let label = tables.get(table).map_or("?", |t| t.label);
@@ -998,12 +684,12 @@ fn approve_once() -> Resolution {
 }
 
 struct ApprovalBench {
-    /// The store under test, on a client with the [`Wire`] interceptor.
+    /// The store under test, on a client with the [`DynamoMeter`] interceptor.
     store: Arc<DynamoStore>,
     /// The same tables through the plain client: reads the items written (untimed,
     /// uncounted) so updates can be sized.
     plain: DynamoStore,
-    wire: Wire,
+    wire: DynamoMeter,
     tables: HashMap<String, TableInfo>,
     model: Model,
     coordinators: HashSet<String>,
@@ -1012,20 +698,11 @@ struct ApprovalBench {
 impl ApprovalBench {
     fn new(d: &DynamoStore) -> Self {
         let tables = table_infos(d.tables());
-        let wire = Wire {
-            log: Arc::default(),
-            labels: Arc::new(tables.iter().map(|(t, i)| (t.clone(), i.label)).collect()),
-            ask_capacity: Arc::default(),
-        };
-        let config = d
-            .client()
-            .config()
-            .to_builder()
-            .interceptor(wire.clone())
-            .build();
-        let client = aws_sdk_dynamodb::Client::from_conf(config);
+        // Capacity only where asked for (below): the timed phases send what the store does.
+        let wire = DynamoMeter::new(d.tables());
+        wire.set_ask_capacity(false);
         Self {
-            store: Arc::new(DynamoStore::new(client, d.tables().clone())),
+            store: Arc::new(wire.instrument(d)),
             plain: d.clone(),
             wire,
             tables,
@@ -1046,7 +723,7 @@ impl ApprovalBench {
     async fn finish(&mut self, pre: Model, elapsed: Duration, n: usize) -> Phase {
         let log = self.wire.take();
         let mut updated = HashMap::new();
-        for w in log.transactions.iter().flatten() {
+        for w in log.transactions().flatten() {
             if let Some(p) = w.put() {
                 let info = &self.tables[p.table_name()];
                 let key = model_key(info, p.table_name(), p.item());
@@ -1078,8 +755,7 @@ impl ApprovalBench {
             };
         }
         let bills = log
-            .transactions
-            .iter()
+            .transactions()
             .map(|tx| bill(&self.tables, &self.coordinators, tx, &pre, &self.model))
             .collect();
         Phase {
@@ -1336,7 +1012,7 @@ async fn approvals(d: &DynamoStore, start_baseline: &Baseline) {
     );
 
     // DynamoDB Local's own reckoning, on a few more cards (not timed).
-    bench.wire.ask_capacity.store(true, Ordering::Relaxed);
+    bench.wire.set_ask_capacity(true);
     let mut consumed = Vec::new();
     for with_coordinator in [false, true] {
         let (cards, _) = bench.cards(with_coordinator, CAPACITY_CARDS).await;
@@ -1344,7 +1020,7 @@ async fn approvals(d: &DynamoStore, start_baseline: &Baseline) {
         let decision = bench.decisions(&cards).await;
         consumed.push((with_coordinator, beat, decision));
     }
-    bench.wire.ask_capacity.store(false, Ordering::Relaxed);
+    bench.wire.set_ask_capacity(false);
     for (with_coordinator, beat, decision) in &consumed {
         let kind = if *with_coordinator {
             "child run"
