@@ -20,7 +20,10 @@ use lambda_http::RequestExt;
 
 pub use lambda_http::Error;
 
+use std::time::Duration;
+
 use crate::auth::{claims_from_gateway, GatewayClaims};
+use crate::sse::ResponseBudget;
 use crate::functions::Trigger;
 
 fn flag(name: &str) -> bool {
@@ -81,9 +84,32 @@ pub async fn serve_function(name: &str) -> Result<(), lambda_http::Error> {
 }
 
 pub async fn run(router: Router) -> Result<(), lambda_http::Error> {
+    // A buffered answer is sent when it is complete: a live stream answers what is
+    // there now and ends (the client resumes from its last id).
+    let router = router.layer(axum::Extension(ResponseBudget(Duration::ZERO)));
     lambda_http::run(with_gateway_claims(router)).await
 }
 
 pub async fn run_streaming(router: Router) -> Result<(), lambda_http::Error> {
+    let router = router.layer(axum::middleware::map_request(insert_deadline));
     lambda_http::run_with_streaming_response(with_gateway_claims(router)).await
+}
+
+/// How long before the invocation's deadline a live stream ends, so that it ends
+/// cleanly (its last frames flushed) rather than being cut off by the runtime.
+const DEADLINE_MARGIN: Duration = Duration::from_secs(3);
+
+/// The invocation's remaining time, less the margin, as the live stream's budget.
+async fn insert_deadline(mut req: Request) -> Request {
+    let left = req.lambda_context_ref().map(|ctx| {
+        let deadline = std::time::UNIX_EPOCH + Duration::from_millis(ctx.deadline);
+        deadline
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default()
+            .saturating_sub(DEADLINE_MARGIN)
+    });
+    if let Some(left) = left {
+        req.extensions_mut().insert(ResponseBudget(left));
+    }
+    req
 }

@@ -15,6 +15,7 @@ pub mod lambda;
 pub mod replay;
 pub mod request;
 pub mod settlement;
+pub mod sse;
 pub mod telemetry;
 
 use std::sync::Arc;
@@ -36,6 +37,8 @@ pub struct Deps {
     /// The approval gate (cards, decisions, timers) over the same backend.
     pub gate: Arc<Gate>,
     pub auth: Arc<Auth>,
+    /// How live streams pace themselves.
+    pub sse: sse::SseConfig,
     /// The in-process timer loop, when timers are embedded: it lives as long as the deps.
     _timers: Option<Arc<TimerLoop>>,
     /// The in-process consumer of the SQS timer queue ([`Deps::sqs`]): it lives as long
@@ -66,6 +69,7 @@ impl Deps {
             store: store.clone(),
             gate: Arc::new(Gate::new(store, timers, gate)),
             auth: Arc::new(auth),
+            sse: sse::SseConfig::default(),
             _timers: None,
             consumer: None,
             _sweeper: None,
@@ -146,12 +150,14 @@ impl Deps {
         let config = Config::from_env().await?;
         let store = config.connect_store().await?;
         let timers = config.connect_timers().await;
-        Ok(Self::new(
+        let mut deps = Self::new(
             store,
             timers,
             GateConfig::from_env()?,
             Auth::new(config.secret.expose()),
-        ))
+        );
+        deps.sse = sse::SseConfig::from_env()?;
+        Ok(deps)
     }
 }
 

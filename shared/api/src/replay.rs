@@ -1,4 +1,5 @@
-//! The `replay` function: sequenced replay of a run's stream as JSON pages.
+//! The `replay` function: sequenced replay of a run's stream as JSON pages, or as the
+//! live event stream ([`crate::sse`]) for `Accept: text/event-stream`.
 
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderValue};
@@ -17,7 +18,9 @@ pub const DEFAULT_LIMIT: usize = 100;
 pub const MAX_LIMIT: usize = 1000;
 
 pub fn routes() -> Router<Deps> {
-    Router::new().route("/api/runs/{run_id}/events", get(replay_events))
+    Router::new()
+        .route("/api/runs/{run_id}/events", get(replay_events))
+        .route("/api/runs/{run_id}/stream", get(crate::sse::stream))
 }
 
 fn parse_after(query: Option<&str>) -> Result<u64, ApiError> {
@@ -46,8 +49,14 @@ async fn replay_events(
     State(deps): State<Deps>,
     Path(run_id): Path<String>,
     RawQuery(query): RawQuery,
+    headers: axum::http::HeaderMap,
+    budget: Option<axum::Extension<crate::sse::ResponseBudget>>,
     creds: Credentials,
 ) -> Result<Response, ApiError> {
+    if crate::sse::wants_stream(&headers) {
+        let budget = budget.map(|axum::Extension(b)| b);
+        return crate::sse::open(deps, run_id, query.as_deref(), &headers, budget, &creds).await;
+    }
     let caller = deps.auth.caller(&creds, Some(&run_id))?;
     let after = parse_after(query.as_deref())?;
     let limit = parse_limit(query.as_deref())?;

@@ -155,6 +155,13 @@ pub trait RunStore: Send + Sync + 'static {
         after: u64,
         limit: usize,
     ) -> Result<EventPage, StoreError>;
+
+    /// A signal that changes after every write of this store instance, for a live
+    /// stream to wait on instead of polling — `None` when writes can come from elsewhere
+    /// (DynamoDB: other Lambda instances), where a live stream polls.
+    fn appended(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
 }
 
 /// The answer to [`ApprovalStore::arm`].

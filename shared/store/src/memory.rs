@@ -39,9 +39,44 @@ struct RunRecord {
     unlisted_at: Option<u64>,
 }
 
-#[derive(Default)]
 pub struct MemoryStore {
     state: Mutex<State>,
+    /// Bumped after every write: what a live stream waits on ([`RunStore::appended`]).
+    appended: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self {
+            state: Mutex::default(),
+            appended: tokio::sync::watch::Sender::new(0),
+        }
+    }
+}
+
+/// The state locked for a write: live streams are woken when it is released.
+struct Writing<'a> {
+    guard: std::sync::MutexGuard<'a, State>,
+    appended: &'a tokio::sync::watch::Sender<u64>,
+}
+
+impl std::ops::Deref for Writing<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for Writing<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.guard
+    }
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.appended.send_modify(|v| *v = v.wrapping_add(1));
+    }
 }
 
 /// Everything, under one lock: runs (with their events and cards) and policies.
@@ -71,10 +106,19 @@ impl MemoryStore {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    /// The state, for a read.
+    fn read(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave a half-applied operation: every
         // mutation below is computed first and applied last.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The state, for a write (live streams look again once it is released).
+    fn lock(&self) -> Writing<'_> {
+        Writing {
+            guard: self.read(),
+            appended: &self.appended,
+        }
     }
 }
 
@@ -198,7 +242,7 @@ impl RunStore for MemoryStore {
     }
 
     async fn read_head(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {
-        Ok(self.lock().get(run_id).and_then(|r| r.head.clone()))
+        Ok(self.read().get(run_id).and_then(|r| r.head.clone()))
     }
 
     async fn read_events(
@@ -207,7 +251,7 @@ impl RunStore for MemoryStore {
         after: u64,
         limit: usize,
     ) -> Result<EventPage, StoreError> {
-        let runs = self.lock();
+        let runs = self.read();
         let Some(record) = runs.get(run_id).filter(|r| r.head.is_some()) else {
             return Err(StoreError::NotFound);
         };
@@ -221,6 +265,10 @@ impl RunStore for MemoryStore {
                     body: body.clone(),
                 });
         Ok(fill_page(events, limit))
+    }
+
+    fn appended(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.appended.subscribe())
     }
 }
 
@@ -331,7 +379,7 @@ impl ApprovalStore for MemoryStore {
     }
 
     async fn locate(&self, run_id: &str, request_id: &str) -> Result<Option<Located>, StoreError> {
-        let runs = self.lock();
+        let runs = self.read();
         let posted = runs.get(run_id);
         let card = match posted.and_then(|r| r.cards.get(request_id)) {
             Some(card) => Some(card.clone()),
@@ -467,7 +515,7 @@ impl ApprovalStore for MemoryStore {
         scope_keys: &[String],
         tool_name: &str,
     ) -> Result<Option<Policy>, StoreError> {
-        let state = self.lock();
+        let state = self.read();
         Ok(scope_keys.iter().find_map(|key| {
             state
                 .policies
@@ -531,7 +579,7 @@ impl ApprovalStore for MemoryStore {
         project_id: Option<&str>,
         limit: usize,
     ) -> Result<Vec<Policy>, StoreError> {
-        let state = self.lock();
+        let state = self.read();
         let mut list: Vec<Policy> = state
             .policies
             .values()
@@ -585,7 +633,7 @@ impl ApprovalStore for MemoryStore {
         silent_since: i64,
         limit: usize,
     ) -> Result<Vec<RunHead>, StoreError> {
-        let state = self.lock();
+        let state = self.read();
         let mut silent: Vec<RunHead> = state
             .runs
             .values()
@@ -676,7 +724,7 @@ impl ApprovalStore for MemoryStore {
         due_before: Option<i64>,
         limit: usize,
     ) -> Result<Vec<ApprovalRequest>, StoreError> {
-        let runs = self.lock();
+        let runs = self.read();
         let mut open: Vec<ApprovalRequest> = runs
             .values()
             .flat_map(|r| r.cards.values())
@@ -699,7 +747,7 @@ impl MutationStore for MemoryStore {
         tool_call_id: &str,
         approval_id: &str,
     ) -> Result<Option<MutationRecord>, StoreError> {
-        Ok(self.lock().get(run_id).and_then(|r| {
+        Ok(self.read().get(run_id).and_then(|r| {
             r.mutations
                 .get(&mutation_key(tool_call_id, approval_id))
                 .cloned()
@@ -741,7 +789,7 @@ impl MutationStore for MemoryStore {
         run_id: &str,
         tool_call_id: &str,
     ) -> Result<Option<MutationView>, StoreError> {
-        let runs = self.lock();
+        let runs = self.read();
         let Some((record, head)) = runs
             .get(run_id)
             .and_then(|r| r.head.clone().map(|h| (r, h)))

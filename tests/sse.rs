@@ -1,0 +1,352 @@
+//! The live event stream (SSE) as a client sees it, on the embedded store and on
+//! DynamoDB: frames, `Last-Event-ID` resumption, the terminal `done` frame, keep-alives,
+//! the bounded window, and a client dropped at random points while events are appended
+//! that still receives every sequence exactly once, in order.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tollgate_api::sse::SseConfig;
+use tollgate_api::GateConfig;
+use tollgate_tests::{store_for, Backend, TestServer};
+
+/// One SSE frame as a client parses it.
+#[derive(Debug, Clone, PartialEq)]
+struct Frame {
+    id: Option<u64>,
+    event: Option<String>,
+    data: Option<String>,
+    retry: Option<u64>,
+    comment: bool,
+}
+
+fn parse_frame(text: &str) -> Frame {
+    let mut f = Frame {
+        id: None,
+        event: None,
+        data: None,
+        retry: None,
+        comment: false,
+    };
+    for line in text.lines() {
+        if line.starts_with(':') {
+            f.comment = true;
+        } else if let Some(v) = line.strip_prefix("id: ") {
+            f.id = Some(v.parse().expect("numeric id"));
+        } else if let Some(v) = line.strip_prefix("event: ") {
+            f.event = Some(v.to_owned());
+        } else if let Some(v) = line.strip_prefix("data: ") {
+            f.data = Some(v.to_owned());
+        } else if let Some(v) = line.strip_prefix("retry: ") {
+            f.retry = Some(v.parse().expect("numeric retry"));
+        } else {
+            panic!("unexpected SSE line {line:?}");
+        }
+    }
+    f
+}
+
+/// An open stream: frames as they arrive.
+struct Stream {
+    resp: reqwest::Response,
+    buf: String,
+}
+
+impl Stream {
+    /// The next frame, `None` when the server ended the response.
+    async fn next(&mut self) -> Option<Frame> {
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let text: String = self.buf.drain(..end + 2).collect();
+                return Some(parse_frame(text.trim_end_matches('\n')));
+            }
+            match self.resp.chunk().await.expect("the stream reads") {
+                Some(chunk) => self.buf.push_str(std::str::from_utf8(&chunk).unwrap()),
+                None => {
+                    assert!(
+                        self.buf.is_empty(),
+                        "a partial frame at the end: {:?}",
+                        self.buf
+                    );
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+async fn server(backend: Backend, sse: SseConfig) -> TestServer {
+    let mut deps = TestServer::deps(store_for(backend).await, GateConfig::default());
+    deps.sse = sse;
+    TestServer::with_deps(deps).await
+}
+
+async fn open(srv: &TestServer, path: &str, token: &str, last_event_id: Option<&str>) -> Stream {
+    let mut req = srv
+        .http
+        .get(srv.url(path))
+        .bearer_auth(token)
+        .header("accept", "text/event-stream");
+    if let Some(id) = last_event_id {
+        req = req.header("last-event-id", id);
+    }
+    let resp = req.send().await.expect("request reaches the server");
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    Stream {
+        resp,
+        buf: String::new(),
+    }
+}
+
+async fn append(srv: &TestServer, run_id: &str, token: &str, n: usize) {
+    let events: Vec<Value> = (0..n)
+        .map(|i| json!({"type": "agent.message", "n": i}))
+        .collect();
+    srv.append(run_id, token, json!(events)).await;
+}
+
+/// GIVEN a run with events WHEN a client streams it (via `/events` with `Accept:
+/// text/event-stream` and via `/stream`) THEN a `retry:` hint, then one frame per event
+/// with `id` = sequence, `event` = type and `data` = exactly the replayed JSON; after the
+/// terminal event a `done` frame without id, then the end. `Last-Event-ID: N` starts
+/// after N (and wins over `?after=`); a bad one is 400.
+async fn frames_resume_and_done(backend: Backend) {
+    let srv = server(backend, SseConfig::default()).await;
+    let (run_id, token) = srv.create_run(json!({})).await;
+    append(&srv, &run_id, &token, 5).await;
+    let replayed = srv.replay_all(&run_id, &token, 100).await;
+    let (status, _) = srv
+        .post(&format!("/api/runs/{run_id}/complete"), &token, &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let all = srv.replay_all(&run_id, &token, 100).await;
+    assert_eq!(all.len(), 7);
+
+    for path in [
+        format!("/api/runs/{run_id}/events"),
+        format!("/api/runs/{run_id}/stream"),
+    ] {
+        let mut s = open(&srv, &path, &token, None).await;
+        let first = s.next().await.unwrap();
+        assert_eq!(first.retry, Some(1000), "{first:?}");
+        for (i, event) in all.iter().enumerate() {
+            let f = s.next().await.unwrap();
+            assert_eq!(f.id, Some(i as u64 + 1));
+            assert_eq!(f.event.as_deref(), event["type"].as_str());
+            let data: Value = serde_json::from_str(f.data.as_deref().unwrap()).unwrap();
+            assert_eq!(&data, event, "data is the replayed event");
+        }
+        let done = s.next().await.unwrap();
+        assert_eq!((done.id, done.event.as_deref()), (None, Some("done")));
+        let body: Value = serde_json::from_str(done.data.as_deref().unwrap()).unwrap();
+        assert_eq!(body, json!({"run_id": run_id, "terminal_sequence": 7}));
+        assert_eq!(s.next().await, None, "the response ends after done");
+    }
+    // The replayed events before the end are a prefix of the stream.
+    assert_eq!(&all[..replayed.len()], &replayed[..]);
+
+    // Last-Event-ID: exactly the events after it, and it wins over ?after=.
+    let mut s = open(
+        &srv,
+        &format!("/api/runs/{run_id}/stream?after=1"),
+        &token,
+        Some("4"),
+    )
+    .await;
+    assert!(s.next().await.unwrap().retry.is_some());
+    let ids: Vec<Option<u64>> = [s.next().await, s.next().await, s.next().await]
+        .into_iter()
+        .map(|f| f.unwrap().id)
+        .collect();
+    assert_eq!(ids, [Some(5), Some(6), Some(7)]);
+    assert_eq!(s.next().await.unwrap().event.as_deref(), Some("done"));
+    // Past the end: only done.
+    let mut s = open(
+        &srv,
+        &format!("/api/runs/{run_id}/stream"),
+        &token,
+        Some("7"),
+    )
+    .await;
+    assert!(s.next().await.unwrap().retry.is_some());
+    assert_eq!(s.next().await.unwrap().event.as_deref(), Some("done"));
+
+    for bad in ["x", "-1", "1.5", ""] {
+        let (status, body) = srv
+            .send(
+                srv.http
+                    .get(srv.url(&format!("/api/runs/{run_id}/stream")))
+                    .bearer_auth(&token)
+                    .header("last-event-id", bad),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad:?}: {body}");
+        assert!(body["error"].as_str().unwrap().contains("Last-Event-ID"));
+    }
+    let (status, _) = srv
+        .send(
+            srv.http
+                .get(srv.url(&format!("/api/runs/{run_id}/stream")))
+                .bearer_auth(srv.agent_token.replace('.', "")),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let other = srv
+        .auth
+        .mint_jwt("other-agent", tollgate_api::Role::Agent, 60, None);
+    let (status, _) = srv
+        .send(
+            srv.http
+                .get(srv.url(&format!("/api/runs/{run_id}/stream")))
+                .bearer_auth(&other),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "another agent's run");
+}
+
+/// GIVEN a running run nobody appends to WHEN a client follows it THEN keep-alive
+/// comments arrive while it waits, the response ends cleanly (no `done`) when the window
+/// is over, and an event appended during the window arrives live.
+async fn keepalive_live_and_window(backend: Backend) {
+    let srv = server(
+        backend,
+        SseConfig {
+            window: Duration::from_millis(2500),
+            keepalive: Duration::from_millis(400),
+            ..SseConfig::default()
+        },
+    )
+    .await;
+    let (run_id, token) = srv.create_run(json!({})).await;
+    let mut s = open(&srv, &format!("/api/runs/{run_id}/stream"), &token, None).await;
+    assert!(s.next().await.unwrap().retry.is_some());
+    assert_eq!(s.next().await.unwrap().id, Some(1), "run_started");
+    let mut frames = Vec::new();
+    let appended_at = Instant::now();
+    append(&srv, &run_id, &token, 1).await;
+    let mut live_after = None;
+    let started = Instant::now();
+    while let Some(f) = s.next().await {
+        if f.id == Some(2) {
+            live_after = Some(appended_at.elapsed());
+        }
+        frames.push(f);
+    }
+    let open_for = started.elapsed();
+    assert!(
+        live_after.is_some(),
+        "the appended event arrived: {frames:?}"
+    );
+    assert!(
+        frames.iter().filter(|f| f.comment).count() >= 2,
+        "keep-alives while idle: {frames:?}"
+    );
+    assert!(
+        frames.iter().all(|f| f.event.as_deref() != Some("done")),
+        "no done before the run ends"
+    );
+    assert!(
+        open_for < Duration::from_secs(10),
+        "the window ended the response"
+    );
+}
+
+/// GIVEN 1,000 events appended in small batches WHEN a client is dropped 20 times at
+/// random points and resumes each time with `Last-Event-ID` THEN it receives every
+/// sequence exactly once, in order, and ends at `done`.
+async fn dropped_twenty_times_misses_nothing(backend: Backend) {
+    let srv = Arc::new(server(backend, SseConfig::default()).await);
+    let (run_id, token) = srv.create_run(json!({})).await;
+    let writer = {
+        let (srv, run_id, token) = (srv.clone(), run_id.clone(), token.clone());
+        tokio::spawn(async move {
+            for _ in 0..100 {
+                append(&srv, &run_id, &token, 10).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let (status, _) = srv
+                .post(&format!("/api/runs/{run_id}/complete"), &token, &json!({}))
+                .await;
+            assert_eq!(status, StatusCode::OK);
+        })
+    };
+    let mut seen: Vec<u64> = Vec::new();
+    let mut drops = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    'outer: loop {
+        assert!(
+            Instant::now() < deadline,
+            "took too long: {} seen",
+            seen.len()
+        );
+        let last = seen.last().map(|s| s.to_string());
+        let mut s = open(
+            &srv,
+            &format!("/api/runs/{run_id}/stream"),
+            &token,
+            last.as_deref(),
+        )
+        .await;
+        let cut_after = if drops < 20 {
+            rand::rng().random_range(1..=80)
+        } else {
+            usize::MAX
+        };
+        let mut read = 0;
+        while let Some(f) = s.next().await {
+            if f.event.as_deref() == Some("done") {
+                break 'outer;
+            }
+            if let Some(id) = f.id {
+                seen.push(id);
+                read += 1;
+                if read >= cut_after {
+                    drops += 1;
+                    drop(s);
+                    continue 'outer;
+                }
+            }
+        }
+    }
+    writer.await.unwrap();
+    assert_eq!(drops, 20);
+    assert_eq!(
+        seen,
+        (1..=1002).collect::<Vec<u64>>(),
+        "every sequence once, in order"
+    );
+}
+
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::Backend::Memory).await
+                }
+            )*
+        }
+        mod dynamo {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::Backend::Dynamo).await
+                }
+            )*
+        }
+    };
+}
+
+on_both_stores!(
+    frames_resume_and_done,
+    keepalive_live_and_window,
+    dropped_twenty_times_misses_nothing,
+);
