@@ -2072,6 +2072,274 @@ async fn bad_input_writes_nothing(backend: Backend) {
     );
 }
 
+/// A timer queue that loses every message of the kinds in `lose` (a failed SendMessage,
+/// a purged or dead-lettered message) and delivers the others in this process.
+struct Losing {
+    inner: tollgate_timers::EmbeddedTimers,
+    lose: &'static [&'static str],
+}
+
+#[async_trait::async_trait]
+impl tollgate_timers::TimerQueue for Losing {
+    async fn schedule(
+        &self,
+        message: &tollgate_timers::TimerMessage,
+        delay: Duration,
+    ) -> Result<(), tollgate_timers::TimerError> {
+        if self.lose.contains(&message.kind()) {
+            return Ok(());
+        }
+        self.inner.schedule(message, delay).await
+    }
+}
+
+/// A server whose timer queue loses the kinds in `lose`; keep the loop while it runs.
+async fn losing_server(
+    backend: Backend,
+    lose: &'static [&'static str],
+) -> (TestServer, tollgate_timers::TimerLoop) {
+    let inner = tollgate_timers::EmbeddedTimers::new();
+    let deps = tollgate_api::Deps::new(
+        store_for(backend).await,
+        std::sync::Arc::new(Losing {
+            inner: inner.clone(),
+            lose,
+        }),
+        GateConfig {
+            heartbeat_every: Duration::from_secs(60),
+            execution: ExecutionSettings {
+                settlement_deadline_ms: DEADLINE_MS,
+                heartbeat_interval_ms: BEAT_MS,
+            },
+            ..GateConfig::default()
+        },
+        tollgate_api::Auth::new(tollgate_tests::TEST_SECRET.as_bytes()),
+    );
+    let timers = inner.attach(deps.gate.clone());
+    (TestServer::with_deps(deps).await, timers)
+}
+
+/// GIVEN a dispatched call whose settlement-deadline message was lost WHEN nobody
+/// settles it THEN the end of its heartbeat chain settles it at the deadline
+/// (`outcome_unknown`, the terminal `tool_execution` on the stream) — and with every
+/// timer lost, an operator can still reconcile it once its deadline has passed.
+async fn lost_deadline_timers_are_backstopped(backend: Backend) {
+    let (srv, _timers) = losing_server(backend, &["settlement_deadline"]).await;
+    let run = budget_run(&srv, json!({TOOL: 2})).await;
+    let call = approved(&srv, &run, TOOL).await;
+    assert_eq!(start(&srv, &run, &call).await.0, StatusCode::OK);
+    assert_eq!(dispatch(&srv, &run, &call).await.0, StatusCode::OK);
+    let r = wait_record(&srv, &run, &call, "the heartbeat chain's backstop", |r| {
+        r["state"] == "outcome_unknown"
+    })
+    .await;
+    assert_eq!(r["reason"], "settlement_deadline", "{r}");
+    let evs = events(&srv, &run).await;
+    assert_terminal(
+        &evs,
+        &call,
+        json!({"execution_status": "executed", "mutation_outcome": "outcome_unknown"}),
+        &["result"],
+    );
+    assert!(
+        !of_call(&evs, &call, "heartbeat").is_empty(),
+        "{:?}",
+        types(&evs)
+    );
+
+    let (srv, _timers) =
+        losing_server(backend, &["settlement_deadline", "execution_heartbeat"]).await;
+    let run = budget_run(&srv, json!({TOOL: 2})).await;
+    let call = approved(&srv, &run, TOOL).await;
+    assert_eq!(start(&srv, &run, &call).await.0, StatusCode::OK);
+    assert_eq!(dispatch(&srv, &run, &call).await.0, StatusCode::OK);
+    let (status, v) = reconcile(
+        &srv,
+        &run,
+        &call,
+        &srv.operator_token,
+        json!({"observed": "applied"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "not before the deadline: {v}");
+    assert_eq!(v["state"], "dispatched");
+    tokio::time::sleep(Duration::from_millis(DEADLINE_MS as u64 + 200)).await;
+    assert_eq!(
+        record(&srv, &run, &call).await["state"],
+        "dispatched",
+        "no timer ran"
+    );
+    let (status, v) = reconcile(
+        &srv,
+        &run,
+        &call,
+        &srv.operator_token,
+        json!({"observed": "not_applied"}),
+    )
+    .await;
+    assert_eq!(
+        (status, &v["state"]),
+        (StatusCode::OK, &json!("not_executed")),
+        "{v}"
+    );
+    let evs = events(&srv, &run).await;
+    let tail: Vec<&str> = types(&evs).into_iter().rev().take(2).collect();
+    assert_eq!(tail, ["tool_execution_reconciled", "tool_execution"]);
+    // Not applied: a fresh approval may run the call.
+    let fresh = Call::of(TOOL, &call.tool_call_id);
+    arm(&srv, &run, &fresh).await;
+    approve(&srv, &run, &fresh).await;
+    assert_eq!(start(&srv, &run, &fresh).await.0, StatusCode::OK);
+}
+
+/// GIVEN an operator found an unknown outcome not applied WHEN the remote's confirmed
+/// response arrives after all THEN the record is `outcome_unknown` again (`contested`,
+/// with the response's facts) and blocks a fresh attempt until an operator reconciles it
+/// once more — the call is never run twice on a guess.
+async fn a_late_response_contests_not_applied(backend: Backend) {
+    let srv = server(backend).await;
+    let run = budget_run(&srv, json!({TOOL: 3})).await;
+    let call = approved(&srv, &run, TOOL).await;
+    assert_eq!(start(&srv, &run, &call).await.0, StatusCode::OK);
+    assert_eq!(dispatch(&srv, &run, &call).await.0, StatusCode::OK);
+    let (status, _) = settle(&srv, &run, &call, json!({"evidence": "ambiguous"})).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, v) = reconcile(
+        &srv,
+        &run,
+        &call,
+        &srv.operator_token,
+        json!({"observed": "not_applied"}),
+    )
+    .await;
+    assert_eq!(
+        (status, &v["state"]),
+        (StatusCode::OK, &json!("not_executed"))
+    );
+    let before = events(&srv, &run).await;
+    let (status, v) = settle(
+        &srv,
+        &run,
+        &call,
+        json!({"evidence": "confirmed", "result": {"dashboard_id": "d-9"}}),
+    )
+    .await;
+    assert_eq!(
+        (status, &v["state"]),
+        (StatusCode::OK, &json!("outcome_unknown")),
+        "{v}"
+    );
+    assert_eq!(
+        events(&srv, &run).await,
+        before,
+        "the record changes, the stream does not"
+    );
+    let r = record(&srv, &run, &call).await;
+    assert_eq!(
+        (&r["state"], &r["reason"], &r["result"]),
+        (
+            &json!("outcome_unknown"),
+            &json!("contested"),
+            &json!({"dashboard_id": "d-9"})
+        )
+    );
+    let fresh = Call::of(TOOL, &call.tool_call_id);
+    arm(&srv, &run, &fresh).await;
+    approve(&srv, &run, &fresh).await;
+    let (status, v) = start(&srv, &run, &fresh).await;
+    assert_eq!(
+        (status, &v["state"]),
+        (StatusCode::CONFLICT, &json!("outcome_unknown")),
+        "{v}"
+    );
+    let (status, v) = reconcile(
+        &srv,
+        &run,
+        &call,
+        &srv.operator_token,
+        json!({"observed": "applied"}),
+    )
+    .await;
+    assert_eq!(
+        (status, &v["state"]),
+        (StatusCode::OK, &json!("completed")),
+        "{v}"
+    );
+    let (status, v) = start(&srv, &run, &fresh).await;
+    assert_eq!(
+        (status, &v["state"]),
+        (StatusCode::CONFLICT, &json!("completed")),
+        "{v}"
+    );
+}
+
+/// DynamoDB: GIVEN a run whose head, events and cards expired (TTL) while a mutation
+/// record is left WHEN anyone creates a run with the same id THEN it is refused (409) —
+/// nobody inherits another run's mutation records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamo_only_a_run_id_with_leftover_mutation_records_is_not_created_again() {
+    let store = tollgate_tests::dynamo_store().await;
+    let tables = store.tables().clone();
+    let client = aws_sdk_dynamodb::Client::new(&aws_config::load_from_env().await);
+    let srv = TestServer::with_deps(TestServer::deps(
+        std::sync::Arc::new(store),
+        GateConfig::default(),
+    ))
+    .await;
+    let id = format!("leftover-{}", short_id());
+    let (status, v) = srv
+        .post(
+            "/api/runs",
+            &srv.agent_token,
+            &json!({"run_id": id, "budget": {"tools": {TOOL: 1}}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let run = Run {
+        id: id.clone(),
+        token: v["run_token"].as_str().unwrap().to_owned(),
+    };
+    let call = approved(&srv, &run, TOOL).await;
+    assert_eq!(start(&srv, &run, &call).await.0, StatusCode::OK);
+    // As TTL would: everything of the run but the mutation record.
+    use aws_sdk_dynamodb::types::AttributeValue;
+    for (table, sort) in [
+        (&tables.runs, None),
+        (&tables.events, Some("event_key")),
+        (&tables.approvals, Some("item_key")),
+    ] {
+        let items = client
+            .query()
+            .table_name(table)
+            .key_condition_expression("run_id = :r")
+            .expression_attribute_values(":r", AttributeValue::S(id.clone()))
+            .send()
+            .await
+            .unwrap()
+            .items
+            .unwrap_or_default();
+        for item in items {
+            let mut del = client
+                .delete_item()
+                .table_name(table)
+                .key("run_id", AttributeValue::S(id.clone()));
+            if let Some(k) = sort {
+                del = del.key(k, item[k].clone());
+            }
+            del.send().await.unwrap();
+        }
+    }
+    let (status, v) = srv
+        .post("/api/runs", &srv.agent_token, &json!({"run_id": id}))
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "leftover records refuse the id: {v}"
+    );
+    assert!(v.get("run_token").is_none());
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -2151,6 +2419,14 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn receipts() {
                 super::receipts($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn lost_deadline_timers_are_backstopped() {
+                super::lost_deadline_timers_are_backstopped($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_late_response_contests_not_applied() {
+                super::a_late_response_contests_not_applied($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn bad_input_writes_nothing() {

@@ -114,6 +114,7 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                         "dynamodb:UpdateItem",
                     ],
                 ),
+                ("MutationsTable", &["dynamodb:Query"]),
                 ("TimerQueue", &["sqs:SendMessage"]),
             ]),
         ),

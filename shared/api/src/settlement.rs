@@ -327,6 +327,19 @@ impl Gate {
         tool_call_id: &str,
         approval_id: &str,
     ) -> Result<(), TimerError> {
+        self.settle_if_due(run_id, tool_call_id, approval_id, true)
+            .await
+    }
+
+    /// Settles the attempt if its deadline passed and nobody settled it; an early
+    /// deadline timer (`resend`) is sent again for the rest.
+    async fn settle_if_due(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+        approval_id: &str,
+        resend: bool,
+    ) -> Result<(), TimerError> {
         let outcome = self
             .transit(
                 run_id,
@@ -351,7 +364,7 @@ impl Gate {
                 }
                 Ok(())
             }
-            Ok(Err(Refused::NotDue(record))) => {
+            Ok(Err(Refused::NotDue(record))) if resend => {
                 let message = deadline_message(&record, record.settlement_deadline_at);
                 let rest = message.remaining_delay(now_millis()).unwrap_or_default();
                 self.timers.schedule(&message, rest).await
@@ -387,7 +400,14 @@ impl Gate {
                     .schedule(&next, interval(&self.config.execution))
                     .await
             }
-            Ok(Beat::Repeated(_)) | Ok(Beat::Stopped) | Err(StoreError::NotFound) => Ok(()),
+            // The chain ends at the settlement or at the deadline: it settles a call its
+            // deadline timer missed (a lost message), so the stream still gets its
+            // terminal decision. Already settled, this only reads.
+            Ok(Beat::Stopped) => {
+                self.settle_if_due(run_id, tool_call_id, approval_id, false)
+                    .await
+            }
+            Ok(Beat::Repeated(_)) | Err(StoreError::NotFound) => Ok(()),
             Err(e) => Err(TimerError::Unavailable(e.to_string())),
         }
     }

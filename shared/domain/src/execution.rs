@@ -150,6 +150,8 @@ pub enum Reason {
     ReconciledApplied,
     /// An operator observed the change not applied.
     ReconciledNotApplied,
+    /// A confirmed response arrived after an operator found the change not applied.
+    Contested,
 }
 
 impl Reason {
@@ -168,6 +170,7 @@ impl Reason {
             Reason::Ambiguous => "ambiguous",
             Reason::ReconciledApplied => "reconciled_applied",
             Reason::ReconciledNotApplied => "reconciled_not_applied",
+            Reason::Contested => "contested",
         }
     }
 }
@@ -991,7 +994,8 @@ pub fn dispatch(record: &MutationRecord, run: RunStatus, now: i64) -> Decision {
         // DESIGN §5: "409 {state:<current>} when not intent" — a repeated dispatch too:
         // answering 200 twice could let two transports send.
         state => Decision::same(record, None).refused(format!(
-            "the call is {}; only an intent can be dispatched — do not send",
+            "the call is {}; only an intent can be dispatched — do not send (if this call \
+             was never sent, settle it with evidence not_sent)",
             state.as_str()
         )),
     }
@@ -1144,6 +1148,19 @@ pub fn settle(record: &MutationRecord, s: &Settlement, run: RunStatus, now: i64)
         {
             Decision::same(record, None)
         }
+        // A remote response arriving after an operator found the change not applied: the
+        // call may well have applied, and `not_executed` would let a fresh approval run it
+        // again. The response's facts are kept and the record is `outcome_unknown` again
+        // (blocking new starts) until an operator reconciles it once more.
+        (MutationState::NotExecuted, Some(SettledBy::Operator))
+            if s.evidence == Evidence::Confirmed =>
+        {
+            let mut r = apply_evidence(record, s, now);
+            r.state = MutationState::OutcomeUnknown;
+            r.execution_status = Some(ExecutionStatus::Executed);
+            r.reason = Some(Reason::Contested);
+            Decision::write(r, Vec::new(), run)
+        }
         (state, _) => Decision::same(record, None)
             .refused(format!("the call is already settled as {}", state.as_str())),
     }
@@ -1187,6 +1204,22 @@ pub fn reconcile(
     run: RunStatus,
     now: i64,
 ) -> Decision {
+    // Past its deadline but never settled (the deadline's timer was lost): settled here
+    // as the timer would have — an intent `not_executed` (nothing to reconcile), a
+    // dispatched call `outcome_unknown`, which this reconciliation then resolves, both
+    // announced in the one transaction.
+    if !record.state.is_settled() {
+        if let Some(deadline) = settle_at_deadline(record, run, now) {
+            if deadline.record.state != MutationState::OutcomeUnknown {
+                return deadline;
+            }
+            let mut d = reconcile(&deadline.record, observed, by, run, now);
+            let mut events = deadline.events;
+            events.append(&mut d.events);
+            d.events = events;
+            return d;
+        }
+    }
     match (record.state, &record.reconciliation) {
         (MutationState::OutcomeUnknown, _) => {
             let (state, reason) = match observed {
@@ -2417,16 +2450,72 @@ mod tests {
         );
         assert!(!contra.changed && !contra.accepted());
         assert_eq!(contra.answer().body["state"], "not_executed");
-        // A late agent settlement does not overturn an operator.
+        let agrees = settle(&d.record, &not_sent(), RunStatus::Running, T0 + 96_000);
+        assert!(!agrees.changed && agrees.accepted());
+        // A remote response after the operator's "not applied" contests it: the record is
+        // outcome_unknown again (blocking new starts) with the response's facts, and an
+        // operator reconciles it once more.
         let late = settle(
             &d.record,
-            &confirmed(json!(1)),
+            &confirmed(json!({"id": 7})),
             RunStatus::Running,
             T0 + 96_000,
         );
-        assert!(!late.changed && !late.accepted());
-        let agrees = settle(&d.record, &not_sent(), RunStatus::Running, T0 + 96_000);
-        assert!(!agrees.changed && agrees.accepted());
+        assert!(late.changed && late.accepted() && late.events.is_empty());
+        assert_eq!(late.record.state, MutationState::OutcomeUnknown);
+        assert_eq!(late.record.result, Some(json!({"id": 7})));
+        assert_eq!(late.record.to_json()["reason"], "contested");
+        assert_eq!(late.answer().body, json!({"state": "outcome_unknown"}));
+        let again = reconcile(
+            &late.record,
+            Observed::Applied,
+            "ops-carol",
+            RunStatus::Running,
+            T0 + 97_000,
+        );
+        assert!(again.changed && again.accepted());
+        assert_eq!(again.record.state, MutationState::Completed);
+    }
+
+    #[test]
+    fn a_record_whose_deadline_timer_was_lost_is_reconciled_past_its_deadline() {
+        // Dispatched, never settled, no deadline timer ran: the operator's reconciliation
+        // settles it as the deadline would, then resolves it — both announced.
+        let d = reconcile(
+            &dispatched(),
+            Observed::NotApplied,
+            "ops-alice",
+            RunStatus::Running,
+            T0 + 60_000,
+        );
+        assert!(d.changed && d.accepted());
+        assert_eq!(d.record.state, MutationState::NotExecuted);
+        assert_eq!(d.record.to_json()["reason"], "reconciled_not_applied");
+        let types: Vec<&str> = d.events.iter().map(|e| e.event_type.as_str()).collect();
+        assert_eq!(types, ["tool_execution", "tool_execution_reconciled"]);
+        assert_eq!(d.events[0].payload["mutation_outcome"], "outcome_unknown");
+        // An intent past its deadline was never sent: it settles unsent, whatever the
+        // operator observed.
+        let d = reconcile(
+            &intent(),
+            Observed::Applied,
+            "ops-alice",
+            RunStatus::Running,
+            T0 + 60_000,
+        );
+        assert!(d.changed && d.accepted());
+        assert_eq!(d.record.state, MutationState::NotExecuted);
+        assert_eq!(d.record.to_json()["reason"], "unsent");
+        // Before the deadline, nothing to reconcile yet.
+        let d = reconcile(
+            &dispatched(),
+            Observed::Applied,
+            "ops-alice",
+            RunStatus::Running,
+            T0 + 59_000,
+        );
+        assert!(!d.changed && !d.accepted());
+        assert_eq!(d.answer().body["state"], "dispatched");
     }
 
     #[test]

@@ -435,7 +435,7 @@ pub trait MutationStore: Send + Sync + 'static {
     ) -> Result<Option<MutationRecord>, StoreError>;
 
     /// A run's records by `(tool_call_id, approval_id)`, at most `limit` (capped at
-    /// [`MAX_MUTATIONS_LISTED`]).
+    /// [`MAX_MUTATIONS_LISTED`] + 1, so a listing of the maximum can tell there is more).
     async fn list_mutations(
         &self,
         run_id: &str,

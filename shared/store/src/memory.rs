@@ -765,7 +765,7 @@ impl MutationStore for MemoryStore {
             .map(|r| {
                 r.mutations
                     .values()
-                    .take(limit.min(crate::MAX_MUTATIONS_LISTED))
+                    .take(limit.min(crate::MAX_MUTATIONS_LISTED + 1))
                     .cloned()
                     .collect()
             })

@@ -179,7 +179,11 @@ impl DynamoStore {
     /// Whether the run id has left anything behind: an event, or an approval card or
     /// route (strongly consistent `Query`s with `Limit 1`, the second only when needed).
     async fn has_any_item(&self, run_id: &str) -> Result<bool, StoreError> {
-        for table in [&self.tables.events, &self.tables.approvals] {
+        for table in [
+            &self.tables.events,
+            &self.tables.approvals,
+            &self.tables.mutations,
+        ] {
             let out = self
                 .client
                 .query()

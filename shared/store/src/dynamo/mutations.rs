@@ -135,19 +135,12 @@ fn prior_condition(prior: Option<&MutationRecord>) -> Result<Condition, StoreErr
 }
 
 impl DynamoStore {
-    /// The record's item with its TTL — only once it is settled (`completed` or
-    /// `not_executed`): an intent, a dispatched call or an unknown outcome is kept until
-    /// it settles or an operator reconciles it, however long the run lives.
+    /// The record's item with the run's TTL (from the later of now and its deadline): a
+    /// record never outlives the run by much, so no later run of the same id (whose
+    /// creation checks this table for leftovers) can inherit it.
     fn mutation_item(&self, r: &MutationRecord, now: i64) -> Result<Item, StoreError> {
         let mut item = record_to_item(r)?;
-        let settled = matches!(
-            r.state,
-            MutationState::Completed | MutationState::NotExecuted
-        );
-        if let Some(exp) = self
-            .expires_at(now.max(r.settlement_deadline_at))
-            .filter(|_| settled)
-        {
+        if let Some(exp) = self.expires_at(now.max(r.settlement_deadline_at)) {
             item.insert("expires_at".into(), exp);
         }
         Ok(item)
@@ -384,7 +377,7 @@ impl MutationStore for DynamoStore {
         run_id: &str,
         limit: usize,
     ) -> Result<Vec<MutationRecord>, StoreError> {
-        self.query_mutations(run_id, None, limit.min(crate::MAX_MUTATIONS_LISTED))
+        self.query_mutations(run_id, None, limit.min(crate::MAX_MUTATIONS_LISTED + 1))
             .await
     }
 
@@ -425,9 +418,9 @@ impl MutationStore for DynamoStore {
                 continue;
             }
             // Committed (the snapshot holds its guard entry), but not yet visible to the
-            // read-committed Query. A record of a committed admission is never removed
-            // before it settles (no TTL until then), so one that cannot be read is not
-            // taken as absent: fail closed, the caller reads again.
+            // read-committed Query. A record of a committed admission is only removed by
+            // the run's retention (with the run), so one that cannot be read is not taken
+            // as absent: fail closed, the caller reads again.
             match self
                 .read_mutation(run_id, tool_call_id, &approval_id)
                 .await?
