@@ -1,5 +1,12 @@
 //! `tollgate`: `serve` runs every HTTP route of every function in one process (the same
-//! handlers the Lambdas run); `token` mints a JWT for local use.
+//! handlers the Lambdas run); `token` mints a JWT for local use; `watch`, `approvals`,
+//! `approve` and `deny` are clients of a running server (`TOLLGATE_URL`,
+//! `TOLLGATE_TOKEN`).
+
+mod decide;
+mod remote;
+mod render;
+mod watch;
 
 use std::net::SocketAddr;
 
@@ -46,6 +53,61 @@ enum Command {
         #[arg(long)]
         project_id: Option<String>,
     },
+    /// Follow a run's live event stream, one line per event, until the run ends
+    /// (resumes by itself after a dropped connection).
+    Watch {
+        /// The run id.
+        run: String,
+        /// Print each event's JSON as the server stores it, one per line.
+        #[arg(long)]
+        json: bool,
+        /// Start after this sequence.
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        after: u64,
+        #[command(flatten)]
+        conn: remote::Conn,
+    },
+    /// List the pending approval cards (of every run you may see, or of one).
+    Approvals {
+        /// Only this run's cards.
+        #[arg(long, value_name = "RUN")]
+        run: Option<String>,
+        #[command(flatten)]
+        conn: remote::Conn,
+    },
+    /// Approve a pending tool call.
+    Approve {
+        /// The run id (the child's or its coordinator's).
+        run: String,
+        /// The card's request id.
+        request: String,
+        /// What the approval also covers: once (this call), tool (the tool on this run),
+        /// run (… and the owner's sibling runs), always (the owner's runs in the project).
+        #[arg(long, default_value = "once", value_parser = ["once", "run", "tool", "always"])]
+        scope: String,
+        #[command(flatten)]
+        conn: remote::Conn,
+    },
+    /// Deny a pending tool call.
+    Deny {
+        /// The run id (the child's or its coordinator's).
+        run: String,
+        /// The card's request id.
+        request: String,
+        #[command(flatten)]
+        conn: remote::Conn,
+    },
+}
+
+/// Ends a client command: its message on stderr, its exit code.
+fn exit_with(result: Result<i32, remote::Failure>) -> ! {
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(f) => {
+            eprintln!("tollgate: {}", f.message);
+            std::process::exit(f.code)
+        }
+    }
 }
 
 fn fail(msg: impl std::fmt::Display) -> ! {
@@ -64,6 +126,40 @@ fn secret_from_env() -> Option<Secret> {
 async fn main() {
     let cli = Cli::parse();
     match cli.command {
+        Command::Watch {
+            run,
+            json,
+            after,
+            conn,
+        } => exit_with(
+            match remote::Remote::new(conn, true) {
+                Ok(remote) => watch::watch(&remote, &watch::WatchArgs { run, json, after }).await,
+                Err(f) => Err(f),
+            }
+            .map(|()| 0),
+        ),
+        Command::Approvals { run, conn } => exit_with(
+            match remote::Remote::new(conn, false) {
+                Ok(remote) => decide::list(&remote, run.as_deref()).await,
+                Err(f) => Err(f),
+            }
+            .map(|()| 0),
+        ),
+        Command::Approve {
+            run,
+            request,
+            scope,
+            conn,
+        } => exit_with(match remote::Remote::new(conn, false) {
+            Ok(remote) => {
+                decide::decide(&remote, &run, &request, decide::Verb::Approve, &scope).await
+            }
+            Err(f) => Err(f),
+        }),
+        Command::Deny { run, request, conn } => exit_with(match remote::Remote::new(conn, false) {
+            Ok(remote) => decide::decide(&remote, &run, &request, decide::Verb::Deny, "once").await,
+            Err(f) => Err(f),
+        }),
         Command::Token {
             sub,
             role,

@@ -1,0 +1,301 @@
+//! `tollgate approvals` (the open cards as a table) and `tollgate approve` /
+//! `tollgate deny` (one decision, its answer in words).
+
+use chrono::{DateTime, Utc};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::remote::{describe, ApiRefusal, Failure, Remote};
+use crate::render::{clean, truncate};
+
+/// Widest URL / intention cell.
+const TARGET_MAX: usize = 60;
+
+/// `GET /api/approvals?state=pending`, or a run's. Prints the table.
+pub async fn list(remote: &Remote, run: Option<&str>) -> Result<(), Failure> {
+    let mut url = match run {
+        Some(run) => remote.endpoint(&["api", "runs", run, "approvals"]),
+        None => remote.endpoint(&["api", "approvals"]),
+    };
+    url.query_pairs_mut().append_pair("state", "pending");
+    let resp =
+        remote.http.get(url).send().await.map_err(|e| {
+            Failure::unavailable(format!("cannot reach the server: {}", describe(e)))
+        })?;
+    if resp.status() != StatusCode::OK {
+        let refusal = ApiRefusal::read(resp).await;
+        return Err(match refusal.status {
+            StatusCode::NOT_FOUND => Failure::refused(format!(
+                "no such run, or not visible with this token ({})",
+                refusal.summary()
+            )),
+            _ => refusal.common().unwrap_or_else(|| refusal.unexpected()),
+        });
+    }
+    let body: Value = resp
+        .json()
+        .await
+        .map_err(|e| Failure::unavailable(format!("the answer is not JSON: {}", describe(e))))?;
+    let cards = body["approvals"].as_array().cloned().unwrap_or_default();
+    let has_more = body["has_more"].as_bool().unwrap_or(false);
+    print!("{}", table(&cards, has_more, Utc::now()));
+    Ok(())
+}
+
+/// The cards as an aligned table (or a sentence when there are none).
+fn table(cards: &[Value], has_more: bool, now: DateTime<Utc>) -> String {
+    let mut out = String::new();
+    if cards.is_empty() {
+        out.push_str("no pending approvals\n");
+    } else {
+        let cell = |card: &Value, key: &str| {
+            card.get(key)
+                .and_then(Value::as_str)
+                .map(clean)
+                .filter(|s| !s.is_empty())
+        };
+        let mut rows = vec![[
+            "RUN".to_owned(),
+            "ID".to_owned(),
+            "TOOL".to_owned(),
+            "URL / INTENTION".to_owned(),
+            "EXPIRES IN".to_owned(),
+            "REQUEST".to_owned(),
+        ]];
+        for card in cards {
+            let target = cell(card, "url")
+                .or_else(|| cell(card, "intention"))
+                .or_else(|| cell(card, "message"))
+                .map_or_else(|| "-".to_owned(), |t| truncate(&t, TARGET_MAX));
+            let expires = cell(card, "expires_at")
+                .and_then(|e| DateTime::parse_from_rfc3339(&e).ok())
+                .map_or_else(
+                    || "?".to_owned(),
+                    |at| expires_in(at.with_timezone(&Utc) - now),
+                );
+            rows.push([
+                cell(card, "run_id").unwrap_or_else(|| "?".into()),
+                cell(card, "display_id").unwrap_or_else(|| "?".into()),
+                cell(card, "tool_name").unwrap_or_else(|| "?".into()),
+                target,
+                expires,
+                cell(card, "request_id").unwrap_or_else(|| "?".into()),
+            ]);
+        }
+        let mut widths = [0usize; 6];
+        for row in &rows {
+            for (w, c) in widths.iter_mut().zip(row) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        for row in &rows {
+            let mut line = String::new();
+            for (i, (c, w)) in row.iter().zip(widths).enumerate() {
+                line.push_str(c);
+                if i + 1 < row.len() {
+                    line.extend(std::iter::repeat_n(' ', w - c.chars().count() + 2));
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+    }
+    if has_more {
+        out.push_str("(more cards are pending than shown: deciding these makes room)\n");
+    }
+    out
+}
+
+/// `4m 59s`, `2h 5m`, `3d 4h`; `due` once the deadline passed (the expiry is on its way).
+fn expires_in(left: chrono::TimeDelta) -> String {
+    let secs = left.num_seconds();
+    if secs <= 0 {
+        return "due".into();
+    }
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    if d > 0 {
+        format!("{d}d {h}h")
+    } else if h > 0 {
+        format!("{h}h {m}m")
+    } else if m > 0 {
+        format!("{m}m {s}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Approve,
+    Deny,
+}
+
+impl Verb {
+    /// The state this click asks for.
+    fn state(self) -> &'static str {
+        match self {
+            Verb::Approve => "approved",
+            Verb::Deny => "denied",
+        }
+    }
+}
+
+/// `POST /api/runs/RUN/tool-approvals` or `/tool-denials`. Prints the answer; `Ok(0)`
+/// when the card ended as this click asked, `Ok(1)` when it had already ended otherwise.
+pub async fn decide(
+    remote: &Remote,
+    run: &str,
+    request: &str,
+    verb: Verb,
+    scope: &str,
+) -> Result<i32, Failure> {
+    let (route, body) = match verb {
+        Verb::Approve => (
+            "tool-approvals",
+            json!({"request_id": request, "scope": scope}),
+        ),
+        Verb::Deny => ("tool-denials", json!({"request_id": request})),
+    };
+    let resp = remote
+        .http
+        .post(remote.endpoint(&["api", "runs", run, route]))
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| Failure::unavailable(format!("cannot reach the server: {}", describe(e))))?;
+    if resp.status() != StatusCode::OK {
+        let refusal = ApiRefusal::read(resp).await;
+        return Err(match refusal.status {
+            StatusCode::NOT_FOUND => Failure::refused("no such pending request"),
+            StatusCode::CONFLICT => Failure::refused("run is not active"),
+            _ => refusal.common().unwrap_or_else(|| refusal.unexpected()),
+        });
+    }
+    let answer: Value = resp
+        .json()
+        .await
+        .map_err(|e| Failure::unavailable(format!("the answer is not JSON: {}", describe(e))))?;
+    let (line, as_asked) = answer_line(&answer, verb, scope);
+    println!("{line}");
+    Ok(if as_asked { 0 } else { 1 })
+}
+
+/// The decision answer in words, and whether the card is in the state this click asked
+/// for. A later click answers 200 too, with the card's real state: one that differs
+/// from the ask (or `expired`) means the card had already ended.
+fn answer_line(answer: &Value, verb: Verb, asked_scope: &str) -> (String, bool) {
+    let text = |k: &str| answer.get(k).and_then(Value::as_str).map(clean);
+    let state = text("state").unwrap_or_else(|| "unknown".into());
+    let expired = answer["expired"].as_bool().unwrap_or(false) || state == "expired";
+    let by = text("decided_by")
+        .map(|b| format!(" by {b}"))
+        .unwrap_or_default();
+    if expired {
+        return ("already resolved: expired".into(), false);
+    }
+    if state == verb.state() {
+        let line = match verb {
+            // The scope the answer names, else the one this click asked for.
+            Verb::Approve => format!(
+                "approved (scope {}){by}",
+                text("scope").unwrap_or_else(|| asked_scope.to_owned())
+            ),
+            Verb::Deny => format!("denied{by}"),
+        };
+        return (line, true);
+    }
+    let line = match state.as_str() {
+        "approved" => match text("scope") {
+            Some(scope) => format!("already resolved: approved (scope {scope}){by}"),
+            None => format!("already resolved: approved{by}"),
+        },
+        other => format!("already resolved: {other}{by}"),
+    };
+    (line, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_in_words() {
+        let a = |v: Value, verb| answer_line(&v, verb, "once");
+        assert_eq!(
+            a(
+                json!({"approved": true, "resolved": true, "state": "approved", "expired": false, "decided_by": "alice"}),
+                Verb::Approve
+            ),
+            ("approved (scope once) by alice".into(), true)
+        );
+        assert_eq!(
+            a(
+                json!({"approved": true, "state": "approved", "expired": false, "decided_by": "alice", "scope": "tool"}),
+                Verb::Approve
+            ),
+            ("approved (scope tool) by alice".into(), true)
+        );
+        assert_eq!(
+            a(
+                json!({"denied": true, "state": "denied", "expired": false, "decided_by": "bob"}),
+                Verb::Deny
+            ),
+            ("denied by bob".into(), true)
+        );
+        assert_eq!(
+            a(
+                json!({"approved": false, "state": "expired", "expired": true}),
+                Verb::Approve
+            ),
+            ("already resolved: expired".into(), false)
+        );
+        assert_eq!(
+            a(
+                json!({"denied": false, "state": "approved", "expired": false, "decided_by": "alice"}),
+                Verb::Deny
+            ),
+            ("already resolved: approved by alice".into(), false)
+        );
+        assert_eq!(
+            a(
+                json!({"approved": false, "state": "denied", "expired": false, "decided_by": "bob"}),
+                Verb::Approve
+            ),
+            ("already resolved: denied by bob".into(), false)
+        );
+    }
+
+    #[test]
+    fn expiry_reads_short() {
+        let s = chrono::TimeDelta::seconds;
+        assert_eq!(expires_in(s(299)), "4m 59s");
+        assert_eq!(expires_in(s(42)), "42s");
+        assert_eq!(expires_in(s(7500)), "2h 5m");
+        assert_eq!(expires_in(s(3 * 86_400 + 4 * 3600)), "3d 4h");
+        assert_eq!(expires_in(s(0)), "due");
+        assert_eq!(expires_in(s(-5)), "due");
+    }
+
+    #[test]
+    fn table_aligns_and_notes_more() {
+        let now = DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let cards = vec![
+            json!({"run_id": "run-1", "display_id": "5f0c7a2e", "request_id": "5f0c7a2e-9d41",
+                   "tool_name": "web_fetch", "url": "https://example.com/docs",
+                   "expires_at": "2026-11-30T12:04:59.500Z"}),
+            json!({"run_id": "run-22", "display_id": "abc", "request_id": "abc",
+                   "tool_name": "shell", "url": null, "intention": "list\nfiles",
+                   "expires_at": "2026-11-30T11:00:00.000Z"}),
+        ];
+        assert_eq!(
+            table(&cards, true, now),
+            "RUN     ID        TOOL       URL / INTENTION           EXPIRES IN  REQUEST\n\
+             run-1   5f0c7a2e  web_fetch  https://example.com/docs  4m 59s      5f0c7a2e-9d41\n\
+             run-22  abc       shell      list files                due         abc\n\
+             (more cards are pending than shown: deciding these makes room)\n"
+        );
+        assert_eq!(table(&[], false, now), "no pending approvals\n");
+    }
+}

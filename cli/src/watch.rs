@@ -1,0 +1,350 @@
+//! `tollgate watch RUN`: follows `GET /api/runs/RUN/stream` and prints one line per
+//! event until the run's `done` frame.
+//!
+//! A response ends cleanly after the server's window, or breaks; either way the command
+//! reconnects with `Last-Event-ID` = the last sequence it printed, so every event is
+//! printed once, in order. After a clean end it waits the server's `retry:` hint; after
+//! an error it backs off (the hint, doubling, at most 30 s, or the server's
+//! `Retry-After` when longer). 400/401/403/404 end the command (exit 1).
+
+use std::io::Write;
+use std::time::Duration;
+
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::remote::{describe, ApiRefusal, Failure, Remote};
+use crate::render;
+
+/// The reconnect delay until the server sends its `retry:` hint (the SSE default).
+const DEFAULT_RETRY: Duration = Duration::from_secs(1);
+/// Longest wait between attempts after errors.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// A response that sends nothing this long (the server sends a keep-alive every 15 s)
+/// is treated as broken.
+const STALL: Duration = Duration::from_secs(45);
+
+pub struct WatchArgs {
+    pub run: String,
+    pub json: bool,
+    pub after: u64,
+}
+
+/// One item of the stream, as the SSE parser hands it over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Item {
+    /// `retry: <ms>`.
+    Retry(u64),
+    /// A dispatched frame.
+    Frame {
+        id: Option<String>,
+        event: String,
+        data: String,
+    },
+}
+
+/// An incremental `text/event-stream` parser (the WHATWG rules this stream needs):
+/// bytes in, items out; a frame that a broken response leaves half-read is dropped
+/// with the parser.
+#[derive(Default)]
+pub struct Parser {
+    buf: Vec<u8>,
+    event: String,
+    data: String,
+    has_data: bool,
+    id: Option<String>,
+}
+
+impl Parser {
+    pub fn feed(&mut self, chunk: &[u8]) -> Vec<Item> {
+        self.buf.extend_from_slice(chunk);
+        let mut out = Vec::new();
+        let mut start = 0;
+        while let Some(pos) = self.buf[start..].iter().position(|&b| b == b'\n') {
+            let mut line = &self.buf[start..start + pos];
+            if let [rest @ .., b'\r'] = line {
+                line = rest;
+            }
+            let line = String::from_utf8_lossy(line).into_owned();
+            start += pos + 1;
+            self.line(&line, &mut out);
+        }
+        self.buf.drain(..start);
+        out
+    }
+
+    fn line(&mut self, line: &str, out: &mut Vec<Item>) {
+        if line.is_empty() {
+            let event = std::mem::take(&mut self.event);
+            let data = std::mem::take(&mut self.data);
+            let id = self.id.take();
+            if std::mem::take(&mut self.has_data) || !event.is_empty() {
+                out.push(Item::Frame { id, event, data });
+            }
+            return;
+        }
+        if line.starts_with(':') {
+            return; // a comment: `: keep-alive`
+        }
+        let (field, value) = match line.split_once(':') {
+            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+            None => (line, ""),
+        };
+        match field {
+            "event" => self.event = value.to_owned(),
+            "data" => {
+                if self.has_data {
+                    self.data.push('\n');
+                }
+                self.data.push_str(value);
+                self.has_data = true;
+            }
+            "id" if !value.contains('\0') => self.id = Some(value.to_owned()),
+            "retry" => {
+                if let Ok(ms) = value.parse::<u64>() {
+                    out.push(Item::Retry(ms));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// How one response ended.
+enum Ended {
+    /// The `done` frame: the run ended and everything was printed.
+    Done,
+    /// The window ended (or the body did) without `done`: resume.
+    Window,
+}
+
+/// Why one response gave out.
+enum Interrupt {
+    /// Stop the command.
+    Fatal(Failure),
+    /// Try again after a while.
+    Transient {
+        reason: String,
+        retry_after: Option<Duration>,
+    },
+}
+
+/// What survives from one response to the next.
+struct Position {
+    /// The last sequence printed (or `--after`).
+    last: u64,
+    /// The server's `retry:` hint.
+    retry: Duration,
+    /// Whether the current response delivered an event.
+    progressed: bool,
+}
+
+pub async fn watch(remote: &Remote, args: &WatchArgs) -> Result<(), Failure> {
+    let url = remote.endpoint(&["api", "runs", &args.run, "stream"]);
+    let mut pos = Position {
+        last: args.after,
+        retry: DEFAULT_RETRY,
+        progressed: false,
+    };
+    let mut failures: u32 = 0;
+    loop {
+        pos.progressed = false;
+        let outcome = follow(remote, url.clone(), args, &mut pos).await;
+        if pos.progressed {
+            failures = 0;
+        }
+        match outcome {
+            Ok(Ended::Done) => return Ok(()),
+            Ok(Ended::Window) => {
+                failures = 0;
+                tokio::time::sleep(pos.retry).await;
+            }
+            Err(Interrupt::Fatal(f)) => return Err(f),
+            Err(Interrupt::Transient {
+                reason,
+                retry_after,
+            }) => {
+                failures = failures.saturating_add(1);
+                let delay = backoff(pos.retry, failures).max(retry_after.unwrap_or_default());
+                eprintln!(
+                    "tollgate: {reason}; reconnecting after #{} in {:.1}s",
+                    pos.last,
+                    delay.as_secs_f64()
+                );
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+/// The wait before attempt `failures` (1, 2, …) after errors: the hint, doubling, ≤ 30 s.
+fn backoff(hint: Duration, failures: u32) -> Duration {
+    let base = hint.clamp(Duration::from_millis(100), MAX_BACKOFF);
+    base.saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(MAX_BACKOFF)
+}
+
+/// One response: open it from `pos.last`, print what arrives.
+async fn follow(
+    remote: &Remote,
+    url: reqwest::Url,
+    args: &WatchArgs,
+    pos: &mut Position,
+) -> Result<Ended, Interrupt> {
+    let resp = remote
+        .http
+        .get(url)
+        .header(ACCEPT, "text/event-stream")
+        .header("Last-Event-ID", pos.last.to_string())
+        .send()
+        .await
+        .map_err(|e| Interrupt::Transient {
+            reason: describe(e),
+            retry_after: None,
+        })?;
+    let status = resp.status();
+    if status != StatusCode::OK {
+        let refusal = ApiRefusal::read(resp).await;
+        return Err(match status {
+            StatusCode::NOT_FOUND => Interrupt::Fatal(Failure::refused(format!(
+                "no such run, or not visible with this token ({})",
+                refusal.summary()
+            ))),
+            s if s.is_server_error()
+                || s == StatusCode::TOO_MANY_REQUESTS
+                || s == StatusCode::REQUEST_TIMEOUT =>
+            {
+                Interrupt::Transient {
+                    reason: format!("the server answered {}", refusal.summary()),
+                    retry_after: refusal.retry_after,
+                }
+            }
+            _ => Interrupt::Fatal(refusal.common().unwrap_or_else(|| refusal.unexpected())),
+        });
+    }
+    let is_stream = resp
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if !is_stream {
+        return Err(Interrupt::Fatal(Failure::refused(
+            "the server did not answer with an event stream (is the URL a Tollgate server?)",
+        )));
+    }
+    let mut resp = resp;
+    let mut parser = Parser::default();
+    loop {
+        let chunk = match tokio::time::timeout(STALL, resp.chunk()).await {
+            Err(_) => {
+                return Err(Interrupt::Transient {
+                    reason: format!("nothing received for {}s", STALL.as_secs()),
+                    retry_after: None,
+                })
+            }
+            Ok(Err(e)) => {
+                return Err(Interrupt::Transient {
+                    reason: format!("the stream broke ({})", describe(e)),
+                    retry_after: None,
+                })
+            }
+            Ok(Ok(None)) => return Ok(Ended::Window),
+            Ok(Ok(Some(chunk))) => chunk,
+        };
+        for item in parser.feed(&chunk) {
+            match item {
+                Item::Retry(ms) => pos.retry = Duration::from_millis(ms).min(MAX_BACKOFF),
+                Item::Frame { id, event, data } => {
+                    if event == "done" && id.is_none() {
+                        if !args.json {
+                            let end = serde_json::from_str::<Value>(&data)
+                                .ok()
+                                .and_then(|v| v.get("terminal_sequence").and_then(Value::as_u64));
+                            print_line(&match end {
+                                Some(seq) => format!("done: the run ended at #{seq}"),
+                                None => "done: the run ended".to_owned(),
+                            });
+                        }
+                        return Ok(Ended::Done);
+                    }
+                    let seq = id.as_deref().and_then(|i| i.trim().parse::<u64>().ok());
+                    if let Some(seq) = seq {
+                        if seq <= pos.last {
+                            continue; // already printed
+                        }
+                    }
+                    if args.json {
+                        print_line(&data);
+                    } else {
+                        print_line(&render::event_line(seq, &event, &data));
+                    }
+                    if let Some(seq) = seq {
+                        pos.last = seq;
+                        pos.progressed = true;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One line on stdout, flushed; a closed stdout (`| head`) ends the command quietly.
+fn print_line(line: &str) {
+    let mut out = std::io::stdout().lock();
+    if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+        std::process::exit(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(id: Option<&str>, event: &str, data: &str) -> Item {
+        Item::Frame {
+            id: id.map(str::to_owned),
+            event: event.into(),
+            data: data.into(),
+        }
+    }
+
+    #[test]
+    fn parses_the_server_frames_across_any_split() {
+        let text = "retry: 1000\n\nid: 1\nevent: run_started\ndata: {\"a\":\"é\"}\n\n: keep-alive\n\nid: 2\r\nevent: x\r\ndata: 1\r\ndata: 2\r\n\r\nevent: done\ndata: {}\n\n";
+        let want = vec![
+            Item::Retry(1000),
+            frame(Some("1"), "run_started", "{\"a\":\"é\"}"),
+            frame(Some("2"), "x", "1\n2"),
+            frame(None, "done", "{}"),
+        ];
+        let bytes = text.as_bytes();
+        for cut in 0..bytes.len() {
+            let mut p = Parser::default();
+            let mut got = p.feed(&bytes[..cut]);
+            got.extend(p.feed(&bytes[cut..]));
+            assert_eq!(got, want, "split at {cut}");
+        }
+        // Byte by byte.
+        let mut p = Parser::default();
+        let got: Vec<Item> = bytes.iter().flat_map(|b| p.feed(&[*b])).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_half_frame_is_not_dispatched() {
+        let mut p = Parser::default();
+        assert_eq!(p.feed(b"id: 3\nevent: x\ndata: {\"sequ"), vec![]);
+    }
+
+    #[test]
+    fn backoff_doubles_and_is_bounded() {
+        let s = Duration::from_secs;
+        assert_eq!(backoff(s(1), 1), s(1));
+        assert_eq!(backoff(s(1), 2), s(2));
+        assert_eq!(backoff(s(1), 4), s(8));
+        assert_eq!(backoff(s(1), 9), MAX_BACKOFF);
+        assert_eq!(backoff(s(1), u32::MAX), MAX_BACKOFF);
+        assert_eq!(backoff(Duration::ZERO, 1), Duration::from_millis(100));
+    }
+}
