@@ -40,6 +40,7 @@ test: lint
 # Lambda-runtime tier: each function under `cargo lambda watch`, invoked with fixtures.
 test-integration:
 	cargo build -p tollgate
+	tests/harness/browser.sh
 	cargo nextest run --workspace --no-fail-fast
 	tests/lambda/run.sh
 

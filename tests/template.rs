@@ -136,7 +136,11 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                 ),
                 (
                     "EventsTable",
-                    &["dynamodb:BatchGetItem", "dynamodb:PutItem"],
+                    &[
+                        "dynamodb:BatchGetItem",
+                        "dynamodb:GetItem",
+                        "dynamodb:PutItem",
+                    ],
                 ),
                 (
                     "ApprovalsTable",

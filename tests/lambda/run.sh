@@ -9,6 +9,9 @@
 #
 # REGEX (optional) keeps only the cases whose "<function>/<case>" matches it (later
 # cases usually depend on earlier ones in the same session, so filter with care).
+# After the cases, one step that is not a case: replay-stream/90-sse-drops, an SSE
+# client dropped 20 times while 1,000 events are appended (tests/lambda/sse_drops.py;
+# see "SSE through drops" below); REGEX selects it like a case (`sse-drops`: it alone).
 # Assumes the emulator environment is exported (AWS_ENDPOINT_URL_DYNAMODB,
 # AWS_ENDPOINT_URL_SECRETS_MANAGER and AWS_ENDPOINT_URL_SQS, or AWS_ENDPOINT_URL;
 # AWS_REGION, credentials);
@@ -97,7 +100,8 @@
 # once and the function's later cases without invoking them.
 # Tunables: TOLLGATE_LAMBDA_FIRST_TIMEOUT (s, first invoke of a function, which may
 #   build it; default 900), TOLLGATE_LAMBDA_INVOKE_TIMEOUT (s, default 60),
-#   TOLLGATE_LAMBDA_CASES (case directory; default fixtures/lambda).
+#   TOLLGATE_LAMBDA_CASES (case directory; default fixtures/lambda),
+#   TOLLGATE_LAMBDA_SSE_LOG=1 (print the SSE step's per-response log even when it passes).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -110,6 +114,7 @@ FIRST_TIMEOUT=${TOLLGATE_LAMBDA_FIRST_TIMEOUT:-900}
 INVOKE_TIMEOUT=${TOLLGATE_LAMBDA_INVOKE_TIMEOUT:-60}
 READY_TIMEOUT=60
 ONLY=${1:-}
+SSE_LOG=${TOLLGATE_LAMBDA_SSE_LOG:-}
 
 log() { printf 'lambda: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -207,8 +212,18 @@ mapfile -t CASES < <(cd "$CASES_DIR" && find . -mindepth 2 -maxdepth 2 -name '*.
 if [[ -n $ONLY ]]; then
   mapfile -t CASES < <(printf '%s\n' "${CASES[@]}" | grep -E -- "$ONLY" || true)
 fi
-((${#CASES[@]})) || die "no cases in $CASES_DIR${ONLY:+ matching $ONLY}"
-mapfile -t FUNCTIONS < <(printf '%s\n' "${CASES[@]%%/*}" | sort -u)
+# The SSE step after the cases (see "SSE through drops" below), selected by REGEX like a
+# case; its events are templates in $CASES_DIR/$SSE_STEP (a level below the cases).
+SSE_STEP=replay-stream/90-sse-drops
+SSE_TEMPLATES=()
+if [[ -d $CASES_DIR/$SSE_STEP ]] && { [[ -z $ONLY ]] || grep -qE -- "$ONLY" <<<"$SSE_STEP"; }; then
+  mapfile -t SSE_TEMPLATES < <(cd "$CASES_DIR" && find "$SSE_STEP" -maxdepth 1 -name '*.json' | LC_ALL=C sort)
+fi
+((${#CASES[@]} + ${#SSE_TEMPLATES[@]})) || die "no cases in $CASES_DIR${ONLY:+ matching $ONLY}"
+mapfile -t FUNCTIONS < <({
+  printf '%s\n' "${CASES[@]%%/*}"
+  ((${#SSE_TEMPLATES[@]} == 0)) || printf '%s\n' ingress replay-stream
+} | sed '/^$/d' | sort -u)
 
 SESSION=$(date -u +%Y%m%d%H%M%S)-$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
 
@@ -365,7 +380,7 @@ else:
     sys.exit(f"unknown command {cmd}")
 PY
 cases() { python3 "$WORK/cases.py" "$1" "$CASES_DIR" "$WORK" "$SESSION" "${@:2}"; }
-cases init "${CASES[@]}"
+cases init "${CASES[@]}" "${SSE_TEMPLATES[@]}"
 
 JQ_PRELUDE='def json: (if .isBase64Encoded then (.body | @base64d) else .body end) | fromjson;
 '
@@ -461,26 +476,22 @@ start_watch() {
   done
 }
 
-# Sends one event; the answer goes to out, cargo lambda invoke's errors to err. If the
-# function process ends meanwhile (e.g. its init failed: watch then logs "command
-# exited" and keeps the invoke waiting forever), the invoke is stopped at once.
-invoke() { # function event out err timeout watch-log-lines-before
-  local rc=0
-  local cmd=(cargo lambda invoke "$1" --data-file "$2"
-    --invoke-address 127.0.0.1 --invoke-port "$PORT" --color never)
-  # Response-streaming functions (named *-stream) answer with a prelude that
-  # `cargo lambda invoke` cannot read; invoke_stream.py reads it as a Function URL would.
-  [[ $1 == *-stream ]] && cmd=(python3 "$HERE/invoke_stream.py" "$PORT" "$1" "$2")
-  timeout -k 5 "$5" "${cmd[@]}" </dev/null >"$3" 2>"$4" &
+# Runs cmd for at most timeout seconds, its output in out and err. If a function process
+# ends meanwhile (e.g. its init failed: watch then logs "command exited" and keeps the
+# invoke waiting forever), cmd is stopped at once (125).
+run_watched() { # out err timeout watch-log-lines-before cmd...
+  local rc=0 out=$1 err=$2 limit=$3 lines=$4
+  shift 4
+  timeout -k 5 "$limit" "$@" </dev/null >"$out" 2>"$err" &
   CHILD=$!
   while kill -0 "$CHILD" 2>/dev/null; do
-    if tail -n +"$(($6 + 1))" "$WORK/watch.log" | grep -q 'command exited'; then
+    if tail -n +"$((lines + 1))" "$WORK/watch.log" | grep -q 'command exited'; then
       sleep 0.5  # an answer that was on its way still wins
       if kill -0 "$CHILD" 2>/dev/null; then
         kill -TERM "$CHILD" 2>/dev/null || true
         wait "$CHILD" 2>/dev/null || true
         CHILD=
-        echo "the function process exited before answering (see the function log)" >>"$4"
+        echo "the function process exited before answering (see the function log)" >>"$err"
         return 125
       fi
     fi
@@ -489,6 +500,16 @@ invoke() { # function event out err timeout watch-log-lines-before
   wait "$CHILD" || rc=$?
   CHILD=
   return "$rc"
+}
+
+# Sends one event; the answer goes to out, cargo lambda invoke's errors to err.
+invoke() { # function event out err timeout watch-log-lines-before
+  local cmd=(cargo lambda invoke "$1" --data-file "$2"
+    --invoke-address 127.0.0.1 --invoke-port "$PORT" --color never)
+  # Response-streaming functions (named *-stream) answer with a prelude that
+  # `cargo lambda invoke` cannot read; invoke_stream.py reads it as a Function URL would.
+  [[ $1 == *-stream ]] && cmd=(python3 "$HERE/invoke_stream.py" "$PORT" "$1" "$2")
+  run_watched "$3" "$4" "$5" "$6" "${cmd[@]}"
 }
 
 t0=$SECONDS
@@ -501,6 +522,7 @@ PASSED=0
 declare -A STARTED=() DEAD=()
 width=0
 for c in "${CASES[@]}"; do ((${#c} - 5 > width)) && width=$((${#c} - 5)); done
+((${#SSE_TEMPLATES[@]} == 0 || ${#SSE_STEP} <= width)) || width=${#SSE_STEP}
 
 # One answer of a case: invoke (unless the function's process is gone), capture the run
 # token the answer carries, evaluate the expectation. Sets STATUS and VERDICT.
@@ -585,6 +607,79 @@ for c in "${CASES[@]}"; do
     fi
   fi
 done
+
+# ---------------------------------------------------------------- SSE through drops
+#
+# Issue 9 through the streaming Lambda: an SSE client dropped 20 times at random points
+# while 1,000 events are appended receives every sequence exactly once, in order. The
+# events are templates in $SSE_STEP/ (not cases: they are sent by this step):
+#   01-create-run-apigw.json   ingress creates __RUN_ID_SSE__ (invoked like a case, with
+#                              its .jq; its answer's token becomes __RUN_TOKEN_SSE__)
+#   02-append-events-apigw.json, 03-complete-run-apigw.json   ingress, API Gateway
+#   04-stream-function-url.json   replay-stream, Function URL, accept: text/event-stream
+# then tests/lambda/sse_drops.py appends 1,000 events in batches of 25 through ingress
+# and completes the run while it streams replay-stream, reading the body as watch
+# streams it, dropping the connection at 20 random points and resuming with
+# last-event-id, until `event: done` (see that file for what it asserts). Bounded by
+# SSE_DEADLINE seconds; prints its summary line under the step's own.
+# Under cargo lambda watch the invocation's deadline is in the past (its Runtime API
+# sends lambda-runtime-deadline-ms: 600000), so each streamed response serves what is
+# there and ends (a zero window): the client resumes after the retry hint every time.
+SSE_DEADLINE=60
+sse_drops_step() {
+  local name=$SSE_STEP base=$WORK/out/$SSE_STEP t_case timeout=$INVOKE_TIMEOUT t run_id
+  local why= rc=0 lines cold=
+  mkdir -p "$base"
+  t_case=$(date +%s%N)
+  STATUS=- VERDICT=
+  [[ -n ${STARTED[ingress]:-} ]] || timeout=$FIRST_TIMEOUT cold=" cold"
+  lines=$(wc -l <"$WORK/watch.log")
+  if ! cases render "$name/01-create-run-apigw.json" >/dev/null 2>"$base/render"; then
+    why="the create event could not be rendered: $(cat "$base/render")"
+  else
+    STARTED[ingress]=1
+    answer_once ingress "$name/01-create-run-apigw" "$WORK/events/$name/01-create-run-apigw.json" \
+      "$base/01-create.json" "$base/01-create.err" "$base/01-create.jqerr" "$timeout" "$lines"
+    [[ $VERDICT == true ]] ||
+      why="creating the run: expectation gave ${VERDICT:-nothing}: $(jq -c . "$base/01-create.json" 2>/dev/null | head -c 600)"
+  fi
+  if [[ -z $why ]]; then
+    for t in 02-append-events-apigw 03-complete-run-apigw 04-stream-function-url; do
+      cases render "$name/$t.json" >/dev/null 2>"$base/render" ||
+        { why="$t could not be rendered: $(cat "$base/render")"; break; }
+    done
+  fi
+  if [[ -z $why ]]; then
+    [[ -n ${STARTED[replay-stream]:-} ]] || cold=" cold"
+    STARTED[replay-stream]=1
+    run_id=$(jq -r '._SSE' "$WORK/run_ids.json")
+    lines=$(wc -l <"$WORK/watch.log")
+    run_watched "$base/sse.out" "$base/sse.err" $((SSE_DEADLINE + 30)) "$lines" \
+      python3 "$HERE/sse_drops.py" "$PORT" "$run_id" \
+        "$WORK/events/$name/02-append-events-apigw.json" \
+        "$WORK/events/$name/03-complete-run-apigw.json" \
+        "$WORK/events/$name/04-stream-function-url.json" \
+        --events 1000 --batch 25 --drops 20 --deadline "$SSE_DEADLINE" --log || rc=$?
+    STATUS=$rc
+    ((rc == 0)) || why="sse_drops.py exited with $rc"
+    ((rc != 124)) || why="sse_drops.py did not finish in $((SSE_DEADLINE + 30))s"
+  fi
+  local ms=$((($(date +%s%N) - t_case) / 1000000))
+  if [[ -z $why ]]; then
+    PASSED=$((PASSED + 1))
+    printf 'ok    %-*s %5s %6sms%s\n' "$width" "$name" "-" "$ms" "$cold"
+    sed 's/^/      /' "$base/sse.out"
+    [[ -z $SSE_LOG ]] || sed 's/^/      | /' "$base/sse.err"
+  else
+    FAILED=$((FAILED + 1))
+    printf 'FAIL  %-*s %5s %6sms%s\n' "$width" "$name" "$STATUS" "$ms" "$cold"
+    echo "  $why"
+    [[ ! -s $base/sse.err ]] || tail -n 20 "$base/sse.err" | sed 's/^/  | /'
+    echo "  function log (this step):"
+    tail -n +"$((lines + 1))" "$WORK/watch.log" | tail -n 15 | cut -c1-400 | sed 's/^/  | /'
+  fi
+}
+((${#SSE_TEMPLATES[@]} == 0)) || sse_drops_step
 
 stop_watch
 log "done in $((SECONDS - T_START))s (invokes and watch: $((SECONDS - t0))s)"

@@ -290,12 +290,12 @@ async fn decide(
         return Err(unknown());
     }
     // One read (the card with the heads the decision writes), then one write.
-    let located = deps
-        .gate
-        .locate(&run_id, &body.request_id)
-        .await?
-        .filter(|l| in_project(&claims, &l.card.project_id))
-        .ok_or_else(unknown)?;
+    let located = match deps.gate.locate(&run_id, &body.request_id).await? {
+        Some(l) if in_project(&claims, &l.card.project_id) => l,
+        Some(_) => return Err(unknown()),
+        // Unknown to the durable gate: a pod-per-run run's pod may hold it.
+        None => return forward_decision(&deps, &claims, &run_id, &body, verb).await,
+    };
     let card = &located.card;
     let resolution = match verb {
         Verb::Deny => Resolution::Denied {
@@ -320,6 +320,152 @@ async fn decide(
             Err(ApiError::new(StatusCode::CONFLICT, "Run is not active.").with_state("pending"))
         }
     }
+}
+
+/// A decision on a card the durable gate does not know, for a pod-per-run run: forwarded
+/// to the run's AgentHost pod (DESIGN §8). Its terminal answer is 200 and one
+/// `tool.approval_resolved` on the run (however often the decision is forwarded); a
+/// scoped policy is written with it only when this forward applied an approval; pod
+/// 404 → 404 `unknown`, pod 409 → 409 `pending`, anything else 503
+/// `agenthost_unreachable` (retryable while the run and its pod are active).
+async fn forward_decision(
+    deps: &Deps,
+    claims: &Claims,
+    run_id: &str,
+    body: &DecisionBody,
+    verb: Verb,
+) -> Result<Response, ApiError> {
+    let head = deps
+        .store
+        .read_head(run_id)
+        .await?
+        .filter(|h| in_project(claims, &h.project_id))
+        .filter(|h| h.execution_mode.as_deref() == Some("pod"))
+        .ok_or_else(unknown)?;
+    if head.status.is_terminal() {
+        return Err(ApiError::new(StatusCode::CONFLICT, "Run is not active.").with_state("pending"));
+    }
+    let scope = match verb {
+        Verb::Approve => Scope::parse(body.scope.as_ref().and_then(Value::as_str)),
+        Verb::Deny => Scope::Once,
+    };
+    if scope != Scope::Once && head.owner.as_deref() != Some(claims.sub.as_str()) {
+        return Err(ApiError::forbidden(format!(
+            "scope {} needs the run's owner; the card stays pending",
+            scope.as_str()
+        )));
+    }
+    let unreachable = |why: &str| {
+        tracing::warn!(why, "decision not forwarded to the agent host");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the run's agent host is unreachable; retry",
+        )
+        .with_state("agenthost_unreachable")
+    };
+    let Some(origin) = head.agenthost_origin.as_deref() else {
+        return Err(unreachable("the run has no agenthost_origin"));
+    };
+    let config = deps.gate.config();
+    let answer = crate::forward::forward(
+        origin,
+        &deps.auth.pod_credential(&head.run_id, &head.incarnation),
+        match verb {
+            Verb::Approve => crate::forward::Verb::Approve,
+            Verb::Deny => crate::forward::Verb::Deny,
+        },
+        &head.run_id,
+        &body.request_id,
+        scope,
+        crate::forward::Reach {
+            timeout: config.forward_timeout,
+            allow_loopback: config.allow_loopback_origins,
+        },
+    )
+    .await;
+    let (state, applied, pod_scope, decided_by, tool_name) = match answer {
+        crate::forward::PodAnswer::Terminal {
+            state,
+            applied,
+            scope,
+            decided_by,
+            tool_name,
+        } => (state, applied, scope, decided_by, tool_name),
+        crate::forward::PodAnswer::Unknown => return Err(unknown()),
+        crate::forward::PodAnswer::Pending => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "the agent host holds the request pending but cannot decide it now",
+            )
+            .with_state("pending"))
+        }
+        crate::forward::PodAnswer::Unreachable(why) => return Err(unreachable(&why)),
+    };
+    let now = tollgate_domain::now_millis();
+    let card = ApprovalRequest {
+        run_id: head.run_id.clone(),
+        tool_call_id: body.request_id.clone(),
+        approval_id: body.request_id.clone(),
+        request_id: body.request_id.clone(),
+        tool_name: tool_name.clone().unwrap_or_default(),
+        explicit_ids: false,
+        url: None,
+        intention: None,
+        message: None,
+        arguments_hash: None,
+        state,
+        scope: match state {
+            ApprovalState::Approved => pod_scope.or(Some(scope)),
+            _ => None,
+        },
+        decided_by: match state {
+            ApprovalState::Expired => None,
+            _ if applied => Some(claims.sub.clone()),
+            _ => decided_by,
+        },
+        decided_at: Some(now),
+        created_at: now,
+        expires_at: now,
+        coordinator_run_id: None,
+        subtask_id: head.subtask_id.clone(),
+        project_id: head.project_id.clone(),
+        auto_approval: None,
+    };
+    // The durable policy, only for the forward that applied this approval, for a tool
+    // the pod named, and `always` only for the always-eligible tools (fail closed).
+    let grant = match (&tool_name, state, applied) {
+        (Some(tool), ApprovalState::Approved, true)
+            if scope != Scope::Once
+                && (scope != Scope::Always || deps.gate.always_eligible(tool)) =>
+        {
+            let coordinator = match &head.parent_run_id {
+                Some(parent) => deps.store.read_head(parent).await?,
+                None => None,
+            };
+            deps.gate.grant_for(
+                &Located {
+                    card: card.clone(),
+                    head: Some(head.clone()),
+                    coordinator,
+                },
+                scope,
+                &claims.sub,
+            )
+        }
+        _ => None,
+    };
+    let recorded = deps
+        .gate
+        .store()
+        .record_forwarded(&head.run_id, &card, grant)
+        .await?;
+    tracing::info!(
+        state = state.as_str(),
+        applied,
+        recorded = ?recorded,
+        "decision forwarded to the agent host"
+    );
+    Ok(Json(decision_answer(&card, verb)).into_response())
 }
 
 /// A scope beyond `once` is the run owner's to grant (the card stays pending otherwise),

@@ -109,6 +109,9 @@ type HmacSha256 = Hmac<Sha256>;
 /// `hex(HMAC-SHA256(run_key, run_id))`.
 pub const RUN_TOKEN_KEY_LABEL: &[u8] = b"tollgate run-token key v1";
 
+/// `pod_key = HMAC-SHA256(run_key, POD_CREDENTIAL_KEY_LABEL)` (see [`Auth::pod_credential`]).
+const POD_CREDENTIAL_KEY_LABEL: &[u8] = b"tollgate pod-credential key v1";
+
 /// A run token starts with the run's incarnation: 16 hex digits.
 const INCARNATION_HEX: usize = 16;
 
@@ -141,6 +144,22 @@ impl Auth {
     pub fn run_token(&self, run_id: &str, incarnation: &str) -> String {
         let mac = hex::encode(self.mac(run_id, incarnation).finalize().into_bytes());
         format!("{incarnation}{mac}")
+    }
+
+    /// The credential a pod-per-run AgentHost checks on forwarded decisions
+    /// (`Authorization: Bearer`): `hex(HMAC-SHA256(pod_key, run_id ‖ 0 ‖ incarnation))`
+    /// under a key derived from the secret for this purpose alone — a pod holding it can
+    /// neither act as the run (its token is another MAC) nor mint anything. Handed to the
+    /// creating agent with the run; never stored or logged.
+    pub fn pod_credential(&self, run_id: &str, incarnation: &str) -> String {
+        let mut key = HmacSha256::new_from_slice(&self.run_key).expect("HMAC takes any key length");
+        key.update(POD_CREDENTIAL_KEY_LABEL);
+        let pod_key = key.finalize().into_bytes();
+        let mut mac = HmacSha256::new_from_slice(&pod_key).expect("HMAC takes any key length");
+        mac.update(run_id.as_bytes());
+        mac.update(b"\0");
+        mac.update(incarnation.as_bytes());
+        hex::encode(mac.finalize().into_bytes())
     }
 
     /// Signs a JWT (used by `tollgate token` and `tollgate serve`).

@@ -5,7 +5,7 @@
 
 use axum::Router;
 
-use crate::{approvals, ingress, replay, settlement, ConfigError, Deps};
+use crate::{approvals, console, ingress, replay, settlement, ConfigError, Deps};
 
 /// What invokes a function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +30,8 @@ pub enum Routes {
     Approvals,
     /// Approved execution: start, dispatch, settle, mutation records, reconciliation.
     Settlement,
-    /// Sequenced replay.
+    /// Sequenced replay and the live stream; the operator console (`/console`, its
+    /// script and `/api/console/config`).
     Replay,
 }
 
@@ -43,7 +44,7 @@ impl Routes {
                 .merge(settlement::receipt_routes()),
             Routes::Approvals => approvals::decision_routes(),
             Routes::Settlement => settlement::routes(),
-            Routes::Replay => replay::routes(),
+            Routes::Replay => replay::routes().merge(console::routes()),
         }
     }
 

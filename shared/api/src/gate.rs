@@ -40,6 +40,12 @@ pub struct GateConfig {
     /// Approved execution: `TOLLGATE_SETTLEMENT_DEADLINE_SECONDS` (default 60) and
     /// `TOLLGATE_EXECUTION_HEARTBEAT_SECONDS` (default 15).
     pub execution: ExecutionSettings,
+    /// `TOLLGATE_AGENTHOST_TIMEOUT_SECONDS` (default 10): how long a decision forwarded
+    /// to a run's AgentHost pod waits for its answer.
+    pub forward_timeout: Duration,
+    /// `TOLLGATE_ALLOW_LOOPBACK_ORIGINS=1`: pods may be reached over plain http on
+    /// loopback (local pods and tests; never in a deployment).
+    pub allow_loopback_origins: bool,
 }
 
 impl Default for GateConfig {
@@ -50,6 +56,8 @@ impl Default for GateConfig {
             stall_timeout: Duration::from_secs(300),
             always_eligible: vec!["web_fetch".into()],
             execution: ExecutionSettings::default(),
+            forward_timeout: Duration::from_secs(10),
+            allow_loopback_origins: false,
         }
     }
 }
@@ -72,6 +80,11 @@ impl GateConfig {
         if let Some(d) = positive_seconds("TOLLGATE_EXECUTION_HEARTBEAT_SECONDS")? {
             config.execution.heartbeat_interval_ms = millis(d);
         }
+        if let Some(d) = positive_seconds("TOLLGATE_AGENTHOST_TIMEOUT_SECONDS")? {
+            config.forward_timeout = d;
+        }
+        config.allow_loopback_origins =
+            std::env::var("TOLLGATE_ALLOW_LOOPBACK_ORIGINS").is_ok_and(|v| v == "1" || v == "true");
         if let Ok(v) = std::env::var("TOLLGATE_ALWAYS_ELIGIBLE_TOOLS") {
             config.always_eligible = v
                 .split(',')

@@ -189,12 +189,11 @@ async fn create_run(
     match body.execution_mode.as_deref() {
         None | Some("inline") => {}
         Some("pod") => {
-            let origin = body.agenthost_origin.as_deref().unwrap_or_default();
-            if !(origin.starts_with("http://") || origin.starts_with("https://")) {
-                return Err(ApiError::bad_request(
-                    "execution_mode pod needs an http(s) agenthost_origin",
-                ));
-            }
+            let origin = body.agenthost_origin.as_deref().ok_or_else(|| {
+                ApiError::bad_request("execution_mode pod needs an agenthost_origin")
+            })?;
+            crate::forward::check_origin(origin, deps.gate.config().allow_loopback_origins)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
         }
         Some(_) => {
             return Err(ApiError::bad_request(
@@ -255,12 +254,7 @@ async fn create_run(
         budget: body.budget,
     };
     let receipt = |status: StatusCode, head: &RunHead| {
-        let token = deps.auth.run_token(&head.run_id, &head.incarnation);
-        (
-            status,
-            Json(json!({"run_id": head.run_id, "run_token": token, "sequence": 1})),
-        )
-            .into_response()
+        (status, Json(run_receipt(&deps, head))).into_response()
     };
     match deps.store.create_run(new.clone()).await? {
         CreateOutcome::Created(head) => {
@@ -285,6 +279,24 @@ async fn create_run(
         )
         .with_state("run_exists")),
     }
+}
+
+/// What the creating agent gets for a run (at creation and from its receipt): the run's
+/// token and, for a pod-per-run run, the credential its AgentHost checks on forwarded
+/// decisions.
+pub(crate) fn run_receipt(deps: &Deps, head: &RunHead) -> Value {
+    let mut receipt = json!({
+        "run_id": head.run_id,
+        "run_token": deps.auth.run_token(&head.run_id, &head.incarnation),
+        "sequence": 1,
+    });
+    if head.execution_mode.as_deref() == Some("pod") {
+        receipt["agenthost_credential"] = deps
+            .auth
+            .pod_credential(&head.run_id, &head.incarnation)
+            .into();
+    }
+    receipt
 }
 
 const RUN_ID_RULE: &str =

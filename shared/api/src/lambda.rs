@@ -23,8 +23,8 @@ pub use lambda_http::Error;
 use std::time::Duration;
 
 use crate::auth::{claims_from_gateway, GatewayClaims};
-use crate::sse::ResponseBudget;
 use crate::functions::Trigger;
+use crate::sse::ResponseBudget;
 
 fn flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == "1" || v == "true")

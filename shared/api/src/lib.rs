@@ -5,7 +5,9 @@
 pub mod approvals;
 pub mod auth;
 pub mod config;
+pub mod console;
 pub mod error;
+pub mod forward;
 pub mod functions;
 pub mod gate;
 pub mod ingress;

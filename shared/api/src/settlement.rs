@@ -696,12 +696,7 @@ async fn receipt(
                 && h.project_id == claims.project_id
         })
         .ok_or_else(none)?;
-    let token = deps.auth.run_token(&head.run_id, &head.incarnation);
-    Ok(Json(json!({
-        "run_id": head.run_id,
-        "run_token": token,
-        "sequence": 1,
-        "status": head.status.as_str(),
-    }))
-    .into_response())
+    let mut answer = crate::ingress::run_receipt(&deps, &head);
+    answer["status"] = head.status.as_str().into();
+    Ok(Json(answer).into_response())
 }

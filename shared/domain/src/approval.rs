@@ -214,6 +214,25 @@ impl ApprovalRequest {
         draft
     }
 
+    /// `tool.approval_resolved` for a decision an AgentHost pod took on a card only it
+    /// held, keyed per request (`tollgate:pod_resolved:<32 hex>`): repeated forwards of
+    /// one decision append it once.
+    pub fn forwarded_resolved_event(&self) -> EventDraft {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::new()
+            .chain_update(b"tollgate-pod-resolved\0")
+            .chain_update(self.run_id.as_bytes())
+            .chain_update(b"\0")
+            .chain_update(self.request_id.as_bytes())
+            .finalize();
+        let mut draft = self.resolved_event();
+        draft.event_id = Some(format!(
+            "tollgate:pod_resolved:{}",
+            hex::encode(&digest[..16])
+        ));
+        draft
+    }
+
     /// `tool.approval_resolved` on the card's run, for a card already moved to its end.
     pub fn resolved_event(&self) -> EventDraft {
         let mut p = as_map(json!({

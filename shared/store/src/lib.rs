@@ -215,6 +215,14 @@ pub enum Beat {
     Stopped,
 }
 
+/// The answer to [`ApprovalStore::record_forwarded`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forwarded {
+    Fresh(u64),
+    Already(u64),
+    RunEnded,
+}
+
 /// Approval cards (seed 003). Every transition writes the card and the events that
 /// announce it in one atomic step, conditioned on the card still being `pending`.
 #[async_trait]
@@ -271,6 +279,20 @@ pub trait ApprovalStore: Send + Sync + 'static {
         at: i64,
         grant: Option<Policy>,
     ) -> Result<Resolved, StoreError>;
+
+    /// A decision an AgentHost pod took on a card only it held (seed 003's pod-per-run
+    /// forwarding): `card` is that card as the pod ended it. One atomic step appends
+    /// `tool.approval_resolved` keyed per request (so repeated forwards of one decision
+    /// append it once) and, with it, `grant` — only for the forward that applied the
+    /// decision. `Fresh(sequence)`: written now; `Already(sequence)`: an earlier forward
+    /// wrote it (nothing written now, no policy); `RunEnded`: the run is no longer
+    /// running (nothing may follow its terminal event; nothing written).
+    async fn record_forwarded(
+        &self,
+        run_id: &str,
+        card: &ApprovalRequest,
+        grant: Option<Policy>,
+    ) -> Result<Forwarded, StoreError>;
 
     /// One policy, live or revoked.
     async fn read_policy(

@@ -16,8 +16,9 @@ use tollgate_domain::execution::{self, Decision, MutationRecord, MutationState};
 
 use crate::{
     budget_usage, check_batch, check_decision, ended_run_answer, fill_page, mutation_key,
-    ApprovalStore, Armed, Beat, CreateOutcome, EventPage, Finished, Located, MutationCommit,
-    MutationStore, MutationView, Resolved, RunRef, RunStore, StoreError, StoredEvent,
+    ApprovalStore, Armed, Beat, CreateOutcome, EventPage, Finished, Forwarded, Located,
+    MutationCommit, MutationStore, MutationView, Resolved, RunRef, RunStore, StoreError,
+    StoredEvent,
 };
 
 #[derive(Default)]
@@ -496,6 +497,37 @@ impl ApprovalStore for MemoryStore {
             )),
             _ => Ok(Beat::Stopped),
         }
+    }
+
+    async fn record_forwarded(
+        &self,
+        run_id: &str,
+        card: &ApprovalRequest,
+        grant: Option<Policy>,
+    ) -> Result<Forwarded, StoreError> {
+        let mut state = self.lock();
+        let draft = card.forwarded_resolved_event();
+        let id = draft.event_id.clone().unwrap_or_default();
+        let Some(record) = state.get_mut(run_id) else {
+            return Err(StoreError::NotFound);
+        };
+        if let Some(seq) = record.event_ids.get(&id) {
+            return Ok(Forwarded::Already(*seq));
+        }
+        if record.running_head().is_none() {
+            return Ok(Forwarded::RunEnded);
+        }
+        let Some(seq) = record.push(&[draft], now_millis()) else {
+            return Ok(Forwarded::RunEnded);
+        };
+        record.event_ids.insert(id, seq);
+        if let (Some(mut policy), ApprovalState::Approved) = (grant, card.state) {
+            policy.reached_runs = vec![card.run_id.clone()];
+            state
+                .policies
+                .insert((policy.scope_key.clone(), policy.tool_name.clone()), policy);
+        }
+        Ok(Forwarded::Fresh(seq))
     }
 
     async fn read_policy(

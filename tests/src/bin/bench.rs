@@ -12,8 +12,12 @@
 //! gate), each with its time beside the same baselines, the requests the SDK sent
 //! (counted by an interceptor on the client) and the write units AWS would bill for
 //! its transaction, sized item by item with DynamoDB's item-size rules.
+//!
+//! Last, the live stream (SSE) on DynamoDB: the DynamoDB calls and read units one
+//! watcher makes per minute, idle and seeing one event a second, beside a client polling
+//! `GET /events?after=N` once a second. `tollgate-bench sse` runs only that phase.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,7 +25,8 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
 use serde_json::{json, Map};
-use tollgate_api::{Gate, GateConfig};
+use tollgate_api::sse::SseConfig;
+use tollgate_api::{Auth, Deps, Gate, GateConfig};
 use tollgate_domain::{
     now_millis, render_event, ApprovalRequest, ApprovalState, EventDraft, NewRun, Resolution,
     RunKind, RunStatus, Scope,
@@ -30,10 +35,10 @@ use tollgate_store::dynamo::DynamoStore;
 use tollgate_store::memory::MemoryStore;
 use tollgate_store::{ApprovalStore, Armed, Beat, Resolved, RunRef, RunStore, Store};
 use tollgate_tests::meter::{
-    bill, item_size, model_key, table_infos, units, DynamoMeter, ItemBill, MeterLog, Model,
-    TableInfo, TxBill,
+    bill, item_size, model_key, prices, table_infos, units, Call, CallKind, CallRequest,
+    DynamoMeter, ItemBill, LambdaAssumption, Meter, MeterLog, Model, TableInfo, TxBill,
 };
-use tollgate_tests::{aws_endpoint_configured, dynamo_store};
+use tollgate_tests::{aws_endpoint_configured, dynamo_store, TestServer, TEST_SECRET};
 use tollgate_timers::EmbeddedTimers;
 
 const APPENDS: usize = 800;
@@ -423,6 +428,22 @@ async fn separate_stores(shared: &DynamoStore, lanes: &AppendFigures) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() {
+    // `tollgate-bench sse`: only the live-stream phase (needs DynamoDB).
+    match std::env::args().nth(1).as_deref() {
+        None => {}
+        Some("sse") => {
+            assert!(
+                aws_endpoint_configured(),
+                "the sse phase needs a DynamoDB endpoint (`source .cache/emulators/env`)"
+            );
+            sse_watchers(&dynamo_store().await).await;
+            return;
+        }
+        Some(other) => {
+            eprintln!("usage: tollgate-bench [sse]   (unknown phase {other:?}; none: every phase)");
+            std::process::exit(2);
+        }
+    }
     println!("Tollgate event-log benchmark: {APPENDS} appends per mode, {WRITERS} concurrent writers, replay of {REPLAY_EVENTS} events");
     let dynamo = if aws_endpoint_configured() {
         Some(Arc::new(dynamo_store().await))
@@ -479,6 +500,7 @@ async fn main() {
         );
         separate_stores(&d, &lanes).await;
         approvals(&d, b).await;
+        sse_watchers(&d).await;
     }
 }
 
@@ -1053,4 +1075,409 @@ async fn approvals(d: &DynamoStore, start_baseline: &Baseline) {
         single_beat.round_trips(),
         child_beat.round_trips(),
     );
+}
+
+// ----------------------------------------------------------------- live stream (SSE)
+//
+// What one live-stream watcher (`GET /api/runs/{id}/stream`, default `SseConfig`) costs
+// on DynamoDB while it waits: the HTTP app on a metered store, one watcher per scenario
+// reading its frames, the DynamoDB calls of the scenario's `SSE_SECONDS` counted and
+// billed (AWS's on-demand model, `tollgate_tests::meter`) and scaled to a minute. Events
+// are appended through another store (another Lambda instance's), so only the watcher's
+// reads are counted. The baseline, in the same process: a client polling `GET
+// /api/runs/{id}/events?after=N` once a second.
+
+/// How long each scenario lasts.
+const SSE_SECONDS: u64 = 15;
+/// The deployed `replay-stream` function (`infra/template.yaml`): its timeout, and the
+/// margin the stream keeps before the invocation's deadline (`lambda::insert_deadline`).
+const REPLAY_STREAM_TIMEOUT_S: f64 = 60.0;
+const DEADLINE_MARGIN_S: f64 = 3.0;
+
+/// One open stream, frame by frame.
+struct SseReader {
+    resp: reqwest::Response,
+    buf: String,
+}
+
+impl SseReader {
+    async fn open(srv: &TestServer, run_id: &str, token: &str) -> Self {
+        let resp = srv
+            .http
+            .get(srv.url(&format!("/api/runs/{run_id}/stream")))
+            .bearer_auth(token)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .expect("the stream opens");
+        assert_eq!(resp.status(), reqwest::StatusCode::OK, "stream status");
+        Self {
+            resp,
+            buf: String::new(),
+        }
+    }
+
+    /// The next frame's text; `None` at the end of the response.
+    async fn next(&mut self) -> Option<String> {
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                return Some(self.buf.drain(..end + 2).collect());
+            }
+            let chunk = self.resp.chunk().await.expect("the stream reads")?;
+            self.buf
+                .push_str(std::str::from_utf8(&chunk).expect("UTF-8 frames"));
+        }
+    }
+
+    /// Reads until the frame of `id` (the catch-up), then returns.
+    async fn until_id(&mut self, id: u64) {
+        let want = format!("id: {id}\n");
+        while let Some(f) = self.next().await {
+            if f.starts_with(&want) {
+                return;
+            }
+        }
+        panic!("the stream ended before id {id}");
+    }
+}
+
+/// Frames a watcher received during a scenario.
+#[derive(Default)]
+struct Frames {
+    events: u64,
+    keepalives: u64,
+}
+
+/// One scenario's DynamoDB calls, billed.
+struct SseCost {
+    elapsed: Duration,
+    /// Calls per operation.
+    ops: BTreeMap<String, u64>,
+    /// Read units billed.
+    rru: f64,
+    /// The same with every `GetItem` eventually consistent (½ the units).
+    rru_eventual_gets: f64,
+    /// Largest item a `GetItem` returned (bytes, by DynamoDB's sizing rules).
+    get_bytes: usize,
+    /// HTTP requests the client made (poller), or streams opened (watcher).
+    requests: u64,
+    frames: Frames,
+}
+
+impl SseCost {
+    fn of(
+        log: &MeterLog,
+        tables: &HashMap<String, TableInfo>,
+        elapsed: Duration,
+        requests: u64,
+        frames: Frames,
+    ) -> Self {
+        let ended: Vec<&Call> = log.calls.values().filter(|c| c.ended.is_some()).collect();
+        let bills = log.bill_calls(tables, &HashMap::new());
+        assert_eq!(bills.len(), ended.len(), "one bill per call");
+        let (mut rru, mut rru_eventual_gets, mut get_bytes) = (0.0, 0.0, 0);
+        for (call, b) in ended.iter().zip(&bills) {
+            assert!(
+                b.kind != CallKind::Write,
+                "a watcher writes nothing: {:?}",
+                call.request
+            );
+            rru += b.billed();
+            rru_eventual_gets += match call.request {
+                CallRequest::GetItem {
+                    consistent: true, ..
+                } => b.billed() / 2.0,
+                _ => b.billed(),
+            };
+            if let (CallRequest::GetItem { .. }, Some(resp)) = (&call.request, &call.response) {
+                for (_, item) in &resp.items {
+                    get_bytes = get_bytes.max(item_size(item));
+                }
+            }
+        }
+        Self {
+            elapsed,
+            ops: log.operations(),
+            rru,
+            rru_eventual_gets,
+            get_bytes,
+            requests,
+            frames,
+        }
+    }
+
+    fn per_min(&self, x: f64) -> f64 {
+        x * 60.0 / self.elapsed.as_secs_f64()
+    }
+
+    fn usd_per_min(&self) -> f64 {
+        self.per_min(self.rru) * prices::DYNAMODB_RRU_USD
+    }
+
+    /// `58.9 GetItem/min + 4.0 Query/min, 62.9 RRU/min = $0.00000786`.
+    fn line(&self) -> String {
+        let ops: Vec<String> = self
+            .ops
+            .iter()
+            .map(|(op, n)| format!("{:.1} {op}/min", self.per_min(*n as f64)))
+            .collect();
+        format!(
+            "{}, {:.1} RRU/min = ${:.8}",
+            if ops.is_empty() {
+                "no calls".to_owned()
+            } else {
+                ops.join(" + ")
+            },
+            self.per_min(self.rru),
+            self.usd_per_min()
+        )
+    }
+}
+
+/// Appends one event a second through `writer` (not metered) until `until`, the first
+/// half a second after `start`; returns how many.
+async fn one_per_second(
+    writer: DynamoStore,
+    run_id: String,
+    start: Instant,
+    until: Instant,
+) -> u64 {
+    let mut n = 0u64;
+    loop {
+        let at = start + Duration::from_millis(500) + Duration::from_secs(n);
+        if at >= until {
+            return n;
+        }
+        tokio::time::sleep_until(at.into()).await;
+        writer
+            .append_events(RunRef::any(&run_id), vec![event(n as usize)])
+            .await
+            .expect("append");
+        n += 1;
+    }
+}
+
+/// One watcher on a fresh run for `SSE_SECONDS` after its catch-up (with one event a
+/// second appended when `active`); then it is dropped and what it made afterwards is
+/// counted too (a dropped watcher should stop at once).
+async fn sse_watcher(
+    srv: &TestServer,
+    meter: &Meter,
+    writer: &DynamoStore,
+    active: bool,
+) -> (SseCost, BTreeMap<String, u64>) {
+    let (run_id, token) = srv.create_run(json!({})).await;
+    let mut s = SseReader::open(srv, &run_id, &token).await;
+    s.until_id(1).await; // retry hint, run_started: the catch-up is over
+    meter.dynamo.take();
+    let start = Instant::now();
+    let until = start + Duration::from_secs(SSE_SECONDS);
+    let appender =
+        active.then(|| tokio::spawn(one_per_second(writer.clone(), run_id.clone(), start, until)));
+    let mut frames = Frames::default();
+    loop {
+        match tokio::time::timeout_at(until.into(), s.next()).await {
+            Err(_) => break,
+            Ok(None) => panic!("the stream ended within its window"),
+            Ok(Some(f)) if f.starts_with(": keep-alive") => frames.keepalives += 1,
+            Ok(Some(f)) if f.starts_with("id: ") => frames.events += 1,
+            Ok(Some(f)) => panic!("unexpected frame {f:?}"),
+        }
+    }
+    let log = meter.dynamo.take();
+    let elapsed = start.elapsed();
+    let appended = match appender {
+        Some(a) => a.await.expect("appender"),
+        None => 0,
+    };
+    // The last append may land after `until`: its frame is not counted, its reads are.
+    assert!(
+        frames.events + 1 >= appended && frames.events <= appended,
+        "the watcher saw the appends live: {} of {appended}",
+        frames.events
+    );
+    drop(s);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after_drop = meter.dynamo.take().operations();
+    let cost = SseCost::of(&log, meter.dynamo.tables(), elapsed, 1, frames);
+    (cost, after_drop)
+}
+
+/// A client polling `GET /events?after=N` once a second on a fresh run for
+/// `SSE_SECONDS` (with one event a second appended when `active`).
+async fn sse_poller(
+    srv: &TestServer,
+    meter: &Meter,
+    writer: &DynamoStore,
+    active: bool,
+) -> SseCost {
+    let (run_id, token) = srv.create_run(json!({})).await;
+    let mut after = 1u64; // what a client that has read run_started asks for
+    meter.dynamo.take();
+    let start = Instant::now();
+    let until = start + Duration::from_secs(SSE_SECONDS);
+    let appender =
+        active.then(|| tokio::spawn(one_per_second(writer.clone(), run_id.clone(), start, until)));
+    let (mut requests, mut frames) = (0u64, Frames::default());
+    while Instant::now() < until {
+        let at = start + Duration::from_secs(requests);
+        tokio::time::sleep_until(at.into()).await;
+        let (status, page) = srv
+            .get(&format!("/api/runs/{run_id}/events?after={after}"), &token)
+            .await;
+        assert_eq!(status, reqwest::StatusCode::OK, "poll: {page}");
+        requests += 1;
+        frames.events += page["events"].as_array().map_or(0, |e| e.len() as u64);
+        after = page["next_after"].as_u64().expect("next_after");
+        if Instant::now() + Duration::from_secs(1) > until {
+            break;
+        }
+    }
+    let elapsed = Duration::from_secs(requests); // one request per second of the window
+    let log = meter.dynamo.take();
+    if let Some(a) = appender {
+        a.await.expect("appender");
+    }
+    SseCost::of(&log, meter.dynamo.tables(), elapsed, requests, frames)
+}
+
+/// The live stream's idle and active cost on DynamoDB, beside a once-a-second poller.
+async fn sse_watchers(d: &DynamoStore) {
+    let config = SseConfig::default();
+    println!(
+        "\n== live stream (SSE) on DynamoDB: one watcher per scenario, default SseConfig (head \
+         polled {} ms doubling to {} ms while idle, keep-alive {} s, window {} s), {SSE_SECONDS} s \
+         each after the catch-up, scaled to a minute; events appended by another store",
+        config.poll_min.as_millis(),
+        config.poll_max.as_millis(),
+        config.keepalive.as_secs(),
+        config.window.as_secs(),
+    );
+    let (meter, metered) = Meter::new(d);
+    // Capacity reports stay on: a read that finds something is billed on the larger of
+    // the model and the report. The deps of `TestServer::deps` without the stall sweeper
+    // (as tests/lifecycle_cost.rs builds them): deployed, it is the `stall-watch`
+    // schedule, and here it would bill the watcher for sweeping every run on the tables.
+    let mut deps = Deps::new(
+        Arc::new(metered),
+        Arc::new(EmbeddedTimers::new()),
+        GateConfig::default(),
+        Auth::new(TEST_SECRET.as_bytes()),
+    );
+    deps.sse = config;
+    let srv = TestServer::with_deps(deps).await;
+    let writer = d.clone();
+    // Warm-up (connections, the emulator's JIT): a short poll and a short stream.
+    {
+        let (run_id, token) = srv.create_run(json!({})).await;
+        srv.get(&format!("/api/runs/{run_id}/events?after=0"), &token)
+            .await;
+        let mut s = SseReader::open(&srv, &run_id, &token).await;
+        s.until_id(1).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let (idle, idle_dropped) = sse_watcher(&srv, &meter, &writer, false).await;
+    let (active, active_dropped) = sse_watcher(&srv, &meter, &writer, true).await;
+    let poll_idle = sse_poller(&srv, &meter, &writer, false).await;
+    let poll_active = sse_poller(&srv, &meter, &writer, true).await;
+    let where_ = "per watcher-minute (us-east-1 on-demand)";
+    println!("  idle SSE watcher on DynamoDB: {} {where_}", idle.line());
+    println!(
+        "      ({:.1} s measured, {} keep-alive(s), no event)",
+        idle.elapsed.as_secs_f64(),
+        idle.frames.keepalives
+    );
+    println!(
+        "  SSE watcher seeing 1 event/s on DynamoDB: {} {where_}",
+        active.line()
+    );
+    println!(
+        "      ({:.1} s measured, {} events received live)",
+        active.elapsed.as_secs_f64(),
+        active.frames.events
+    );
+    let per_request = |c: &SseCost| {
+        let parts: Vec<String> = c
+            .ops
+            .iter()
+            .map(|(op, n)| format!("{:.2} {op}", *n as f64 / c.requests as f64))
+            .collect();
+        parts.join(" + ")
+    };
+    println!(
+        "  baseline, client polling GET /events?after=N once a second, idle: {} per \
+         client-minute ({} requests: {} per request)",
+        poll_idle.line(),
+        poll_idle.requests,
+        per_request(&poll_idle)
+    );
+    println!(
+        "  baseline, client polling GET /events?after=N once a second, 1 event/s: {} per \
+         client-minute ({} requests: {} per request; {} events)",
+        poll_active.line(),
+        poll_active.requests,
+        per_request(&poll_active),
+        poll_active.frames.events
+    );
+    let r = |a: &SseCost, b: &SseCost| a.usd_per_min() / b.usd_per_min();
+    println!(
+        "  DynamoDB cost, watcher vs 1/s poller: idle {:.2}×, 1 event/s {:.2}×",
+        r(&idle, &poll_idle),
+        r(&active, &poll_active)
+    );
+    let gets = |c: &SseCost| c.ops.get("GetItem").copied().unwrap_or(0) as f64;
+    println!(
+        "  head reads: every GetItem is strongly consistent ({} B head = {} RRU each; \
+         eventually consistent would bill ½): idle {:.1} → {:.1} RRU/min (${:.8} → ${:.8}), \
+         1 event/s {:.1} → {:.1} RRU/min; GetItem per event received at 1 event/s: {:.1}",
+        idle.get_bytes.max(active.get_bytes),
+        units(idle.get_bytes.max(active.get_bytes), 4096),
+        idle.per_min(idle.rru),
+        idle.per_min(idle.rru_eventual_gets),
+        idle.usd_per_min(),
+        idle.per_min(idle.rru_eventual_gets) * prices::DYNAMODB_RRU_USD,
+        active.per_min(active.rru),
+        active.per_min(active.rru_eventual_gets),
+        gets(&active) / active.frames.events.max(1) as f64,
+    );
+    // What the compute and the requests around those reads cost, as deployed: the
+    // watcher holds a `replay-stream` invocation (Function URL, RESPONSE_STREAM) open for
+    // its whole window; the poller makes one API Gateway request and one buffered
+    // `replay` invocation a second.
+    let lambda = LambdaAssumption::default();
+    let gb = lambda.memory_mb as f64 / 1024.0;
+    let window_s = (config.window.as_secs_f64()).min(REPLAY_STREAM_TIMEOUT_S - DEADLINE_MARGIN_S);
+    let stream_invocations = 60.0 / window_s;
+    let watcher_lambda =
+        60.0 * gb * prices::LAMBDA_GB_SECOND_USD + stream_invocations * prices::LAMBDA_REQUEST_USD;
+    let poller_requests = poll_idle.per_min(poll_idle.requests as f64);
+    let poller_lambda = poller_requests
+        * (prices::HTTP_API_REQUEST_USD
+            + prices::LAMBDA_REQUEST_USD
+            + lambda.gb_seconds_per_invocation() * prices::LAMBDA_GB_SECOND_USD);
+    println!(
+        "  with Lambda around it (assumed {} MB, x86_64): idle watcher = {:.0} GB-s/min of \
+         replay-stream duration + {stream_invocations:.2} invocations/min ({window_s:.0} s \
+         windows) = ${watcher_lambda:.8} + DynamoDB ${:.8} = ${:.8}/min; 1/s poller = \
+         {poller_requests:.0} × (API Gateway request + replay invocation of {} ms) = \
+         ${poller_lambda:.8} + DynamoDB ${:.8} = ${:.8}/min; watcher/poller {:.2}×",
+        lambda.memory_mb,
+        60.0 * gb,
+        idle.usd_per_min(),
+        watcher_lambda + idle.usd_per_min(),
+        lambda.billed_ms,
+        poll_idle.usd_per_min(),
+        poller_lambda + poll_idle.usd_per_min(),
+        (watcher_lambda + idle.usd_per_min()) / (poller_lambda + poll_idle.usd_per_min()),
+    );
+    for (what, ops) in [("idle", idle_dropped), ("active", active_dropped)] {
+        if ops.is_empty() {
+            println!("  the {what} watcher, dropped: no DynamoDB call in the 3 s after");
+        } else {
+            println!(
+                "  the {what} watcher, dropped: still called DynamoDB in the 3 s after: {ops:?}"
+            );
+        }
+    }
 }

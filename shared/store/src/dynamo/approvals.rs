@@ -25,7 +25,7 @@ use super::item::{
     PENDING_KEY,
 };
 use super::{DynamoStore, PENDING_INDEX};
-use crate::{ApprovalStore, Armed, Beat, Located, Resolved, RunRef, StoreError};
+use crate::{ApprovalStore, Armed, Beat, Forwarded, Located, Resolved, RunRef, StoreError};
 
 /// Most cards one listing reads (a console page; the sweeper's batch).
 const MAX_LISTED: usize = crate::MAX_PENDING_LISTED;
@@ -247,6 +247,31 @@ impl DynamoStore {
                 Ok(None)
             }
         }
+    }
+
+    /// The sequence of the event keyed `event_id` on `run_id`, if it is stored.
+    async fn keyed_event_sequence(
+        &self,
+        run_id: &str,
+        event_id: &str,
+    ) -> Result<Option<u64>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.tables.events)
+            .key("run_id", s(run_id))
+            .key("event_key", s(format!("id#{event_id}")))
+            .projection_expression("#seq")
+            .expression_attribute_names("#seq", "sequence")
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(out.item.and_then(|item| {
+            item.get("sequence")
+                .and_then(|v| v.as_n().ok())
+                .and_then(|n| n.parse().ok())
+        }))
     }
 
     /// Whether `run_id` holds the event keyed `event_id` (strongly consistent).
@@ -567,6 +592,54 @@ impl ApprovalStore for DynamoStore {
                 .await?;
             if let Some(beat) = beat {
                 return Ok(beat);
+            }
+            budget.next().await?;
+        }
+    }
+
+    async fn record_forwarded(
+        &self,
+        run_id: &str,
+        card: &ApprovalRequest,
+        grant: Option<Policy>,
+    ) -> Result<Forwarded, StoreError> {
+        let mut budget = Budget::new(self.contention_budget, "a forwarded decision");
+        let draft = card.forwarded_resolved_event();
+        loop {
+            let head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?;
+            if head.status.is_terminal() {
+                // Written before the run ended? Then it is that forward's answer.
+                let id = draft.event_id.clone().unwrap_or_default();
+                return Ok(match self.keyed_event_sequence(run_id, &id).await? {
+                    Some(seq) => Forwarded::Already(seq),
+                    None => Forwarded::RunEnded,
+                });
+            }
+            let sequence = head.next_seq;
+            let mut side = Vec::new();
+            if let (Some(policy), ApprovalState::Approved) = (&grant, card.state) {
+                let mut policy = policy.clone();
+                policy.reached_runs = vec![card.run_id.clone()];
+                side.push(self.policy_grant(&policy)?);
+            }
+            let plan = Plan {
+                runs: vec![RunWrite {
+                    head,
+                    kind: WriteKind::Advance { end: None },
+                    events: vec![draft.clone()],
+                    open_cards: 0,
+                    budget_used: None,
+                }],
+                side,
+            };
+            match self.commit(&plan).await? {
+                Committed::Done { .. } => return Ok(Forwarded::Fresh(sequence)),
+                // An earlier forward of this decision wrote it.
+                Committed::Lost(lost) if lost.taken[0][0].is_some() => {
+                    return Ok(Forwarded::Already(lost.taken[0][0].unwrap_or(sequence)))
+                }
+                Committed::Lost(_) => {}
+                Committed::Busy(why) => tracing::debug!(%why, "forwarded decision retry"),
             }
             budget.next().await?;
         }

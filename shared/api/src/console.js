@@ -1,0 +1,801 @@
+// Tollgate operator console. Vanilla JS, no build step, no dependencies.
+//
+// Seed 003's card lifecycle:
+//   tool.approval_required  -> a card with live Approve / Deny buttons
+//   tool.approval_resolved  -> the card shows approved / denied / expired and who
+//                              decided (decidedBy) briefly, then it is removed
+//   a resolved decision answer (200 resolved:true) -> the card is no longer offered
+//   404 {state:"unknown"}                          -> the card is hidden
+//   503 {state:"agenthost_unreachable"}            -> retry offered, card stays pending
+//
+// Where cards come from: GET /api/approvals?state=pending on load and every 2 s
+// (reattach, and new runs' cards without a reload), and the live streams of the runs
+// the console knows (fetch() with a streaming reader: EventSource cannot send an
+// Authorization header). A stream resumes with Last-Event-ID after its window ends or
+// a drop. The token lives in sessionStorage only; it is never put in a URL or logged.
+'use strict';
+
+(() => {
+  const TOKEN_KEY = 'tollgate.operatorToken';
+  const POLL_MS = 2000;
+  const RESOLVED_LINGER_MS = 4000;
+  // Browsers open at most 6 HTTP/1.1 connections per origin: streams take at most 3
+  // (plus the audit view's one), leaving room for the poll and decisions.
+  const MAX_STREAMS = 3;
+  const MAX_BACKOFF_MS = 15000;
+  const STREAM_HELD_MS = 2000;
+  const MAX_RUNS_KEPT = 200;
+  const SCOPE_LABELS = {
+    once: 'once — this call only',
+    tool: 'tool — this tool, this run',
+    run: 'run — this run and its siblings',
+    always: "always — all the owner's runs",
+  };
+
+  // The API lives beside the page: /console -> /, /stage/console -> /stage/.
+  const base = new URL('.', window.location.href);
+  const $ = (id) => document.getElementById(id);
+
+  const state = {
+    token: null,
+    me: null,
+    alwaysEligible: [],
+    runs: new Map(), // run id -> Run
+    cards: new Map(), // "run_id request_id" -> Card
+    resolved: new Set(), // keys of cards that ended: never shown again
+    pollTimer: null,
+    polling: false,
+    generation: 0, // bumped on sign-out: late answers of the old session are dropped
+    lastPollOk: true,
+    nextCardId: 1,
+  };
+
+  const keyOf = (runId, requestId) => runId + ' ' + requestId;
+  const sleep = (ms, signal) =>
+    new Promise((resolve) => {
+      const t = setTimeout(resolve, ms);
+      if (signal) signal.addEventListener('abort', () => { clearTimeout(t); resolve(); }, { once: true });
+    });
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === 'class') node.className = v;
+      else if (k === 'text') node.textContent = v;
+      else if (k.startsWith('data-')) node.dataset[k.slice(5).replace(/-([a-z])/g, (_, c) => c.toUpperCase())] = v;
+      else if (k === 'hidden') node.hidden = true;
+      else node.setAttribute(k, v === true ? '' : String(v));
+    }
+    for (const c of children) if (c !== null && c !== undefined) node.append(c);
+    return node;
+  }
+
+  function announce(text) {
+    const region = $('announcer');
+    const line = el('p', { text });
+    region.append(line);
+    while (region.childElementCount > 5) region.firstElementChild.remove();
+  }
+
+  function setConnection(text, level) {
+    const c = $('connection');
+    c.textContent = text;
+    if (level) c.dataset.level = level;
+    else delete c.dataset.level;
+  }
+
+  // ---- HTTP ---------------------------------------------------------------------------
+
+  class Unauthorized extends Error {}
+
+  async function api(path, { method = 'GET', body, signal } = {}) {
+    const generation = state.generation;
+    const headers = { Authorization: 'Bearer ' + state.token, Accept: 'application/json' };
+    if (body !== undefined) headers['Content-Type'] = 'application/json';
+    const resp = await fetch(new URL(path, base), {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      cache: 'no-store',
+      credentials: 'omit',
+      referrerPolicy: 'no-referrer',
+      signal,
+    });
+    let data = null;
+    try { data = await resp.json(); } catch (_) { data = null; }
+    if (generation !== state.generation) throw new DOMException('signed out', 'AbortError');
+    if (resp.status === 401) { unauthorized(data && data.error); throw new Unauthorized(); }
+    return { status: resp.status, ok: resp.ok, body: data || {} };
+  }
+
+  // ---- Server-sent events over fetch ----------------------------------------------------
+
+  // Reads one SSE response: calls onFrame({id, event, data, retry}) per dispatched frame.
+  async function readSse(body, onFrame) {
+    const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+    let buf = '';
+    let frame = { id: null, event: null, data: [], retry: null };
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buf += value;
+      for (;;) {
+        const m = /\r\n|\r|\n/.exec(buf);
+        if (!m) break;
+        if (m[0] === '\r' && m.index === buf.length - 1) break; // maybe \r\n split across chunks
+        const line = buf.slice(0, m.index);
+        buf = buf.slice(m.index + m[0].length);
+        if (line === '') {
+          if (frame.data.length || frame.event || frame.retry !== null) onFrame(frame);
+          frame = { id: null, event: null, data: [], retry: null };
+          continue;
+        }
+        if (line[0] === ':') continue; // comment (keep-alive)
+        const i = line.indexOf(':');
+        const field = i < 0 ? line : line.slice(0, i);
+        let v = i < 0 ? '' : line.slice(i + 1);
+        if (v[0] === ' ') v = v.slice(1);
+        if (field === 'data') frame.data.push(v);
+        else if (field === 'event') frame.event = v;
+        else if (field === 'id') frame.id = v;
+        else if (field === 'retry' && /^\d+$/.test(v)) frame.retry = Number(v);
+      }
+    }
+  }
+
+  // Follows a run's stream from `cursor.lastSeq` until the run ends or `signal` aborts,
+  // resuming with Last-Event-ID after each window's end or a drop.
+  //   onEvent(event) for each event; onDone() after the terminal `done` frame;
+  //   onGone(status) for 403/404 (not visible to this token).
+  async function followStream(runId, cursor, signal, { onEvent, onDone, onGone, onStatus }) {
+    let backoff = 1000;
+    while (!signal.aborted) {
+      let wait = 1000;
+      try {
+        const headers = { Authorization: 'Bearer ' + state.token, Accept: 'text/event-stream' };
+        if (cursor.lastSeq > 0) headers['Last-Event-ID'] = String(cursor.lastSeq);
+        const resp = await fetch(new URL('api/runs/' + encodeURIComponent(runId) + '/events', base), {
+          headers, signal, cache: 'no-store', credentials: 'omit', referrerPolicy: 'no-referrer',
+        });
+        if (resp.status === 401) { unauthorized(); return; }
+        if (resp.status === 403 || resp.status === 404) { onGone(resp.status); return; }
+        if (!resp.ok || !resp.body) throw new Error('HTTP ' + resp.status);
+        if (onStatus) onStatus('live');
+        backoff = 1000;
+        const opened = performance.now();
+        let done = false;
+        await readSse(resp.body, (f) => {
+          if (f.retry !== null) wait = f.retry;
+          if (f.event === 'done') { done = true; return; }
+          if (!f.data.length) return;
+          let event;
+          try { event = JSON.parse(f.data.join('\n')); } catch (_) { return; }
+          onEvent(event);
+        });
+        if (done) { onDone(); return; }
+        // The window ended cleanly. After a long-lived window (tollgate serve, the
+        // streaming Function URL) resume at once, so no event waits; a short one (a
+        // buffered answer: what was there, then the end) resumes after the retry hint.
+        if (performance.now() - opened >= STREAM_HELD_MS) wait = 0;
+      } catch (e) {
+        if (signal.aborted) return;
+        if (onStatus) onStatus('retrying');
+        wait = backoff;
+        backoff = Math.min(backoff * 2, MAX_BACKOFF_MS);
+      }
+      await sleep(wait, signal);
+    }
+  }
+
+  // ---- Runs ------------------------------------------------------------------------------
+
+  class Run {
+    constructor(id) {
+      this.id = id;
+      this.owner = undefined; // undefined: not known yet; null: the run has no owner
+      this.lastSeq = 0;
+      this.caughtUp = false;
+      this.catchUp = null; // promise of a replay in progress
+      this.terminal = false;
+      this.gone = false;
+      this.stream = null; // AbortController of the live stream
+      this.live = false; // the stream is connected (cards carry data-stream="live")
+      this.touched = Date.now();
+    }
+  }
+
+  function ensureRun(runId) {
+    let run = state.runs.get(runId);
+    if (!run) {
+      run = new Run(runId);
+      state.runs.set(runId, run);
+    }
+    return run;
+  }
+
+  // One event of a run, in sequence order; each sequence is applied once whichever way
+  // (replay or stream) it arrives. `live`: from the stream (a new card shows at once);
+  // replayed cards are collected in `found` and shown once the replay is complete.
+  function applyEvent(run, ev, found) {
+    const seq = Number(ev.sequence);
+    if (!(seq > run.lastSeq)) return;
+    run.lastSeq = seq;
+    run.touched = Date.now();
+    switch (ev.type) {
+      case 'run_started':
+        run.owner = typeof ev.owner === 'string' ? ev.owner : null;
+        for (const card of state.cards.values()) if (card.runId === run.id) card.refreshScopes();
+        break;
+      case 'tool.approval_required': {
+        const data = {
+          runId: run.id,
+          requestId: ev.requestId,
+          displayId: ev.displayId,
+          toolName: ev.toolName,
+          url: ev.url,
+          intention: ev.intention,
+          message: ev.message,
+          expiresAt: null,
+        };
+        if (found) found.set(keyOf(run.id, ev.requestId), data);
+        else showCard(data);
+        break;
+      }
+      case 'tool.approval_resolved': {
+        const key = keyOf(run.id, ev.requestId);
+        if (found) found.delete(key);
+        const outcome = ev.approved ? 'approved' : ev.expired ? 'expired' : 'denied';
+        resolveCard(key, { state: outcome, by: ev.decidedBy, scope: ev.scope });
+        break;
+      }
+      case 'run_completed':
+      case 'run_failed':
+      case 'run_cancelled':
+        run.terminal = true;
+        break;
+      default:
+        break; // heartbeats and everything else: nothing to show on a card
+    }
+  }
+
+  // Replays a run from its last applied sequence (JSON pages): what happened while the
+  // console was not listening. Cards still open at the end are shown.
+  function catchUp(run) {
+    if (run.catchUp) return run.catchUp;
+    run.catchUp = (async () => {
+      const found = new Map();
+      try {
+        for (let pages = 0; pages < 100; pages++) {
+          const r = await api('api/runs/' + encodeURIComponent(run.id) + '/events?after=' + run.lastSeq + '&limit=1000');
+          if (r.status === 403 || r.status === 404) { run.gone = true; break; }
+          if (!r.ok) break;
+          for (const ev of r.body.events || []) applyEvent(run, ev, found);
+          if (r.body.terminal) run.terminal = true;
+          if (!r.body.has_more) { run.caughtUp = true; break; }
+        }
+        for (const [key, data] of found) if (!state.resolved.has(key)) showCard(data);
+      } finally {
+        run.catchUp = null;
+      }
+    })();
+    return run.catchUp;
+  }
+
+  function startStream(run) {
+    const ctrl = new AbortController();
+    run.stream = ctrl;
+    (async () => {
+      try {
+        if (!run.caughtUp) await catchUp(run);
+        if (ctrl.signal.aborted || run.terminal || run.gone) return;
+        await followStream(run.id, run, ctrl.signal, {
+          onEvent: (ev) => applyEvent(run, ev, null),
+          onDone: () => { run.terminal = true; },
+          onGone: () => { run.gone = true; },
+          onStatus: (s) => setRunLive(run, s === 'live'),
+        });
+      } catch (e) {
+        if (!(e instanceof Unauthorized) && !ctrl.signal.aborted) run.caughtUp = false;
+      } finally {
+        setRunLive(run, false);
+        if (run.stream === ctrl) run.stream = null;
+        if (!ctrl.signal.aborted) setTimeout(reschedule, 1000);
+      }
+    })();
+  }
+
+  function stopStream(run) {
+    if (run.stream) {
+      run.stream.abort();
+      run.stream = null;
+    }
+    setRunLive(run, false);
+  }
+
+  function setRunLive(run, live) {
+    run.live = live;
+    for (const card of state.cards.values()) {
+      if (card.runId !== run.id) continue;
+      if (live) card.node.dataset.stream = 'live';
+      else delete card.node.dataset.stream;
+    }
+  }
+
+  // Streams the runs that matter most: those with open cards (soonest deadline first),
+  // then the most recently active ones; the rest are covered by the 2 s poll.
+  function reschedule() {
+    if (!state.token) return;
+    const pendingBy = new Map();
+    for (const card of state.cards.values()) {
+      if (card.state !== 'pending') continue;
+      const due = card.expiresAt || Number.MAX_SAFE_INTEGER;
+      pendingBy.set(card.runId, Math.min(pendingBy.get(card.runId) ?? Infinity, due));
+    }
+    const candidates = [...state.runs.values()].filter((r) => !r.terminal && !r.gone);
+    candidates.sort((a, b) => {
+      const pa = pendingBy.has(a.id) ? 0 : 1;
+      const pb = pendingBy.has(b.id) ? 0 : 1;
+      if (pa !== pb) return pa - pb;
+      if (pa === 0) return pendingBy.get(a.id) - pendingBy.get(b.id);
+      return b.touched - a.touched;
+    });
+    const want = new Set(candidates.slice(0, MAX_STREAMS).map((r) => r.id));
+    for (const run of state.runs.values()) {
+      if (want.has(run.id)) { if (!run.stream) startStream(run); }
+      else stopStream(run);
+    }
+    // Forget the oldest quiet runs.
+    if (state.runs.size > MAX_RUNS_KEPT) {
+      const quiet = [...state.runs.values()]
+        .filter((r) => !pendingBy.has(r.id) && !r.stream)
+        .sort((a, b) => a.touched - b.touched);
+      for (const r of quiet.slice(0, state.runs.size - MAX_RUNS_KEPT)) state.runs.delete(r.id);
+    }
+    const streams = [...state.runs.values()].filter((r) => r.stream).length;
+    if (state.lastPollOk) {
+      setConnection('Live · checking every ' + POLL_MS / 1000 + ' s · following ' + streams + (streams === 1 ? ' run' : ' runs'));
+    }
+  }
+
+  // ---- Cards -------------------------------------------------------------------------------
+
+  class Card {
+    constructor(data) {
+      this.key = keyOf(data.runId, data.requestId);
+      this.runId = data.runId;
+      this.requestId = data.requestId;
+      this.toolName = data.toolName;
+      this.expiresAt = data.expiresAt;
+      this.state = 'pending';
+      this.shownAt = performance.now();
+      this.busy = false;
+      const n = state.nextCardId++;
+      const titleId = 'card-' + n + '-title';
+      const scopeId = 'card-' + n + '-scope';
+      const hintId = 'card-' + n + '-scope-hint';
+      this.title = el('h3', { id: titleId, tabindex: '-1' },
+        el('span', { class: 'tool', text: data.toolName || 'tool' }),
+        el('span', { class: 'display-id', text: data.displayId || String(data.requestId).slice(0, 8) }));
+      this.owner = el('dd', { class: 'owner', text: '…' });
+      this.time = el('time', { class: 'expires' });
+      const rows = [
+        ['Run', el('dd', {}, el('code', { class: 'run-id', text: data.runId }))],
+        ['Owner', this.owner],
+        ['Request', el('dd', {}, el('code', { class: 'request-id', text: data.requestId }))],
+      ];
+      if (data.url) rows.push(['URL', el('dd', {}, el('code', { class: 'url', text: data.url }))]);
+      if (data.intention) rows.push(['Intention', el('dd', { text: data.intention })]);
+      rows.push(['Expires', el('dd', {}, this.time)]);
+      const dl = el('dl', {});
+      for (const [k, v] of rows) dl.append(el('dt', { text: k }), v);
+      this.scope = el('select', { id: scopeId, class: 'scope', 'aria-describedby': hintId });
+      this.scopeHint = el('p', { id: hintId, class: 'scope-hint' });
+      this.approveBtn = el('button', { type: 'button', class: 'approve', text: 'Approve' });
+      this.denyBtn = el('button', { type: 'button', class: 'deny', text: 'Deny' });
+      this.approveBtn.addEventListener('click', () => this.decide('approve'));
+      this.denyBtn.addEventListener('click', () => this.decide('deny'));
+      this.actions = el('div', { class: 'actions' },
+        el('label', { for: scopeId, text: 'Scope' }), this.scope, this.approveBtn, this.denyBtn, this.scopeHint);
+      this.outcome = el('p', { class: 'outcome', role: 'status' });
+      this.node = el('li', {
+        class: 'card',
+        'data-state': 'pending',
+        'data-run-id': data.runId,
+        'data-request-id': data.requestId,
+        'aria-labelledby': titleId,
+      }, el('article', {}, this.title, dl,
+        data.message ? el('p', { class: 'message', text: data.message }) : null,
+        this.actions, this.outcome));
+      this.refreshScopes();
+      this.tick();
+    }
+
+    // The scopes this operator may grant: beyond `once` only on the operator's own runs
+    // (the run's `owner` from run_started), `always` only for always-eligible tools.
+    refreshScopes() {
+      const run = state.runs.get(this.runId);
+      const owner = run ? run.owner : undefined;
+      this.owner.textContent = owner === undefined ? '…' : owner === null ? '(none)' : owner;
+      const scopes = ['once'];
+      let hint;
+      if (owner === undefined) hint = "Checking the run's owner…";
+      else if (owner !== null && owner === state.me) {
+        scopes.push('tool', 'run');
+        if (state.alwaysEligible.includes(this.toolName)) scopes.push('always');
+        else hint = '“always” is not allowed for ' + this.toolName + '.';
+      } else {
+        hint = owner === null
+          ? 'This run has no owner: only “once” can be granted.'
+          : 'Only the run’s owner (' + owner + ') can grant a scope beyond “once”.';
+      }
+      const current = this.scope.value || 'once';
+      const have = [...this.scope.options].map((o) => o.value).join(',');
+      if (have !== scopes.join(',')) {
+        this.scope.replaceChildren(...scopes.map((s) => el('option', { value: s, text: SCOPE_LABELS[s] })));
+        this.scope.value = scopes.includes(current) ? current : 'once';
+      }
+      this.scopeHint.textContent = hint || '';
+      this.scopeHint.hidden = !hint;
+    }
+
+    tick() {
+      if (!this.expiresAt) { this.time.textContent = '—'; return; }
+      const left = Math.round((this.expiresAt - Date.now()) / 1000);
+      this.time.dateTime = new Date(this.expiresAt).toISOString();
+      if (left > 0) {
+        const m = Math.floor(left / 60);
+        const s = left % 60;
+        this.time.textContent = 'in ' + (m ? m + ' min ' : '') + s + ' s';
+      } else {
+        this.time.textContent = 'now (waiting for the server)';
+      }
+      this.time.classList.toggle('soon', left <= 30);
+    }
+
+    setBusy(busy) {
+      this.busy = busy;
+      this.approveBtn.disabled = busy;
+      this.denyBtn.disabled = busy;
+      this.scope.disabled = busy;
+    }
+
+    async decide(verb, scopeOverride) {
+      if (this.state !== 'pending' || this.busy) return;
+      const scope = scopeOverride || this.scope.value || 'once';
+      this.setBusy(true);
+      this.outcome.textContent = verb === 'approve' ? 'Approving…' : 'Denying…';
+      const path = 'api/runs/' + encodeURIComponent(this.runId) + (verb === 'approve' ? '/tool-approvals' : '/tool-denials');
+      const body = verb === 'approve' ? { request_id: this.requestId, scope } : { request_id: this.requestId };
+      let r;
+      try {
+        r = await api(path, { method: 'POST', body });
+      } catch (e) {
+        if (e instanceof Unauthorized || (e && e.name === 'AbortError')) return;
+        this.offerRetry(verb, scope, 'Could not reach Tollgate; the card is still pending.');
+        return;
+      }
+      if (this.state !== 'pending') return; // the stream resolved it meanwhile
+      const b = r.body;
+      if (r.status === 200 && b.resolved) {
+        // The decision won, or the card had already ended: no longer offered.
+        const mine = verb === 'approve' && b.state === 'approved' && b.decided_by === state.me;
+        resolveCard(this.key, { state: b.state, by: b.decided_by, scope: mine ? scope : undefined });
+      } else if (r.status === 404 && b.state === 'unknown') {
+        hideCard(this.key, 'Request ' + this.requestId.slice(0, 8) + ' no longer exists.');
+      } else if (r.status === 503 && b.state === 'agenthost_unreachable') {
+        this.offerRetry(verb, scope, 'The agent host is unreachable; the card is still pending.');
+      } else if (r.status === 409 && b.state === 'pending') {
+        this.setBusy(false);
+        this.outcome.textContent = 'The run is not active; the card stays pending.';
+      } else if (r.status >= 500 || r.status === 429) {
+        this.offerRetry(verb, scope, 'Tollgate answered ' + r.status + (b.error ? ' (' + b.error + ')' : '') + '; the card is still pending.');
+      } else {
+        this.setBusy(false);
+        this.outcome.textContent = (b.error || 'Refused (' + r.status + ')') + '';
+      }
+    }
+
+    offerRetry(verb, scope, text) {
+      this.setBusy(false);
+      const retry = el('button', { type: 'button', class: 'retry', text: verb === 'approve' ? 'Retry approve' : 'Retry deny' });
+      retry.addEventListener('click', () => this.decide(verb, scope));
+      this.outcome.replaceChildren(text + ' ', retry);
+      retry.focus();
+    }
+
+    // The decision is known: no more buttons; the outcome and who decided, then removal.
+    showResolved(info) {
+      this.state = info.state || 'resolved';
+      const hadFocus = this.node.contains(document.activeElement);
+      this.actions.remove();
+      this.node.dataset.state = this.state;
+      const by = info.by ? ' by ' + info.by : '';
+      let text;
+      if (this.state === 'approved') text = 'Approved' + by + (info.scope ? ' (scope ' + info.scope + ')' : '');
+      else if (this.state === 'denied') text = 'Denied' + by;
+      else if (this.state === 'expired') text = 'Expired — nobody decided in time';
+      else text = 'Resolved' + by;
+      this.outcome.textContent = text;
+      this.time.textContent = '—';
+      announce(this.toolName + ' ' + this.requestId.slice(0, 8) + ': ' + text + '.');
+      if (hadFocus) this.title.focus();
+      setTimeout(() => removeCard(this.key), RESOLVED_LINGER_MS);
+    }
+  }
+
+  function showCard(data) {
+    if (!data.requestId) return;
+    const key = keyOf(data.runId, data.requestId);
+    if (state.resolved.has(key)) return;
+    const existing = state.cards.get(key);
+    if (existing) {
+      if (data.expiresAt && !existing.expiresAt) { existing.expiresAt = data.expiresAt; existing.tick(); }
+      return;
+    }
+    const run = ensureRun(data.runId);
+    run.touched = Date.now();
+    const card = new Card(data);
+    if (run.live) card.node.dataset.stream = 'live';
+    state.cards.set(key, card);
+    $('cards').append(card.node);
+    renderCount();
+    announce('New approval request: ' + card.toolName + ' ' + card.requestId.slice(0, 8) + ' on run ' + card.runId + '.');
+    reschedule();
+  }
+
+  function resolveCard(key, info) {
+    state.resolved.add(key);
+    const card = state.cards.get(key);
+    if (!card) return;
+    if (card.state === 'pending') {
+      card.showResolved(info);
+      renderCount();
+      reschedule();
+    } else if (info.by && card.outcome.textContent.indexOf(' by ') < 0 && card.state === info.state) {
+      card.outcome.textContent += ' by ' + info.by;
+    }
+  }
+
+  function hideCard(key, why) {
+    state.resolved.add(key);
+    if (!state.cards.has(key)) return;
+    removeCard(key);
+    if (why) announce(why);
+  }
+
+  function removeCard(key) {
+    const card = state.cards.get(key);
+    if (!card) return;
+    const hadFocus = card.node.contains(document.activeElement);
+    const next = card.node.nextElementSibling || card.node.previousElementSibling;
+    card.node.remove();
+    state.cards.delete(key);
+    renderCount();
+    if (hadFocus) {
+      const target = next && next.querySelector('h3');
+      (target || $('cards-heading')).focus();
+    }
+    reschedule();
+  }
+
+  function renderCount() {
+    const pending = [...state.cards.values()].filter((c) => c.state === 'pending').length;
+    $('count').textContent = pending ? '(' + pending + ')' : '';
+    $('empty').hidden = state.cards.size > 0;
+    document.title = (pending ? '(' + pending + ') ' : '') + 'Tollgate — operator console';
+  }
+
+  function clearCards() {
+    for (const card of state.cards.values()) card.node.remove();
+    state.cards.clear();
+    state.resolved.clear();
+    for (const run of state.runs.values()) stopStream(run);
+    state.runs.clear();
+    renderCount();
+  }
+
+  // ---- Polling the open cards ------------------------------------------------------------
+
+  async function poll() {
+    if (!state.token || state.polling) return;
+    state.polling = true;
+    const started = performance.now();
+    try {
+      const r = await api('api/approvals?state=pending');
+      if (!r.ok) {
+        state.lastPollOk = false;
+        setConnection('Tollgate answered ' + r.status + ' — retrying', 'warn');
+        return;
+      }
+      state.lastPollOk = true;
+      const listed = new Set();
+      for (const c of r.body.approvals || []) {
+        const key = keyOf(c.run_id, c.request_id);
+        listed.add(key);
+        const expiresAt = Date.parse(c.expires_at) || null;
+        showCard({
+          runId: c.run_id,
+          requestId: c.request_id,
+          displayId: c.display_id,
+          toolName: c.tool_name,
+          url: c.url,
+          intention: c.intention,
+          message: c.message,
+          expiresAt,
+        });
+      }
+      if (!r.body.has_more) {
+        // Shown before this listing was asked for, yet not in it: it ended. Its run's
+        // events tell how (and who decided); failing that, hide it.
+        for (const card of [...state.cards.values()]) {
+          if (card.state !== 'pending' || listed.has(card.key) || card.shownAt >= started) continue;
+          const run = ensureRun(card.runId);
+          catchUp(run).then(() => {
+            const still = state.cards.get(card.key);
+            if (still && still.state === 'pending') hideCard(card.key, 'Request ' + card.requestId.slice(0, 8) + ' is no longer pending.');
+          }).catch(() => {});
+        }
+      }
+      reschedule();
+    } catch (e) {
+      if (!(e instanceof Unauthorized) && !(e && e.name === 'AbortError')) {
+        state.lastPollOk = false;
+        setConnection('Tollgate unreachable — retrying', 'warn');
+      }
+    } finally {
+      state.polling = false;
+    }
+  }
+
+  function schedulePoll() {
+    clearTimeout(state.pollTimer);
+    if (!state.token) return;
+    state.pollTimer = setTimeout(async () => {
+      await poll();
+      schedulePoll();
+    }, POLL_MS);
+  }
+
+  // ---- Token and session -----------------------------------------------------------------
+
+  function unauthorized(why) {
+    signOut();
+    $('token-error').textContent = 'The token was refused' + (why ? ' (' + why + ')' : '') + '. Paste an operator token.';
+  }
+
+  function signOut() {
+    state.generation++;
+    state.token = null;
+    state.me = null;
+    try { sessionStorage.removeItem(TOKEN_KEY); } catch (_) { /* storage unavailable */ }
+    clearTimeout(state.pollTimer);
+    clearCards();
+    stopAudit();
+    $('session').hidden = true;
+    $('token-form').hidden = false;
+    setConnection('Not connected');
+  }
+
+  async function signIn(token) {
+    state.token = token;
+    $('token-error').textContent = '';
+    setConnection('Connecting…');
+    let r;
+    try {
+      r = await api('api/console/config');
+    } catch (e) {
+      if (!(e instanceof Unauthorized)) {
+        setConnection('Tollgate unreachable — retrying', 'warn');
+        setTimeout(() => { if (state.token === token) signIn(token); }, 2000);
+      }
+      return;
+    }
+    if (!r.ok) {
+      signOut();
+      $('token-error').textContent = r.status === 403
+        ? 'This token is not an operator token.'
+        : 'Tollgate answered ' + r.status + '.';
+      return;
+    }
+    state.me = r.body.sub;
+    state.alwaysEligible = Array.isArray(r.body.always_eligible) ? r.body.always_eligible : [];
+    $('me').textContent = state.me;
+    $('project').textContent = r.body.project_id ? ' · project ' + r.body.project_id : '';
+    $('token-form').hidden = true;
+    $('session').hidden = false;
+    for (const card of state.cards.values()) card.refreshScopes();
+    await poll();
+    schedulePoll();
+  }
+
+  // ---- Audit view ----------------------------------------------------------------------------
+
+  let audit = null;
+
+  function stopAudit() {
+    if (audit) audit.ctrl.abort();
+    audit = null;
+  }
+
+  function auditRow(ev) {
+    const details = {};
+    for (const [k, v] of Object.entries(ev)) {
+      if (!['protocol_version', 'run_id', 'sequence', 'type', 'timestamp_utc'].includes(k)) details[k] = v;
+    }
+    let text = JSON.stringify(details);
+    if (text === '{}') text = '';
+    return el('tr', { 'data-sequence': String(ev.sequence) },
+      el('td', { class: 'seq', text: String(ev.sequence) }),
+      el('td', { class: 'type' }, el('code', { text: ev.type })),
+      el('td', { class: 'time', text: ev.timestamp_utc || '' }),
+      el('td', {}, el('code', { text })));
+  }
+
+  function startAudit(runId) {
+    stopAudit();
+    const ctrl = new AbortController();
+    const cursor = { lastSeq: 0 };
+    audit = { ctrl, runId };
+    const tbody = $('audit-events');
+    tbody.replaceChildren();
+    $('audit-caption').textContent = 'Events of run ' + runId + ', in sequence order';
+    $('audit-table').hidden = false;
+    const status = $('audit-status');
+    status.textContent = 'Loading run ' + runId + '…';
+    followStream(runId, cursor, ctrl.signal, {
+      onEvent: (ev) => {
+        const seq = Number(ev.sequence);
+        if (!(seq > cursor.lastSeq)) return;
+        cursor.lastSeq = seq;
+        tbody.append(auditRow(ev));
+        status.textContent = cursor.lastSeq + ' events · following live';
+      },
+      onDone: () => { status.textContent = cursor.lastSeq + ' events · the run has ended'; },
+      onGone: (code) => {
+        $('audit-table').hidden = true;
+        status.textContent = code === 404 ? 'No run ' + runId + ' (or not visible to this token).' : 'Not allowed to read run ' + runId + '.';
+      },
+      onStatus: (s) => {
+        if (s === 'retrying') status.textContent = cursor.lastSeq + ' events · reconnecting…';
+        else if (s === 'live' && cursor.lastSeq === 0) status.textContent = 'Following run ' + runId + '…';
+      },
+    }).catch(() => {});
+  }
+
+  // ---- Start-up ----------------------------------------------------------------------------------
+
+  function init() {
+    $('token-form').addEventListener('submit', (e) => {
+      e.preventDefault();
+      const input = $('token');
+      const token = input.value.trim().replace(/^bearer\s+/i, '');
+      input.value = '';
+      if (!token) return;
+      try { sessionStorage.setItem(TOKEN_KEY, token); } catch (_) { /* storage unavailable */ }
+      signIn(token);
+    });
+    $('sign-out').addEventListener('click', () => {
+      signOut();
+      $('token').focus();
+    });
+    $('audit-form').addEventListener('submit', (e) => {
+      e.preventDefault();
+      const runId = $('audit-run').value.trim();
+      if (!runId) return;
+      if (!state.token) { $('audit-status').textContent = 'Paste an operator token first.'; return; }
+      startAudit(runId);
+    });
+    setInterval(() => { for (const card of state.cards.values()) if (card.state === 'pending') card.tick(); }, 1000);
+    renderCount();
+    let saved = null;
+    try { saved = sessionStorage.getItem(TOKEN_KEY); } catch (_) { saved = null; }
+    if (saved) signIn(saved);
+    else {
+      setConnection('Not connected');
+      $('token').focus();
+    }
+  }
+
+  init();
+})();

@@ -1,0 +1,581 @@
+//! The agent side: a [`Client`] with the agent's JWT creates [`Run`]s; a [`Run`] (its
+//! id and run token) appends events, arms gates, executes approved calls and ends.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use crate::http::Http;
+use crate::{Error, RetryPolicy};
+
+/// Most events one append request carries (the server's batch limit).
+pub const MAX_BATCH_EVENTS: usize = 99;
+
+/// How a [`Client`] talks to the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// Retries of transport errors, 5xx and 429 (every request).
+    pub retry: RetryPolicy,
+    /// How long one attempt of a plain request may take.
+    pub request_timeout: Duration,
+    /// How long connecting may take.
+    pub connect_timeout: Duration,
+    /// A live stream that sends nothing this long is treated as broken and reopened (the
+    /// server sends a keep-alive every 15 s).
+    pub stream_stall: Duration,
+    /// Between two reads of `GET …/events?after=N` when the live stream is unavailable.
+    pub poll_interval: Duration,
+    /// How long past a card's deadline a gate keeps waiting for its expiry to be
+    /// reported before it gives up with [`Error::WaitTimedOut`] (the server's sweeper
+    /// expires a card whose timer was lost within a minute or so).
+    pub expiry_grace: Duration,
+}
+
+impl Default for ClientConfig {
+    /// Default retries, 30 s requests, 10 s connects, 45 s stream stall, 1 s polls,
+    /// 120 s grace.
+    fn default() -> Self {
+        Self {
+            retry: RetryPolicy::default(),
+            request_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            stream_stall: Duration::from_secs(45),
+            poll_interval: Duration::from_secs(1),
+            expiry_grace: Duration::from_secs(120),
+        }
+    }
+}
+
+/// A connection to one Tollgate server as one agent (its JWT). Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) http: Http,
+    agent_token: String,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("config", &self.inner.http.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `kind` of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunKind {
+    /// A run on its own (the default).
+    Single,
+    /// A run whose children raise approvals routed through it.
+    Coordinator,
+    /// A run under a coordinator (`parent_run_id`).
+    Child,
+}
+
+/// `execution_mode` of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecutionMode {
+    /// Cards live in Tollgate (the default).
+    Inline,
+    /// Cards live in an AgentHost pod's memory ([`crate::pod`]); needs
+    /// `agenthost_origin`.
+    Pod,
+}
+
+/// `subtask_id` of a child run: a number or a short string.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum SubtaskId {
+    /// A number.
+    Number(u64),
+    /// A string of 1 to 256 bytes.
+    Text(String),
+}
+
+impl From<u64> for SubtaskId {
+    fn from(n: u64) -> Self {
+        SubtaskId::Number(n)
+    }
+}
+
+impl From<&str> for SubtaskId {
+    fn from(s: &str) -> Self {
+        SubtaskId::Text(s.to_owned())
+    }
+}
+
+/// A run's budget for approved execution: which tools may start how often, and how many
+/// calls in all. A run without one admits no approved execution (fail closed).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Budget {
+    /// Tool name → most starts.
+    pub tools: BTreeMap<String, u64>,
+    /// Most approved calls in all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_ceiling: Option<u64>,
+}
+
+impl Budget {
+    /// An empty budget (admits nothing until tools are added).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Allows `max_starts` starts of `tool`.
+    pub fn tool(mut self, tool: impl Into<String>, max_starts: u64) -> Self {
+        self.tools.insert(tool.into(), max_starts);
+        self
+    }
+
+    /// Caps the approved calls of the run.
+    pub fn call_ceiling(mut self, ceiling: u64) -> Self {
+        self.call_ceiling = Some(ceiling);
+        self
+    }
+}
+
+/// What to create: the body of `POST /api/runs`. Every field is optional.
+///
+/// Retrying a create is safe: with a `delivery_id` the server answers a repeat with the
+/// same run (the receipt); without one the client picks the `run_id` itself (when you
+/// do not) so that a repeat after a lost answer finds the run it made.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RunSpec {
+    /// The run's id (1–128 of `A-Z a-z 0-9 _ . : -`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// The delivery this run answers: the same `delivery_id` from the same agent always
+    /// gets the same run, and [`Client::receipt`] finds it later.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery_id: Option<String>,
+    /// The human the run acts for (only they may grant scopes beyond `once`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The channel the run reports to (copied into every event's envelope).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub channel_id: Option<String>,
+    /// The approved-execution budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+    /// Single (default), coordinator or child.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<RunKind>,
+    /// A child's coordinator.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<String>,
+    /// A child's subtask.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subtask_id: Option<SubtaskId>,
+    /// Inline (default) or pod.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_mode: Option<ExecutionMode>,
+    /// The AgentHost pod's origin for a pod run (`http(s)://…`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agenthost_origin: Option<String>,
+}
+
+/// What `GET /api/receipts/{delivery_id}` answers: the run a delivery created.
+#[derive(Clone)]
+pub struct Receipt {
+    /// The run.
+    pub run: Run,
+    /// Its status now: `running`, `completed`, `failed` or `cancelled`.
+    pub status: String,
+}
+
+impl fmt::Debug for Receipt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Receipt")
+            .field("run", &self.run)
+            .field("status", &self.status)
+            .finish()
+    }
+}
+
+impl Client {
+    /// A client of the server at `base_url` (e.g. `http://127.0.0.1:8080`; a path prefix
+    /// such as an API stage is kept) acting with the agent's JWT.
+    pub fn new(base_url: &str, agent_jwt: &str) -> Result<Self, Error> {
+        Self::with_config(base_url, agent_jwt, ClientConfig::default())
+    }
+
+    /// [`Client::new`] with other timeouts or retries.
+    pub fn with_config(
+        base_url: &str,
+        agent_jwt: &str,
+        config: ClientConfig,
+    ) -> Result<Self, Error> {
+        if agent_jwt.trim().is_empty() {
+            return Err(Error::Config("the agent token is empty".into()));
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                http: Http::new(base_url, config)?,
+                agent_token: agent_jwt.trim().to_owned(),
+            }),
+        })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.http.config
+    }
+
+    pub(crate) fn http(&self) -> &Http {
+        &self.inner.http
+    }
+
+    /// Creates a run (`POST /api/runs`): 201 a new run, 200 the run an earlier attempt
+    /// of the same create made ([`Run::created`] tells which).
+    pub async fn create_run(&self, mut spec: RunSpec) -> Result<Run, Error> {
+        if spec.run_id.is_none() && spec.delivery_id.is_none() {
+            // Our own id makes a retried create find the run the first attempt made.
+            spec.run_id = Some(format!("run-{}", uuid::Uuid::new_v4().simple()));
+        }
+        let body = serde_json::to_value(&spec).map_err(|e| Error::Config(e.to_string()))?;
+        let http = self.http();
+        let answer = http
+            .send(
+                Method::POST,
+                http.endpoint(&["api", "runs"]),
+                &self.inner.agent_token,
+                Some(&body),
+            )
+            .await?;
+        let status = answer.status;
+        let body = answer.expect(&[200, 201])?;
+        let mut run = self.run_from(status, &body)?;
+        run.created = status == 201;
+        Ok(run)
+    }
+
+    /// The run a create with this `delivery_id` made (`GET /api/receipts/{delivery_id}`);
+    /// [`Error::NotFound`] when there is none (or another agent made it).
+    pub async fn receipt(&self, delivery_id: &str) -> Result<Receipt, Error> {
+        let http = self.http();
+        let answer = http
+            .send(
+                Method::GET,
+                http.endpoint(&["api", "receipts", delivery_id]),
+                &self.inner.agent_token,
+                None,
+            )
+            .await?;
+        let status = answer.status;
+        let body = answer.expect(&[200])?;
+        let run = self.run_from(status, &body)?;
+        let status_text = body
+            .get("status")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Error::malformed(status, "status"))?;
+        Ok(Receipt {
+            run,
+            status: status_text.to_owned(),
+        })
+    }
+
+    /// A handle on an existing run from its id and run token (e.g. kept across a
+    /// restart). Nothing is sent.
+    pub fn run(&self, run_id: impl Into<String>, run_token: impl Into<String>) -> Run {
+        Run {
+            client: self.clone(),
+            run_id: run_id.into(),
+            run_token: run_token.into(),
+            created: false,
+        }
+    }
+
+    fn run_from(&self, status: u16, body: &Value) -> Result<Run, Error> {
+        let text = |k: &str| {
+            body.get(k)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| Error::malformed(status, k))
+        };
+        Ok(self.run(text("run_id")?, text("run_token")?))
+    }
+}
+
+/// One run: its id and its run token (which the `Debug` output never shows). Cheap to
+/// clone; every method talks to the server with the run token.
+#[derive(Clone)]
+pub struct Run {
+    pub(crate) client: Client,
+    run_id: String,
+    run_token: String,
+    created: bool,
+}
+
+impl fmt::Debug for Run {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Run")
+            .field("run_id", &self.run_id)
+            .field("created", &self.created)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One page of `GET /api/runs/{id}/events?after=N`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventPage {
+    /// The events, each the flat JSON object the server stores.
+    pub events: Vec<Value>,
+    /// Read the next page from here.
+    pub next_after: u64,
+    /// More events are (or are becoming) visible after `next_after`.
+    pub has_more: bool,
+    /// The page holds the run's terminal event (or `after` is past it).
+    pub terminal: bool,
+}
+
+/// How a run ended: `POST …/complete`, `/fail` or `/cancel`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ended {
+    /// `completed`, `failed` or `cancelled`.
+    pub status: String,
+    /// The terminal event's sequence.
+    pub sequence: u64,
+}
+
+impl Run {
+    /// The run's id.
+    pub fn id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// The run's token (a secret: give it only to whoever acts for this run).
+    pub fn token(&self) -> &str {
+        &self.run_token
+    }
+
+    /// Whether [`Client::create_run`] created the run just now (201) rather than found
+    /// the one an earlier attempt made (200).
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// The client this run talks through.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub(crate) fn endpoint(&self, rest: &[&str]) -> reqwest::Url {
+        let mut segments = vec!["api", "runs", self.run_id.as_str()];
+        segments.extend_from_slice(rest);
+        self.client.http().endpoint(&segments)
+    }
+
+    /// `method` on `/api/runs/{id}/<rest>` with the run token, retried per the policy.
+    pub(crate) async fn call(
+        &self,
+        method: Method,
+        rest: &[&str],
+        body: Option<&Value>,
+    ) -> Result<crate::http::Answer, Error> {
+        self.client
+            .http()
+            .send(method, self.endpoint(rest), &self.run_token, body)
+            .await
+    }
+
+    /// Appends events (`POST /api/runs/{id}/events`) and returns their sequences, in
+    /// order. Each event is a JSON object with a `type`; one without an `event_id` gets a
+    /// fresh UUID, so a retried request (transport error, 5xx, 429) answers the original
+    /// sequences instead of appending twice. More than 99 events go in several requests
+    /// (each atomic on its own).
+    pub async fn append<I>(&self, events: I) -> Result<Vec<u64>, Error>
+    where
+        I: IntoIterator<Item = Value>,
+    {
+        let events = events
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| keyed_event(i, e))
+            .collect::<Result<Vec<_>, _>>()?;
+        if events.is_empty() {
+            return Err(Error::InvalidEvent("nothing to append".into()));
+        }
+        let mut sequences = Vec::with_capacity(events.len());
+        for batch in events.chunks(MAX_BATCH_EVENTS) {
+            let body = json!({ "events": batch });
+            let answer = self.call(Method::POST, &["events"], Some(&body)).await?;
+            let status = answer.status;
+            let body = answer.expect(&[200])?;
+            let got = body
+                .get("sequences")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_u64).collect::<Vec<_>>())
+                .filter(|s| s.len() == batch.len())
+                .ok_or_else(|| Error::malformed(status, "one sequence per event"))?;
+            sequences.extend(got);
+        }
+        Ok(sequences)
+    }
+
+    /// One page of the run's stream after `after` (`limit` 1–1000, default 100).
+    pub async fn events(&self, after: u64, limit: Option<u32>) -> Result<EventPage, Error> {
+        let mut url = self.endpoint(&["events"]);
+        url.query_pairs_mut()
+            .append_pair("after", &after.to_string());
+        if let Some(limit) = limit {
+            url.query_pairs_mut()
+                .append_pair("limit", &limit.to_string());
+        }
+        let answer = self
+            .client
+            .http()
+            .send(Method::GET, url, &self.run_token, None)
+            .await?;
+        let status = answer.status;
+        let mut body = answer.expect(&[200])?;
+        let events = match body.get_mut("events").map(Value::take) {
+            Some(Value::Array(events)) => events,
+            _ => return Err(Error::malformed(status, "events")),
+        };
+        let next_after = body
+            .get("next_after")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| Error::malformed(status, "next_after"))?;
+        let flag = |k: &str| body.get(k).and_then(Value::as_bool).unwrap_or(false);
+        Ok(EventPage {
+            events,
+            next_after,
+            has_more: flag("has_more"),
+            terminal: flag("terminal"),
+        })
+    }
+
+    /// Completes the run (`run_completed`, with `fields` in it). Repeating answers the
+    /// same sequence.
+    pub async fn complete(&self, fields: Option<Value>) -> Result<Ended, Error> {
+        self.finish("complete", fields).await
+    }
+
+    /// Fails the run (`run_failed`).
+    pub async fn fail(&self, fields: Option<Value>) -> Result<Ended, Error> {
+        self.finish("fail", fields).await
+    }
+
+    /// Cancels the run (`run_cancelled`).
+    pub async fn cancel(&self, fields: Option<Value>) -> Result<Ended, Error> {
+        self.finish("cancel", fields).await
+    }
+
+    async fn finish(&self, verb: &str, fields: Option<Value>) -> Result<Ended, Error> {
+        let body = fields.unwrap_or_else(|| json!({}));
+        let answer = self.call(Method::POST, &[verb], Some(&body)).await?;
+        let status = answer.status;
+        let body = answer.expect(&[200])?;
+        Ok(Ended {
+            status: body
+                .get("status")
+                .and_then(Value::as_str)
+                .ok_or_else(|| Error::malformed(status, "status"))?
+                .to_owned(),
+            sequence: body
+                .get("sequence")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| Error::malformed(status, "sequence"))?,
+        })
+    }
+
+    /// A durable `mutation_outcome/v1` record
+    /// (`GET /api/runs/{id}/mutations/{tool_call_id}/{approval_id}`), as the server sends it.
+    pub async fn mutation(&self, tool_call_id: &str, approval_id: &str) -> Result<Value, Error> {
+        self.call(Method::GET, &["mutations", tool_call_id, approval_id], None)
+            .await?
+            .expect(&[200])
+    }
+}
+
+/// An event for the wire: a JSON object with a `type`, keyed by an `event_id`.
+fn keyed_event(index: usize, event: Value) -> Result<Value, Error> {
+    let Value::Object(mut map) = event else {
+        return Err(Error::InvalidEvent(format!(
+            "events[{index}] must be a JSON object"
+        )));
+    };
+    if !map.get("type").is_some_and(Value::is_string) {
+        return Err(Error::InvalidEvent(format!(
+            "events[{index}] needs a string \"type\""
+        )));
+    }
+    if !map.contains_key("event_id") {
+        map.insert("event_id".into(), uuid::Uuid::new_v4().to_string().into());
+    }
+    Ok(Value::Object(map))
+}
+
+/// `fields` as a JSON object map (helper for bodies built from optional parts).
+pub(crate) fn object(pairs: Vec<(&str, Option<Value>)>) -> Value {
+    let mut map = Map::new();
+    for (k, v) in pairs {
+        if let Some(v) = v {
+            map.insert(k.into(), v);
+        }
+    }
+    Value::Object(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_get_an_event_id_unless_given_and_need_a_type() {
+        let e = keyed_event(0, json!({"type": "agent.message", "text": "hi"})).unwrap();
+        let id = e["event_id"].as_str().unwrap();
+        assert!(uuid::Uuid::parse_str(id).is_ok());
+        let given = keyed_event(0, json!({"type": "x", "event_id": "mine"})).unwrap();
+        assert_eq!(given["event_id"], "mine");
+        assert!(matches!(
+            keyed_event(3, json!({"text": "no type"})),
+            Err(Error::InvalidEvent(m)) if m.contains("events[3]")
+        ));
+        assert!(matches!(
+            keyed_event(0, json!([1])),
+            Err(Error::InvalidEvent(_))
+        ));
+    }
+
+    #[test]
+    fn specs_serialize_only_what_is_set() {
+        let spec = RunSpec {
+            owner: Some("alice".into()),
+            budget: Some(Budget::new().tool("web_fetch", 1).call_ceiling(5)),
+            kind: Some(RunKind::Child),
+            subtask_id: Some(3.into()),
+            execution_mode: Some(ExecutionMode::Pod),
+            ..RunSpec::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&spec).unwrap(),
+            json!({"owner": "alice", "budget": {"tools": {"web_fetch": 1}, "call_ceiling": 5},
+                   "kind": "child", "subtask_id": 3, "execution_mode": "pod"})
+        );
+        assert_eq!(serde_json::to_value(RunSpec::default()).unwrap(), json!({}));
+    }
+
+    #[test]
+    fn debug_never_shows_tokens() {
+        let client = Client::new("http://127.0.0.1:1", "secret-jwt").unwrap();
+        let run = client.run("run-1", "secret-run-token");
+        let shown = format!("{client:?} {run:?}");
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(matches!(
+            Client::new("http://127.0.0.1:1", " "),
+            Err(Error::Config(_))
+        ));
+    }
+}

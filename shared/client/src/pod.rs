@@ -1,0 +1,824 @@
+//! The pod side of pod-per-run approvals (seed 003 "Pod-per-run forwarding", DESIGN §8).
+//!
+//! A run created with `execution_mode: "pod"` keeps its pending cards in the AgentHost
+//! pod's memory: here, a [`PodGate`]. The agent arms a card with [`PodGate::arm`] and
+//! awaits the returned [`PendingApproval`]; Tollgate, which knows nothing of the card,
+//! forwards an operator's decision to the pod's routes ([`PodGate::routes`]):
+//!
+//! - `POST /tool-approvals` `{runId, requestId, scope}` and `POST /tool-denials`
+//!   `{runId, requestId}`, and `GET /tool-approvals/{requestId}` (the card);
+//! - every route needs `Authorization: Bearer <credential>`, the per-run credential
+//!   Tollgate holds for this pod (compared in constant time); missing or wrong → 401.
+//!
+//! Answers, as Tollgate's forwarding maps them:
+//!
+//! | answer | when |
+//! |---|---|
+//! | 200 `{runId, requestId, toolName, state: "approved"\|"denied", applied: true, scope, resolved: true, expired: false}` | a pending card decided by this request (`scope` on approvals only) |
+//! | 200 `{runId, requestId, toolName, state, applied: false, scope?, resolved: true, expired}` | the card had already ended (`approved`, `denied` or `expired`; a click at or after its deadline expires it) |
+//! | 404 `{state: "unknown"}` | no such card, or the `runId` is not the card's run |
+//! | 409 `{error: "Run is not active.", state: "pending"}` | the card is pending but its run has ended ([`PodGate::end_run`]) |
+//! | 401 | missing or wrong bearer credential |
+//! | 400 | a body that is not `{runId, requestId, scope?}` JSON |
+//!
+//! Tollgate persists a durable scope policy only for `approved` with `applied: true`.
+//!
+//! **The in-pod bridge.** An approval applied with scope `tool`, `run` or `always` is
+//! installed in this pod before the waiting call resumes, so the next arm it covers is
+//! approved at once ([`PodDecision::Approved`] with `auto: true`, no prompt) while
+//! Tollgate persists the durable policy. A bridge never reaches further than that durable
+//! policy does — every Tollgate policy is for one tool:
+//!
+//! - `tool` and `run`: later arms of **the same tool on the same run** in this pod (a
+//!   pod holds one run; the sibling runs a durable `run` policy also covers live in
+//!   other pods, which Tollgate's policy reaches);
+//! - `always`: later arms of **the same tool on any run** armed in this pod;
+//! - `once`: nothing.
+//!
+//! Other tools always prompt. Bridges live as long as the [`PodGate`].
+//!
+//! A card nobody waits for any more (every [`PendingApproval`] for it dropped) expires at
+//! once, so a decision can never apply to a call that no longer waits.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+use tokio::time::{Instant, Sleep};
+
+use crate::gate::{Scope, DEFAULT_GATE_TIMEOUT};
+
+/// A card to hold in the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodArm {
+    /// The card's id (what Tollgate forwards as `requestId`).
+    pub request_id: String,
+    /// The run the card belongs to.
+    pub run_id: String,
+    /// The tool about to be called.
+    pub tool_name: String,
+    /// The tool call's id (defaults to `request_id`).
+    pub tool_call_id: Option<String>,
+    /// The approval attempt's id (defaults to `request_id`).
+    pub approval_id: Option<String>,
+    /// The URL shown on the card.
+    pub url: Option<String>,
+    /// The intention shown on the card.
+    pub intention: Option<String>,
+    /// The message shown on the card.
+    pub message: Option<String>,
+    /// How long the card waits before it expires (default 300 s).
+    pub timeout: Duration,
+}
+
+impl PodArm {
+    /// A card `request_id` of `run_id` for `tool_name`, expiring after 300 s.
+    pub fn new(
+        request_id: impl Into<String>,
+        run_id: impl Into<String>,
+        tool_name: impl Into<String>,
+    ) -> Self {
+        Self {
+            request_id: request_id.into(),
+            run_id: run_id.into(),
+            tool_name: tool_name.into(),
+            tool_call_id: None,
+            approval_id: None,
+            url: None,
+            intention: None,
+            message: None,
+            timeout: DEFAULT_GATE_TIMEOUT,
+        }
+    }
+
+    /// Sets the tool call's id.
+    pub fn tool_call_id(mut self, id: impl Into<String>) -> Self {
+        self.tool_call_id = Some(id.into());
+        self
+    }
+
+    /// Sets the approval attempt's id.
+    pub fn approval_id(mut self, id: impl Into<String>) -> Self {
+        self.approval_id = Some(id.into());
+        self
+    }
+
+    /// Sets the URL shown on the card.
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.url = Some(url.into());
+        self
+    }
+
+    /// Sets the intention shown on the card.
+    pub fn intention(mut self, text: impl Into<String>) -> Self {
+        self.intention = Some(text.into());
+        self
+    }
+
+    /// Sets the message shown on the card.
+    pub fn message(mut self, text: impl Into<String>) -> Self {
+        self.message = Some(text.into());
+        self
+    }
+
+    /// Sets the timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+}
+
+/// How a pod card ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodDecision {
+    /// Approved: by an operator (`auto: false`) or by an in-pod bridge (`auto: true`).
+    Approved {
+        /// The scope.
+        scope: Scope,
+        /// Whether a bridge approved it without a prompt.
+        auto: bool,
+    },
+    /// Denied by an operator.
+    Denied,
+    /// Nobody decided before the deadline (or nobody waited any more).
+    Expired,
+}
+
+impl PodDecision {
+    /// `approved`, `denied` or `expired`.
+    pub fn state(&self) -> &'static str {
+        match self {
+            PodDecision::Approved { .. } => "approved",
+            PodDecision::Denied => "denied",
+            PodDecision::Expired => "expired",
+        }
+    }
+
+    fn scope(&self) -> Option<Scope> {
+        match self {
+            PodDecision::Approved { scope, .. } => Some(*scope),
+            _ => None,
+        }
+    }
+}
+
+/// What a decision did, and the answer the routes send for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodAnswer {
+    /// A pending card decided by this request (200, `applied: true`).
+    Applied {
+        /// The card's run.
+        run_id: String,
+        /// The card.
+        request_id: String,
+        /// The card's tool (Tollgate keys a scoped policy by it).
+        tool_name: String,
+        /// How it ended now.
+        decision: PodDecision,
+    },
+    /// The card had already ended (200, `applied: false`).
+    AlreadyEnded {
+        /// The card's run.
+        run_id: String,
+        /// The card.
+        request_id: String,
+        /// The card's tool.
+        tool_name: String,
+        /// How it had ended.
+        decision: PodDecision,
+    },
+    /// No such card on that run (404 `unknown`).
+    Unknown,
+    /// Pending, but its run has ended (409 `pending`).
+    RunNotActive,
+}
+
+impl PodAnswer {
+    /// The HTTP status.
+    pub fn status(&self) -> u16 {
+        match self {
+            PodAnswer::Applied { .. } | PodAnswer::AlreadyEnded { .. } => 200,
+            PodAnswer::Unknown => 404,
+            PodAnswer::RunNotActive => 409,
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Value {
+        match self {
+            PodAnswer::Applied {
+                run_id,
+                request_id,
+                tool_name,
+                decision,
+            }
+            | PodAnswer::AlreadyEnded {
+                run_id,
+                request_id,
+                tool_name,
+                decision,
+            } => {
+                let mut body = Map::new();
+                body.insert("runId".into(), run_id.clone().into());
+                body.insert("requestId".into(), request_id.clone().into());
+                body.insert("toolName".into(), tool_name.clone().into());
+                body.insert("state".into(), decision.state().into());
+                body.insert(
+                    "applied".into(),
+                    matches!(self, PodAnswer::Applied { .. }).into(),
+                );
+                body.insert("resolved".into(), true.into());
+                body.insert("expired".into(), (*decision == PodDecision::Expired).into());
+                if let Some(scope) = decision.scope() {
+                    body.insert("scope".into(), scope.as_str().into());
+                }
+                Value::Object(body)
+            }
+            PodAnswer::Unknown => json!({"error": "no such approval request", "state": "unknown"}),
+            PodAnswer::RunNotActive => json!({"error": "Run is not active.", "state": "pending"}),
+        }
+    }
+}
+
+/// The in-memory gate of one AgentHost pod. Cheap to clone (all clones share the cards).
+#[derive(Clone)]
+pub struct PodGate {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for PodGate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let cards = self.inner.lock().cards.len();
+        f.debug_struct("PodGate")
+            .field("cards", &cards)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    /// SHA-256 of the credential: compared digest to digest, in constant time.
+    credential: [u8; 32],
+    state: Mutex<Cards>,
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, Cards> {
+        // Every change below is made whole under the lock: a panic elsewhere cannot leave
+        // a half-made one, so a poisoned lock is still consistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Where a bridge reaches.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Bridge {
+    /// This tool on this run (`tool`, `run`).
+    Run { run_id: String, tool_name: String },
+    /// This tool on any run of the pod (`always`).
+    Pod { tool_name: String },
+}
+
+#[derive(Default)]
+struct Cards {
+    cards: HashMap<String, Card>,
+    ended_runs: HashSet<String>,
+    bridges: HashMap<Bridge, Scope>,
+    next_waiter: u64,
+}
+
+struct Card {
+    arm: PodArm,
+    expires_at: Instant,
+    state: Option<PodDecision>,
+    waiters: Vec<(u64, oneshot::Sender<PodDecision>)>,
+}
+
+impl Card {
+    /// Ends a pending card and tells everyone waiting.
+    fn end(&mut self, decision: PodDecision) {
+        self.state = Some(decision);
+        for (_, tx) in self.waiters.drain(..) {
+            let _ = tx.send(decision);
+        }
+    }
+
+    /// A pending card past its deadline expires (a click at or after it never approves).
+    fn expire_if_due(&mut self, now: Instant) {
+        if self.state.is_none() && now >= self.expires_at {
+            self.end(PodDecision::Expired);
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        let a = &self.arm;
+        let mut card = json!({
+            "runId": a.run_id,
+            "requestId": a.request_id,
+            "toolName": a.tool_name,
+            "toolCallId": a.tool_call_id.as_deref().unwrap_or(&a.request_id),
+            "approvalId": a.approval_id.as_deref().unwrap_or(&a.request_id),
+            "url": a.url,
+            "intention": a.intention,
+            "message": a.message,
+            "state": self.state.map_or("pending", |d| d.state()),
+        });
+        if let Some(d) = self.state {
+            card["scope"] = d.scope().map(Scope::as_str).into();
+            card["autoApproved"] = matches!(d, PodDecision::Approved { auto: true, .. }).into();
+        }
+        card
+    }
+}
+
+impl Cards {
+    fn bridge_for(&self, run_id: &str, tool_name: &str) -> Option<Scope> {
+        let run = Bridge::Run {
+            run_id: run_id.to_owned(),
+            tool_name: tool_name.to_owned(),
+        };
+        let pod = Bridge::Pod {
+            tool_name: tool_name.to_owned(),
+        };
+        self.bridges
+            .get(&run)
+            .or_else(|| self.bridges.get(&pod))
+            .copied()
+    }
+
+    fn install_bridge(&mut self, card: &PodArm, scope: Scope) {
+        let bridge = match scope {
+            Scope::Once => return,
+            Scope::Tool | Scope::Run => Bridge::Run {
+                run_id: card.run_id.clone(),
+                tool_name: card.tool_name.clone(),
+            },
+            Scope::Always => Bridge::Pod {
+                tool_name: card.tool_name.clone(),
+            },
+        };
+        self.bridges.insert(bridge, scope);
+    }
+}
+
+/// A decision to take on a card.
+#[derive(Debug, Clone, Copy)]
+enum Verb {
+    Approve(Scope),
+    Deny,
+}
+
+impl PodGate {
+    /// A gate whose routes accept `Authorization: Bearer <credential>` (the per-run
+    /// credential Tollgate holds for this pod). An empty credential accepts nobody.
+    pub fn new(credential: impl AsRef<[u8]>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                credential: Sha256::digest(credential.as_ref()).into(),
+                state: Mutex::new(Cards::default()),
+            }),
+        }
+    }
+
+    /// Holds a card (now, before this returns) and gives the future of its decision.
+    /// A bridge covering it approves it at once. Arming a `request_id` the pod already
+    /// holds waits on that card as it stands (its other fields are ignored).
+    pub fn arm(&self, arm: PodArm) -> PendingApproval {
+        let mut cards = self.inner.lock();
+        let now = Instant::now();
+        let request_id = arm.request_id.clone();
+        if !cards.cards.contains_key(&request_id) {
+            let state = cards
+                .bridge_for(&arm.run_id, &arm.tool_name)
+                .map(|scope| PodDecision::Approved { scope, auto: true });
+            let expires_at = now + arm.timeout;
+            cards.cards.insert(
+                request_id.clone(),
+                Card {
+                    arm,
+                    expires_at,
+                    state,
+                    waiters: Vec::new(),
+                },
+            );
+        }
+        cards.next_waiter += 1;
+        let waiter = cards.next_waiter;
+        let card = cards
+            .cards
+            .get_mut(&request_id)
+            .expect("the card was just found or inserted");
+        card.expire_if_due(now);
+        let (immediate, rx) = match card.state {
+            Some(decision) => (Some(decision), None),
+            None => {
+                let (tx, rx) = oneshot::channel();
+                card.waiters.push((waiter, tx));
+                (None, Some(rx))
+            }
+        };
+        PendingApproval {
+            gate: self.inner.clone(),
+            request_id,
+            waiter,
+            expires_at: card.expires_at,
+            immediate,
+            rx,
+            sleep: None,
+        }
+    }
+
+    /// Approves a card as the `/tool-approvals` route does.
+    pub fn approve(&self, run_id: &str, request_id: &str, scope: Scope) -> PodAnswer {
+        self.decide(run_id, request_id, Verb::Approve(scope))
+    }
+
+    /// Denies a card as the `/tool-denials` route does.
+    pub fn deny(&self, run_id: &str, request_id: &str) -> PodAnswer {
+        self.decide(run_id, request_id, Verb::Deny)
+    }
+
+    fn decide(&self, run_id: &str, request_id: &str, verb: Verb) -> PodAnswer {
+        let mut guard = self.inner.lock();
+        let cards = &mut *guard;
+        let Some(card) = cards
+            .cards
+            .get_mut(request_id)
+            .filter(|c| c.arm.run_id == run_id)
+        else {
+            return PodAnswer::Unknown;
+        };
+        card.expire_if_due(Instant::now());
+        if let Some(decision) = card.state {
+            return PodAnswer::AlreadyEnded {
+                run_id: run_id.to_owned(),
+                request_id: request_id.to_owned(),
+                tool_name: card.arm.tool_name.clone(),
+                decision,
+            };
+        }
+        if cards.ended_runs.contains(run_id) {
+            return PodAnswer::RunNotActive;
+        }
+        let decision = match verb {
+            Verb::Approve(scope) => PodDecision::Approved { scope, auto: false },
+            Verb::Deny => PodDecision::Denied,
+        };
+        let arm = card.arm.clone();
+        // The bridge is in place before the waiting call resumes (seed 003 step 5).
+        if let Verb::Approve(scope) = verb {
+            cards.install_bridge(&arm, scope);
+        }
+        if let Some(card) = cards.cards.get_mut(request_id) {
+            card.end(decision);
+        }
+        PodAnswer::Applied {
+            run_id: run_id.to_owned(),
+            request_id: request_id.to_owned(),
+            tool_name: arm.tool_name,
+            decision,
+        }
+    }
+
+    /// Marks a run ended: its pending cards can no longer be decided (409 `pending`) and
+    /// expire at their deadline.
+    pub fn end_run(&self, run_id: &str) {
+        self.inner.lock().ended_runs.insert(run_id.to_owned());
+    }
+
+    /// The card as `GET /tool-approvals/{requestId}` answers it: `runId`, `requestId`,
+    /// `toolName`, `toolCallId`, `approvalId`, `url`, `intention`, `message`, `state`
+    /// and, once ended, `scope` and `autoApproved`.
+    pub fn card(&self, request_id: &str) -> Option<Value> {
+        let mut cards = self.inner.lock();
+        let card = cards.cards.get_mut(request_id)?;
+        card.expire_if_due(Instant::now());
+        Some(card.to_json())
+    }
+
+    /// Whether an `Authorization` header value carries this pod's credential (compared
+    /// in constant time: digests of equal length, every byte looked at).
+    pub fn is_authorized(&self, authorization: Option<&str>) -> bool {
+        let Some(token) = authorization
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+        else {
+            return false;
+        };
+        let given: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        given
+            .iter()
+            .zip(self.inner.credential.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+
+    /// The routes Tollgate forwards decisions to, ready to merge into the pod's app:
+    /// `POST /tool-approvals`, `POST /tool-denials`, `GET /tool-approvals/{requestId}`.
+    pub fn routes(&self) -> Router {
+        Router::new()
+            .route("/tool-approvals", post(approve_route))
+            .route("/tool-denials", post(deny_route))
+            .route("/tool-approvals/{request_id}", get(card_route))
+            .with_state(self.clone())
+    }
+}
+
+/// The future of a pod card's decision ([`PodGate::arm`]). Dropping every future of a
+/// card that is still pending expires it.
+pub struct PendingApproval {
+    gate: Arc<Inner>,
+    request_id: String,
+    waiter: u64,
+    expires_at: Instant,
+    immediate: Option<PodDecision>,
+    rx: Option<oneshot::Receiver<PodDecision>>,
+    /// Made on first poll, so `arm` works outside a Tokio runtime too.
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl fmt::Debug for PendingApproval {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PendingApproval")
+            .field("request_id", &self.request_id)
+            .field("immediate", &self.immediate)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PendingApproval {
+    /// The card's id.
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// The decision, when it was known at arm time (a bridge approved it, or the card
+    /// had already ended).
+    pub fn decided(&self) -> Option<PodDecision> {
+        self.immediate
+    }
+
+    /// The card's decision as it stands (the deadline expires it).
+    fn settled_state(&self) -> PodDecision {
+        let mut cards = self.gate.lock();
+        match cards.cards.get_mut(&self.request_id) {
+            Some(card) => {
+                card.expire_if_due(Instant::now());
+                card.state.unwrap_or(PodDecision::Expired)
+            }
+            None => PodDecision::Expired,
+        }
+    }
+}
+
+impl Future for PendingApproval {
+    type Output = PodDecision;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<PodDecision> {
+        let this = self.get_mut();
+        if let Some(decision) = this.immediate {
+            return Poll::Ready(decision);
+        }
+        if let Some(rx) = this.rx.as_mut() {
+            match Pin::new(rx).poll(cx) {
+                Poll::Ready(Ok(decision)) => {
+                    this.immediate = Some(decision);
+                    return Poll::Ready(decision);
+                }
+                Poll::Ready(Err(_)) => this.rx = None,
+                Poll::Pending => {}
+            }
+        }
+        if this.rx.is_none() {
+            let decision = this.settled_state();
+            this.immediate = Some(decision);
+            return Poll::Ready(decision);
+        }
+        let expires_at = this.expires_at;
+        let sleep = this
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(expires_at)));
+        if sleep.as_mut().poll(cx).is_ready() {
+            // Due: the card expires now unless a decision won just before.
+            let decision = this.settled_state();
+            this.immediate = Some(decision);
+            return Poll::Ready(decision);
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for PendingApproval {
+    fn drop(&mut self) {
+        if self.immediate.is_some() {
+            return;
+        }
+        let mut cards = self.gate.lock();
+        if let Some(card) = cards.cards.get_mut(&self.request_id) {
+            card.waiters.retain(|(id, _)| *id != self.waiter);
+            if card.state.is_none() && card.waiters.is_empty() {
+                // Nobody waits for this call any more: no decision may apply to it.
+                card.end(PodDecision::Expired);
+            }
+        }
+    }
+}
+
+fn unauthorized() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        Json(json!({"error": "missing or invalid bearer credential"})),
+    )
+        .into_response()
+}
+
+fn bad_request(message: &str) -> Response {
+    (StatusCode::BAD_REQUEST, Json(json!({"error": message}))).into_response()
+}
+
+fn answer(a: PodAnswer) -> Response {
+    let status = StatusCode::from_u16(a.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(a.body())).into_response()
+}
+
+fn authorization(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+}
+
+/// `{runId, requestId, scope?}` from a decision body, or why it is not one.
+fn decision_body(body: &[u8]) -> Result<(String, String, Scope), String> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|_| "the body must be JSON {runId, requestId, scope?}".to_owned())?;
+    let text = |k: &str| {
+        value
+            .get(k)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| format!("{k} must be a non-empty string"))
+    };
+    let scope = Scope::parse(value.get("scope").and_then(Value::as_str));
+    Ok((text("runId")?, text("requestId")?, scope))
+}
+
+async fn approve_route(State(gate): State<PodGate>, headers: HeaderMap, body: Bytes) -> Response {
+    if !gate.is_authorized(authorization(&headers)) {
+        return unauthorized();
+    }
+    match decision_body(&body) {
+        Ok((run_id, request_id, scope)) => answer(gate.approve(&run_id, &request_id, scope)),
+        Err(why) => bad_request(&why),
+    }
+}
+
+async fn deny_route(State(gate): State<PodGate>, headers: HeaderMap, body: Bytes) -> Response {
+    if !gate.is_authorized(authorization(&headers)) {
+        return unauthorized();
+    }
+    match decision_body(&body) {
+        Ok((run_id, request_id, _)) => answer(gate.deny(&run_id, &request_id)),
+        Err(why) => bad_request(&why),
+    }
+}
+
+async fn card_route(
+    State(gate): State<PodGate>,
+    Path(request_id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if !gate.is_authorized(authorization(&headers)) {
+        return unauthorized();
+    }
+    match gate.card(&request_id) {
+        Some(card) => Json(card).into_response(),
+        None => answer(PodAnswer::Unknown),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_credentials_are_checked_exactly() {
+        let gate = PodGate::new("s3cret");
+        assert!(gate.is_authorized(Some("Bearer s3cret")));
+        for bad in [
+            None,
+            Some(""),
+            Some("Bearer "),
+            Some("Bearer s3cre"),
+            Some("Bearer s3cret2"),
+            Some("Basic s3cret"),
+            Some("s3cret"),
+        ] {
+            assert!(!gate.is_authorized(bad), "{bad:?}");
+        }
+        assert!(!PodGate::new("").is_authorized(Some("Bearer ")));
+    }
+
+    #[tokio::test]
+    async fn decisions_apply_once_and_report_the_real_state_after() {
+        let gate = PodGate::new("c");
+        let pending = gate.arm(PodArm::new("r1", "run-1", "web_fetch"));
+        assert_eq!(pending.decided(), None);
+        assert_eq!(gate.approve("run-2", "r1", Scope::Once), PodAnswer::Unknown);
+        let first = gate.approve("run-1", "r1", Scope::Once);
+        assert_eq!(first.status(), 200);
+        assert_eq!(first.body()["applied"], true);
+        assert_eq!(
+            pending.await,
+            PodDecision::Approved {
+                scope: Scope::Once,
+                auto: false
+            }
+        );
+        let later = gate.deny("run-1", "r1");
+        assert_eq!(later.body()["state"], "approved");
+        assert_eq!(later.body()["applied"], false);
+        assert_eq!(gate.deny("run-1", "nope"), PodAnswer::Unknown);
+    }
+
+    #[tokio::test]
+    async fn cards_expire_at_their_deadline_and_when_abandoned() {
+        let gate = PodGate::new("c");
+        let pending = gate.arm(PodArm::new("r1", "run-1", "t").timeout(Duration::from_millis(50)));
+        assert_eq!(pending.await, PodDecision::Expired);
+        assert_eq!(
+            gate.approve("run-1", "r1", Scope::Once).body()["state"],
+            "expired"
+        );
+        let dropped = gate.arm(PodArm::new("r2", "run-1", "t"));
+        drop(dropped);
+        assert_eq!(gate.card("r2").unwrap()["state"], "expired");
+        // Two waiters on one card: dropping one keeps it pending for the other.
+        let a = gate.arm(PodArm::new("r3", "run-1", "t"));
+        let b = gate.arm(PodArm::new("r3", "run-1", "t"));
+        drop(a);
+        assert_eq!(gate.card("r3").unwrap()["state"], "pending");
+        gate.deny("run-1", "r3");
+        assert_eq!(b.await, PodDecision::Denied);
+    }
+
+    #[tokio::test]
+    async fn bridges_reach_exactly_their_scope() {
+        let gate = PodGate::new("c");
+        let _w = gate.arm(PodArm::new("a", "run-1", "web_fetch"));
+        gate.approve("run-1", "a", Scope::Tool);
+        let auto = PodDecision::Approved {
+            scope: Scope::Tool,
+            auto: true,
+        };
+        assert_eq!(gate.arm(PodArm::new("b", "run-1", "web_fetch")).await, auto);
+        assert_eq!(
+            gate.arm(PodArm::new("c", "run-1", "shell")).decided(),
+            None,
+            "another tool prompts"
+        );
+        assert_eq!(
+            gate.arm(PodArm::new("d", "run-2", "web_fetch")).decided(),
+            None,
+            "another run prompts"
+        );
+        let _w = gate.arm(PodArm::new("e", "run-1", "shell"));
+        gate.approve("run-1", "e", Scope::Once);
+        assert_eq!(gate.arm(PodArm::new("f", "run-1", "shell")).decided(), None);
+        let _w = gate.arm(PodArm::new("g", "run-3", "search"));
+        gate.approve("run-3", "g", Scope::Always);
+        assert_eq!(
+            gate.arm(PodArm::new("h", "run-4", "search")).await,
+            PodDecision::Approved {
+                scope: Scope::Always,
+                auto: true
+            }
+        );
+        assert_eq!(gate.card("h").unwrap()["autoApproved"], true);
+    }
+
+    #[tokio::test]
+    async fn a_pending_card_of_an_ended_run_cannot_be_decided() {
+        let gate = PodGate::new("c");
+        let _w = gate.arm(PodArm::new("r1", "run-1", "t"));
+        gate.end_run("run-1");
+        let a = gate.approve("run-1", "r1", Scope::Once);
+        assert_eq!(a, PodAnswer::RunNotActive);
+        assert_eq!(a.status(), 409);
+        assert_eq!(a.body()["state"], "pending");
+    }
+}

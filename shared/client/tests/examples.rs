@@ -1,0 +1,155 @@
+//! The examples, run: `examples/agent.rs` against the real server with an operator
+//! approving over HTTP, and `examples/pod.rs` serving decisions on a loopback port.
+
+mod common;
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tollgate_client::pod::{PodDecision, PodGate};
+use tollgate_client::Scope;
+
+use common::{bounded, server};
+
+#[allow(dead_code)]
+#[path = "../examples/agent.rs"]
+mod agent;
+
+#[allow(dead_code)]
+#[path = "../examples/pod.rs"]
+mod pod;
+
+/// An operator that approves every pending card it sees (once) until stopped.
+fn approve_everything(srv: &tollgate_tests::TestServer) -> tokio::task::JoinHandle<()> {
+    let (base, token) = (srv.base.clone(), srv.operator_token.clone());
+    tokio::spawn(async move {
+        let http = reqwest::Client::new();
+        loop {
+            let listing: Value = http
+                .get(format!("{base}/api/approvals?state=pending"))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            for card in listing["approvals"].as_array().unwrap() {
+                http.post(format!(
+                    "{base}/api/runs/{}/tool-approvals",
+                    card["run_id"].as_str().unwrap()
+                ))
+                .bearer_auth(&token)
+                .json(&json!({"request_id": card["request_id"], "scope": "once"}))
+                .send()
+                .await
+                .unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+/// GIVEN the agent example and an operator who approves WHEN it runs against a stub
+/// page THEN the fetch ran under the guard (record `completed`) and the run completed.
+#[tokio::test]
+async fn the_agent_example_asks_fetches_settles_and_completes() {
+    bounded(async {
+        let srv = server().await;
+        let operator = approve_everything(&srv);
+        let url = agent::serve_stub().await.unwrap();
+        let report = agent::run_agent(&srv.base, &srv.agent_token, &url, Duration::from_secs(30))
+            .await
+            .unwrap();
+        operator.abort();
+        assert_eq!(report.decision, "approved");
+        assert_eq!(report.mutation_state.as_deref(), Some("completed"));
+        assert_eq!(report.http_status, Some(200));
+        let events = srv
+            .replay_all(&report.run_id, &srv.operator_token, 100)
+            .await;
+        let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            types,
+            [
+                "run_started",
+                "agent.message",
+                "tool.call",
+                "tool.approval_required",
+                "tool.approval_resolved",
+                "tool_execution_started",
+                "tool_execution",
+                "tool.result",
+                "run_completed"
+            ]
+        );
+    })
+    .await
+}
+
+/// GIVEN the agent example and nobody answering THEN the card expires and the run still
+/// completes, without any execution.
+#[tokio::test]
+async fn the_agent_example_handles_expiry() {
+    bounded(async {
+        let srv = server().await;
+        let report = agent::run_agent(
+            &srv.base,
+            &srv.agent_token,
+            "http://127.0.0.1:9/",
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        assert_eq!(report.decision, "expired");
+        assert_eq!(report.mutation_state, None);
+    })
+    .await
+}
+
+/// GIVEN the pod example serving on a loopback port WHEN Tollgate forwards an approval
+/// with scope tool THEN the first call resumes approved and the second is bridged.
+#[tokio::test]
+async fn the_pod_example_serves_forwarded_decisions() {
+    bounded(async {
+        let gate = PodGate::new("pod-secret");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let origin = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(pod::serve(listener, gate.clone()));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let demo = {
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                pod::demo(&gate, "run-pod", Duration::from_secs(30), move |rid| {
+                    let _ = tx.send(rid.to_owned());
+                })
+                .await
+            })
+        };
+        let request_id = rx.recv().await.unwrap();
+        let resp = reqwest::Client::new()
+            .post(format!("{origin}/tool-approvals"))
+            .bearer_auth("pod-secret")
+            .json(&json!({"runId": "run-pod", "requestId": request_id, "scope": "tool"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        let (first, second) = demo.await.unwrap();
+        assert_eq!(
+            first,
+            PodDecision::Approved {
+                scope: Scope::Tool,
+                auto: false
+            }
+        );
+        assert_eq!(
+            second,
+            PodDecision::Approved {
+                scope: Scope::Tool,
+                auto: true
+            }
+        );
+    })
+    .await
+}

@@ -1,0 +1,846 @@
+//! The operator console (`GET /console`) in headless Chromium, driven through WebDriver
+//! (fantoccini → a chromedriver this test starts on a free loopback port and kills at
+//! the end), against an in-process `TestServer` on the embedded store with a short
+//! heartbeat and a short stream window (so the console's streams end and resume).
+//!
+//! Seed 003's card lifecycle as an operator sees it: a card appears when a gate is
+//! armed (timed), Approve hides it and the run's stream records who decided, an expiry
+//! removes a card nobody clicked, a reload reattaches, two sessions on one card stay in
+//! step, and the decision answers `404 unknown` / `503 agenthost_unreachable` hide the
+//! card / offer a retry. Each test is bounded (`BUDGET`).
+//!
+//! `TOLLGATE_SCREENSHOTS=1` also writes `docs/console-pending.png` and
+//! `docs/console-resolved.png`. Needs `chromium` and `chromedriver` on `PATH` (or
+//! `TOLLGATE_CHROMIUM` / `TOLLGATE_CHROMEDRIVER`): `tests/harness/browser.sh`.
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fantoccini::wd::Capabilities;
+use fantoccini::{Client, ClientBuilder, Locator};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tollgate_api::{GateConfig, Role};
+use tollgate_store::memory::MemoryStore;
+use tollgate_tests::TestServer;
+
+/// Wall-clock bound of each test.
+const BUDGET: Duration = Duration::from_secs(30);
+
+/// How long a resolved card stays on screen (the console's `RESOLVED_LINGER_MS`).
+const LINGER: Duration = Duration::from_secs(4);
+
+/// The console's poll interval of `GET /api/approvals?state=pending`.
+const POLL: Duration = Duration::from_secs(2);
+
+// ---- chromedriver and Chromium ---------------------------------------------------------
+
+/// `$var`, else `name` found on `PATH`; a clear failure when neither exists.
+fn tool(var: &str, name: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(var).filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "{name} not found on PATH (nor ${var}): the browser tests need Debian's \
+                 chromium and chromium-driver — run tests/harness/browser.sh (as root it \
+                 installs them)"
+            )
+        })
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A chromedriver in its own process group; dropping it kills the group (the driver and
+/// the browsers it started), also when a test fails.
+struct Driver {
+    child: Child,
+    url: String,
+    chromium: PathBuf,
+}
+
+impl Driver {
+    async fn start() -> Self {
+        let chromedriver = tool("TOLLGATE_CHROMEDRIVER", "chromedriver");
+        let chromium = tool("TOLLGATE_CHROMIUM", "chromium");
+        let http = reqwest::Client::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let child = Command::new(&chromedriver)
+                .arg(format!("--port={port}"))
+                .arg("--allowed-ips=127.0.0.1")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .process_group(0)
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting {}: {e}", chromedriver.display()));
+            let driver = Driver {
+                child,
+                url: format!("http://127.0.0.1:{port}"),
+                chromium: chromium.clone(),
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                let ready = http
+                    .get(format!("{}/status", driver.url))
+                    .send()
+                    .await
+                    .ok()
+                    .map(|r| r.json::<Value>());
+                if let Some(body) = ready {
+                    if body.await.is_ok_and(|v| v["value"]["ready"] == true) {
+                        return driver;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            drop(driver); // (the port may have been taken meanwhile: another one)
+        }
+        panic!("chromedriver did not become ready on loopback");
+    }
+
+    /// A new headless Chromium session (its own fresh profile).
+    async fn browser(&self) -> Client {
+        let mut caps = Capabilities::new();
+        caps.insert("browserName".into(), json!("chrome"));
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": self.chromium,
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--disable-quic", "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync", "--disable-extensions",
+                    "--window-size=1280,900", "--force-device-scale-factor=1",
+                    "--lang=en-US",
+                ],
+            }),
+        );
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        ClientBuilder::new(connector)
+            .capabilities(caps)
+            .connect(&self.url)
+            .await
+            .expect("a Chromium session through chromedriver")
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---- The server ---------------------------------------------------------------------------
+
+/// The full app on the embedded store: heartbeats every 500 ms, streams that end after
+/// 3 s (the console resumes them with `Last-Event-ID`).
+async fn server(always_eligible: &[&str]) -> TestServer {
+    let gate = GateConfig {
+        heartbeat_every: Duration::from_millis(500),
+        always_eligible: always_eligible.iter().map(|s| s.to_string()).collect(),
+        ..GateConfig::default()
+    };
+    let mut deps = TestServer::deps(Arc::new(MemoryStore::new()), gate);
+    deps.sse.window = Duration::from_secs(3);
+    TestServer::with_deps(deps).await
+}
+
+fn operator(server: &TestServer, sub: &str) -> String {
+    server.auth.mint_jwt(sub, Role::Operator, 3600, None)
+}
+
+/// Arms a gate; returns its request id.
+async fn arm(server: &TestServer, run: &str, token: &str, extra: Value) -> String {
+    let request_id = uuid::Uuid::new_v4().to_string();
+    let mut body = json!({
+        "request_id": request_id,
+        "tool_name": "web_fetch",
+        "url": "https://example.com/docs/page",
+        "message": "The agent wants to fetch a URL. Operator approval required.",
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    let (status, v) = server
+        .post(&format!("/api/runs/{run}/approval-requests"), token, &body)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "arm: {v}");
+    request_id
+}
+
+/// The run's `tool.approval_resolved` for `request_id`, replayed over HTTP.
+async fn resolution(server: &TestServer, run: &str, request_id: &str) -> Option<Value> {
+    server
+        .replay_all(run, &server.operator_token, 1000)
+        .await
+        .into_iter()
+        .find(|e| e["type"] == "tool.approval_resolved" && e["requestId"] == request_id)
+}
+
+// ---- The page -------------------------------------------------------------------------------
+
+/// A card as the page shows it: `null` when absent, else its state, text, buttons,
+/// scope options and whether its run's stream is connected.
+const CARD_JS: &str = r#"
+const card = [...document.querySelectorAll('li.card')].find(n => n.dataset.requestId === arguments[0]);
+if (!card) return null;
+return {
+  state: card.dataset.state,
+  live: card.dataset.stream === 'live',
+  text: card.innerText,
+  outcome: card.querySelector('.outcome').textContent,
+  buttons: [...card.querySelectorAll('button')].map(b => b.textContent),
+  scopes: [...card.querySelectorAll('select.scope option')].map(o => o.value),
+};
+"#;
+
+async fn card(client: &Client, request_id: &str) -> Value {
+    client
+        .execute(CARD_JS, vec![json!(request_id)])
+        .await
+        .expect("the page answers")
+}
+
+/// Polls the card every 10 ms until `ready` holds; the card and how long it took. Fails
+/// after `within`.
+async fn wait_card(
+    client: &Client,
+    request_id: &str,
+    within: Duration,
+    what: &str,
+    ready: impl Fn(&Value) -> bool,
+) -> (Value, Duration) {
+    let started = Instant::now();
+    loop {
+        let c = card(client, request_id).await;
+        if ready(&c) {
+            return (c, started.elapsed());
+        }
+        assert!(
+            started.elapsed() < within,
+            "card {request_id}: not {what} within {within:?}; it is {c}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn wait_js(client: &Client, script: &str, within: Duration, what: &str) {
+    let started = Instant::now();
+    loop {
+        if client
+            .execute(script, vec![])
+            .await
+            .expect("the page answers")
+            == json!(true)
+        {
+            return;
+        }
+        assert!(started.elapsed() < within, "not {what} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Opens the console and pastes `token` (as an operator would); waits until it is in.
+async fn open_console(client: &Client, server: &TestServer, token: &str) {
+    client.goto(&server.url("/console")).await.unwrap();
+    // The inline style passed the page's CSP (it is allowed by hash, nothing else is).
+    let css = client
+        .execute(
+            "return getComputedStyle(document.documentElement).getPropertyValue('--console-css').trim()",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        css,
+        json!("loaded"),
+        "the inline style applies under the CSP"
+    );
+    let input = client.find(Locator::Id("token")).await.unwrap();
+    input.send_keys(token).await.unwrap();
+    client
+        .find(Locator::Css("#token-form button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_js(
+        client,
+        "return !document.getElementById('session').hidden && \
+         getComputedStyle(document.getElementById('token-form')).display === 'none'",
+        Duration::from_secs(5),
+        "signed in",
+    )
+    .await;
+    // The token went to sessionStorage, never into the address.
+    let url = client.current_url().await.unwrap();
+    assert_eq!(url.as_str(), server.url("/console"));
+}
+
+async fn click(client: &Client, request_id: &str, button: &str) {
+    let css = format!("li.card[data-request-id=\"{request_id}\"] button.{button}");
+    client
+        .find(Locator::Css(&css))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
+fn pending(c: &Value) -> bool {
+    c["state"] == "pending"
+}
+
+fn screenshots() -> bool {
+    std::env::var("TOLLGATE_SCREENSHOTS").is_ok_and(|v| v == "1")
+}
+
+async fn screenshot(client: &Client, name: &str) {
+    let png = client.screenshot().await.unwrap();
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs")
+        .join(name);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, png).unwrap();
+    println!("screenshot: {}", path.display());
+}
+
+async fn bounded(test: impl std::future::Future<Output = ()>) {
+    tokio::time::timeout(BUDGET, test)
+        .await
+        .unwrap_or_else(|_| panic!("the test took longer than {BUDGET:?}"));
+}
+
+// ---- The tests ----------------------------------------------------------------------------
+
+/// The page, its script and its settings route, as a client sees them: a strict policy
+/// with no external origin and no inline script, `no-store` everywhere, and the settings
+/// only for operators.
+#[tokio::test]
+async fn the_console_is_served_with_a_strict_policy() {
+    let server = server(&["web_fetch", "search"]).await;
+    let page = server
+        .http
+        .get(server.url("/console"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    let h = page.headers().clone();
+    assert_eq!(h["content-type"], "text/html; charset=utf-8");
+    assert_eq!(h["cache-control"], "no-store");
+    assert_eq!(h["x-content-type-options"], "nosniff");
+    let csp = h["content-security-policy"].to_str().unwrap().to_owned();
+    for directive in [
+        "default-src 'none'",
+        "script-src 'self'",
+        "connect-src 'self'",
+        "style-src 'sha256-",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+        "require-trusted-types-for 'script'",
+    ] {
+        assert!(csp.contains(directive), "{directive} in {csp}");
+    }
+    assert!(!csp.contains("unsafe") && !csp.contains("http"), "{csp}");
+    let html = page.text().await.unwrap();
+    assert!(html.contains(r#"<script src="console.js" defer></script>"#));
+
+    let script = server
+        .http
+        .get(server.url("/console.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(script.status(), StatusCode::OK);
+    assert_eq!(
+        script.headers()["content-type"],
+        "text/javascript; charset=utf-8"
+    );
+    assert_eq!(script.headers()["cache-control"], "no-store");
+
+    let (status, v) = server
+        .send(server.http.get(server.url("/api/console/config")))
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
+    let (status, v) = server.get("/api/console/config", &server.agent_token).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
+    let (status, v) = server
+        .get("/api/console/config", &operator(&server, "alice"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["sub"], "alice");
+    assert_eq!(v["always_eligible"], json!(["web_fetch", "search"]));
+}
+
+/// (a) A card appears within 1 s of arming on a run the console follows (its live
+/// stream), also after a stream window ended and was resumed; a new run's first card
+/// arrives with the 2 s poll.
+#[tokio::test]
+async fn a_card_appears_within_a_second_of_arming() {
+    bounded(async {
+        let server = server(&["web_fetch"]).await;
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        open_console(&client, &server, &operator(&server, "alice")).await;
+        let (run, token) = server.create_run(json!({"owner": "alice"})).await;
+
+        // A new run: the poll finds it.
+        let started = Instant::now();
+        let first = arm(&server, &run, &token, json!({})).await;
+        wait_card(&client, &first, POLL * 2, "shown", pending).await;
+        let via_poll = started.elapsed();
+        assert!(via_poll < POLL + Duration::from_secs(1), "{via_poll:?}");
+        wait_card(&client, &first, Duration::from_secs(3), "live", |c| {
+            c["live"] == true
+        })
+        .await;
+
+        // The run is followed now: its next cards come over its stream.
+        let mut followed = Vec::new();
+        for _ in 0..3 {
+            let started = Instant::now();
+            let id = arm(&server, &run, &token, json!({"tool_name": "search"})).await;
+            let (c, _) = wait_card(&client, &id, Duration::from_secs(1), "shown", pending).await;
+            followed.push(started.elapsed());
+            assert_eq!(c["buttons"], json!(["Approve", "Deny"]), "{c}");
+            assert!(c["text"].as_str().unwrap().contains("search"), "{c}");
+        }
+        // Past the end of a stream window (3 s): the console resumed it.
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        let started = Instant::now();
+        let late = arm(&server, &run, &token, json!({})).await;
+        wait_card(&client, &late, Duration::from_secs(1), "shown", pending).await;
+        let after_window = started.elapsed();
+
+        let worst = followed.iter().chain([&after_window]).max().unwrap();
+        println!(
+            "card latency (arm → card on screen): followed run {:?}, after a stream window \
+             ended {:?}; a new run's first card (2 s poll) {:?}",
+            followed, after_window, via_poll
+        );
+        assert!(*worst < Duration::from_secs(1), "{worst:?}");
+
+        // New cards are announced to screen readers.
+        let announced = client
+            .execute(
+                "return document.getElementById('announcer').textContent",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert!(
+            announced.as_str().unwrap().contains("New approval request"),
+            "{announced}"
+        );
+        let count = client
+            .execute(
+                "return document.getElementById('count').textContent",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(count, json!("(5)"));
+        client.close().await.unwrap();
+    })
+    .await;
+}
+
+/// (b) Approve hides the card; the run's stream (replayed over HTTP) records
+/// `tool.approval_resolved` decided by that operator with the chosen scope. The scope
+/// picker offers beyond `once` only on the operator's own runs, `always` only for
+/// always-eligible tools. The audit view shows the run's events in order.
+#[tokio::test]
+async fn approve_hides_the_card_and_the_stream_records_the_operator() {
+    bounded(async {
+        let server = server(&["web_fetch"]).await;
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        let (own_run, own_token) = server
+            .create_run(json!({"owner": "alice", "channel_id": "C-ops"}))
+            .await;
+        let (other_run, other_token) = server.create_run(json!({"owner": "bob"})).await;
+        let mine = arm(
+            &server,
+            &own_run,
+            &own_token,
+            json!({"intention": "Read the deployment guide before editing the config."}),
+        )
+        .await;
+        let theirs = arm(
+            &server,
+            &other_run,
+            &other_token,
+            json!({"tool_name": "github_create_issue", "url": null,
+                   "message": "The agent wants to open an issue in acme/infra."}),
+        )
+        .await;
+        open_console(&client, &server, &operator(&server, "alice")).await;
+
+        // Reattached on load; the owners come from run_started.
+        let (c, _) = wait_card(&client, &mine, Duration::from_secs(3), "owned", |c| {
+            c["scopes"].as_array().is_some_and(|s| s.len() > 1)
+        })
+        .await;
+        assert_eq!(c["scopes"], json!(["once", "tool", "run", "always"]), "{c}");
+        let (c, _) = wait_card(&client, &theirs, Duration::from_secs(3), "owned", |c| {
+            c["text"].as_str().is_some_and(|t| t.contains("bob"))
+        })
+        .await;
+        assert_eq!(c["scopes"], json!(["once"]), "{c}");
+        assert!(
+            c["text"]
+                .as_str()
+                .unwrap()
+                .contains("Only the run’s owner (bob)"),
+            "{c}"
+        );
+        if screenshots() {
+            screenshot(&client, "console-pending.png").await;
+        }
+
+        let scope = client
+            .find(Locator::Css(&format!(
+                "li.card[data-request-id=\"{mine}\"] select.scope"
+            )))
+            .await
+            .unwrap();
+        scope.select_by_value("tool").await.unwrap();
+        let clicked = Instant::now();
+        click(&client, &mine, "approve").await;
+        let (c, took) = wait_card(&client, &mine, Duration::from_secs(2), "approved", |c| {
+            c["state"] == "approved"
+        })
+        .await;
+        println!("approve → card resolved on screen: {took:?}");
+        assert_eq!(c["buttons"], json!([]), "no buttons once decided: {c}");
+        assert_eq!(c["outcome"], "Approved by alice (scope tool)", "{c}");
+        if screenshots() {
+            screenshot(&client, "console-resolved.png").await;
+        }
+        // Shown briefly, then removed; the other card stays.
+        let started = Instant::now();
+        wait_card(
+            &client,
+            &mine,
+            LINGER + Duration::from_secs(2),
+            "removed",
+            |c| c.is_null(),
+        )
+        .await;
+        assert!(clicked.elapsed() >= LINGER - Duration::from_millis(100));
+        println!("resolved card removed after {:?}", started.elapsed());
+        assert!(pending(&card(&client, &theirs).await));
+
+        let resolved = resolution(&server, &own_run, &mine)
+            .await
+            .expect("tool.approval_resolved on the run's stream");
+        assert_eq!(resolved["approved"], true, "{resolved}");
+        assert_eq!(resolved["expired"], false, "{resolved}");
+        assert_eq!(resolved["decidedBy"], "alice", "{resolved}");
+        assert_eq!(resolved["scope"], "tool", "{resolved}");
+        let (_, listed) = server
+            .get("/api/approvals?state=pending", &server.operator_token)
+            .await;
+        let open: Vec<&Value> = listed["approvals"].as_array().unwrap().iter().collect();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0]["request_id"], theirs.as_str());
+
+        // The audit view: the run's events, in order, as replay serves them.
+        let input = client.find(Locator::Id("audit-run")).await.unwrap();
+        input.send_keys(&own_run).await.unwrap();
+        client
+            .find(Locator::Css("#audit-form button[type=submit]"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        let events = server
+            .replay_all(&own_run, &server.operator_token, 1000)
+            .await;
+        let expected: Vec<Value> = events
+            .iter()
+            .map(|e| json!([e["sequence"].to_string(), e["type"]]))
+            .collect();
+        let rows_js = "return [...document.querySelectorAll('#audit-events tr')]\
+                       .map(r => [r.cells[0].textContent, r.cells[1].textContent])";
+        let started = Instant::now();
+        loop {
+            let rows = client.execute(rows_js, vec![]).await.unwrap();
+            if rows.as_array().unwrap().len() >= expected.len() {
+                assert_eq!(rows, json!(expected));
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "audit rows {rows}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+        assert_eq!(types.first(), Some(&"run_started"));
+        assert!(types.contains(&"tool.approval_required"));
+        assert_eq!(types.last(), Some(&"tool.approval_resolved"));
+        client.close().await.unwrap();
+    })
+    .await;
+}
+
+/// (c) A card nobody clicks expires (`timeout_seconds: 1`): the console shows it
+/// expired, then removes it.
+#[tokio::test]
+async fn an_expired_card_is_removed_without_a_click() {
+    bounded(async {
+        let server = server(&["web_fetch"]).await;
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        open_console(&client, &server, &operator(&server, "alice")).await;
+        let (run, token) = server.create_run(json!({"owner": "alice"})).await;
+        let keep = arm(&server, &run, &token, json!({})).await;
+        wait_card(&client, &keep, Duration::from_secs(4), "live", |c| {
+            c["live"] == true
+        })
+        .await;
+
+        let armed = Instant::now();
+        let short = arm(&server, &run, &token, json!({"timeout_seconds": 1})).await;
+        let (_, shown) = wait_card(&client, &short, Duration::from_secs(1), "shown", |c| {
+            !c.is_null()
+        })
+        .await;
+        let (c, _) = wait_card(&client, &short, Duration::from_secs(4), "expired", |c| {
+            c["state"] == "expired"
+        })
+        .await;
+        let expired_after = armed.elapsed();
+        assert!(
+            expired_after >= Duration::from_millis(900),
+            "{expired_after:?}"
+        );
+        assert_eq!(c["buttons"], json!([]), "{c}");
+        assert!(c["outcome"].as_str().unwrap().starts_with("Expired"), "{c}");
+        wait_card(
+            &client,
+            &short,
+            LINGER + Duration::from_secs(2),
+            "removed",
+            |c| c.is_null(),
+        )
+        .await;
+        println!("expiring card: shown after {shown:?}, expired on screen after {expired_after:?}");
+
+        let resolved = resolution(&server, &run, &short).await.expect("resolved");
+        assert_eq!(resolved["expired"], true, "{resolved}");
+        assert_eq!(resolved["approved"], false, "{resolved}");
+        assert!(pending(&card(&client, &keep).await), "the other card stays");
+        client.close().await.unwrap();
+    })
+    .await;
+}
+
+/// (d) A reload reattaches: the token survives in sessionStorage (not in the address),
+/// the pending card is shown again and still decides.
+#[tokio::test]
+async fn a_reload_reattaches() {
+    bounded(async {
+        let server = server(&["web_fetch"]).await;
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        let (run, token) = server.create_run(json!({"owner": "alice"})).await;
+        let id = arm(&server, &run, &token, json!({})).await;
+        open_console(&client, &server, &server.operator_token).await;
+        wait_card(&client, &id, Duration::from_secs(3), "shown", pending).await;
+
+        client.refresh().await.unwrap();
+        let started = Instant::now();
+        let (c, _) = wait_card(&client, &id, Duration::from_secs(3), "shown again", pending).await;
+        println!("after a reload the card is back in {:?}", started.elapsed());
+        assert_eq!(c["buttons"], json!(["Approve", "Deny"]), "{c}");
+        let signed_in = client
+            .execute(
+                "return [getComputedStyle(document.getElementById('token-form')).display, \
+                 document.getElementById('me').textContent]",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(signed_in, json!(["none", "test-operator"]));
+        assert_eq!(
+            client.current_url().await.unwrap().as_str(),
+            server.url("/console")
+        );
+
+        click(&client, &id, "deny").await;
+        let (c, _) = wait_card(&client, &id, Duration::from_secs(2), "denied", |c| {
+            c["state"] == "denied"
+        })
+        .await;
+        assert_eq!(c["outcome"], "Denied by test-operator", "{c}");
+        let resolved = resolution(&server, &run, &id).await.expect("resolved");
+        assert_eq!(resolved["approved"], false, "{resolved}");
+        assert_eq!(resolved["decidedBy"], "test-operator", "{resolved}");
+        client.close().await.unwrap();
+    })
+    .await;
+}
+
+/// (e) Two sessions on one card: one operator approves, the other's card shows who did
+/// and disappears.
+#[tokio::test]
+async fn two_sessions_one_card() {
+    bounded(async {
+        let server = server(&["web_fetch"]).await;
+        let driver = Driver::start().await;
+        let alice = driver.browser().await;
+        let bob = driver.browser().await;
+        let (run, token) = server.create_run(json!({"owner": "alice"})).await;
+        let id = arm(&server, &run, &token, json!({})).await;
+        open_console(&alice, &server, &operator(&server, "alice")).await;
+        open_console(&bob, &server, &operator(&server, "bob")).await;
+        wait_card(&alice, &id, Duration::from_secs(3), "shown", pending).await;
+        wait_card(&bob, &id, Duration::from_secs(4), "live", |c| {
+            pending(c) && c["live"] == true
+        })
+        .await;
+
+        let clicked = Instant::now();
+        click(&alice, &id, "approve").await;
+        let (c, _) = wait_card(&bob, &id, Duration::from_secs(1), "resolved", |c| {
+            c["state"] == "approved"
+        })
+        .await;
+        println!(
+            "the other session saw the decision after {:?}",
+            clicked.elapsed()
+        );
+        assert_eq!(c["outcome"], "Approved by alice (scope once)", "{c}");
+        assert_eq!(c["buttons"], json!([]), "{c}");
+        wait_card(&bob, &id, LINGER + Duration::from_secs(2), "removed", |c| {
+            c.is_null()
+        })
+        .await;
+        wait_card(&alice, &id, Duration::from_secs(2), "removed", |c| {
+            c.is_null()
+        })
+        .await;
+        let resolved = resolution(&server, &run, &id).await.expect("resolved");
+        assert_eq!(resolved["decidedBy"], "alice", "{resolved}");
+        alice.close().await.unwrap();
+        bob.close().await.unwrap();
+    })
+    .await;
+}
+
+/// Seed 003's other answers: `503 agenthost_unreachable` offers a retry (the card stays
+/// pending, the retry decides it); `404 unknown` hides the card. (The page's `fetch` is
+/// wrapped for one decision each: the embedded store never answers those.)
+#[tokio::test]
+async fn unreachable_offers_a_retry_and_unknown_hides_the_card() {
+    bounded(async {
+        let server = server(&["web_fetch"]).await;
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        let (run, token) = server.create_run(json!({"owner": "alice"})).await;
+        let retried = arm(&server, &run, &token, json!({})).await;
+        let unknown = arm(&server, &run, &token, json!({})).await;
+        open_console(&client, &server, &operator(&server, "alice")).await;
+        wait_card(&client, &retried, Duration::from_secs(3), "shown", pending).await;
+        wait_card(&client, &unknown, Duration::from_secs(3), "shown", pending).await;
+
+        // The next decision answers as the seed's pod forwarding would.
+        let fake = r#"
+            const [status, body] = arguments;
+            const real = window.fetch;
+            window.fetch = (input, init) => {
+              if (init && init.method === 'POST') {
+                window.fetch = real;
+                return Promise.resolve(new Response(JSON.stringify(body),
+                  {status, headers: {'content-type': 'application/json'}}));
+              }
+              return real(input, init);
+            };
+            return true;
+        "#;
+        client
+            .execute(
+                fake,
+                vec![
+                    json!(503),
+                    json!({"error": "agent host unreachable", "state": "agenthost_unreachable"}),
+                ],
+            )
+            .await
+            .unwrap();
+        click(&client, &retried, "approve").await;
+        let (c, _) = wait_card(&client, &retried, Duration::from_secs(2), "retry", |c| {
+            c["buttons"]
+                .as_array()
+                .is_some_and(|b| b.iter().any(|b| b == "Retry approve"))
+        })
+        .await;
+        assert!(pending(&c), "{c}");
+        assert!(
+            c["outcome"].as_str().unwrap().contains("unreachable"),
+            "{c}"
+        );
+        click(&client, &retried, "retry").await;
+        let (c, _) = wait_card(&client, &retried, Duration::from_secs(2), "approved", |c| {
+            c["state"] == "approved"
+        })
+        .await;
+        assert_eq!(c["outcome"], "Approved by alice (scope once)", "{c}");
+
+        client
+            .execute(
+                fake,
+                vec![
+                    json!(404),
+                    json!({"error": "no such approval request", "state": "unknown"}),
+                ],
+            )
+            .await
+            .unwrap();
+        click(&client, &unknown, "deny").await;
+        wait_card(&client, &unknown, Duration::from_secs(1), "hidden", |c| {
+            c.is_null()
+        })
+        .await;
+        // Hidden for good: the next polls (it is still pending on the server) do not
+        // bring it back.
+        tokio::time::sleep(POLL + Duration::from_millis(500)).await;
+        assert!(card(&client, &unknown).await.is_null());
+        let (_, listed) = server
+            .get(
+                &format!("/api/runs/{run}/approvals?state=pending"),
+                &server.operator_token,
+            )
+            .await;
+        assert_eq!(listed["approvals"][0]["request_id"], unknown.as_str());
+        client.close().await.unwrap();
+    })
+    .await;
+}
