@@ -632,3 +632,83 @@ async fn dynamo_only_twenty_starts_over_four_serve_processes_respect_the_ceiling
         Err(_) => panic!("a start task still holds the fleet"),
     }
 }
+
+/// GIVEN a pod-per-run run whose AgentHost (the client crate's pod side) holds one card
+/// WHEN the owner's `tool` approval of it is forwarded 20 times at once, spread over two
+/// `tollgate serve` processes on the same tables THEN every answer is 200 `approved`, the
+/// pod applied it once, the run's stream has exactly one `tool.approval_resolved`, and
+/// exactly one `tool` policy exists for the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamo_only_twenty_forwards_over_two_serve_processes_resolve_once() {
+    use tollgate_client::pod::{PodArm, PodDecision, PodGate};
+
+    let fleet = Arc::new(Fleet::start(2, &[("TOLLGATE_ALLOW_LOOPBACK_ORIGINS", "1")]));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = format!("http://{}", listener.local_addr().unwrap());
+    let (status, run) = fleet
+        .post(
+            0,
+            "/api/runs",
+            &fleet.agent_token(),
+            &json!({"owner": "alice", "execution_mode": "pod", "agenthost_origin": origin}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let gate = PodGate::new(run["agenthost_credential"].as_str().unwrap());
+    let routes = gate.routes();
+    tokio::spawn(async move { axum::serve(listener, routes).await });
+    let request_id = uuid::Uuid::new_v4().to_string();
+    let pending = gate.arm(PodArm::new(&request_id, &run_id, "web_fetch"));
+    let op = fleet.operator_token("alice");
+    let clicks: Vec<_> = (0..20)
+        .map(|i| {
+            let fleet = Arc::clone(&fleet);
+            let path = format!("/api/runs/{run_id}/tool-approvals");
+            let body = json!({"request_id": request_id, "scope": "tool"});
+            let op = op.clone();
+            tokio::spawn(async move { fleet.post(i, &path, &op, &body).await })
+        })
+        .collect();
+    for click in clicks {
+        let (status, v) = click.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(v["state"], "approved", "{v}");
+    }
+    let decision = tokio::time::timeout(Duration::from_secs(5), pending)
+        .await
+        .expect("the pod's call resumes");
+    assert_eq!(
+        decision,
+        PodDecision::Approved {
+            scope: tollgate_client::Scope::Tool,
+            auto: false
+        }
+    );
+    let events = fleet
+        .replay_all(1, &run_id, &fleet.operator_token("alice"))
+        .await;
+    let resolved: Vec<_> = events
+        .iter()
+        .filter(|e| e["type"] == "tool.approval_resolved")
+        .collect();
+    assert_eq!(resolved.len(), 1, "{:?}", types(&events));
+    assert_eq!(resolved[0]["requestId"], json!(request_id));
+    assert_eq!(resolved[0]["approved"], true);
+    let (status, listing) = fleet
+        .get(1, "/api/policies", &fleet.operator_token("alice"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{listing}");
+    let policies: Vec<_> = listing["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["origin_run_id"] == json!(run_id))
+        .collect();
+    assert_eq!(policies.len(), 1, "{listing}");
+    assert_eq!(policies[0]["scope"], "tool");
+    match Arc::try_unwrap(fleet) {
+        Ok(fleet) => fleet.clean_up().await,
+        Err(_) => panic!("every click finished"),
+    }
+}

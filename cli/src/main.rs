@@ -234,7 +234,9 @@ async fn main() {
             let gate = tollgate_api::GateConfig::from_env().unwrap_or_else(|e| fail(e));
             // Timers (expiry, heartbeats) on the embedded queue or on SQS, consumed here;
             // the sweeper and the stall guard run in this process either way.
-            let deps = Deps::serve(store, &timers, gate, auth).await;
+            let sse = tollgate_api::sse::SseConfig::from_env().unwrap_or_else(|e| fail(e));
+            let mut deps = Deps::serve(store, &timers, gate, auth).await;
+            deps.sse = sse;
             let app = tollgate_api::app(deps.clone());
             // Ctrl-C, or SIGTERM (a process manager's stop): finish what is in hand.
             let shutdown = async {

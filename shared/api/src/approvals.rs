@@ -431,11 +431,13 @@ async fn forward_decision(
         project_id: head.project_id.clone(),
         auto_approval: None,
     };
-    // The durable policy, only for the forward that applied this approval, for a tool
-    // the pod named, and `always` only for the always-eligible tools (fail closed).
+    // The durable policy, only for the forward that applied this approval with the scope
+    // asked for (a pod reporting another scope grants nothing), for a tool the pod named,
+    // and `always` only for the always-eligible tools (fail closed).
     let grant = match (&tool_name, state, applied) {
         (Some(tool), ApprovalState::Approved, true)
             if scope != Scope::Once
+                && pod_scope.is_none_or(|s| s == scope)
                 && (scope != Scope::Always || deps.gate.always_eligible(tool)) =>
         {
             let coordinator = match &head.parent_run_id {

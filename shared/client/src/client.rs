@@ -293,6 +293,7 @@ impl Client {
             run_id: run_id.into(),
             run_token: run_token.into(),
             created: false,
+            agenthost_credential: None,
         }
     }
 
@@ -303,7 +304,12 @@ impl Client {
                 .map(str::to_owned)
                 .ok_or_else(|| Error::malformed(status, k))
         };
-        Ok(self.run(text("run_id")?, text("run_token")?))
+        let mut run = self.run(text("run_id")?, text("run_token")?);
+        run.agenthost_credential = body
+            .get("agenthost_credential")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        Ok(run)
     }
 }
 
@@ -315,6 +321,7 @@ pub struct Run {
     run_id: String,
     run_token: String,
     created: bool,
+    agenthost_credential: Option<String>,
 }
 
 impl fmt::Debug for Run {
@@ -363,6 +370,14 @@ impl Run {
     /// the one an earlier attempt made (200).
     pub fn created(&self) -> bool {
         self.created
+    }
+
+    /// For a pod-per-run run (`execution_mode: pod`): the credential its AgentHost pod
+    /// checks on the decisions Tollgate forwards (`Authorization: Bearer`; give it to the
+    /// pod's [`crate::pod::PodGate::new`] and nobody else). `None` for inline runs and
+    /// runs made with [`Client::run`].
+    pub fn agenthost_credential(&self) -> Option<&str> {
+        self.agenthost_credential.as_deref()
     }
 
     /// The client this run talks through.

@@ -107,34 +107,58 @@ async fn the_agent_example_handles_expiry() {
     .await
 }
 
-/// GIVEN the pod example serving on a loopback port WHEN Tollgate forwards an approval
-/// with scope tool THEN the first call resumes approved and the second is bridged.
+/// GIVEN the pod example serving on a loopback port for a pod-per-run run WHEN the
+/// operator approves its card through Tollgate (which knows nothing of it and forwards
+/// the decision with the run's pod credential) with scope tool THEN the first call
+/// resumes approved, the second is bridged, and the run's stream tells the decision once.
 #[tokio::test]
 async fn the_pod_example_serves_forwarded_decisions() {
     bounded(async {
-        let gate = PodGate::new("pod-secret");
+        let srv = tollgate_tests::TestServer::with_deps(tollgate_tests::TestServer::deps(
+            std::sync::Arc::new(tollgate_store::memory::MemoryStore::new()),
+            tollgate_api::GateConfig {
+                allow_loopback_origins: true,
+                ..tollgate_api::GateConfig::default()
+            },
+        ))
+        .await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let origin = format!("http://{}", listener.local_addr().unwrap());
+        let (status, run) = srv
+            .post(
+                "/api/runs",
+                &srv.agent_token,
+                &json!({"execution_mode": "pod", "agenthost_origin": origin, "owner": "alice"}),
+            )
+            .await;
+        assert_eq!(status.as_u16(), 201, "{run}");
+        let run_id = run["run_id"].as_str().unwrap().to_owned();
+        let gate = PodGate::new(run["agenthost_credential"].as_str().unwrap());
         tokio::spawn(pod::serve(listener, gate.clone()));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let demo = {
-            let gate = gate.clone();
+            let (gate, run_id) = (gate.clone(), run_id.clone());
             tokio::spawn(async move {
-                pod::demo(&gate, "run-pod", Duration::from_secs(30), move |rid| {
+                pod::demo(&gate, &run_id, Duration::from_secs(30), move |rid| {
                     let _ = tx.send(rid.to_owned());
                 })
                 .await
             })
         };
         let request_id = rx.recv().await.unwrap();
-        let resp = reqwest::Client::new()
-            .post(format!("{origin}/tool-approvals"))
-            .bearer_auth("pod-secret")
-            .json(&json!({"runId": "run-pod", "requestId": request_id, "scope": "tool"}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status().as_u16(), 200);
+        let alice = srv
+            .auth
+            .mint_jwt("alice", tollgate_api::Role::Operator, 600, None);
+        let (status, answer) = srv
+            .post(
+                &format!("/api/runs/{run_id}/tool-approvals"),
+                &alice,
+                &json!({"request_id": request_id, "scope": "tool"}),
+            )
+            .await;
+        assert_eq!(status.as_u16(), 200, "{answer}");
+        assert_eq!(answer["state"], "approved");
+        assert_eq!(answer["decided_by"], "alice");
         let (first, second) = demo.await.unwrap();
         assert_eq!(
             first,
@@ -150,6 +174,13 @@ async fn the_pod_example_serves_forwarded_decisions() {
                 auto: true
             }
         );
+        let events = srv.replay_all(&run_id, &srv.operator_token, 100).await;
+        let resolved: Vec<_> = events
+            .iter()
+            .filter(|e| e["type"] == "tool.approval_resolved")
+            .collect();
+        assert_eq!(resolved.len(), 1, "{events:?}");
+        assert_eq!(resolved[0]["requestId"], json!(request_id));
     })
     .await
 }

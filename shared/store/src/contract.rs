@@ -9,7 +9,7 @@ use tollgate_domain::{
     ApprovalRequest, ApprovalState, EventDraft, NewRun, Resolution, RunStatus, Scope, TerminalKind,
 };
 
-use crate::{Armed, Beat, CreateOutcome, Resolved, RunRef, StoreError};
+use crate::{Armed, Beat, CreateOutcome, Forwarded, Resolved, RunRef, StoreError};
 
 pub type Store = Arc<dyn crate::Store>;
 
@@ -1007,6 +1007,95 @@ fn tool_policy(run_id: &str, request_id: &str, tool: &str) -> tollgate_domain::P
     }
 }
 
+/// A pod's card as the pod ended it (what a forward records).
+fn pod_card(run_id: &str, request_id: &str, state: ApprovalState) -> ApprovalRequest {
+    let mut card = card_for(run_id, request_id, None);
+    card.state = state;
+    card.scope = (state == ApprovalState::Approved).then_some(Scope::Tool);
+    card.decided_by = Some("alice".into());
+    card.decided_at = Some(card.created_at);
+    card
+}
+
+/// GIVEN a pod's decision forwarded several times WHEN each records it THEN one
+/// `tool.approval_resolved` (keyed per request); a forward that did not apply it records
+/// no policy, the applying one does — also when it comes second; nothing after the run
+/// ended.
+pub async fn forwarded_decisions_are_recorded_once(store: Store) {
+    let run_id = new_run(&store, "forward").await;
+    let rid = format!("req-{}", uuid::Uuid::new_v4());
+    let key = format!("run:{run_id}");
+    let card = pod_card(&run_id, &rid, ApprovalState::Approved);
+    // A forward that did not apply the decision (the pod answered applied: false) wins
+    // the race to the event: no policy from it.
+    let first = store.record_forwarded(&run_id, &card, None).await.unwrap();
+    let Forwarded::Fresh(seq) = first else {
+        panic!("first record writes: {first:?}")
+    };
+    assert_eq!(store.read_policy(&key, "web_fetch").await.unwrap(), None);
+    // The forward that applied it comes second: the same event, and its policy.
+    let grant = tool_policy(&run_id, &rid, "web_fetch");
+    assert_eq!(
+        store
+            .record_forwarded(&run_id, &card, Some(grant))
+            .await
+            .unwrap(),
+        Forwarded::Already(seq)
+    );
+    let policy = store.read_policy(&key, "web_fetch").await.unwrap();
+    assert!(policy.is_some_and(|p| p.is_live() && p.scope == Scope::Tool));
+    assert_eq!(
+        store.record_forwarded(&run_id, &card, None).await.unwrap(),
+        Forwarded::Already(seq)
+    );
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(types(&events), ["run_started", "tool.approval_resolved"]);
+    assert_eq!(events[1]["requestId"], json!(rid));
+    assert_eq!(events[1]["approved"], true);
+    assert_eq!(events[1]["sequence"], json!(seq));
+
+    // A denial grants nothing, whatever is passed; after the run ended nothing is written.
+    let denied = pod_card(&run_id, "req-denied", ApprovalState::Denied);
+    let other = tool_policy(&run_id, "req-denied", "shell");
+    assert!(matches!(
+        store
+            .record_forwarded(&run_id, &denied, Some(other))
+            .await
+            .unwrap(),
+        Forwarded::Fresh(_)
+    ));
+    assert_eq!(store.read_policy(&key, "shell").await.unwrap(), None);
+    store
+        .finish_run(RunRef::any(&run_id), TerminalKind::Complete, Map::new())
+        .await
+        .unwrap();
+    let late = pod_card(&run_id, "req-late", ApprovalState::Approved);
+    let late_grant = tool_policy(&run_id, "req-late", "late_tool");
+    assert_eq!(
+        store
+            .record_forwarded(&run_id, &late, Some(late_grant))
+            .await
+            .unwrap(),
+        Forwarded::RunEnded
+    );
+    assert_eq!(store.read_policy(&key, "late_tool").await.unwrap(), None);
+    // The decision recorded before the end is still answered as such.
+    assert_eq!(
+        store.record_forwarded(&run_id, &card, None).await.unwrap(),
+        Forwarded::Already(seq)
+    );
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(
+        types(&events),
+        [
+            "run_started",
+            "tool.approval_resolved",
+            "tool.approval_resolved",
+            "run_completed"
+        ]
+    );
+}
+
 /// GIVEN an approval with a scope WHEN it wins THEN its policy is stored in the same
 /// step (and only then); a covered gate is auto-approved once; a revocation stops it
 /// and is announced on the stream.
@@ -1883,6 +1972,10 @@ macro_rules! contract_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn policies_come_only_from_winning_approvals() {
             $crate::contract::policies_come_only_from_winning_approvals(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn forwarded_decisions_are_recorded_once() {
+            $crate::contract::forwarded_decisions_are_recorded_once(__store().await).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn a_silence_is_reported_once() {

@@ -285,8 +285,10 @@ pub trait ApprovalStore: Send + Sync + 'static {
     /// `tool.approval_resolved` keyed per request (so repeated forwards of one decision
     /// append it once) and, with it, `grant` — only for the forward that applied the
     /// decision. `Fresh(sequence)`: written now; `Already(sequence)`: an earlier forward
-    /// wrote it (nothing written now, no policy); `RunEnded`: the run is no longer
-    /// running (nothing may follow its terminal event; nothing written).
+    /// wrote the event (a concurrent forward that had not applied the decision may win
+    /// that race: the applying forward's `grant` is then written on its own, atomically
+    /// with a check that the run still runs); `RunEnded`: the run is no longer running
+    /// (nothing may follow its terminal event; nothing written).
     async fn record_forwarded(
         &self,
         run_id: &str,

@@ -511,23 +511,30 @@ impl ApprovalStore for MemoryStore {
         let Some(record) = state.get_mut(run_id) else {
             return Err(StoreError::NotFound);
         };
-        if let Some(seq) = record.event_ids.get(&id) {
-            return Ok(Forwarded::Already(*seq));
-        }
-        if record.running_head().is_none() {
-            return Ok(Forwarded::RunEnded);
-        }
-        let Some(seq) = record.push(&[draft], now_millis()) else {
-            return Ok(Forwarded::RunEnded);
+        let running = record.running_head().is_some();
+        let answer = match record.event_ids.get(&id) {
+            // Another forward of this decision wrote the event first; the grant this
+            // forward applied is still written (while the run runs).
+            Some(seq) => Forwarded::Already(*seq),
+            None if !running => return Ok(Forwarded::RunEnded),
+            None => {
+                let Some(seq) = record.push(&[draft], now_millis()) else {
+                    return Ok(Forwarded::RunEnded);
+                };
+                record.event_ids.insert(id, seq);
+                Forwarded::Fresh(seq)
+            }
         };
-        record.event_ids.insert(id, seq);
+        if !running {
+            return Ok(answer);
+        }
         if let (Some(mut policy), ApprovalState::Approved) = (grant, card.state) {
             policy.reached_runs = vec![card.run_id.clone()];
             state
                 .policies
                 .insert((policy.scope_key.clone(), policy.tool_name.clone()), policy);
         }
-        Ok(Forwarded::Fresh(seq))
+        Ok(answer)
     }
 
     async fn read_policy(

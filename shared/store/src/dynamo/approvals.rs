@@ -605,10 +605,16 @@ impl ApprovalStore for DynamoStore {
     ) -> Result<Forwarded, StoreError> {
         let mut budget = Budget::new(self.contention_budget, "a forwarded decision");
         let draft = card.forwarded_resolved_event();
+        // The event's sequence once another forward of this decision is known to have
+        // written it.
+        let mut written: Option<u64> = None;
         loop {
             let head = self.get_head(run_id).await?.ok_or(StoreError::NotFound)?;
             if head.status.is_terminal() {
                 // Written before the run ended? Then it is that forward's answer.
+                if let Some(seq) = written {
+                    return Ok(Forwarded::Already(seq));
+                }
                 let id = draft.event_id.clone().unwrap_or_default();
                 return Ok(match self.keyed_event_sequence(run_id, &id).await? {
                     Some(seq) => Forwarded::Already(seq),
@@ -622,24 +628,37 @@ impl ApprovalStore for DynamoStore {
                 policy.reached_runs = vec![card.run_id.clone()];
                 side.push(self.policy_grant(&policy)?);
             }
+            let has_grant = !side.is_empty();
+            // Once another forward of this decision wrote the event, only this forward's
+            // grant is left to write: with the run's head (still running) and no event.
+            let events = match written {
+                Some(_) => Vec::new(),
+                None => vec![draft.clone()],
+            };
             let plan = Plan {
                 runs: vec![RunWrite {
                     head,
                     kind: WriteKind::Advance { end: None },
-                    events: vec![draft.clone()],
+                    events,
                     open_cards: 0,
                     budget_used: None,
                 }],
                 side,
             };
-            match self.commit(&plan).await? {
-                Committed::Done { .. } => return Ok(Forwarded::Fresh(sequence)),
+            match (written, self.commit(&plan).await?) {
+                (Some(seq), Committed::Done { .. }) => return Ok(Forwarded::Already(seq)),
+                (None, Committed::Done { .. }) => return Ok(Forwarded::Fresh(sequence)),
                 // An earlier forward of this decision wrote it.
-                Committed::Lost(lost) if lost.taken[0][0].is_some() => {
-                    return Ok(Forwarded::Already(lost.taken[0][0].unwrap_or(sequence)))
+                (None, Committed::Lost(lost)) if lost.taken[0][0].is_some() => {
+                    let seq = lost.taken[0][0].unwrap_or(sequence);
+                    if !has_grant {
+                        return Ok(Forwarded::Already(seq));
+                    }
+                    written = Some(seq);
+                    continue;
                 }
-                Committed::Lost(_) => {}
-                Committed::Busy(why) => tracing::debug!(%why, "forwarded decision retry"),
+                (_, Committed::Lost(_)) => {}
+                (_, Committed::Busy(why)) => tracing::debug!(%why, "forwarded decision retry"),
             }
             budget.next().await?;
         }

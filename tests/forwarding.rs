@@ -1,0 +1,689 @@
+//! Pod-per-run forwarding (DESIGN §8) through Tollgate's HTTP routes, with a real
+//! AgentHost pod on loopback: the pod side of `tollgate-client` (`PodGate` and its routes)
+//! or, for the broken-pod rows, a pod that answers badly on purpose. Every row of the
+//! outcome table asserts the HTTP answer, the run's stream and the stored policies — on
+//! the embedded store and on DynamoDB (`dynamo::`, needs an endpoint; `make test` starts
+//! DynamoDB Local). The same decision forwarded by two `tollgate serve` processes is in
+//! `serve_processes.rs`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::post;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tollgate_api::{GateConfig, Role};
+use tollgate_client::pod::{PodArm, PodDecision, PodGate};
+use tollgate_client::Scope;
+use tollgate_tests::{store_for, Backend, TestServer};
+
+/// A server whose pods may live on loopback, forwarding with `timeout`.
+async fn server(backend: Backend, timeout: Duration) -> TestServer {
+    TestServer::with_deps(TestServer::deps(
+        store_for(backend).await,
+        GateConfig {
+            allow_loopback_origins: true,
+            forward_timeout: timeout,
+            ..GateConfig::default()
+        },
+    ))
+    .await
+}
+
+/// A loopback listener and the origin that names it.
+async fn listen() -> (TcpListener, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = format!("http://{}", listener.local_addr().unwrap());
+    (listener, origin)
+}
+
+fn serve(listener: TcpListener, app: axum::Router) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    })
+}
+
+struct PodRun {
+    run_id: String,
+    run_token: String,
+    credential: String,
+}
+
+/// A pod run owned by `owner` at `origin`, with the credential Tollgate hands its pod.
+async fn pod_run(srv: &TestServer, origin: &str, owner: &str) -> PodRun {
+    let (status, created) = srv
+        .post(
+            "/api/runs",
+            &srv.agent_token,
+            &json!({"execution_mode": "pod", "agenthost_origin": origin, "owner": owner}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let credential = created["agenthost_credential"]
+        .as_str()
+        .expect("a pod run's creation hands out the pod credential")
+        .to_owned();
+    assert_eq!(credential.len(), 64, "{credential}");
+    PodRun {
+        run_id: created["run_id"].as_str().unwrap().to_owned(),
+        run_token: created["run_token"].as_str().unwrap().to_owned(),
+        credential,
+    }
+}
+
+/// A `PodGate` pod serving on `listener` with the run's credential.
+fn pod(listener: TcpListener, credential: &str) -> (PodGate, tokio::task::JoinHandle<()>) {
+    let gate = PodGate::new(credential);
+    let task = serve(listener, gate.routes());
+    (gate, task)
+}
+
+fn operator(srv: &TestServer, sub: &str) -> String {
+    srv.auth.mint_jwt(sub, Role::Operator, 600, None)
+}
+
+async fn decide(
+    srv: &TestServer,
+    verb: &str,
+    run_id: &str,
+    who: &str,
+    body: Value,
+) -> (StatusCode, Value) {
+    srv.post(
+        &format!("/api/runs/{run_id}/{verb}"),
+        &operator(srv, who),
+        &body,
+    )
+    .await
+}
+
+/// `who` approves card `rid` of `run_id` with `scope` through Tollgate.
+async fn approve(
+    srv: &TestServer,
+    run_id: &str,
+    who: &str,
+    rid: &str,
+    scope: &str,
+) -> (StatusCode, Value) {
+    decide(
+        srv,
+        "tool-approvals",
+        run_id,
+        who,
+        json!({"request_id": rid, "scope": scope}),
+    )
+    .await
+}
+
+/// The run's `tool.approval_resolved` events.
+async fn resolved(srv: &TestServer, run_id: &str) -> Vec<Value> {
+    srv.replay_all(run_id, &srv.operator_token, 100)
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "tool.approval_resolved")
+        .collect()
+}
+
+/// The policies whose origin is `run_id`.
+async fn policies(srv: &TestServer, run_id: &str) -> Vec<Value> {
+    let (status, v) = srv.get("/api/policies", &srv.operator_token).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    v["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["origin_run_id"] == json!(run_id))
+        .cloned()
+        .collect()
+}
+
+fn request_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+async fn decided(pending: tollgate_client::pod::PendingApproval) -> PodDecision {
+    tokio::time::timeout(Duration::from_secs(5), pending)
+        .await
+        .expect("the pod's waiting call resumes")
+}
+
+/// Pod 200, applied: an owner's `tool` approval → 200, the waiting call resumes approved,
+/// one `tool.approval_resolved` by that operator, one durable `tool` policy; the same
+/// decision forwarded again answers the same and writes nothing more.
+async fn applied_approval(backend: Backend) {
+    let srv = server(backend, Duration::from_secs(10)).await;
+    let (listener, origin) = listen().await;
+    let run = pod_run(&srv, &origin, "alice").await;
+    let (gate, _pod) = pod(listener, &run.credential);
+    let rid = request_id();
+    let pending = gate.arm(PodArm::new(&rid, &run.run_id, "web_fetch"));
+    let (status, answer) = approve(&srv, &run.run_id, "alice", &rid, "tool").await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        answer,
+        json!({"run_id": run.run_id, "request_id": rid, "approved": true, "resolved": true,
+               "state": "approved", "expired": false, "decided_by": "alice"})
+    );
+    assert_eq!(
+        decided(pending).await,
+        PodDecision::Approved {
+            scope: Scope::Tool,
+            auto: false
+        }
+    );
+    for _ in 0..2 {
+        let (status, again) = approve(&srv, &run.run_id, "alice", &rid, "tool").await;
+        assert_eq!(status, StatusCode::OK, "{again}");
+        assert_eq!(again["state"], "approved");
+        assert_eq!(again["approved"], true);
+    }
+    let events = resolved(&srv, &run.run_id).await;
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(events[0]["requestId"], json!(rid));
+    assert_eq!(events[0]["runId"], json!(run.run_id));
+    assert_eq!(events[0]["approved"], true);
+    assert_eq!(events[0]["expired"], false);
+    assert_eq!(events[0]["decidedBy"], "alice");
+    assert_eq!(events[0]["scope"], "tool");
+    let granted = policies(&srv, &run.run_id).await;
+    assert_eq!(granted.len(), 1, "{granted:#?}");
+    assert_eq!(granted[0]["tool_name"], "web_fetch");
+    assert_eq!(granted[0]["scope"], "tool");
+    assert_eq!(granted[0]["granted_by"], "alice");
+}
+
+/// Pod 200, applied denial → 200 `denied`, one resolved event (not approved), no policy.
+async fn applied_denial(backend: Backend) {
+    let srv = server(backend, Duration::from_secs(10)).await;
+    let (listener, origin) = listen().await;
+    let run = pod_run(&srv, &origin, "alice").await;
+    let (gate, _pod) = pod(listener, &run.credential);
+    let rid = request_id();
+    let pending = gate.arm(PodArm::new(&rid, &run.run_id, "web_fetch"));
+    let (status, answer) = decide(
+        &srv,
+        "tool-denials",
+        &run.run_id,
+        "bob",
+        json!({"request_id": rid}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        answer,
+        json!({"run_id": run.run_id, "request_id": rid, "denied": true, "resolved": true,
+               "state": "denied", "expired": false, "decided_by": "bob"})
+    );
+    assert_eq!(decided(pending).await, PodDecision::Denied);
+    let events = resolved(&srv, &run.run_id).await;
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(
+        (&events[0]["approved"], &events[0]["decidedBy"]),
+        (&json!(false), &json!("bob"))
+    );
+    assert!(policies(&srv, &run.run_id).await.is_empty());
+}
+
+/// Pod 200, not applied (the card had expired in the pod) → 200 `expired`, one resolved
+/// event saying so, no policy, although the click asked for `tool`.
+async fn ended_in_the_pod(backend: Backend) {
+    let srv = server(backend, Duration::from_secs(10)).await;
+    let (listener, origin) = listen().await;
+    let run = pod_run(&srv, &origin, "alice").await;
+    let (gate, _pod) = pod(listener, &run.credential);
+    let rid = request_id();
+    let pending =
+        gate.arm(PodArm::new(&rid, &run.run_id, "web_fetch").timeout(Duration::from_millis(50)));
+    assert_eq!(decided(pending).await, PodDecision::Expired);
+    let (status, answer) = approve(&srv, &run.run_id, "alice", &rid, "tool").await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        (&answer["state"], &answer["approved"], &answer["expired"]),
+        (&json!("expired"), &json!(false), &json!(true))
+    );
+    assert!(answer.get("decided_by").is_none(), "{answer}");
+    let events = resolved(&srv, &run.run_id).await;
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(
+        (&events[0]["approved"], &events[0]["expired"]),
+        (&json!(false), &json!(true))
+    );
+    assert!(policies(&srv, &run.run_id).await.is_empty());
+}
+
+/// Pod 404 → 404 `unknown`; pod 409 (its run ended) → 409 `pending`; neither writes.
+async fn unknown_and_pending(backend: Backend) {
+    let srv = server(backend, Duration::from_secs(10)).await;
+    let (listener, origin) = listen().await;
+    let run = pod_run(&srv, &origin, "alice").await;
+    let (gate, _pod) = pod(listener, &run.credential);
+    let (status, answer) = decide(
+        &srv,
+        "tool-approvals",
+        &run.run_id,
+        "alice",
+        json!({"request_id": request_id(), "scope": "once"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    assert_eq!(answer["state"], "unknown");
+
+    let rid = request_id();
+    let pending = gate.arm(PodArm::new(&rid, &run.run_id, "web_fetch"));
+    gate.end_run(&run.run_id);
+    for verb in ["tool-approvals", "tool-denials"] {
+        let (status, answer) =
+            decide(&srv, verb, &run.run_id, "alice", json!({"request_id": rid})).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+        assert_eq!(answer["state"], "pending");
+    }
+    assert_eq!(gate.card(&rid).unwrap()["state"], "pending");
+    assert!(resolved(&srv, &run.run_id).await.is_empty());
+    assert!(policies(&srv, &run.run_id).await.is_empty());
+    drop(pending);
+}
+
+/// A pod that answers every decision with `status` and `body` after `delay`, counting
+/// the requests it got.
+fn broken_pod(
+    listener: TcpListener,
+    status: u16,
+    body: impl Into<String>,
+    delay: Duration,
+) -> (Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    let body: String = body.into();
+    let answer = move || {
+        let (counter, body) = (counter.clone(), body.clone());
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(delay).await;
+            (
+                axum::http::StatusCode::from_u16(status).unwrap(),
+                [("content-type", "application/json")],
+                body,
+            )
+        }
+    };
+    let app = axum::Router::new()
+        .route("/tool-approvals", post(answer.clone()))
+        .route("/tool-denials", post(answer));
+    (hits, serve(listener, app))
+}
+
+/// Asserts a 503 `agenthost_unreachable` answer and that nothing was written.
+async fn assert_unreachable(srv: &TestServer, run_id: &str, rid: &str, row: &str) {
+    for (verb, body) in [
+        (
+            "tool-approvals",
+            json!({"request_id": rid, "scope": "tool"}),
+        ),
+        ("tool-denials", json!({"request_id": rid})),
+    ] {
+        let (status, answer) = decide(srv, verb, run_id, "alice", body).await;
+        assert_eq!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{row} ({verb}): {answer}"
+        );
+        assert_eq!(answer["state"], "agenthost_unreachable", "{row}: {answer}");
+        assert!(answer["error"].as_str().is_some(), "{row}: {answer}");
+    }
+    assert!(resolved(srv, run_id).await.is_empty(), "{row}");
+    assert!(policies(srv, run_id).await.is_empty(), "{row}");
+}
+
+/// Every way a pod can fail → 503 `agenthost_unreachable`, nothing written: nobody
+/// listening, no answer within the timeout, 5xx, a 200 that is not JSON, a 200 for
+/// another run or request or naming none, and a pod that refuses the credential (401).
+async fn unreachable_rows(backend: Backend) {
+    let srv = server(backend, Duration::from_millis(500)).await;
+    let rid = request_id();
+
+    // Nobody listens at the origin any more.
+    let (listener, origin) = listen().await;
+    let run = pod_run(&srv, &origin, "alice").await;
+    drop(listener);
+    assert_unreachable(&srv, &run.run_id, &rid, "nobody listening").await;
+
+    // Bodies name RUN and REQ, replaced by the row's run and request: each row but the
+    // one it tests is a well-formed terminal answer for this very card.
+    let terminal = r#"{"runId":"RUN","requestId":"REQ","state":"approved","applied":true,"scope":"tool","toolName":"web_fetch"}"#;
+    let rows: [(&str, u16, &str, Duration); 8] = [
+        ("timeout", 200, terminal, Duration::from_secs(3)),
+        ("500", 500, terminal, Duration::ZERO),
+        ("502 empty", 502, "", Duration::ZERO),
+        ("invalid JSON", 200, "approved!", Duration::ZERO),
+        (
+            "another run",
+            200,
+            r#"{"runId":"run-other","requestId":"REQ","state":"approved","applied":true,"scope":"tool","toolName":"web_fetch"}"#,
+            Duration::ZERO,
+        ),
+        (
+            "another request",
+            200,
+            r#"{"runId":"RUN","requestId":"other","state":"approved","applied":true,"scope":"tool","toolName":"web_fetch"}"#,
+            Duration::ZERO,
+        ),
+        (
+            "no runId",
+            200,
+            r#"{"requestId":"REQ","state":"approved","applied":true,"scope":"tool","toolName":"web_fetch"}"#,
+            Duration::ZERO,
+        ),
+        (
+            "not terminal",
+            200,
+            r#"{"runId":"RUN","requestId":"REQ","state":"pending"}"#,
+            Duration::ZERO,
+        ),
+    ];
+    for (row, status, body, delay) in rows {
+        let (listener, origin) = listen().await;
+        let run = pod_run(&srv, &origin, "alice").await;
+        let body = body.replace("RUN", &run.run_id).replace("REQ", &rid);
+        let (hits, _pod) = broken_pod(listener, status, body, delay);
+        assert_unreachable(&srv, &run.run_id, &rid, row).await;
+        assert_eq!(hits.load(Ordering::SeqCst), 2, "{row}: the pod was asked");
+    }
+
+    // A pod that holds the card but not this run's credential: 401 → 503, card pending.
+    let (listener, origin) = listen().await;
+    let run = pod_run(&srv, &origin, "alice").await;
+    let (gate, _pod) = pod(listener, "not-the-run-credential");
+    let pending = gate.arm(PodArm::new(&rid, &run.run_id, "web_fetch"));
+    assert_unreachable(&srv, &run.run_id, &rid, "401").await;
+    assert_eq!(gate.card(&rid).unwrap()["state"], "pending");
+    drop(pending);
+}
+
+/// A `once` approval applied first, then the owner's late `tool` approval of the same
+/// card: both 200 `approved`, one resolved event (by the first operator), no policy.
+/// Then the same two clicks concurrently, ten times: a policy exists exactly when the
+/// pod applied the `tool` click.
+async fn once_wins_over_a_late_scope(backend: Backend) {
+    let srv = server(backend, Duration::from_secs(10)).await;
+    let (listener, origin) = listen().await;
+    let run = pod_run(&srv, &origin, "alice").await;
+    let (gate, _pod) = pod(listener, &run.credential);
+    let rid = request_id();
+    let pending = gate.arm(PodArm::new(&rid, &run.run_id, "web_fetch"));
+    let (status, first) = approve(&srv, &run.run_id, "bob", &rid, "once").await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let (status, late) = approve(&srv, &run.run_id, "alice", &rid, "tool").await;
+    assert_eq!(status, StatusCode::OK, "{late}");
+    assert_eq!(late["state"], "approved");
+    assert_eq!(
+        decided(pending).await,
+        PodDecision::Approved {
+            scope: Scope::Once,
+            auto: false
+        }
+    );
+    let events = resolved(&srv, &run.run_id).await;
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(events[0]["decidedBy"], "bob");
+    assert!(policies(&srv, &run.run_id).await.is_empty());
+
+    for _ in 0..10 {
+        let (listener, origin) = listen().await;
+        let run = pod_run(&srv, &origin, "alice").await;
+        let (gate, _pod) = pod(listener, &run.credential);
+        let rid = request_id();
+        let pending = gate.arm(PodArm::new(&rid, &run.run_id, "web_fetch"));
+        let once = decide(
+            &srv,
+            "tool-approvals",
+            &run.run_id,
+            "bob",
+            json!({"request_id": rid, "scope": "once"}),
+        );
+        let tool = decide(
+            &srv,
+            "tool-approvals",
+            &run.run_id,
+            "alice",
+            json!({"request_id": rid, "scope": "tool"}),
+        );
+        let ((s1, a1), (s2, a2)) = tokio::join!(once, tool);
+        assert_eq!((s1, s2), (StatusCode::OK, StatusCode::OK), "{a1} {a2}");
+        let PodDecision::Approved { scope, .. } = decided(pending).await else {
+            panic!("approved")
+        };
+        assert_eq!(resolved(&srv, &run.run_id).await.len(), 1);
+        let granted = policies(&srv, &run.run_id).await;
+        match scope {
+            Scope::Once => assert!(granted.is_empty(), "{granted:#?}"),
+            _ => {
+                assert_eq!(granted.len(), 1, "{granted:#?}");
+                assert_eq!(granted[0]["scope"], "tool");
+            }
+        }
+    }
+}
+
+/// One decision forwarded 20 times at once: every answer 200 `approved`, the pod applied
+/// it once, one resolved event, and the one `tool` policy the applying forward carried —
+/// also when a forward that did not apply it wrote the event first.
+async fn twenty_forwards_resolve_once(backend: Backend) {
+    let srv = Arc::new(server(backend, Duration::from_secs(10)).await);
+    let (listener, origin) = listen().await;
+    let run = pod_run(&srv, &origin, "alice").await;
+    let (gate, _pod) = pod(listener, &run.credential);
+    let rid = request_id();
+    let pending = gate.arm(PodArm::new(&rid, &run.run_id, "web_fetch"));
+    let mut clicks = Vec::new();
+    for _ in 0..20 {
+        let (srv, run_id, rid) = (srv.clone(), run.run_id.clone(), rid.clone());
+        clicks.push(tokio::spawn(async move {
+            decide(
+                &srv,
+                "tool-approvals",
+                &run_id,
+                "alice",
+                json!({"request_id": rid, "scope": "tool"}),
+            )
+            .await
+        }));
+    }
+    for click in clicks {
+        let (status, answer) = click.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["state"], "approved", "{answer}");
+    }
+    assert_eq!(
+        decided(pending).await,
+        PodDecision::Approved {
+            scope: Scope::Tool,
+            auto: false
+        }
+    );
+    let events = resolved(&srv, &run.run_id).await;
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(events[0]["approved"], true);
+    let granted = policies(&srv, &run.run_id).await;
+    assert_eq!(granted.len(), 1, "{granted:#?}");
+    assert_eq!(granted[0]["scope"], "tool");
+}
+
+/// What is never forwarded: a scope beyond `once` from someone who is not the run's
+/// owner (403, the pod is not asked), a decision on an ended run (409), and an unknown
+/// card on a run that has no pod (404).
+async fn not_forwarded(backend: Backend) {
+    let srv = server(backend, Duration::from_secs(10)).await;
+    let (listener, origin) = listen().await;
+    let run = pod_run(&srv, &origin, "alice").await;
+    let (hits, _pod) = broken_pod(listener, 500, "{}", Duration::ZERO);
+    let rid = request_id();
+    let (status, answer) = approve(&srv, &run.run_id, "bob", &rid, "tool").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    let (inline_run, _) = srv.create_run(json!({"owner": "alice"})).await;
+    let (status, answer) = decide(
+        &srv,
+        "tool-approvals",
+        &inline_run,
+        "alice",
+        json!({"request_id": rid}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    assert_eq!(answer["state"], "unknown");
+    let (status, done) = srv
+        .post(
+            &format!("/api/runs/{}/cancel", run.run_id),
+            &run.run_token,
+            &json!({"reason": "test"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    let (status, answer) = decide(
+        &srv,
+        "tool-approvals",
+        &run.run_id,
+        "alice",
+        json!({"request_id": rid}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "the pod was never asked");
+    assert!(resolved(&srv, &run.run_id).await.is_empty());
+}
+
+/// Origins that would make the API a proxy into the network are refused at creation with
+/// a 400 that writes nothing: plain http anywhere but loopback, loopback unless allowed,
+/// link-local and metadata addresses, private ranges, credentials, paths and queries.
+async fn origins_refused_at_creation(backend: Backend) {
+    let strict = TestServer::with_deps(TestServer::deps(
+        store_for(backend).await,
+        GateConfig::default(),
+    ))
+    .await;
+    let lenient = server(backend, Duration::from_secs(10)).await;
+    let refused_everywhere = [
+        "http://pods.example.com",
+        "http://10.0.0.7:8080",
+        "https://10.0.0.7",
+        "https://192.168.1.20",
+        "https://172.16.4.4",
+        "https://169.254.169.254",
+        "http://169.254.169.254/latest/meta-data",
+        "https://[fd00::1]",
+        "https://[fe80::1]",
+        "https://[::ffff:169.254.169.254]",
+        "https://metadata.google.internal",
+        "https://100.100.100.200",
+        "https://0.0.0.0",
+        "https://user:secret@pods.example.com",
+        "https://pods.example.com/path",
+        "https://pods.example.com?x=1",
+        "ftp://pods.example.com",
+        "pods.example.com",
+        "",
+    ];
+    for (srv, origins) in [
+        (&strict, &refused_everywhere[..]),
+        (&lenient, &refused_everywhere[..]),
+        (
+            &strict,
+            &["http://127.0.0.1:8080", "http://localhost:8080"][..],
+        ),
+    ] {
+        for origin in origins {
+            let run_id = format!("run-{}", uuid::Uuid::new_v4().simple());
+            let (status, answer) = srv
+                .post(
+                    "/api/runs",
+                    &srv.agent_token,
+                    &json!({"run_id": run_id, "execution_mode": "pod", "agenthost_origin": origin}),
+                )
+                .await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{origin}: {answer}");
+            assert!(answer["error"].as_str().is_some(), "{origin}: {answer}");
+            let (status, _) = srv
+                .get(&format!("/api/runs/{run_id}/events"), &srv.operator_token)
+                .await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{origin}: nothing written");
+        }
+    }
+    let (status, answer) = strict
+        .post(
+            "/api/runs",
+            &strict.agent_token,
+            &json!({"execution_mode": "pod"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "no origin: {answer}");
+    let (status, answer) = strict
+        .post(
+            "/api/runs",
+            &strict.agent_token,
+            &json!({"execution_mode": "pod", "agenthost_origin": "https://pods.example.com:8443"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let (status, answer) = lenient
+        .post(
+            "/api/runs",
+            &lenient.agent_token,
+            &json!({"execution_mode": "pod", "agenthost_origin": "http://127.0.0.1:9"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    // An inline run gets no pod credential.
+    let (status, answer) = strict
+        .post("/api/runs", &strict.agent_token, &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    assert!(answer.get("agenthost_credential").is_none(), "{answer}");
+}
+
+macro_rules! for_backend {
+    ($module:ident, $backend:expr) => {
+        mod $module {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn applied_approval() {
+                super::applied_approval($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn applied_denial() {
+                super::applied_denial($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn ended_in_the_pod() {
+                super::ended_in_the_pod($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn unknown_and_pending() {
+                super::unknown_and_pending($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn unreachable_rows() {
+                super::unreachable_rows($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn once_wins_over_a_late_scope() {
+                super::once_wins_over_a_late_scope($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn twenty_forwards_resolve_once() {
+                super::twenty_forwards_resolve_once($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn not_forwarded() {
+                super::not_forwarded($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn origins_refused_at_creation() {
+                super::origins_refused_at_creation($backend).await
+            }
+        }
+    };
+}
+
+for_backend!(memory, Backend::Memory);
+for_backend!(dynamo, Backend::Dynamo);
