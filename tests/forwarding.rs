@@ -107,14 +107,11 @@ async fn approve(
     rid: &str,
     scope: &str,
 ) -> (StatusCode, Value) {
-    decide(
-        srv,
-        "tool-approvals",
-        run_id,
-        who,
-        json!({"request_id": rid, "scope": scope}),
-    )
-    .await
+    let mut body = json!({"request_id": rid, "scope": scope});
+    if scope != "once" {
+        body["tool_name"] = "web_fetch".into();
+    }
+    decide(srv, "tool-approvals", run_id, who, body).await
 }
 
 /// The run's `tool.approval_resolved` events.
@@ -319,7 +316,7 @@ async fn assert_unreachable(srv: &TestServer, run_id: &str, rid: &str, row: &str
     for (verb, body) in [
         (
             "tool-approvals",
-            json!({"request_id": rid, "scope": "tool"}),
+            json!({"request_id": rid, "scope": "tool", "tool_name": "web_fetch"}),
         ),
         ("tool-denials", json!({"request_id": rid})),
     ] {
@@ -447,7 +444,7 @@ async fn once_wins_over_a_late_scope(backend: Backend) {
             "tool-approvals",
             &run.run_id,
             "alice",
-            json!({"request_id": rid, "scope": "tool"}),
+            json!({"request_id": rid, "scope": "tool", "tool_name": "web_fetch"}),
         );
         let ((s1, a1), (s2, a2)) = tokio::join!(once, tool);
         assert_eq!((s1, s2), (StatusCode::OK, StatusCode::OK), "{a1} {a2}");
@@ -485,7 +482,7 @@ async fn twenty_forwards_resolve_once(backend: Backend) {
                 "tool-approvals",
                 &run_id,
                 "alice",
-                json!({"request_id": rid, "scope": "tool"}),
+                json!({"request_id": rid, "scope": "tool", "tool_name": "web_fetch"}),
             )
             .await
         }));
@@ -553,6 +550,88 @@ async fn not_forwarded(backend: Backend) {
     assert!(resolved(&srv, &run.run_id).await.is_empty());
 }
 
+/// What a pod says is believed no further than the decision sent: a scope beyond `once`
+/// names its tool (400 without, 403 for `always` on a tool not eligible; the pod is not
+/// asked), a pod that "applied" something else than what was sent is unreachable (503,
+/// nothing written), and a pod that applied a scoped approval for another tool than the
+/// operator named gets its event but no policy.
+async fn pod_answers_are_held_to_the_decision(backend: Backend) {
+    let srv = server(backend, Duration::from_secs(10)).await;
+    let rid = request_id();
+    let approved = |tool: &str, scope: &str| {
+        format!(
+            r#"{{"runId":"RUN","requestId":"REQ","state":"approved","applied":true,"scope":"{scope}","toolName":"{tool}"}}"#
+        )
+    };
+    let asked = |run_id: &str, scope: &str, tool: Option<&str>| {
+        let mut body = json!({"request_id": rid, "scope": scope});
+        if let Some(t) = tool {
+            body["tool_name"] = t.into();
+        }
+        let run_id = run_id.to_owned();
+        let srv = &srv;
+        async move { decide(srv, "tool-approvals", &run_id, "alice", body).await }
+    };
+
+    // Not asked at all.
+    let (listener, origin) = listen().await;
+    let run = pod_run(&srv, &origin, "alice").await;
+    let (hits, _pod) = broken_pod(listener, 200, "{}", Duration::ZERO);
+    let (status, answer) = asked(&run.run_id, "tool", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    let (status, answer) = asked(&run.run_id, "always", Some("shell")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    let (status, answer) = asked(&run.run_id, "tool", Some("")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+
+    // Answers that do not hold to what was sent: 503, nothing written.
+    for (row, verb, body, pod_body) in [
+        (
+            "a denial answered as approved",
+            "tool-denials",
+            json!({"request_id": rid}),
+            approved("web_fetch", "always"),
+        ),
+        (
+            "another scope applied",
+            "tool-approvals",
+            json!({"request_id": rid, "scope": "tool", "tool_name": "web_fetch"}),
+            approved("web_fetch", "always"),
+        ),
+        (
+            "an approval answered as denied",
+            "tool-approvals",
+            json!({"request_id": rid, "scope": "once"}),
+            r#"{"runId":"RUN","requestId":"REQ","state":"denied","applied":true}"#.to_owned(),
+        ),
+    ] {
+        let (listener, origin) = listen().await;
+        let run = pod_run(&srv, &origin, "alice").await;
+        let pod_body = pod_body.replace("RUN", &run.run_id).replace("REQ", &rid);
+        let (hits, _pod) = broken_pod(listener, 200, pod_body, Duration::ZERO);
+        let (status, answer) = decide(&srv, verb, &run.run_id, "alice", body).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{row}: {answer}");
+        assert_eq!(answer["state"], "agenthost_unreachable", "{row}");
+        assert_eq!(hits.load(Ordering::SeqCst), 1, "{row}");
+        assert!(resolved(&srv, &run.run_id).await.is_empty(), "{row}");
+        assert!(policies(&srv, &run.run_id).await.is_empty(), "{row}");
+    }
+
+    // The pod applied the `tool` approval to a card for another tool: told, not granted.
+    let (listener, origin) = listen().await;
+    let run = pod_run(&srv, &origin, "alice").await;
+    let pod_body = approved("shell_exec", "tool")
+        .replace("RUN", &run.run_id)
+        .replace("REQ", &rid);
+    let (_hits, _pod) = broken_pod(listener, 200, pod_body, Duration::ZERO);
+    let (status, answer) = asked(&run.run_id, "tool", Some("web_fetch")).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let events = resolved(&srv, &run.run_id).await;
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert!(policies(&srv, &run.run_id).await.is_empty());
+}
+
 /// Origins that would make the API a proxy into the network are refused at creation with
 /// a 400 that writes nothing: plain http anywhere but loopback, loopback unless allowed,
 /// link-local and metadata addresses, private ranges, credentials, paths and queries.
@@ -575,6 +654,7 @@ async fn origins_refused_at_creation(backend: Backend) {
         "https://[fe80::1]",
         "https://[::ffff:169.254.169.254]",
         "https://metadata.google.internal",
+        "https://metadata.google.internal.",
         "https://100.100.100.200",
         "https://0.0.0.0",
         "https://user:secret@pods.example.com",
@@ -589,7 +669,11 @@ async fn origins_refused_at_creation(backend: Backend) {
         (&lenient, &refused_everywhere[..]),
         (
             &strict,
-            &["http://127.0.0.1:8080", "http://localhost:8080"][..],
+            &[
+                "http://127.0.0.1:8080",
+                "http://localhost:8080",
+                "https://localhost.",
+            ][..],
         ),
     ] {
         for origin in origins {
@@ -633,6 +717,18 @@ async fn origins_refused_at_creation(backend: Backend) {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let (status, answer) = strict
+        .post(
+            "/api/runs",
+            &strict.agent_token,
+            &json!({"agenthost_origin": "https://pods.example.com"}),
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_REQUEST,
+        "an origin without pod mode: {answer}"
+    );
     // An inline run gets no pod credential.
     let (status, answer) = strict
         .post("/api/runs", &strict.agent_token, &json!({}))
@@ -676,6 +772,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn not_forwarded() {
                 super::not_forwarded($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn pod_answers_are_held_to_the_decision() {
+                super::pod_answers_are_held_to_the_decision($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn origins_refused_at_creation() {

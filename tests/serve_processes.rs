@@ -665,7 +665,8 @@ async fn dynamo_only_twenty_forwards_over_two_serve_processes_resolve_once() {
         .map(|i| {
             let fleet = Arc::clone(&fleet);
             let path = format!("/api/runs/{run_id}/tool-approvals");
-            let body = json!({"request_id": request_id, "scope": "tool"});
+            let body = json!({"request_id": request_id, "scope": "tool",
+                              "tool_name": "web_fetch"});
             let op = op.clone();
             tokio::spawn(async move { fleet.post(i, &path, &op, &body).await })
         })

@@ -178,7 +178,9 @@ async fn frames_resume_and_done(backend: Backend) {
     assert!(s.next().await.unwrap().retry.is_some());
     assert_eq!(s.next().await.unwrap().event.as_deref(), Some("done"));
 
-    for bad in ["x", "-1", "1.5", ""] {
+    // Past the run's last event: not a sequence this run's stream ever had.
+    let past = u64::MAX.to_string();
+    for bad in ["x", "-1", "1.5", "", "8", past.as_str()] {
         let (status, body) = srv
             .send(
                 srv.http
@@ -209,6 +211,18 @@ async fn frames_resume_and_done(backend: Backend) {
         )
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "another agent's run");
+    // The names the stream and EventSource reserve are not run events.
+    let (run2, token2) = srv.create_run(json!({})).await;
+    for reserved in ["done", "error", "open", "message"] {
+        let (status, body) = srv
+            .post(
+                &format!("/api/runs/{run2}/events"),
+                &token2,
+                &json!({"events": [{"type": reserved}]}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{reserved}: {body}");
+    }
 }
 
 /// GIVEN a running run nobody appends to WHEN a client follows it THEN keep-alive

@@ -148,14 +148,18 @@ pub async fn decide(
     request: &str,
     verb: Verb,
     scope: &str,
+    tool: Option<&str>,
 ) -> Result<i32, Failure> {
-    let (route, body) = match verb {
+    let (route, mut body) = match verb {
         Verb::Approve => (
             "tool-approvals",
             json!({"request_id": request, "scope": scope}),
         ),
         Verb::Deny => ("tool-denials", json!({"request_id": request})),
     };
+    if let Some(tool) = tool {
+        body["tool_name"] = tool.into();
+    }
     let resp = remote
         .http
         .post(remote.endpoint(&["api", "runs", run, route]))

@@ -85,6 +85,10 @@ enum Command {
         /// run (… and the owner's sibling runs), always (the owner's runs in the project).
         #[arg(long, default_value = "once", value_parser = ["once", "run", "tool", "always"])]
         scope: String,
+        /// The tool the card is for (refused if the card is for another). Needed for a
+        /// scope beyond once on a pod-per-run run, whose cards only its pod holds.
+        #[arg(long)]
+        tool: Option<String>,
         #[command(flatten)]
         conn: remote::Conn,
     },
@@ -149,15 +153,19 @@ async fn main() {
             run,
             request,
             scope,
+            tool,
             conn,
         } => exit_with(match remote::Remote::new(conn, false) {
             Ok(remote) => {
-                decide::decide(&remote, &run, &request, decide::Verb::Approve, &scope).await
+                let verb = decide::Verb::Approve;
+                decide::decide(&remote, &run, &request, verb, &scope, tool.as_deref()).await
             }
             Err(f) => Err(f),
         }),
         Command::Deny { run, request, conn } => exit_with(match remote::Remote::new(conn, false) {
-            Ok(remote) => decide::decide(&remote, &run, &request, decide::Verb::Deny, "once").await,
+            Ok(remote) => {
+                decide::decide(&remote, &run, &request, decide::Verb::Deny, "once", None).await
+            }
             Err(f) => Err(f),
         }),
         Command::Token {

@@ -239,6 +239,11 @@ struct DecisionBody {
     /// Kept as raw JSON: any value other than the exact scope strings means `once`.
     #[serde(default)]
     scope: Option<Value>,
+    /// The tool the operator means to decide. Optional on durable cards (a mismatch is
+    /// refused); needed for a scope beyond `once` on a pod-per-run card, which Tollgate
+    /// cannot see: the policy is for this tool, never for one the pod names.
+    #[serde(default)]
+    tool_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -293,10 +298,36 @@ async fn decide(
     let located = match deps.gate.locate(&run_id, &body.request_id).await? {
         Some(l) if in_project(&claims, &l.card.project_id) => l,
         Some(_) => return Err(unknown()),
-        // Unknown to the durable gate: a pod-per-run run's pod may hold it.
-        None => return forward_decision(&deps, &claims, &run_id, &body, verb).await,
+        // Unknown to the durable gate: a pod-per-run run's pod may hold it. Forwarded and
+        // recorded in a task of its own, so a client that hangs up cannot cut the two
+        // apart (the pod applied it, the resolved event must follow).
+        None => {
+            let (deps, claims) = (deps.clone(), claims.clone());
+            return tokio::spawn(async move {
+                forward_decision(&deps, &claims, &run_id, &body, verb).await
+            })
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "forwarded decision task failed");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the decision could not be forwarded; retry",
+                )
+                .with_state("agenthost_unreachable")
+            })?;
+        }
     };
     let card = &located.card;
+    if body
+        .tool_name
+        .as_ref()
+        .is_some_and(|t| *t != card.tool_name)
+    {
+        return Err(ApiError::bad_request(format!(
+            "tool_name does not match the card (it is for {})",
+            card.tool_name
+        )));
+    }
     let resolution = match verb {
         Verb::Deny => Resolution::Denied {
             by: claims.sub.clone(),
@@ -355,6 +386,24 @@ async fn forward_decision(
             scope.as_str()
         )));
     }
+    bounded("tool_name", &body.tool_name, MAX_TOOL_NAME)?;
+    // Tollgate cannot see a pod's card: a scope beyond `once` names its tool, and the
+    // grant is for that tool only (and `always` only for the always-eligible ones).
+    let asked_tool = match (scope, body.tool_name.as_deref()) {
+        (Scope::Once, t) => t,
+        (_, None) => {
+            return Err(ApiError::bad_request(format!(
+                "scope {} on a pod-per-run card needs tool_name (the tool the grant is for)",
+                scope.as_str()
+            )))
+        }
+        (Scope::Always, Some(t)) if !deps.gate.always_eligible(t) => {
+            return Err(ApiError::forbidden(format!(
+                "scope always is not allowed for {t}; the card stays pending"
+            )))
+        }
+        (_, Some(t)) => Some(t),
+    };
     let unreachable = |why: &str| {
         tracing::warn!(why, "decision not forwarded to the agent host");
         ApiError::new(
@@ -383,14 +432,14 @@ async fn forward_decision(
         },
     )
     .await;
-    let (state, applied, pod_scope, decided_by, tool_name) = match answer {
+    let (state, applied, pod_scope, tool_name) = match answer {
         crate::forward::PodAnswer::Terminal {
             state,
             applied,
             scope,
-            decided_by,
             tool_name,
-        } => (state, applied, scope, decided_by, tool_name),
+            ..
+        } => (state, applied, scope, tool_name),
         crate::forward::PodAnswer::Unknown => return Err(unknown()),
         crate::forward::PodAnswer::Pending => {
             return Err(ApiError::new(
@@ -401,28 +450,62 @@ async fn forward_decision(
         }
         crate::forward::PodAnswer::Unreachable(why) => return Err(unreachable(&why)),
     };
+    // A pod that says it applied this decision answers with the decision's own state; an
+    // approval it turned into something else (or a denial into an approval) is not an
+    // answer, and nothing is written.
+    let expected = match verb {
+        Verb::Approve => ApprovalState::Approved,
+        Verb::Deny => ApprovalState::Denied,
+    };
+    if applied && state != expected {
+        return Err(unreachable(
+            "the pod applied another decision than the one sent",
+        ));
+    }
+    if applied && verb == Verb::Approve && pod_scope.is_some_and(|s| s != scope) {
+        return Err(unreachable(
+            "the pod applied another scope than the one sent",
+        ));
+    }
+    // The pod's tool name, when it is one; a scoped decision names the tool it is for.
+    let tool_name = tool_name.filter(|t| !t.is_empty() && t.chars().count() <= MAX_TOOL_NAME);
+    let grant_tool = match (asked_tool, tool_name.as_deref()) {
+        (Some(asked), Some(pod)) if asked == pod => Some(asked.to_owned()),
+        (Some(asked), Some(pod)) => {
+            tracing::warn!(
+                asked,
+                pod,
+                "the pod decided a card for another tool than the operator named; no policy"
+            );
+            None
+        }
+        _ => None,
+    };
     let now = tollgate_domain::now_millis();
     let card = ApprovalRequest {
         run_id: head.run_id.clone(),
         tool_call_id: body.request_id.clone(),
         approval_id: body.request_id.clone(),
         request_id: body.request_id.clone(),
-        tool_name: tool_name.clone().unwrap_or_default(),
+        tool_name: tool_name
+            .clone()
+            .or_else(|| asked_tool.map(str::to_owned))
+            .unwrap_or_default(),
         explicit_ids: false,
         url: None,
         intention: None,
         message: None,
         arguments_hash: None,
         state,
-        scope: match state {
-            ApprovalState::Approved => pod_scope.or(Some(scope)),
+        // What this forward applied is what the operator asked; an earlier decision is
+        // told as the pod reports its scope, and attributed to nobody (the pod's word
+        // about who decided is not evidence).
+        scope: match (state, applied) {
+            (ApprovalState::Approved, true) => Some(scope),
+            (ApprovalState::Approved, false) => pod_scope,
             _ => None,
         },
-        decided_by: match state {
-            ApprovalState::Expired => None,
-            _ if applied => Some(claims.sub.clone()),
-            _ => decided_by,
-        },
+        decided_by: applied.then(|| claims.sub.clone()),
         decided_at: Some(now),
         created_at: now,
         expires_at: now,
@@ -432,12 +515,11 @@ async fn forward_decision(
         auto_approval: None,
     };
     // The durable policy, only for the forward that applied this approval with the scope
-    // asked for (a pod reporting another scope grants nothing), for a tool the pod named,
-    // and `always` only for the always-eligible tools (fail closed).
-    let grant = match (&tool_name, state, applied) {
+    // asked for, for the tool the operator named and the pod confirmed, and `always`
+    // only for the always-eligible tools (fail closed).
+    let grant = match (&grant_tool, state, applied) {
         (Some(tool), ApprovalState::Approved, true)
             if scope != Scope::Once
-                && pod_scope.is_none_or(|s| s == scope)
                 && (scope != Scope::Always || deps.gate.always_eligible(tool)) =>
         {
             let coordinator = match &head.parent_run_id {

@@ -167,7 +167,7 @@
         let done = false;
         await readSse(resp.body, (f) => {
           if (f.retry !== null) wait = f.retry;
-          if (f.event === 'done') { done = true; return; }
+          if (f.event === 'done' && f.id === null) { done = true; return; }
           if (!f.data.length) return;
           let event;
           try { event = JSON.parse(f.data.join('\n')); } catch (_) { return; }
@@ -466,7 +466,9 @@
       this.setBusy(true);
       this.outcome.textContent = verb === 'approve' ? 'Approving…' : 'Denying…';
       const path = 'api/runs/' + encodeURIComponent(this.runId) + (verb === 'approve' ? '/tool-approvals' : '/tool-denials');
+      // The tool goes with the decision: the server refuses it if the card is for another.
       const body = verb === 'approve' ? { request_id: this.requestId, scope } : { request_id: this.requestId };
+      if (this.toolName) body.tool_name = this.toolName;
       let r;
       try {
         r = await api(path, { method: 'POST', body });

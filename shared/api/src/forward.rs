@@ -90,7 +90,10 @@ fn forbidden_v6(ip: Ipv6Addr, allow_loopback: bool) -> bool {
         || (first & 0xfe00) == 0xfc00 // unique local
         || (first & 0xffc0) == 0xfe80 // link-local
         || (first == 0x2001 && ip.segments()[1] == 0x0db8) // documentation
-        || (first == 0x0064 && ip.segments()[1] == 0xff9b) // NAT64: an IPv4 inside
+        || (first == 0x0064 && ip.segments()[1] == 0xff9b) // NAT64 (incl. local-use 64:ff9b:1::/48)
+        || (first & 0xffc0) == 0xfec0 // site-local (deprecated)
+        || (first == 0x2001 && ip.segments()[1] == 0x0000) // Teredo: an IPv4 inside
+        || (ip.segments()[..4] == [0, 0, 0, 0] && ip.segments()[4] == 0xffff) // SIIT ::ffff:0:a.b.c.d
         || first == 0x2002 // 6to4: an IPv4 inside
         || ip.to_ipv4().is_some() // IPv4-compatible
 }
@@ -115,10 +118,12 @@ pub fn check_origin(origin: &str, allow_loopback: bool) -> Result<Origin, Origin
         Some(url::Host::Domain(_)) => None,
         None => return Err(OriginRefused("must name a host")),
     };
+    // A name's trailing dot (`localhost.`, `metadata.google.internal.`) names the same host.
     let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
+    let bare = host.strip_suffix('.').unwrap_or(&host).to_owned();
     let loopback = match literal {
         Some(ip) => ip.is_loopback() || ip.to_canonical().is_loopback(),
-        None => loopback_name(&host),
+        None => loopback_name(&bare),
     };
     match url.scheme() {
         "https" => {}
@@ -139,7 +144,7 @@ pub fn check_origin(origin: &str, allow_loopback: bool) -> Result<Origin, Origin
         None if loopback && !allow_loopback => {
             return Err(OriginRefused("must not be a loopback host"))
         }
-        None if !loopback && internal_name(&host) => {
+        None if !loopback && internal_name(&bare) => {
             return Err(OriginRefused("must be a public host name"))
         }
         _ => {}
@@ -204,35 +209,39 @@ pub async fn forward(
         Ok(o) => o,
         Err(e) => return PodAnswer::Unreachable(e.to_string()),
     };
-    // Resolve once, refuse any internal address, and connect to the checked one.
-    let addr = match origin.literal {
-        Some(ip) => SocketAddr::new(ip, origin.port),
+    // One deadline for all of it: resolving, connecting, sending and reading the answer.
+    let deadline = tokio::time::Instant::now() + timeout;
+    // Resolve once, refuse any internal address, and connect only to the checked ones.
+    let addrs: Vec<SocketAddr> = match origin.literal {
+        Some(ip) => vec![SocketAddr::new(ip, origin.port)],
         None => {
-            let resolved = tokio::time::timeout(
-                timeout,
+            let resolved = tokio::time::timeout_at(
+                deadline,
                 tokio::net::lookup_host((origin.host.as_str(), origin.port)),
             )
             .await;
-            let addrs: Vec<SocketAddr> = match resolved {
+            match resolved {
                 Ok(Ok(addrs)) => addrs.collect(),
                 Ok(Err(_)) => return PodAnswer::Unreachable("the origin does not resolve".into()),
                 Err(_) => return PodAnswer::Unreachable("resolving the origin timed out".into()),
-            };
-            match addrs.first() {
-                None => return PodAnswer::Unreachable("the origin does not resolve".into()),
-                Some(_) if addrs.iter().any(|a| forbidden_ip(a.ip(), allow_loopback)) => {
-                    return PodAnswer::Unreachable(
-                        "the origin resolves to an internal address".into(),
-                    )
-                }
-                Some(a) => *a,
             }
         }
     };
+    if addrs.is_empty() {
+        return PodAnswer::Unreachable("the origin does not resolve".into());
+    }
+    if addrs.iter().any(|a| forbidden_ip(a.ip(), allow_loopback)) {
+        return PodAnswer::Unreachable("the origin resolves to an internal address".into());
+    }
+    // Plain http carries the credential in the clear: loopback only, every address.
+    if origin.url.scheme() == "http" && addrs.iter().any(|a| !a.ip().to_canonical().is_loopback()) {
+        return PodAnswer::Unreachable("an http origin resolves beyond loopback".into());
+    }
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
     let client = match reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
-        .timeout(timeout)
-        .resolve(&origin.host, addr)
+        .timeout(left)
+        .resolve_to_addrs(&origin.host, &addrs)
         .no_proxy()
         .build()
     {
@@ -356,6 +365,15 @@ mod tests {
             "https://metadata.google.internal",
             "https://metadata",
             "https://pod.local",
+            "https://localhost.",
+            "https://metadata.google.internal.",
+            "https://pod.local.",
+            "https://metadata.",
+            "https://[64:ff9b:1::a00:1]",
+            "https://[2001:0:4136:e378::1]",
+            "https://[fec0::1]",
+            "https://2130706433",
+            "https://0x7f.1",
             "not a url",
             "",
         ] {

@@ -187,6 +187,11 @@ async fn create_run(
         }
     }
     match body.execution_mode.as_deref() {
+        None | Some("inline") if body.agenthost_origin.is_some() => {
+            return Err(ApiError::bad_request(
+                "agenthost_origin is for execution_mode pod only",
+            ))
+        }
         None | Some("inline") => {}
         Some("pod") => {
             let origin = body.agenthost_origin.as_deref().ok_or_else(|| {

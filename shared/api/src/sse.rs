@@ -156,6 +156,14 @@ pub(crate) async fn open(
         .await?
         .ok_or_else(|| ApiError::not_found("run not found"))?;
     authorize_read(&caller, &head)?;
+    // A client can only have seen sequences that exist (the head is read strongly
+    // consistent and moves with the events): anything past it is not this run's stream.
+    if after > head.last_sequence() {
+        return Err(ApiError::bad_request(format!(
+            "Last-Event-ID/after {after} is past the run's last event ({})",
+            head.last_sequence()
+        )));
+    }
     let config = deps.sse;
     let window = match budget {
         Some(ResponseBudget(left)) => config.window.min(left),
@@ -213,10 +221,12 @@ enum Stop {
 impl Tail<'_> {
     async fn send(&mut self, frame: String) -> Result<(), Stop> {
         self.last_sent = Instant::now();
-        self.tx
-            .send(Bytes::from(frame))
-            .await
-            .map_err(|_| Stop::Gone)
+        // A reader that takes nothing for a keep-alive interval past the window is gone.
+        let give_up = self.ends_at.max(Instant::now()) + self.config.keepalive;
+        match tokio::time::timeout_at(give_up.into(), self.tx.send(Bytes::from(frame))).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) | Err(_) => Err(Stop::Gone),
+        }
     }
 
     async fn run(mut self, head: RunHead, after: u64) {
@@ -224,7 +234,11 @@ impl Tail<'_> {
         if self.send(retry).await.is_ok() {
             match self.follow(head, after).await {
                 Ok(()) | Err(Stop::Gone) => {}
-                Err(Stop::Store) => tracing::warn!("live stream ended early: storage"),
+                Err(Stop::Store) => {
+                    tracing::warn!("live stream ended early: storage");
+                    // Ask the client to come back later than usual, not in a tight loop.
+                    let _ = self.send("retry: 5000\n\n".into()).await;
+                }
             }
         }
     }
@@ -253,6 +267,10 @@ impl Tail<'_> {
             if progressed {
                 idle = self.config.poll_min;
                 if page.has_more {
+                    // A buffered answer (no time left) is one page: the client resumes.
+                    if Instant::now() >= self.ends_at {
+                        return Ok(());
+                    }
                     head = self.head(&run_id).await?;
                     continue;
                 }
@@ -293,7 +311,7 @@ impl Tail<'_> {
                 head = self.head(&run_id).await?;
                 // Past `after` (or the run ended with nothing new — the terminal event
                 // is after `after` then, so this holds): read the page.
-                if head.next_seq > after + 1 || page.has_more {
+                if head.next_seq > after.saturating_add(1) || page.has_more {
                     break;
                 }
             }

@@ -153,7 +153,7 @@ async fn the_pod_example_serves_forwarded_decisions() {
             .post(
                 &format!("/api/runs/{run_id}/tool-approvals"),
                 &alice,
-                &json!({"request_id": request_id, "scope": "tool"}),
+                &json!({"request_id": request_id, "scope": "tool", "tool_name": "web_fetch"}),
             )
             .await;
         assert_eq!(status.as_u16(), 200, "{answer}");

@@ -43,6 +43,9 @@ pub const SERVER_OWNED_TYPES: &[&str] = &[
     "run_cancelled",
 ];
 
+/// Event types the live stream (SSE) and its readers reserve; no run event has them.
+pub const STREAM_RESERVED_TYPES: &[&str] = &["done", "error", "open", "message"];
+
 pub fn is_server_owned(event_type: &str) -> bool {
     SERVER_OWNED_TYPES.contains(&event_type)
 }
@@ -121,6 +124,11 @@ pub fn validate_producer_event(value: Value) -> Result<EventDraft, EventError> {
     // Not only the exact names: `run_completed.x` or `tool.approval_resolved_` would
     // read as the server's own events to a client matching by prefix.
     if SERVER_OWNED_TYPES.iter().any(|t| event_type.starts_with(t)) {
+        return Err(EventError::ServerOwned(event_type));
+    }
+    // Names a live stream's reader treats as the stream's own: `done` ends it, and an
+    // EventSource dispatches `error`, `open` and `message` to its own handlers.
+    if STREAM_RESERVED_TYPES.contains(&event_type.as_str()) {
         return Err(EventError::ServerOwned(event_type));
     }
     let event_id = match fields.shift_remove("event_id") {
