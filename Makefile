@@ -53,6 +53,7 @@ cold-init:
 	$(EMULATORS) with tests/lambda/cold_init.sh
 
 test-unit:
+	cargo build -p tollgate
 	cargo nextest run --workspace --no-fail-fast -E 'not ($(AWS_TESTS))'
 
 lint:

@@ -364,3 +364,59 @@ on_both_stores!(
     keepalive_live_and_window,
     dropped_twenty_times_misses_nothing,
 );
+
+/// GIVEN a real `tollgate serve` (window of an hour) with a live stream open WHEN the
+/// process gets SIGTERM THEN the stream ends cleanly (whole frames, no `done`: the client
+/// resumes elsewhere) and the process exits by itself instead of waiting out the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_ends_open_streams_on_sigterm() {
+    use tollgate_tests::serve::ServeProcess;
+    let mut serve = ServeProcess::start(&[("TOLLGATE_SSE_WINDOW_SECONDS", "3600")]);
+    let auth = tollgate_api::Auth::new(tollgate_tests::TEST_SECRET.as_bytes());
+    let agent = auth.mint_jwt("test-agent", tollgate_api::Role::Agent, 600, None);
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{}/api/runs", serve.base))
+        .bearer_auth(&agent)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let run_id = created["run_id"].as_str().unwrap();
+    let resp = http
+        .get(format!("{}/api/runs/{run_id}/stream", serve.base))
+        .bearer_auth(created["run_token"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut stream = Stream {
+        resp,
+        buf: String::new(),
+    };
+    assert!(stream.next().await.unwrap().retry.is_some());
+    assert_eq!(stream.next().await.unwrap().id, Some(1));
+    serve.terminate();
+    // Bounded so a regression fails instead of hanging for the hour-long window.
+    let rest = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut rest = Vec::new();
+        while let Some(frame) = stream.next().await {
+            rest.push(frame);
+        }
+        rest
+    })
+    .await
+    .expect("the stream ended when the process was stopped");
+    assert!(
+        rest.iter().all(|f| f.comment && f.event.is_none()),
+        "nothing but keep-alives after the stop, no done: {rest:?}"
+    );
+    let status = tokio::task::spawn_blocking(move || serve.wait_exit(Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .expect("serve exited after SIGTERM");
+    assert!(status.success(), "{status:?}");
+}

@@ -246,8 +246,10 @@ async fn main() {
             let mut deps = Deps::serve(store, &timers, gate, auth).await;
             deps.sse = sse;
             let app = tollgate_api::app(deps.clone());
-            // Ctrl-C, or SIGTERM (a process manager's stop): finish what is in hand.
-            let shutdown = async {
+            // Ctrl-C, or SIGTERM (a process manager's stop): finish what is in hand; open
+            // live streams end at once (their clients resume with Last-Event-ID).
+            let closing = deps.clone();
+            let signalled = async {
                 #[cfg(unix)]
                 {
                     use tokio::signal::unix::{signal, SignalKind};
@@ -263,6 +265,10 @@ async fn main() {
                     }
                 }
                 let _ = tokio::signal::ctrl_c().await;
+            };
+            let shutdown = async move {
+                signalled.await;
+                closing.close_streams();
             };
             if let Err(e) = axum::serve(listener, app)
                 .with_graceful_shutdown(shutdown)

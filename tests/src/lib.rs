@@ -3,6 +3,7 @@
 //! `AWS_ENDPOINT_URL*` points at), and talk to it the way a client does.
 
 pub mod meter;
+pub mod serve;
 
 use std::sync::Arc;
 
@@ -81,6 +82,23 @@ impl TestServer {
             operator_token: auth.mint_jwt("test-operator", Role::Operator, 3600, None),
             auth,
             _shutdown: tx,
+        }
+    }
+
+    /// A client of a server running elsewhere (e.g. a [`serve::ServeProcess`]) that
+    /// signs with [`TEST_SECRET`].
+    pub fn remote(base: &str) -> Self {
+        let auth = Arc::new(Auth::new(TEST_SECRET.as_bytes()));
+        Self {
+            base: base.to_owned(),
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(32)
+                .build()
+                .unwrap(),
+            agent_token: auth.mint_jwt("test-agent", Role::Agent, 3600, None),
+            operator_token: auth.mint_jwt("test-operator", Role::Operator, 3600, None),
+            auth,
+            _shutdown: tokio::sync::oneshot::channel().0,
         }
     }
 

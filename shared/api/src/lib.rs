@@ -48,6 +48,9 @@ pub struct Deps {
     consumer: Option<Arc<SqsConsumer>>,
     /// The in-process sweeper (stops when the deps are dropped).
     _sweeper: Option<Arc<AbortOnDrop>>,
+    /// Set once the process is shutting down: open live streams end cleanly (their
+    /// clients resume elsewhere with `Last-Event-ID`) instead of holding the shutdown.
+    closing: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 /// Stops a background task when the last holder goes.
@@ -75,6 +78,7 @@ impl Deps {
             _timers: None,
             consumer: None,
             _sweeper: None,
+            closing: Arc::new(tokio::sync::watch::channel(false).0),
         }
     }
 
@@ -128,6 +132,18 @@ impl Deps {
     /// Stops consuming the SQS timer queue (the batch in hand is finished and deleted
     /// first) and returns once that is done; nothing to do for other deps. For a
     /// graceful shutdown of `tollgate serve`.
+    /// Ends the open live streams (each sends what it has and closes) and makes new ones
+    /// end after their catch-up: the first step of a graceful shutdown, which would
+    /// otherwise wait for every stream's window.
+    pub fn close_streams(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// Whether [`Deps::close_streams`] was called, as a receiver a stream can wait on.
+    pub fn closing(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.closing.subscribe()
+    }
+
     pub async fn shutdown(&self) {
         if let Some(consumer) = &self.consumer {
             consumer.shutdown().await;

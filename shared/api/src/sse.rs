@@ -171,10 +171,12 @@ pub(crate) async fn open(
     };
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     let store = deps.store.clone();
+    let closing = deps.closing();
     tokio::spawn(async move {
         let tail = Tail {
             store: store.as_ref(),
             tx,
+            closing,
             config,
             ends_at: Instant::now() + window,
             last_sent: Instant::now(),
@@ -205,6 +207,8 @@ pub(crate) async fn open(
 struct Tail<'a> {
     store: &'a dyn RunStore,
     tx: mpsc::Sender<Bytes>,
+    /// True once the process shuts down: the stream ends as at the end of its window.
+    closing: tokio::sync::watch::Receiver<bool>,
     config: SseConfig,
     ends_at: Instant,
     last_sent: Instant,
@@ -278,7 +282,7 @@ impl Tail<'_> {
             // Nothing (more) to send now: wait for the head to move past `after`.
             loop {
                 let now = Instant::now();
-                if now >= self.ends_at {
+                if now >= self.ends_at || *self.closing.borrow() {
                     return Ok(());
                 }
                 let keepalive_at = self.last_sent + self.config.keepalive;
@@ -293,6 +297,11 @@ impl Tail<'_> {
                             changed = rx.changed() => changed.is_ok(),
                             _ = tokio::time::sleep_until(until.into()) => false,
                             _ = self.tx.closed() => return Err(Stop::Gone),
+                            // A closed sender (the deps are gone) is a shutdown too.
+                            closed = self.closing.changed() => match closed {
+                                Ok(()) => continue,
+                                Err(_) => return Ok(()),
+                            },
                         }
                     }
                     None => {
@@ -300,6 +309,11 @@ impl Tail<'_> {
                         tokio::select! {
                             _ = tokio::time::sleep(nap) => {}
                             _ = self.tx.closed() => return Err(Stop::Gone),
+                            // A closed sender (the deps are gone) is a shutdown too.
+                            closed = self.closing.changed() => match closed {
+                                Ok(()) => continue,
+                                Err(_) => return Ok(()),
+                            },
                         }
                         idle = (idle * 2).min(self.config.poll_max);
                         true

@@ -1,5 +1,7 @@
-//! The examples, run: `examples/agent.rs` against the real server with an operator
-//! approving over HTTP, and `examples/pod.rs` serving decisions on a loopback port.
+//! The examples, run against a real `tollgate serve` process (embedded store; the
+//! workspace's `target/debug/tollgate`, which `make test` builds first):
+//! `examples/agent.rs` with an operator approving over HTTP, and `examples/pod.rs`
+//! serving the decisions Tollgate forwards to it on a loopback port.
 
 mod common;
 
@@ -9,7 +11,16 @@ use serde_json::{json, Value};
 use tollgate_client::pod::{PodDecision, PodGate};
 use tollgate_client::Scope;
 
-use common::{bounded, server};
+use common::bounded;
+use tollgate_tests::serve::ServeProcess;
+use tollgate_tests::TestServer;
+
+/// `tollgate serve` with `env`, and a client of it.
+fn serve(env: &[(&str, &str)]) -> (ServeProcess, TestServer) {
+    let process = ServeProcess::start(env);
+    let srv = TestServer::remote(&process.base);
+    (process, srv)
+}
 
 #[allow(dead_code)]
 #[path = "../examples/agent.rs"]
@@ -55,7 +66,7 @@ fn approve_everything(srv: &tollgate_tests::TestServer) -> tokio::task::JoinHand
 #[tokio::test]
 async fn the_agent_example_asks_fetches_settles_and_completes() {
     bounded(async {
-        let srv = server().await;
+        let (_serve, srv) = serve(&[]);
         let operator = approve_everything(&srv);
         let url = agent::serve_stub().await.unwrap();
         let report = agent::run_agent(&srv.base, &srv.agent_token, &url, Duration::from_secs(30))
@@ -92,7 +103,7 @@ async fn the_agent_example_asks_fetches_settles_and_completes() {
 #[tokio::test]
 async fn the_agent_example_handles_expiry() {
     bounded(async {
-        let srv = server().await;
+        let (_serve, srv) = serve(&[]);
         let report = agent::run_agent(
             &srv.base,
             &srv.agent_token,
@@ -114,14 +125,7 @@ async fn the_agent_example_handles_expiry() {
 #[tokio::test]
 async fn the_pod_example_serves_forwarded_decisions() {
     bounded(async {
-        let srv = tollgate_tests::TestServer::with_deps(tollgate_tests::TestServer::deps(
-            std::sync::Arc::new(tollgate_store::memory::MemoryStore::new()),
-            tollgate_api::GateConfig {
-                allow_loopback_origins: true,
-                ..tollgate_api::GateConfig::default()
-            },
-        ))
-        .await;
+        let (_serve, srv) = serve(&[("TOLLGATE_ALLOW_LOOPBACK_ORIGINS", "1")]);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let origin = format!("http://{}", listener.local_addr().unwrap());
         let (status, run) = srv

@@ -1,0 +1,122 @@
+//! A real `tollgate serve` process on the embedded store, on a free loopback port, for
+//! tests that need the product as it runs (its signal handling, its configuration from
+//! the environment). It runs the workspace's `target/debug/tollgate` (`cargo build -p
+//! tollgate` first; `make test` does) and is killed when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::TEST_SECRET;
+
+/// The `tollgate` binary the workspace built.
+pub fn tollgate_bin() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let bin = target.join("debug").join("tollgate");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it first (`cargo build -p tollgate`)",
+        bin.display()
+    );
+    bin
+}
+
+/// One `tollgate serve` (embedded store) signing with [`TEST_SECRET`].
+pub struct ServeProcess {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+}
+
+impl ServeProcess {
+    /// Starts it with `env` added and waits (at most 60 s) for the URL it prints.
+    pub fn start(env: &[(&str, &str)]) -> Self {
+        let mut cmd = Command::new(tollgate_bin());
+        cmd.args(["serve", "--port", "0", "--host", "127.0.0.1"])
+            .env("TOLLGATE_SECRET", TEST_SECRET)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for var in [
+            "TOLLGATE_BACKEND",
+            "TOLLGATE_PORT",
+            "TOLLGATE_TIMER_QUEUE_URL",
+            "TOLLGATE_CREATE_TABLES",
+            "TOLLGATE_SSE_WINDOW_SECONDS",
+            "TOLLGATE_ALLOW_LOOPBACK_ORIGINS",
+        ] {
+            cmd.env_remove(var);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("tollgate serve starts");
+        let (tx, rx) = mpsc::channel::<String>();
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        // Drain both pipes for the life of the process (a full pipe would block it).
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                eprintln!("[serve] {line}");
+                let _ = tx.send(line);
+            }
+        });
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[serve stderr] {line}");
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(url) = line.strip_prefix("export TOLLGATE_URL=") {
+                        return Self {
+                            child,
+                            base: url.trim().to_owned(),
+                        };
+                    }
+                }
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("tollgate serve printed no URL: {e}");
+                }
+            }
+        }
+    }
+
+    /// Sends SIGTERM (a process manager's stop).
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -TERM {}", self.child.id());
+    }
+
+    /// Waits up to `bound` for the process to exit; its exit status, or `None`.
+    pub fn wait_exit(&mut self, bound: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + bound;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
