@@ -550,6 +550,74 @@ async fn not_forwarded(backend: Backend) {
     assert!(resolved(&srv, &run.run_id).await.is_empty());
 }
 
+/// GIVEN the pod applied the owner's `tool` approval but its answer came too late (the
+/// forward timed out: 503, nothing recorded) WHEN the owner clicks again THEN the pod
+/// knows that very decision (its `decisionId`) and answers it applied, so Tollgate records
+/// one resolved event by the owner and the `tool` policy; another operator's later click
+/// changes nothing.
+async fn a_lost_answer_is_recovered_by_the_retry(backend: Backend) {
+    let srv = server(backend, Duration::from_millis(500)).await;
+    let (pod_listener, pod_origin) = listen().await;
+    let (proxy_listener, proxy_origin) = listen().await;
+    // Tollgate knows the proxy; the proxy passes every request to the pod and holds the
+    // first answer back past the forward's timeout.
+    let run = pod_run(&srv, &proxy_origin, "alice").await;
+    let (gate, _pod) = pod(pod_listener, &run.credential);
+    let seen = Arc::new(AtomicUsize::new(0));
+    let proxy = {
+        let seen = seen.clone();
+        axum::Router::new().fallback(
+            move |uri: axum::http::Uri, headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                let (seen, pod_origin) = (seen.clone(), pod_origin.clone());
+                async move {
+                    let mut req = reqwest::Client::new()
+                        .post(format!("{pod_origin}{}", uri.path()))
+                        .header("content-type", "application/json")
+                        .body(body);
+                    if let Some(auth) = headers.get("authorization") {
+                        req = req.header("authorization", auth.to_str().unwrap());
+                    }
+                    let resp = req.send().await.unwrap();
+                    let status = resp.status().as_u16();
+                    let text = resp.text().await.unwrap();
+                    if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                    }
+                    (axum::http::StatusCode::from_u16(status).unwrap(), text)
+                }
+            },
+        )
+    };
+    let _proxy = serve(proxy_listener, proxy);
+    let rid = request_id();
+    let pending = gate.arm(PodArm::new(&rid, &run.run_id, "web_fetch"));
+    let (status, lost) = approve(&srv, &run.run_id, "alice", &rid, "tool").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{lost}");
+    assert_eq!(
+        decided(pending).await,
+        PodDecision::Approved {
+            scope: Scope::Tool,
+            auto: false
+        },
+        "the pod applied it"
+    );
+    assert!(resolved(&srv, &run.run_id).await.is_empty());
+    let (status, again) = approve(&srv, &run.run_id, "alice", &rid, "tool").await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["state"], "approved");
+    assert_eq!(again["decided_by"], "alice");
+    let (status, late) = approve(&srv, &run.run_id, "bob", &rid, "once").await;
+    assert_eq!(status, StatusCode::OK, "{late}");
+    let events = resolved(&srv, &run.run_id).await;
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(events[0]["decidedBy"], "alice");
+    assert_eq!(events[0]["scope"], "tool");
+    let granted = policies(&srv, &run.run_id).await;
+    assert_eq!(granted.len(), 1, "{granted:#?}");
+    assert_eq!(granted[0]["scope"], "tool");
+    assert_eq!(seen.load(Ordering::SeqCst), 3);
+}
+
 /// What a pod says is believed no further than the decision sent: a scope beyond `once`
 /// names its tool (400 without, 403 for `always` on a tool not eligible; the pod is not
 /// asked), a pod that "applied" something else than what was sent is unreachable (503,
@@ -776,6 +844,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn pod_answers_are_held_to_the_decision() {
                 super::pod_answers_are_held_to_the_decision($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_lost_answer_is_recovered_by_the_retry() {
+                super::a_lost_answer_is_recovered_by_the_retry($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn origins_refused_at_creation() {

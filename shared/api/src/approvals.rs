@@ -419,13 +419,16 @@ async fn forward_decision(
     let answer = crate::forward::forward(
         origin,
         &deps.auth.pod_credential(&head.run_id, &head.incarnation),
-        match verb {
-            Verb::Approve => crate::forward::Verb::Approve,
-            Verb::Deny => crate::forward::Verb::Deny,
+        crate::forward::Decision {
+            verb: match verb {
+                Verb::Approve => crate::forward::Verb::Approve,
+                Verb::Deny => crate::forward::Verb::Deny,
+            },
+            run_id: &head.run_id,
+            request_id: &body.request_id,
+            scope,
+            by: &claims.sub,
         },
-        &head.run_id,
-        &body.request_id,
-        scope,
         crate::forward::Reach {
             timeout: config.forward_timeout,
             allow_loopback: config.allow_loopback_origins,

@@ -191,16 +191,48 @@ pub struct Reach {
     pub allow_loopback: bool,
 }
 
+/// The id of one operator's decision on one pod card (`decisionId`): the same operator
+/// sending the same verb and scope again (say, after a lost answer) sends the same id, so
+/// the pod can tell that it already applied exactly this decision.
+pub fn decision_id(run_id: &str, request_id: &str, verb: Verb, scope: Scope, by: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let verb = match verb {
+        Verb::Approve => "approve",
+        Verb::Deny => "deny",
+    };
+    let digest = Sha256::new()
+        .chain_update(b"tollgate pod decision v1")
+        .chain_update([run_id, request_id, verb, scope.as_str(), by].join("\0"))
+        .finalize();
+    hex::encode(&digest[..16])
+}
+
+/// One decision to forward.
+#[derive(Debug, Clone, Copy)]
+pub struct Decision<'a> {
+    pub verb: Verb,
+    pub run_id: &'a str,
+    pub request_id: &'a str,
+    pub scope: Scope,
+    /// The operator deciding (only its digest, in `decisionId`, reaches the pod).
+    pub by: &'a str,
+}
+
 /// Forwards one decision (`credential`: the run's pod credential, never logged).
 pub async fn forward(
     origin: &str,
     credential: &str,
-    verb: Verb,
-    run_id: &str,
-    request_id: &str,
-    scope: Scope,
+    decision: Decision<'_>,
     reach: Reach,
 ) -> PodAnswer {
+    let Decision {
+        verb,
+        run_id,
+        request_id,
+        scope,
+        by,
+    } = decision;
+    let id = decision_id(run_id, request_id, verb, scope, by);
     let Reach {
         timeout,
         allow_loopback,
@@ -251,11 +283,12 @@ pub async fn forward(
     let (path, body) = match verb {
         Verb::Approve => (
             "tool-approvals",
-            json!({"runId": run_id, "requestId": request_id, "scope": scope.as_str()}),
+            json!({"runId": run_id, "requestId": request_id, "scope": scope.as_str(),
+                   "decisionId": id}),
         ),
         Verb::Deny => (
             "tool-denials",
-            json!({"runId": run_id, "requestId": request_id}),
+            json!({"runId": run_id, "requestId": request_id, "decisionId": id}),
         ),
     };
     let url = match origin.url.join(path) {

@@ -5,8 +5,11 @@
 //! awaits the returned [`PendingApproval`]; Tollgate, which knows nothing of the card,
 //! forwards an operator's decision to the pod's routes ([`PodGate::routes`]):
 //!
-//! - `POST /tool-approvals` `{runId, requestId, scope}` and `POST /tool-denials`
-//!   `{runId, requestId}`, and `GET /tool-approvals/{requestId}` (the card);
+//! - `POST /tool-approvals` `{runId, requestId, scope, decisionId?}` and
+//!   `POST /tool-denials` `{runId, requestId, decisionId?}`, and
+//!   `GET /tool-approvals/{requestId}` (the card). Tollgate sends a `decisionId` (one per
+//!   operator, card, verb and scope): the same decision sent again after its answer was
+//!   lost is answered `applied: true` again ([`PodGate::decide_once`]);
 //! - every route needs `Authorization: Bearer <credential>`, the per-run credential
 //!   Tollgate holds for this pod (compared in constant time); missing or wrong → 401.
 //!
@@ -303,6 +306,9 @@ struct Card {
     arm: PodArm,
     expires_at: Instant,
     state: Option<PodDecision>,
+    /// The `decisionId` of the forward that decided it, if it carried one: the same
+    /// decision sent again (its answer was lost) is answered as applied again.
+    decided_by_id: Option<String>,
     waiters: Vec<(u64, oneshot::Sender<PodDecision>)>,
 }
 
@@ -394,11 +400,28 @@ impl PodGate {
 
     /// Holds a card (now, before this returns) and gives the future of its decision.
     /// A bridge covering it approves it at once. Arming a `request_id` the pod already
-    /// holds waits on that card as it stands (its other fields are ignored).
+    /// holds for the same run and tool waits on that card as it stands (its other fields
+    /// are ignored); for another run or tool it is [`PodDecision::Expired`] at once.
     pub fn arm(&self, arm: PodArm) -> PendingApproval {
         let mut cards = self.inner.lock();
         let now = Instant::now();
         let request_id = arm.request_id.clone();
+        // The id is the pod's for one call: arming it again for another run or tool never
+        // inherits that card's decision; it is expired at once (and the card untouched).
+        if let Some(held) = cards.cards.get(&request_id) {
+            if held.arm.run_id != arm.run_id || held.arm.tool_name != arm.tool_name {
+                cards.next_waiter += 1;
+                return PendingApproval {
+                    gate: self.inner.clone(),
+                    request_id,
+                    waiter: cards.next_waiter,
+                    expires_at: now,
+                    immediate: Some(PodDecision::Expired),
+                    rx: None,
+                    sleep: None,
+                };
+            }
+        }
         if !cards.cards.contains_key(&request_id) {
             let state = cards
                 .bridge_for(&arm.run_id, &arm.tool_name)
@@ -410,6 +433,7 @@ impl PodGate {
                     arm,
                     expires_at,
                     state,
+                    decided_by_id: None,
                     waiters: Vec::new(),
                 },
             );
@@ -442,15 +466,39 @@ impl PodGate {
 
     /// Approves a card as the `/tool-approvals` route does.
     pub fn approve(&self, run_id: &str, request_id: &str, scope: Scope) -> PodAnswer {
-        self.decide(run_id, request_id, Verb::Approve(scope))
+        self.decide(run_id, request_id, Verb::Approve(scope), None)
     }
 
     /// Denies a card as the `/tool-denials` route does.
     pub fn deny(&self, run_id: &str, request_id: &str) -> PodAnswer {
-        self.decide(run_id, request_id, Verb::Deny)
+        self.decide(run_id, request_id, Verb::Deny, None)
     }
 
-    fn decide(&self, run_id: &str, request_id: &str, verb: Verb) -> PodAnswer {
+    /// Decides a card as the routes do for a request carrying Tollgate's `decisionId`
+    /// (one per operator, card, verb and scope): when the card was ended by that very
+    /// decision, a repeat (its first answer was lost) is answered `applied` again, so
+    /// Tollgate can still record what it applied.
+    pub fn decide_once(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        scope: Option<Scope>,
+        decision_id: &str,
+    ) -> PodAnswer {
+        let verb = match scope {
+            Some(scope) => Verb::Approve(scope),
+            None => Verb::Deny,
+        };
+        self.decide(run_id, request_id, verb, Some(decision_id))
+    }
+
+    fn decide(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        verb: Verb,
+        decision_id: Option<&str>,
+    ) -> PodAnswer {
         let mut guard = self.inner.lock();
         let cards = &mut *guard;
         let Some(card) = cards
@@ -462,6 +510,23 @@ impl PodGate {
         };
         card.expire_if_due(Instant::now());
         if let Some(decision) = card.state {
+            let same = decision_id.is_some()
+                && card.decided_by_id.as_deref() == decision_id
+                && match (verb, decision) {
+                    (Verb::Approve(asked), PodDecision::Approved { scope, auto: false }) => {
+                        asked == scope
+                    }
+                    (Verb::Deny, PodDecision::Denied) => true,
+                    _ => false,
+                };
+            if same {
+                return PodAnswer::Applied {
+                    run_id: run_id.to_owned(),
+                    request_id: request_id.to_owned(),
+                    tool_name: card.arm.tool_name.clone(),
+                    decision,
+                };
+            }
             return PodAnswer::AlreadyEnded {
                 run_id: run_id.to_owned(),
                 request_id: request_id.to_owned(),
@@ -482,6 +547,7 @@ impl PodGate {
             cards.install_bridge(&arm, scope);
         }
         if let Some(card) = cards.cards.get_mut(request_id) {
+            card.decided_by_id = decision_id.map(str::to_owned);
             card.end(decision);
         }
         PodAnswer::Applied {
@@ -662,7 +728,10 @@ fn authorization(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// `{runId, requestId, scope?}` from a decision body, or why it is not one.
-fn decision_body(body: &[u8]) -> Result<(String, String, Scope), String> {
+/// `(runId, requestId, scope, decisionId?)` of a decision request.
+type DecisionFields = (String, String, Scope, Option<String>);
+
+fn decision_body(body: &[u8]) -> Result<DecisionFields, String> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|_| "the body must be JSON {runId, requestId, scope?}".to_owned())?;
     let text = |k: &str| {
@@ -674,7 +743,12 @@ fn decision_body(body: &[u8]) -> Result<(String, String, Scope), String> {
             .ok_or_else(|| format!("{k} must be a non-empty string"))
     };
     let scope = Scope::parse(value.get("scope").and_then(Value::as_str));
-    Ok((text("runId")?, text("requestId")?, scope))
+    let decision_id = value
+        .get("decisionId")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty() && s.len() <= 128)
+        .map(str::to_owned);
+    Ok((text("runId")?, text("requestId")?, scope, decision_id))
 }
 
 async fn approve_route(State(gate): State<PodGate>, headers: HeaderMap, body: Bytes) -> Response {
@@ -682,7 +756,9 @@ async fn approve_route(State(gate): State<PodGate>, headers: HeaderMap, body: By
         return unauthorized();
     }
     match decision_body(&body) {
-        Ok((run_id, request_id, scope)) => answer(gate.approve(&run_id, &request_id, scope)),
+        Ok((run_id, request_id, scope, id)) => {
+            answer(gate.decide(&run_id, &request_id, Verb::Approve(scope), id.as_deref()))
+        }
         Err(why) => bad_request(&why),
     }
 }
@@ -692,7 +768,9 @@ async fn deny_route(State(gate): State<PodGate>, headers: HeaderMap, body: Bytes
         return unauthorized();
     }
     match decision_body(&body) {
-        Ok((run_id, request_id, _)) => answer(gate.deny(&run_id, &request_id)),
+        Ok((run_id, request_id, _, id)) => {
+            answer(gate.decide(&run_id, &request_id, Verb::Deny, id.as_deref()))
+        }
         Err(why) => bad_request(&why),
     }
 }
@@ -774,6 +852,46 @@ mod tests {
         assert_eq!(gate.card("r3").unwrap()["state"], "pending");
         gate.deny("run-1", "r3");
         assert_eq!(b.await, PodDecision::Denied);
+    }
+
+    #[tokio::test]
+    async fn the_same_decision_sent_again_is_applied_again_and_ids_stay_with_their_call() {
+        let gate = PodGate::new("c");
+        let pending = gate.arm(PodArm::new("r1", "run-1", "web_fetch"));
+        let first = gate.decide_once("run-1", "r1", Some(Scope::Tool), "d-1");
+        assert_eq!(first.body()["applied"], true);
+        // Its answer was lost: the same decision again is still the one that applied.
+        let again = gate.decide_once("run-1", "r1", Some(Scope::Tool), "d-1");
+        assert_eq!(again.body()["applied"], true);
+        assert_eq!(again.body()["scope"], "tool");
+        // Any other decision finds the card ended.
+        for other in [
+            gate.decide_once("run-1", "r1", Some(Scope::Tool), "d-2"),
+            gate.decide_once("run-1", "r1", None, "d-1"),
+            gate.approve("run-1", "r1", Scope::Tool),
+        ] {
+            assert_eq!(other.body()["applied"], false, "{other:?}");
+        }
+        assert_eq!(
+            pending.await,
+            PodDecision::Approved {
+                scope: Scope::Tool,
+                auto: false
+            }
+        );
+        // The id armed again for another run or tool inherits nothing.
+        let waiting = gate.arm(PodArm::new("r9", "run-1", "search"));
+        assert_eq!(
+            gate.arm(PodArm::new("r9", "run-2", "search")).decided(),
+            Some(PodDecision::Expired)
+        );
+        assert_eq!(
+            gate.arm(PodArm::new("r9", "run-1", "shell")).decided(),
+            Some(PodDecision::Expired)
+        );
+        assert_eq!(gate.card("r9").unwrap()["state"], "pending");
+        gate.deny("run-1", "r9");
+        assert_eq!(waiting.await, PodDecision::Denied);
     }
 
     #[tokio::test]
