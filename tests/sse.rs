@@ -420,3 +420,34 @@ async fn serve_ends_open_streams_on_sigterm() {
         .expect("serve exited after SIGTERM");
     assert!(status.success(), "{status:?}");
 }
+
+/// GIVEN an operator token that expires in 2 s and an hour-long window WHEN it follows a
+/// run THEN the stream ends cleanly (no `done`) when the token does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ends_when_its_token_does() {
+    let srv = server(
+        Backend::Memory,
+        SseConfig {
+            window: Duration::from_secs(3600),
+            ..SseConfig::default()
+        },
+    )
+    .await;
+    let (run_id, _) = srv.create_run(json!({})).await;
+    let short = srv
+        .auth
+        .mint_jwt("test-operator", tollgate_api::Role::Operator, 2, None);
+    let mut s = open(&srv, &format!("/api/runs/{run_id}/stream"), &short, None).await;
+    assert!(s.next().await.unwrap().retry.is_some());
+    assert_eq!(s.next().await.unwrap().id, Some(1));
+    let rest = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut rest = Vec::new();
+        while let Some(frame) = s.next().await {
+            rest.push(frame);
+        }
+        rest
+    })
+    .await
+    .expect("the stream ended with its token");
+    assert!(rest.iter().all(|f| f.comment), "{rest:?}");
+}

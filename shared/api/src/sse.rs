@@ -165,10 +165,20 @@ pub(crate) async fn open(
         )));
     }
     let config = deps.sse;
-    let window = match budget {
+    let mut window = match budget {
         Some(ResponseBudget(left)) => config.window.min(left),
         None => config.window,
     };
+    // A stream never outlives the token that opened it (the client resumes with a
+    // fresh one).
+    if let crate::auth::Caller::Jwt(claims) = &caller {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if claims.exp > 0 {
+            window = window.min(Duration::from_secs(claims.exp.saturating_sub(now)));
+        }
+    }
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     let store = deps.store.clone();
     let closing = deps.closing();
