@@ -7,7 +7,11 @@
 //! armed (timed), Approve hides it and the run's stream records who decided, an expiry
 //! removes a card nobody clicked, a reload reattaches, two sessions on one card stay in
 //! step, and the decision answers `404 unknown` / `503 agenthost_unreachable` hide the
-//! card / offer a retry. Each test is bounded (`BUDGET`).
+//! card / offer a retry. The security review's cases: agent text with markup and
+//! bidi / zero-width characters is shown as text with those characters marked and the
+//! URL's real host apart; a stream answer that is not `text/event-stream`, or whose line
+//! never ends, backs off; a listing that is not JSON keeps the cards. Each test is
+//! bounded (`BUDGET`).
 //!
 //! `TOLLGATE_SCREENSHOTS=1` also writes `docs/console-pending.png` and
 //! `docs/console-resolved.png`. Needs `chromium` and `chromedriver` on `PATH` (or
@@ -263,6 +267,12 @@ async fn wait_js(client: &Client, script: &str, within: Duration, what: &str) {
 
 /// Opens the console and pastes `token` (as an operator would); waits until it is in.
 async fn open_console(client: &Client, server: &TestServer, token: &str) {
+    load_console(client, server).await;
+    sign_in(client, server, token).await;
+}
+
+/// Opens the console (not signed in yet).
+async fn load_console(client: &Client, server: &TestServer) {
     client.goto(&server.url("/console")).await.unwrap();
     // The inline style passed the page's CSP (it is allowed by hash, nothing else is).
     let css = client
@@ -277,6 +287,10 @@ async fn open_console(client: &Client, server: &TestServer, token: &str) {
         json!("loaded"),
         "the inline style applies under the CSP"
     );
+}
+
+/// Pastes `token` into the loaded console; waits until it is in.
+async fn sign_in(client: &Client, server: &TestServer, token: &str) {
     let input = client.find(Locator::Id("token")).await.unwrap();
     input.send_keys(token).await.unwrap();
     client
@@ -840,6 +854,376 @@ async fn unreachable_offers_a_retry_and_unknown_hides_the_card() {
             )
             .await;
         assert_eq!(listed["approvals"][0]["request_id"], unknown.as_str());
+        client.close().await.unwrap();
+    })
+    .await;
+}
+
+// ---- Hostile text and broken answers --------------------------------------------------------
+
+/// Markup an agent might put in its text: shown as text, it runs nothing.
+const IMG: &str = "<img src=x onerror=window.__pwned=1>";
+
+/// What the page shows of a card's agent-written text.
+const SHOWN_JS: &str = r#"
+const card = [...document.querySelectorAll('li.card')].find(n => n.dataset.requestId === arguments[0]);
+if (!card) return null;
+const text = (sel) => { const n = card.querySelector(sel); return n ? n.textContent : null; };
+return {
+  tool: text('h3 .tool'),
+  host: text('dd.host'),
+  hostName: text('dd.host .url-host'),
+  url: text('code.url'),
+  whole: text('details.full-url code'),
+  intention: text('dd.intention'),
+  message: text('.message'),
+  outcome: text('.outcome'),
+  markers: [...card.querySelectorAll('.hidden-char')].map(n => n.textContent),
+  hostRow: card.querySelector('dl dt') && card.querySelector('dl dt').textContent,
+};
+"#;
+
+/// The page as a whole: nothing ran, no element came from agent text, and no hidden
+/// character is shown raw anywhere.
+const CLEAN_JS: &str = r#"
+const hidden = /[\u200B-\u200F\u202A-\u202E\u2060\u2066-\u2069\uFEFF]/u;
+return {
+  pwned: window.__pwned === undefined ? null : String(window.__pwned),
+  imgs: document.querySelectorAll('img').length,
+  raw_hidden: hidden.test(document.body.textContent),
+  announced: document.getElementById('announcer').textContent,
+};
+"#;
+
+/// Security review (1): an agent's tool name, URL, intention and message (and an
+/// operator name) holding markup and bidi / zero-width characters are shown as text, each
+/// hidden character as a visible `<U+…>` marker — on the card, in its outcome, in the
+/// announcements and in the audit view — nothing runs, and the URL's parsed host is shown
+/// apart: a URL that only starts like `docs.example.com` shows the host it reaches, a
+/// shortened long URL keeps its host, and a URL that does not parse says so. The decision
+/// still sends the tool name as the agent wrote it (the server refuses another).
+#[tokio::test]
+async fn agent_text_is_shown_as_text_with_hidden_characters_marked() {
+    bounded(async {
+        let server = server(&["web_fetch"]).await;
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        let (run, token) = server.create_run(json!({"owner": "alice"})).await;
+        let padding = "a".repeat(200);
+        let long_url = format!("https://docs.example.com{padding}\u{202E}{IMG}@evil.example/guide");
+        let tool = format!("web_fetch{IMG}\u{202E}exe");
+        let spoof = arm(
+            &server,
+            &run,
+            &token,
+            json!({
+                "tool_name": tool,
+                "url": long_url,
+                "intention": format!("Read the guide \u{202E}{IMG} then \u{200B}stop"),
+                "message": format!("{IMG}\u{2066}msg\u{FEFF}"),
+            }),
+        )
+        .await;
+        let short_url = format!("https://evil.example/\u{202E}moc.elpmaxe.scod{IMG}");
+        let short = arm(&server, &run, &token, json!({ "url": short_url })).await;
+        let broken_url = format!("docs.example.com/{IMG}");
+        let broken = arm(&server, &run, &token, json!({ "url": broken_url })).await;
+        let sub = format!("alice\u{202E}{IMG}");
+        open_console(&client, &server, &operator(&server, &sub)).await;
+        for id in [&spoof, &short, &broken] {
+            wait_card(&client, id, Duration::from_secs(3), "shown", pending).await;
+        }
+        let marked = |s: &str| s.replace('\u{202E}', "<U+202E>");
+        let shown = |id: &str| {
+            let client = client.clone();
+            let id = id.to_owned();
+            async move { client.execute(SHOWN_JS, vec![json!(id)]).await.unwrap() }
+        };
+
+        let c = shown(&spoof).await;
+        assert_eq!(c["tool"], marked(&tool), "{c}");
+        assert_eq!(
+            c["intention"],
+            format!("Read the guide <U+202E>{IMG} then <U+200B>stop"),
+            "{c}"
+        );
+        assert_eq!(c["message"], format!("{IMG}<U+2066>msg<U+FEFF>"), "{c}");
+        // The host the URL reaches, first on the card, with a word on the user info.
+        assert_eq!(c["hostRow"], "Host", "{c}");
+        assert_eq!(c["hostName"], "evil.example", "{c}");
+        assert!(c["host"].as_str().unwrap().contains("user info"), "{c}");
+        // Shortened, yet with its host; the whole URL (marked) one click away.
+        let url = c["url"].as_str().unwrap();
+        assert!(url.starts_with("https://docs.example.com"), "{c}");
+        assert!(url.contains("@evil.example/guide"), "{c}");
+        assert!(url.contains('…') && url.chars().count() < 160, "{c}");
+        assert_eq!(c["whole"], marked(&long_url), "{c}");
+        assert!(c["markers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m == "<U+202E>"));
+
+        let c = shown(&short).await;
+        assert_eq!(c["hostName"], "evil.example", "{c}");
+        assert_eq!(c["url"], marked(&short_url), "{c}");
+        assert_eq!(c["whole"], Value::Null, "not shortened: {c}");
+
+        let c = shown(&broken).await;
+        assert_eq!(c["hostName"], Value::Null, "{c}");
+        assert!(
+            c["host"].as_str().unwrap().contains("does not parse"),
+            "{c}"
+        );
+        assert_eq!(c["url"], broken_url, "{c}");
+
+        let me = client
+            .execute("return document.getElementById('me').textContent", vec![])
+            .await
+            .unwrap();
+        assert_eq!(me, marked(&sub));
+
+        // Deny the spoofing card: the decision names the tool exactly as armed (else the
+        // server would refuse it), the outcome names the operator marked.
+        click(&client, &spoof, "deny").await;
+        wait_card(&client, &spoof, Duration::from_secs(2), "denied", |c| {
+            c["state"] == "denied"
+        })
+        .await;
+        let c = shown(&spoof).await;
+        assert_eq!(c["outcome"], format!("Denied by {}", marked(&sub)), "{c}");
+        let resolved = resolution(&server, &run, &spoof).await.expect("resolved");
+        assert_eq!(resolved["approved"], false, "{resolved}");
+        assert_eq!(resolved["decidedBy"], sub.as_str(), "{resolved}");
+
+        // The audit view shows the same text marked.
+        let input = client.find(Locator::Id("audit-run")).await.unwrap();
+        input.send_keys(&run).await.unwrap();
+        client
+            .find(Locator::Css("#audit-form button[type=submit]"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        wait_js(
+            &client,
+            "return [...document.querySelectorAll('#audit-events tr')]\
+             .some(r => r.cells[1].textContent === 'tool.approval_resolved')",
+            Duration::from_secs(3),
+            "the decision in the audit view",
+        )
+        .await;
+        let details = client
+            .execute(
+                "return [...document.querySelectorAll('#audit-events tr')]\
+                 .map(r => r.cells[3].textContent).join('\\n')",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let details = details.as_str().unwrap();
+        assert!(
+            details.contains(&format!("web_fetch{IMG}<U+202E>exe")),
+            "{details}"
+        );
+        assert!(
+            details.contains(&format!("alice<U+202E>{IMG}")),
+            "{details}"
+        );
+
+        let page = client.execute(CLEAN_JS, vec![]).await.unwrap();
+        assert_eq!(page["pwned"], Value::Null, "{page}");
+        assert_eq!(page["imgs"], 0, "{page}");
+        assert_eq!(page["raw_hidden"], false, "{page}");
+        let announced = page["announced"].as_str().unwrap();
+        assert!(announced.contains("<U+202E>"), "{page}");
+        client.close().await.unwrap();
+    })
+    .await;
+}
+
+/// Wraps the page's `fetch`: while `window.__fake` is set, the run streams it asks for
+/// (`Accept: text/event-stream`) get a made-up answer — `html`: a proxy's `200` HTML
+/// page; `huge`: an event stream whose first line never ends (256 KiB a read, up to
+/// 8 MiB, then it stalls) — and JSON `GET`s get the HTML page when it is `html-json`.
+/// Each faked stream's time is in `window.__streams`, its cancellations in
+/// `window.__cancelled`.
+const FAKE_FETCH_JS: &str = r#"
+window.__streams = [];
+window.__cancelled = 0;
+window.__fake = arguments[0];
+const real = window.fetch;
+const html = () => new Response('<!doctype html><title>Sign in</title><p>Proxy</p>',
+  {status: 200, headers: {'content-type': 'text/html; charset=utf-8'}});
+window.fetch = (input, init) => {
+  const accept = init && init.headers && init.headers.Accept;
+  const get = !init || !init.method || init.method === 'GET';
+  if (window.__fake === 'html-json' && accept === 'application/json' && get) {
+    return Promise.resolve(html());
+  }
+  if (window.__fake && window.__fake !== 'html-json' && accept === 'text/event-stream') {
+    window.__streams.push(performance.now());
+    if (window.__fake === 'html') return Promise.resolve(html());
+    const enc = new TextEncoder();
+    const chunk = enc.encode('x'.repeat(256 * 1024));
+    let sent = 0;
+    const body = new ReadableStream({
+      start(c) { c.enqueue(enc.encode('data: ')); },
+      pull(c) {
+        if (sent++ < 32) c.enqueue(chunk);
+        else return new Promise(() => {});
+      },
+      cancel() { window.__cancelled++; },
+    });
+    return Promise.resolve(new Response(body,
+      {status: 200, headers: {'content-type': 'text/event-stream'}}));
+  }
+  return real(input, init);
+};
+return true;
+"#;
+
+/// The times (ms) of the faked stream requests so far.
+async fn faked_streams(client: &Client) -> Vec<f64> {
+    let v = client
+        .execute("return window.__streams", vec![])
+        .await
+        .unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_f64().unwrap())
+        .collect()
+}
+
+/// Waits for three faked stream requests; asserts they came after a growing backoff
+/// (1 s, then 2 s), not once a second.
+async fn assert_backs_off(client: &Client, what: &str) {
+    let started = Instant::now();
+    let times = loop {
+        let times = faked_streams(client).await;
+        if times.len() >= 3 {
+            break times;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "{what}: three stream requests expected, got {times:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let gaps: Vec<f64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    println!("{what}: stream requests {gaps:?} ms apart");
+    assert!(gaps[0] >= 900.0, "{what}: {gaps:?}");
+    assert!(gaps[1] >= 1800.0, "{what}: the backoff grows: {gaps:?}");
+}
+
+/// Security review (2): a `200` answer to the stream request that is not
+/// `text/event-stream` (a proxy's HTML page) is a failure: the console retries after a
+/// growing backoff instead of once a second, the card is not shown live meanwhile, and
+/// once the real stream answers again the card is live.
+#[tokio::test]
+async fn a_stream_answer_that_is_not_an_event_stream_backs_off() {
+    bounded(async {
+        let server = server(&["web_fetch"]).await;
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        let (run, token) = server.create_run(json!({"owner": "alice"})).await;
+        let id = arm(&server, &run, &token, json!({})).await;
+        load_console(&client, &server).await;
+        client
+            .execute(FAKE_FETCH_JS, vec![json!("html")])
+            .await
+            .unwrap();
+        sign_in(&client, &server, &operator(&server, "alice")).await;
+        wait_card(&client, &id, Duration::from_secs(3), "shown", pending).await;
+        assert_backs_off(&client, "HTML answers").await;
+        let c = card(&client, &id).await;
+        assert!(pending(&c) && c["live"] == false, "{c}");
+
+        client
+            .execute("window.__fake = null; return true", vec![])
+            .await
+            .unwrap();
+        wait_card(&client, &id, Duration::from_secs(6), "live", |c| {
+            c["live"] == true
+        })
+        .await;
+        client.close().await.unwrap();
+    })
+    .await;
+}
+
+/// Security review (3): an event stream whose line never ends is dropped once the line
+/// passes 1 MiB (the response is cancelled, not buffered without end) and resumed after
+/// a growing backoff.
+#[tokio::test]
+async fn an_oversized_stream_line_is_a_broken_stream() {
+    bounded(async {
+        let server = server(&["web_fetch"]).await;
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        let (run, token) = server.create_run(json!({"owner": "alice"})).await;
+        let id = arm(&server, &run, &token, json!({})).await;
+        load_console(&client, &server).await;
+        client
+            .execute(FAKE_FETCH_JS, vec![json!("huge")])
+            .await
+            .unwrap();
+        sign_in(&client, &server, &operator(&server, "alice")).await;
+        wait_card(&client, &id, Duration::from_secs(3), "shown", pending).await;
+        assert_backs_off(&client, "endless lines").await;
+        let cancelled = client
+            .execute("return window.__cancelled", vec![])
+            .await
+            .unwrap();
+        assert!(cancelled.as_u64().unwrap() >= 2, "cancelled {cancelled}");
+        assert!(pending(&card(&client, &id).await));
+        client.close().await.unwrap();
+    })
+    .await;
+}
+
+/// A `200` HTML page where the console expects JSON (the open-cards listing, a run's
+/// events) is no answer: the open card stays (it is not taken for ended), the header
+/// says Tollgate is not answering, and the next real answer clears it.
+#[tokio::test]
+async fn a_listing_that_is_not_json_keeps_the_cards() {
+    bounded(async {
+        let server = server(&["web_fetch"]).await;
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        let (run, token) = server.create_run(json!({"owner": "alice"})).await;
+        let id = arm(&server, &run, &token, json!({})).await;
+        open_console(&client, &server, &operator(&server, "alice")).await;
+        wait_card(&client, &id, Duration::from_secs(3), "shown", pending).await;
+
+        client
+            .execute(FAKE_FETCH_JS, vec![json!("html-json")])
+            .await
+            .unwrap();
+        wait_js(
+            &client,
+            "return document.getElementById('connection').dataset.level === 'warn'",
+            POLL * 2,
+            "a warning in the header",
+        )
+        .await;
+        tokio::time::sleep(POLL * 2).await;
+        assert!(pending(&card(&client, &id).await), "the card stays");
+
+        client
+            .execute("window.__fake = null; return true", vec![])
+            .await
+            .unwrap();
+        wait_js(
+            &client,
+            "return document.getElementById('connection').dataset.level === undefined",
+            POLL * 2,
+            "the warning cleared",
+        )
+        .await;
+        assert!(pending(&card(&client, &id).await));
         client.close().await.unwrap();
     })
     .await;

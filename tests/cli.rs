@@ -383,6 +383,7 @@ async fn watch_follows_live_and_resumes_after_each_window() {
 #[derive(Default)]
 struct Fake {
     last_event_ids: Mutex<Vec<Option<String>>>,
+    accepts: Mutex<Vec<Option<String>>>,
 }
 
 fn frame(seq: u64, ty: &str) -> String {
@@ -397,13 +398,11 @@ async fn fake_stream(
     axum::extract::State(fake): axum::extract::State<Arc<Fake>>,
     headers: HeaderMap,
 ) -> Response {
+    let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+    fake.accepts.lock().unwrap().push(header("accept"));
     let n = {
         let mut seen = fake.last_event_ids.lock().unwrap();
-        seen.push(
-            headers
-                .get("last-event-id")
-                .map(|v| v.to_str().unwrap().to_owned()),
-        );
+        seen.push(header("last-event-id"));
         seen.len()
     };
     let sse = [("content-type", "text/event-stream")];
@@ -452,14 +451,20 @@ async fn fake_unreachable() -> Response {
         .into_response()
 }
 
+/// The live stream only at `/events` (the path the HTTP API routes too).
 async fn fake_server(fake: Arc<Fake>) -> String {
     let app = axum::Router::new()
-        .route("/api/runs/{id}/stream", axum::routing::get(fake_stream))
+        .route("/api/runs/{id}/events", axum::routing::get(fake_stream))
         .route(
             "/api/runs/{id}/tool-approvals",
             axum::routing::post(fake_unreachable),
         )
         .with_state(fake);
+    serve(app).await
+}
+
+/// Serves `app` on a loopback port: its base URL.
+async fn serve(app: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -489,6 +494,11 @@ async fn watch_resumes_after_a_dropped_connection_and_errors() {
     assert_eq!(
         *fake.last_event_ids.lock().unwrap(),
         [Some("0".into()), Some("1".into()), Some("1".into())]
+    );
+    // `GET /api/runs/RUN/events` asking for the event stream (the fake routes no other).
+    assert_eq!(
+        *fake.accepts.lock().unwrap(),
+        vec![Some("text/event-stream".to_owned()); 3]
     );
     let reconnects: Vec<&str> = out.stderr.lines().collect();
     assert_eq!(reconnects.len(), 2, "{}", out.stderr);
@@ -815,4 +825,433 @@ async fn decision_failures() {
         "{out:?}"
     );
     out.keeps_secret(op);
+}
+
+/// Cancels a run (its terminal event), asserting 200.
+async fn cancel(srv: &TestServer, run_id: &str, token: &str) {
+    let (status, v) = srv
+        .post(&format!("/api/runs/{run_id}/cancel"), token, &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "cancel: {v}");
+}
+
+/// GIVEN cards whose URL starts like a trusted site but goes elsewhere (user info, a
+/// long path) WHEN `tollgate approvals` and `tollgate watch` show them THEN the parsed
+/// host and the URL's end are shown, the middle shortened.
+#[tokio::test(flavor = "multi_thread")]
+async fn urls_show_their_real_host_and_their_end() {
+    let srv = server(SseConfig::default()).await;
+    let (run_id, token) = srv.create_run(json!({})).await;
+    let pad = "a".repeat(300);
+    let spoof = format!("https://docs.example.com.{pad}@evil.example/payload.sh");
+    let long = format!("https://docs.example.com/{pad}/evil.example/payload.sh");
+    for (rid, url) in [("card-spoof", &spoof), ("card-long", &long)] {
+        arm(
+            &srv,
+            &run_id,
+            &token,
+            json!({"request_id": rid, "tool_name": "web_fetch", "url": url}),
+        )
+        .await;
+    }
+
+    let out = run(tollgate(&srv.base, &srv.operator_token, &["approvals"])).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let row = |rid: &str| -> String {
+        out.lines()
+            .into_iter()
+            .find(|l| l.ends_with(rid))
+            .unwrap_or_else(|| panic!("no row for {rid}: {}", out.stdout))
+            .to_owned()
+    };
+    let spoof_row = row("card-spoof");
+    assert!(
+        spoof_row.contains(" https://…@evil.example/payload.sh "),
+        "{spoof_row}"
+    );
+    assert!(!spoof_row.contains("docs.example.com"), "{spoof_row}");
+    let long_row = row("card-long");
+    let cell = long_row
+        .split("  ")
+        .map(str::trim)
+        .find(|c| c.starts_with("https://"))
+        .unwrap();
+    assert!(cell.starts_with("https://docs.example.com/aaa"), "{cell}");
+    assert!(cell.contains('…'), "{cell}");
+    assert!(cell.ends_with("example/payload.sh"), "{cell}");
+    assert_eq!(cell.chars().count(), 60, "{cell}");
+
+    cancel(&srv, &run_id, &token).await;
+    let out = run(tollgate(
+        &srv.base,
+        &srv.operator_token,
+        &["watch", &run_id],
+    ))
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let required: Vec<&str> = out
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("tool.approval_required"))
+        .collect();
+    assert_eq!(required.len(), 2, "{}", out.stdout);
+    assert!(
+        required[0].ends_with("web_fetch https://…@evil.example/payload.sh (request card-spo…)"),
+        "{}",
+        required[0]
+    );
+    assert!(
+        required[1].contains("web_fetch https://docs.example.com/aaa")
+            && required[1].ends_with("/evil.example/payload.sh (request card-lon…)"),
+        "{}",
+        required[1]
+    );
+}
+
+/// What may not reach a terminal from an agent's text: C0/C1 controls, DEL, bidi
+/// overrides and isolates, zero-width characters.
+const HOSTILE: &str = "pay \u{202E}gpj.exe\u{202C} \u{2066}x\u{2069} zero\u{200B}width\u{FEFF} \
+                       \u{1b}[2J\u{7f} \u{9b}31m \u{1b}]0;title\u{7}";
+
+/// No control character but the line end, and nothing invisible.
+fn terminal_safe(text: &str) -> bool {
+    !text.chars().any(|c| {
+        (c.is_control() && c != '\n')
+            || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
+    })
+}
+
+/// GIVEN events whose text carries terminal controls and invisible characters WHEN
+/// `tollgate watch` prints them THEN C0 and DEL read as spaces and C1, bidi and
+/// zero-width characters as `<U+XXXX>`; with `--json` each is a `\uXXXX` escape: the
+/// same JSON, nothing a terminal obeys.
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_never_prints_controls_or_invisible_characters() {
+    let srv = server(SseConfig::default()).await;
+    let (run_id, token) = srv.create_run(json!({})).await;
+    srv.append(
+        &run_id,
+        &token,
+        json!([{"type": "agent.message", "text": HOSTILE},
+               {"type": "tool.call", "tool": HOSTILE, "note": "a\u{85}b\u{2067}c"}]),
+    )
+    .await;
+    cancel(&srv, &run_id, &token).await;
+    let events = srv.replay_all(&run_id, &token, 100).await;
+
+    let out = run(tollgate(
+        &srv.base,
+        &srv.operator_token,
+        &["watch", &run_id],
+    ))
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(terminal_safe(&out.stdout), "{:?}", out.stdout);
+    let lines = out.lines();
+    assert!(
+        lines[1].ends_with(
+            r#"agent.message "pay <U+202E>gpj.exe<U+202C> <U+2066>x<U+2069> zero<U+200B>width<U+FEFF>  [2J  <U+009B>31m  ]0;title ""#
+        ),
+        "{}",
+        lines[1]
+    );
+    assert!(lines[2].contains("<U+202E>"), "{}", lines[2]);
+    assert!(
+        lines[2].ends_with(r#"note="a<U+0085>b<U+2067>c""#),
+        "{}",
+        lines[2]
+    );
+
+    let out = run(tollgate(
+        &srv.base,
+        &srv.operator_token,
+        &["watch", &run_id, "--json"],
+    ))
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(terminal_safe(&out.stdout), "{:?}", out.stdout);
+    assert!(out.stdout.contains(r"\u202e") && out.stdout.contains(r"\u009b"));
+    let printed: Vec<Value> = out
+        .lines()
+        .iter()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    assert_eq!(printed, events);
+}
+
+/// Each request a server sees: when, and its `Last-Event-ID`.
+#[derive(Default)]
+struct Hits(Mutex<Vec<(Instant, Option<String>)>>);
+
+impl Hits {
+    /// Records one; its number (1, 2, …).
+    fn record(&self, headers: &HeaderMap) -> usize {
+        let mut hits = self.0.lock().unwrap();
+        hits.push((
+            Instant::now(),
+            headers
+                .get("last-event-id")
+                .map(|v| v.to_str().unwrap().to_owned()),
+        ));
+        hits.len()
+    }
+
+    fn last_event_ids(&self) -> Vec<Option<String>> {
+        self.0.lock().unwrap().iter().map(|h| h.1.clone()).collect()
+    }
+}
+
+/// A server whose `GET /api/runs/{id}/events` answers the n-th request (1, 2, …) with
+/// `answer(n)`.
+async fn scripted<F, Fut>(hits: Arc<Hits>, answer: F) -> String
+where
+    F: Fn(usize) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response> + Send + 'static,
+{
+    let app = axum::Router::new().route(
+        "/api/runs/{id}/events",
+        axum::routing::get(move |headers: HeaderMap| {
+            let n = hits.record(&headers);
+            answer(n)
+        }),
+    );
+    serve(app).await
+}
+
+/// An event stream of `text`, all at once.
+fn sse_answer(text: String) -> Response {
+    ([("content-type", "text/event-stream")], text).into_response()
+}
+
+/// Events 1..=n of run-x, then `done`.
+fn sse_to_done(from: u64, to: u64) -> Response {
+    let frames: String = (from..=to).map(|s| frame(s, "agent.message")).collect();
+    sse_answer(format!(
+        "retry: 50\n\n{frames}event: done\ndata: {}\n\n",
+        json!({"run_id": "run-x", "terminal_sequence": to})
+    ))
+}
+
+/// GIVEN a server that accepts the connection and never answers, then one that sends a
+/// 503's headers and never its body WHEN watching (answer timeout shortened to 300 ms)
+/// THEN each is a transient error: the command says so, reconnects, and ends at `done`.
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_gives_up_on_a_server_that_does_not_answer() {
+    let hits = Arc::new(Hits::default());
+    let base = scripted(hits.clone(), |n| async move {
+        match n {
+            1 => {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                unreachable!()
+            }
+            2 => (
+                AxumStatus::SERVICE_UNAVAILABLE,
+                [("content-type", "application/json")],
+                Body::from_stream(futures::stream::pending::<Result<Bytes, std::io::Error>>()),
+            )
+                .into_response(),
+            _ => sse_to_done(1, 2),
+        }
+    })
+    .await;
+    let mut cmd = tollgate(&base, "fake-token-0123456789", &["watch", "run-x"]);
+    cmd.env("TOLLGATE_WATCH_ANSWER_TIMEOUT_MS", "300");
+    let out = run(cmd).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let seqs: Vec<&str> = out
+        .lines()
+        .iter()
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(seqs, ["#1", "#2", "done:"], "{out:?}");
+    let reconnects: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(reconnects.len(), 2, "{}", out.stderr);
+    for line in reconnects {
+        assert!(
+            line.contains("no answer from the server within 0.3s")
+                && line.contains("reconnecting after #0"),
+            "{}",
+            out.stderr
+        );
+    }
+    assert_eq!(hits.last_event_ids().len(), 3);
+    out.keeps_secret("fake-token-0123456789");
+
+    // A bad value is refused rather than ignored.
+    let mut cmd = tollgate(&base, "fake-token-0123456789", &["watch", "run-x"]);
+    cmd.env("TOLLGATE_WATCH_ANSWER_TIMEOUT_MS", "soon");
+    let out = run(cmd).await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(
+        out.stderr.contains("TOLLGATE_WATCH_ANSWER_TIMEOUT_MS"),
+        "{out:?}"
+    );
+}
+
+/// GIVEN a server that ends every response at once with nothing in it, asking for
+/// `retry: 0` WHEN watching THEN the command waits at least 100 ms, then ever longer
+/// (each such window counts as a failure), silently, and still ends at `done`.
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_backs_off_from_windows_that_end_at_once() {
+    const EMPTY: usize = 5;
+    let hits = Arc::new(Hits::default());
+    let base = scripted(hits.clone(), |n| async move {
+        if n <= EMPTY {
+            sse_answer("retry: 0\n\n".to_owned())
+        } else {
+            sse_to_done(1, 1)
+        }
+    })
+    .await;
+    let out = run(tollgate(
+        &base,
+        "fake-token-0123456789",
+        &["watch", "run-x"],
+    ))
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(out.stderr, "", "empty windows are silent");
+    assert_eq!(
+        out.lines(),
+        [
+            "#1 2026-11-30T12:00:00.000Z agent.message",
+            "done: the run ended at #1"
+        ]
+    );
+    let at: Vec<Instant> = hits.0.lock().unwrap().iter().map(|h| h.0).collect();
+    assert_eq!(at.len(), EMPTY + 1);
+    let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    // 100 ms (the hint's floor), then doubling: 200, 400, 800, 1600 ms (lower bounds:
+    // a loaded machine only makes them longer).
+    for (i, gap) in gaps.iter().enumerate() {
+        let floor = Duration::from_millis(95 << i);
+        assert!(*gap >= floor, "wait {i} is {gap:?} < {floor:?}: {gaps:?}");
+    }
+}
+
+/// GIVEN a response that sends a line over 1 MiB (and then nothing) WHEN watching THEN
+/// the command drops it as a broken connection and resumes after the last event it
+/// printed.
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_drops_a_response_with_an_endless_line() {
+    let hits = Arc::new(Hits::default());
+    let base = scripted(hits.clone(), |n| async move {
+        if n == 1 {
+            let head = format!("retry: 50\n\n{}data: ", frame(1, "run_started"));
+            let parts: Vec<Result<Bytes, std::io::Error>> = vec![
+                Ok(Bytes::from(head)),
+                Ok(Bytes::from(vec![b'a'; 1_100_000])),
+            ];
+            let body =
+                futures::StreamExt::chain(futures::stream::iter(parts), futures::stream::pending());
+            (
+                [("content-type", "text/event-stream")],
+                Body::from_stream(body),
+            )
+                .into_response()
+        } else {
+            sse_to_done(2, 2)
+        }
+    })
+    .await;
+    let out = run(tollgate(
+        &base,
+        "fake-token-0123456789",
+        &["watch", "run-x"],
+    ))
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let seqs: Vec<&str> = out
+        .lines()
+        .iter()
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(seqs, ["#1", "#2", "done:"], "{out:?}");
+    let reconnects: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(reconnects.len(), 1, "{}", out.stderr);
+    assert!(
+        reconnects[0].contains("a line over 1 MiB")
+            && reconnects[0].contains("reconnecting after #1"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        hits.last_event_ids(),
+        [Some("0".to_owned()), Some("1".to_owned())]
+    );
+}
+
+/// A raw HTTP server: reads each request up to its JSON body, then `respond(n, socket)`
+/// (n = 1, 2, …) and closes the connection.
+async fn raw_server<F, Fut>(respond: F) -> String
+where
+    F: Fn(usize, tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut n = 0;
+        while let Ok((mut socket, _)) = listener.accept().await {
+            n += 1;
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Until the body's end (the decision is in), or the client gives up.
+            while !seen.ends_with(b"}") {
+                match tokio::time::timeout(Duration::from_secs(5), socket.read(&mut buf)).await {
+                    Ok(Ok(k)) if k > 0 => seen.extend_from_slice(&buf[..k]),
+                    _ => break,
+                }
+            }
+            tokio::spawn(respond(n, socket));
+        }
+    });
+    base
+}
+
+/// GIVEN a decision that reaches the server but whose answer is lost (the connection
+/// closed before an answer; an answer that breaks off) WHEN approving or denying THEN
+/// exit 2, saying the decision may have been recorded and that running the command
+/// again is safe; a server that cannot be reached is still `cannot reach the server`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_answer_says_running_again_is_safe() {
+    use tokio::io::AsyncWriteExt;
+    let base = raw_server(|n, mut socket| async move {
+        if n % 2 == 0 {
+            let _ = socket
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                      content-length: 200\r\n\r\n{\"state\": \"appr",
+                )
+                .await;
+            let _ = socket.flush().await;
+        }
+        // n odd: closed without a word.
+    })
+    .await;
+    for verb in ["approve", "deny"] {
+        // The server closes the 1st, 3rd … connection unanswered, breaks off the others.
+        for first in [
+            "tollgate: no answer from the server (",
+            "tollgate: the answer could not be read (",
+        ] {
+            let out = run(tollgate(
+                &base,
+                "fake-token-0123456789",
+                &[verb, "run-x", "req"],
+            ))
+            .await;
+            assert_eq!((out.code, out.stdout.as_str()), (2, ""), "{out:?}");
+            assert!(out.stderr.starts_with(first), "{out:?}");
+            assert!(
+                out.stderr.contains("the decision may have been recorded")
+                    && out
+                        .stderr
+                        .contains("running the same command again is safe"),
+                "{out:?}"
+            );
+            out.keeps_secret("fake-token-0123456789");
+        }
+    }
 }

@@ -451,3 +451,44 @@ async fn a_stream_ends_when_its_token_does() {
     .expect("the stream ended with its token");
     assert!(rest.iter().all(|f| f.comment), "{rest:?}");
 }
+
+/// GIVEN a server that holds at most 2 live streams WHEN a third opens THEN 503 with
+/// `Retry-After` (JSON, before any stream byte); once one closes, a new one opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_streams_are_bounded() {
+    let deps = TestServer::deps(store_for(Backend::Memory).await, GateConfig::default())
+        .with_stream_limit(2);
+    let srv = TestServer::with_deps(deps).await;
+    let (run_id, token) = srv.create_run(json!({})).await;
+    let path = format!("/api/runs/{run_id}/stream");
+    let a = open(&srv, &path, &token, None).await;
+    let _b = open(&srv, &path, &token, None).await;
+    let resp = srv
+        .http
+        .get(srv.url(&path))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(resp.headers().contains_key("retry-after"));
+    let body: Value = resp.json().await.unwrap();
+    assert!(body["error"].as_str().unwrap().contains("live streams"));
+    drop(a);
+    // The server notices the closed connection and frees its place.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let resp = srv
+            .http
+            .get(srv.url(&path))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap();
+        if resp.status() == StatusCode::OK {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a place was freed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -6,7 +6,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::remote::{describe, ApiRefusal, Failure, Remote};
-use crate::render::{clean, truncate};
+use crate::render::{clean, truncate, url};
 
 /// Widest URL / intention cell.
 const TARGET_MAX: usize = 60;
@@ -63,10 +63,19 @@ fn table(cards: &[Value], has_more: bool, now: DateTime<Utc>) -> String {
             "REQUEST".to_owned(),
         ]];
         for card in cards {
-            let target = cell(card, "url")
-                .or_else(|| cell(card, "intention"))
-                .or_else(|| cell(card, "message"))
-                .map_or_else(|| "-".to_owned(), |t| truncate(&t, TARGET_MAX));
+            // The URL parsed, its host and end always shown (never cut at the end);
+            // free text shortened.
+            let target = card
+                .get("url")
+                .and_then(Value::as_str)
+                .filter(|u| !u.trim().is_empty())
+                .map(|u| url(u, TARGET_MAX))
+                .or_else(|| {
+                    cell(card, "intention")
+                        .or_else(|| cell(card, "message"))
+                        .map(|t| truncate(&t, TARGET_MAX))
+                })
+                .unwrap_or_else(|| "-".to_owned());
             let expires = cell(card, "expires_at")
                 .and_then(|e| DateTime::parse_from_rfc3339(&e).ok())
                 .map_or_else(
@@ -140,6 +149,10 @@ impl Verb {
     }
 }
 
+/// What a decision whose answer was lost may have done, and what to do about it.
+const MAY_HAVE_LANDED: &str = "the decision may have been recorded: running the same \
+     command again is safe (the server answers with the card's real state)";
+
 /// `POST /api/runs/RUN/tool-approvals` or `/tool-denials`. Prints the answer; `Ok(0)`
 /// when the card ended as this click asked, `Ok(1)` when it had already ended otherwise.
 pub async fn decide(
@@ -166,7 +179,18 @@ pub async fn decide(
         .json(&body)
         .send()
         .await
-        .map_err(|e| Failure::unavailable(format!("cannot reach the server: {}", describe(e))))?;
+        .map_err(|e| {
+            if e.is_connect() {
+                // No connection: the decision was never sent.
+                Failure::unavailable(format!("cannot reach the server: {}", describe(e)))
+            } else {
+                // Sent, perhaps received and recorded, then no answer.
+                Failure::unavailable(format!(
+                    "no answer from the server ({}); {MAY_HAVE_LANDED}",
+                    describe(e)
+                ))
+            }
+        })?;
     if resp.status() != StatusCode::OK {
         let refusal = ApiRefusal::read(resp).await;
         return Err(match refusal.status {
@@ -175,10 +199,12 @@ pub async fn decide(
             _ => refusal.common().unwrap_or_else(|| refusal.unexpected()),
         });
     }
-    let answer: Value = resp
-        .json()
-        .await
-        .map_err(|e| Failure::unavailable(format!("the answer is not JSON: {}", describe(e))))?;
+    let answer: Value = resp.json().await.map_err(|e| {
+        Failure::unavailable(format!(
+            "the answer could not be read ({}); {MAY_HAVE_LANDED}",
+            describe(e)
+        ))
+    })?;
     let (line, as_asked) = answer_line(&answer, verb, scope);
     println!("{line}");
     Ok(if as_asked { 0 } else { 1 })
@@ -301,5 +327,14 @@ mod tests {
              (more cards are pending than shown: deciding these makes room)\n"
         );
         assert_eq!(table(&[], false, now), "no pending approvals\n");
+        // A host as wide as the cell: the URL's end is still shown.
+        let host = format!("{}.evil.example", "b".repeat(47));
+        let card = json!({"run_id": "r", "display_id": "d", "request_id": "q",
+                          "tool_name": "t", "url": format!("https://{host}/{}/run.sh", "a".repeat(90))});
+        let row = table(&[card], false, now);
+        assert!(
+            row.contains(&format!("https://{host}/aaaaaa…a/run.sh ")),
+            "{row}"
+        );
     }
 }

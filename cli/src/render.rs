@@ -19,11 +19,49 @@ const VALUE_MAX: usize = 80;
 /// Longest free text (an agent's message, an intention).
 const TEXT_MAX: usize = 120;
 
-/// `s` with every control character (C0, DEL, C1) replaced by a space.
+/// `s` safe to print: a C0 control character or DEL becomes a space (a newline in an
+/// agent's message reads as one); a C1 control character (U+0080–U+009F, which some
+/// terminals obey like ESC sequences) and an invisible character that can hide or
+/// reorder text ([`invisible`]: bidi overrides and isolates, zero-width characters)
+/// become a visible marker such as `<U+202E>`.
 pub fn clean(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_ascii_control() {
+            out.push(' ');
+        } else if c.is_control() || invisible(c) {
+            out.push_str(&marker(c));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `<U+202E>`.
+fn marker(c: char) -> String {
+    format!("<U+{:04X}>", u32::from(c))
+}
+
+/// A character that prints as nothing yet changes what the text around it shows: the
+/// bidi marks, embeddings, overrides and isolates (U+061C, U+200E–U+200F,
+/// U+202A–U+202E, U+2066–U+2069), the zero-width characters (U+200B–U+200D, U+2060,
+/// U+FEFF), the line and paragraph separators, the soft hyphen, the invisible operators
+/// and deprecated format characters (U+2061–U+206F), the interlinear annotation
+/// characters and the tag characters (U+E0000–U+E007F, which can carry hidden text).
+pub fn invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{061C}'
+            | '\u{180E}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}'
+            | '\u{FEFF}'
+            | '\u{FFF9}'..='\u{FFFB}'
+            | '\u{E0000}'..='\u{E007F}'
+    )
 }
 
 /// `s` cut to `max` characters, `…` marking the cut.
@@ -33,6 +71,110 @@ pub fn truncate(s: &str, max: usize) -> String {
     }
     let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
     out.push('…');
+    out
+}
+
+/// `s` cut to `max` characters in the middle, `…` marking the cut: the start and the
+/// end stay.
+pub fn truncate_middle(s: &str, max: usize) -> String {
+    let count = s.chars().count();
+    if count <= max {
+        return s.to_owned();
+    }
+    if max == 0 {
+        return String::new();
+    }
+    let front = (max - 1) / 2;
+    let back = max - 1 - front;
+    let mut out: String = s.chars().take(front).collect();
+    out.push('…');
+    out.extend(s.chars().skip(count - back));
+    out
+}
+
+/// Room always left for a URL's path, query and fragment (their end).
+const URL_REST_MIN: usize = 16;
+
+/// A URL as the operator should read it, in about `max` characters: parsed, then
+/// `scheme://host[:port]` in full (any user info, the classic way to make a URL start
+/// with a trusted name, shows as `…@`), then the path, query and fragment shortened in
+/// the middle so their end stays. The parsed form is ASCII: a non-ASCII path is
+/// percent-encoded, an international host is in punycode. A host longer than `max`
+/// keeps its end (the domain that owns it). Text that is not a URL with a host is
+/// shortened in the middle.
+pub fn url(raw: &str, max: usize) -> String {
+    let Some((head, rest)) = url_parts(raw, max) else {
+        // Cut before marking, so that no marker is cut.
+        return clean(&truncate_middle(raw, max));
+    };
+    let budget = max.saturating_sub(head.chars().count()).max(URL_REST_MIN);
+    clean(&format!("{head}{}", truncate_middle(&rest, budget)))
+}
+
+/// `scheme://[…@]host[:port]` and the rest (`/path?query#fragment`).
+fn url_parts(raw: &str, max: usize) -> Option<(String, String)> {
+    let parsed = reqwest::Url::parse(raw.trim()).ok()?;
+    let host = parsed.host_str().filter(|h| !h.is_empty())?;
+    let host = if host.chars().count() > max {
+        let keep = max.max(2) - 1;
+        let skip = host.chars().count() - keep;
+        format!("…{}", host.chars().skip(skip).collect::<String>())
+    } else {
+        host.to_owned()
+    };
+    let user = if !parsed.username().is_empty() || parsed.password().is_some() {
+        "…@"
+    } else {
+        ""
+    };
+    let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
+    let head = format!("{}://{user}{host}{port}", parsed.scheme());
+    let mut rest = parsed.path().to_owned();
+    if let Some(q) = parsed.query() {
+        rest.push('?');
+        rest.push_str(q);
+    }
+    if let Some(f) = parsed.fragment() {
+        rest.push('#');
+        rest.push_str(f);
+    }
+    Some((head, rest))
+}
+
+/// One event's JSON for `watch --json`, on one line and with nothing a terminal would
+/// obey or hide: inside strings, every control character (C0 including ESC, DEL, C1)
+/// and every [`invisible`] character becomes its `\uXXXX` escape (the JSON means the
+/// same); outside strings, a tab or line break becomes a space (JSON whitespace either
+/// way). Everything else is printed as the server stores it.
+pub fn json_line(data: &str) -> String {
+    let mut out = String::with_capacity(data.len());
+    let mut in_string = false;
+    let mut escaped = false;
+    for c in data.chars() {
+        if c.is_control() || invisible(c) {
+            if !in_string && matches!(c, '\t' | '\n' | '\r') {
+                out.push(' ');
+            } else {
+                for unit in c.encode_utf16(&mut [0; 2]) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+            escaped = false;
+            continue;
+        }
+        out.push(c);
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if c == '"' {
+            in_string = true;
+        }
+    }
     out
 }
 
@@ -97,8 +239,13 @@ fn request(obj: &Map<String, Value>) -> String {
 /// `web_fetch https://… "intention"`.
 fn tool_and_target(obj: &Map<String, Value>) -> String {
     let mut parts = vec![text(obj, "toolName").unwrap_or_else(|| "?".into())];
-    if let Some(url) = text(obj, "url") {
-        parts.push(truncate(&url, TEXT_MAX));
+    match obj.get("url") {
+        Some(Value::String(u)) => parts.push(url(u, TEXT_MAX)),
+        _ => {
+            if let Some(u) = text(obj, "url") {
+                parts.push(truncate(&u, TEXT_MAX));
+            }
+        }
     }
     if let Some(intention) = text(obj, "intention") {
         parts.push(quoted(&truncate(&intention, TEXT_MAX)));
@@ -247,9 +394,9 @@ fn value(v: &Value) -> String {
     let shown = match v {
         Value::String(s)
             if !s.is_empty()
-                && !s
-                    .chars()
-                    .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '"' | '=')) =>
+                && !s.chars().any(|c| {
+                    c.is_whitespace() || c.is_control() || invisible(c) || matches!(c, '"' | '=')
+                }) =>
         {
             s.clone()
         }
@@ -320,7 +467,107 @@ mod tests {
     fn truncation_and_short_ids() {
         assert_eq!(truncate("abcdef", 4), "abc…");
         assert_eq!(truncate("abc", 4), "abc");
+        assert_eq!(truncate_middle("abcdefgh", 5), "ab…gh");
+        assert_eq!(truncate_middle("abcdefgh", 4), "a…gh");
+        assert_eq!(truncate_middle("abcdefgh", 8), "abcdefgh");
+        assert_eq!(truncate_middle("abcdefgh", 1), "…");
+        assert_eq!(truncate_middle("abcdefgh", 0), "");
         assert_eq!(short_id("5f0c7a2e-9d41"), "5f0c7a2e…");
         assert_eq!(short_id("short"), "short");
+    }
+
+    #[test]
+    fn invisible_and_c1_characters_show_as_markers() {
+        assert_eq!(
+            clean("a\u{202E}b\u{2066}c\u{200B}d\u{FEFF}e\u{2060}f"),
+            "a<U+202E>b<U+2066>c<U+200B>d<U+FEFF>e<U+2060>f"
+        );
+        assert_eq!(clean("x\u{9B}31my\u{85}z"), "x<U+009B>31my<U+0085>z");
+        assert_eq!(clean("tag\u{E0041}"), "tag<U+E0041>");
+        // C0 and DEL read as a space, as before; ordinary text is kept.
+        assert_eq!(clean("a\tb\nc\u{1b}[2Jd\u{7f}é😀"), "a b c [2Jd é😀");
+        for c in ('\u{202A}'..='\u{202E}')
+            .chain('\u{2066}'..='\u{2069}')
+            .chain('\u{200B}'..='\u{200F}')
+            .chain('\u{80}'..='\u{9F}')
+            .chain(['\u{FEFF}', '\u{2060}'])
+        {
+            assert_eq!(clean(&c.to_string()), format!("<U+{:04X}>", u32::from(c)));
+        }
+    }
+
+    #[test]
+    fn urls_show_their_host_and_their_end() {
+        let tail = "a".repeat(200);
+        // The host after user info: the start says nothing about where it goes.
+        let spoof = format!("https://docs.example.com.{tail}@evil.example/run.sh");
+        assert_eq!(url(&spoof, 60), "https://…@evil.example/run.sh");
+        // A long path: the host and the end stay, the middle goes.
+        let long = format!("https://docs.example.com/{tail}/evil.example/run.sh");
+        let shown = url(&long, 60);
+        assert_eq!(shown.chars().count(), 60, "{shown}");
+        assert!(shown.starts_with("https://docs.example.com/aaa"), "{shown}");
+        assert_eq!(
+            shown,
+            "https://docs.example.com/aaaaaaaaaaaaaaaa…vil.example/run.sh"
+        );
+        assert!(shown.contains('…'), "{shown}");
+        // Port, query and fragment are kept; short URLs read as given.
+        assert_eq!(
+            url("http://127.0.0.1:8080/x?q=1#f", 60),
+            "http://127.0.0.1:8080/x?q=1#f"
+        );
+        assert_eq!(
+            url("https://example.com/docs", 60),
+            "https://example.com/docs"
+        );
+        // What a fetch would really see: punycode, percent-encoded invisible characters.
+        assert_eq!(
+            url("https://exämple.com/", 60),
+            "https://xn--exmple-cua.com/"
+        );
+        assert_eq!(
+            url("https://example.com/\u{202E}txt.exe", 60),
+            "https://example.com/%E2%80%AEtxt.exe"
+        );
+        // A very long host keeps its end; the path's end is still shown.
+        let host = format!("{}.evil.example", "b".repeat(100));
+        let shown = url(&format!("https://{host}/{tail}/end"), 60);
+        assert!(shown.starts_with("https://…bbb"), "{shown}");
+        assert!(shown.contains(".evil.example/"), "{shown}");
+        assert!(shown.ends_with("/end"), "{shown}");
+        // Not a URL with a host: shortened in the middle, cleaned.
+        let text = format!("see {tail} then\u{202E}end");
+        let shown = url(&text, 20);
+        assert_eq!(shown, "see aaaaa…a then<U+202E>end");
+    }
+
+    #[test]
+    fn json_lines_escape_what_a_terminal_would_obey() {
+        let data = "{\"a\":\"x\u{1b}[31m\u{7f}\u{9b}\u{202e}\u{e0041}\\\"q\\\\\",\n\"b\":\t1}";
+        let line = json_line(data);
+        assert_eq!(
+            line,
+            r#"{"a":"x\u001b[31m\u007f\u009b\u202e\udb40\udc41\"q\\", "b": 1}"#
+        );
+        assert!(!line.chars().any(|c| c.is_control() || invisible(c)));
+        // Valid JSON (the raw C0 characters were not), meaning what was meant.
+        let after: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(
+            after,
+            serde_json::json!({"a": "x\u{1b}[31m\u{7f}\u{9b}\u{202e}\u{e0041}\"q\\", "b": 1})
+        );
+        // A server's JSON (C0 already escaped, DEL, C1 and the rest raw): same value.
+        let stored =
+            serde_json::json!({"t": "\u{1b}]0;x\u{7}\u{7f}\u{9b}2J\u{200b}\u{2066}"}).to_string();
+        let line = json_line(&stored);
+        assert!(!line.chars().any(|c| c.is_control() || invisible(c)));
+        assert_eq!(
+            serde_json::from_str::<Value>(&line).unwrap(),
+            serde_json::from_str::<Value>(&stored).unwrap()
+        );
+        // Plain JSON is printed exactly as stored.
+        let plain = r#"{"sequence":1,"text":"héllo \"w\" \\ \u0007"}"#;
+        assert_eq!(json_line(plain), plain);
     }
 }

@@ -1,11 +1,17 @@
-//! `tollgate watch RUN`: follows `GET /api/runs/RUN/stream` and prints one line per
-//! event until the run's `done` frame.
+//! `tollgate watch RUN`: follows `GET /api/runs/RUN/events` with `Accept:
+//! text/event-stream` (the live stream; unlike `/stream`, the HTTP API routes it too,
+//! and the streaming Function URL serves both) and prints one line per event until the
+//! run's `done` frame.
 //!
 //! A response ends cleanly after the server's window, or breaks; either way the command
 //! reconnects with `Last-Event-ID` = the last sequence it printed, so every event is
-//! printed once, in order. After a clean end it waits the server's `retry:` hint; after
-//! an error it backs off (the hint, doubling, at most 30 s, or the server's
-//! `Retry-After` when longer). 400/401/403/404 end the command (exit 1).
+//! printed once, in order. After a clean end it waits the server's `retry:` hint (at
+//! least 100 ms); after an error it backs off (the hint, doubling, at most 30 s, or the
+//! server's `Retry-After` when longer, up to 60 s). A window that ends within a second
+//! without a new event counts as an error for the backoff (silently), so a server that
+//! ends every response at once is not asked again and again. A server that does not
+//! answer within 30 s, or sends a line over 1 MiB, is an error too. 400/401/403/404 end
+//! the command (exit 1).
 
 use std::io::Write;
 use std::time::Duration;
@@ -24,6 +30,20 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// A response that sends nothing this long (the server sends a keep-alive every 15 s)
 /// is treated as broken.
 const STALL: Duration = Duration::from_secs(45);
+/// The shortest wait a server's `retry:` hint may ask for.
+const MIN_RETRY: Duration = Duration::from_millis(100);
+/// The longest wait a server's `Retry-After` may ask for.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// A window that ends sooner than this without a new event counts as a failure.
+const QUICK_WINDOW: Duration = Duration::from_secs(1);
+/// How long the server may take to answer (status and headers, and a refusal's body).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Overrides [`ANSWER_TIMEOUT`], in milliseconds (for tests; not documented).
+const ANSWER_TIMEOUT_ENV: &str = "TOLLGATE_WATCH_ANSWER_TIMEOUT_MS";
+/// The longest line of the stream (an event is at most 64 KiB of payload).
+pub const MAX_LINE: usize = 1 << 20;
+/// The most `data` one frame may gather over several lines.
+const MAX_DATA: usize = 4 << 20;
 
 pub struct WatchArgs {
     pub run: String,
@@ -46,31 +66,65 @@ pub enum Item {
 
 /// An incremental `text/event-stream` parser (the WHATWG rules this stream needs):
 /// bytes in, items out; a frame that a broken response leaves half-read is dropped
-/// with the parser.
+/// with the parser. A line over [`MAX_LINE`] bytes (or a frame gathering more than
+/// [`MAX_DATA`] of data) stops it: [`Parser::overflowed`], and it takes nothing more.
 #[derive(Default)]
 pub struct Parser {
     buf: Vec<u8>,
+    /// `buf[..scanned]` holds no line end (where the next search starts).
+    scanned: usize,
     event: String,
     data: String,
     has_data: bool,
     id: Option<String>,
+    overflowed: bool,
 }
 
 impl Parser {
+    /// The items the complete lines of `chunk` (and what came before) make.
     pub fn feed(&mut self, chunk: &[u8]) -> Vec<Item> {
-        self.buf.extend_from_slice(chunk);
         let mut out = Vec::new();
+        if self.overflowed {
+            return out;
+        }
+        self.buf.extend_from_slice(chunk);
         let mut start = 0;
-        while let Some(pos) = self.buf[start..].iter().position(|&b| b == b'\n') {
-            let mut line = &self.buf[start..start + pos];
+        while let Some(pos) = self.buf[self.scanned..].iter().position(|&b| b == b'\n') {
+            let end = self.scanned + pos;
+            let mut line = &self.buf[start..end];
             if let [rest @ .., b'\r'] = line {
                 line = rest;
             }
+            if line.len() > MAX_LINE {
+                return self.overflow(out);
+            }
             let line = String::from_utf8_lossy(line).into_owned();
-            start += pos + 1;
+            start = end + 1;
+            self.scanned = start;
             self.line(&line, &mut out);
+            if self.data.len() > MAX_DATA {
+                return self.overflow(out);
+            }
         }
         self.buf.drain(..start);
+        self.scanned = self.buf.len();
+        // The line in progress (one byte more for a `\r` before its `\n`).
+        if self.buf.len() > MAX_LINE + 1 {
+            return self.overflow(out);
+        }
+        out
+    }
+
+    /// Whether a line (or a frame) was too long: the response is to be dropped.
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
+    fn overflow(&mut self, out: Vec<Item>) -> Vec<Item> {
+        self.overflowed = true;
+        self.buf = Vec::new();
+        self.scanned = 0;
+        self.data = String::new();
         out
     }
 
@@ -141,7 +195,8 @@ struct Position {
 }
 
 pub async fn watch(remote: &Remote, args: &WatchArgs) -> Result<(), Failure> {
-    let url = remote.endpoint(&["api", "runs", &args.run, "stream"]);
+    let url = remote.endpoint(&["api", "runs", &args.run, "events"]);
+    let answer_timeout = answer_timeout()?;
     let mut pos = Position {
         last: args.after,
         retry: DEFAULT_RETRY,
@@ -150,12 +205,19 @@ pub async fn watch(remote: &Remote, args: &WatchArgs) -> Result<(), Failure> {
     let mut failures: u32 = 0;
     loop {
         pos.progressed = false;
-        let outcome = follow(remote, url.clone(), args, &mut pos).await;
+        let opened = tokio::time::Instant::now();
+        let outcome = follow(remote, url.clone(), args, &mut pos, answer_timeout).await;
         if pos.progressed {
             failures = 0;
         }
         match outcome {
             Ok(Ended::Done) => return Ok(()),
+            // Nothing new, and over at once: as if it had failed (no message), so a
+            // server that ends each response straight away is asked ever less often.
+            Ok(Ended::Window) if !pos.progressed && opened.elapsed() < QUICK_WINDOW => {
+                failures = failures.saturating_add(1);
+                tokio::time::sleep(backoff(pos.retry, failures)).await;
+            }
             Ok(Ended::Window) => {
                 failures = 0;
                 tokio::time::sleep(pos.retry).await;
@@ -166,7 +228,7 @@ pub async fn watch(remote: &Remote, args: &WatchArgs) -> Result<(), Failure> {
                 retry_after,
             }) => {
                 failures = failures.saturating_add(1);
-                let delay = backoff(pos.retry, failures).max(retry_after.unwrap_or_default());
+                let delay = error_delay(pos.retry, failures, retry_after);
                 eprintln!(
                     "tollgate: {reason}; reconnecting after #{} in {:.1}s",
                     pos.last,
@@ -180,9 +242,28 @@ pub async fn watch(remote: &Remote, args: &WatchArgs) -> Result<(), Failure> {
 
 /// The wait before attempt `failures` (1, 2, …) after errors: the hint, doubling, ≤ 30 s.
 fn backoff(hint: Duration, failures: u32) -> Duration {
-    let base = hint.clamp(Duration::from_millis(100), MAX_BACKOFF);
+    let base = hint.clamp(MIN_RETRY, MAX_BACKOFF);
     base.saturating_mul(1u32 << failures.saturating_sub(1).min(16))
         .min(MAX_BACKOFF)
+}
+
+/// The wait after an error: the backoff, or the server's `Retry-After` when longer (at
+/// most 60 s).
+fn error_delay(hint: Duration, failures: u32, retry_after: Option<Duration>) -> Duration {
+    backoff(hint, failures).max(retry_after.unwrap_or_default().min(MAX_RETRY_AFTER))
+}
+
+/// [`ANSWER_TIMEOUT`], or `TOLLGATE_WATCH_ANSWER_TIMEOUT_MS`.
+fn answer_timeout() -> Result<Duration, Failure> {
+    match std::env::var(ANSWER_TIMEOUT_ENV) {
+        Err(_) => Ok(ANSWER_TIMEOUT),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+            _ => Err(Failure::unavailable(format!(
+                "{ANSWER_TIMEOUT_ENV} must be a number of milliseconds (at least 1)"
+            ))),
+        },
+    }
 }
 
 /// One response: open it from `pos.last`, print what arrives.
@@ -191,38 +272,22 @@ async fn follow(
     url: reqwest::Url,
     args: &WatchArgs,
     pos: &mut Position,
+    answer_timeout: Duration,
 ) -> Result<Ended, Interrupt> {
-    let resp = remote
-        .http
-        .get(url)
-        .header(ACCEPT, "text/event-stream")
-        .header("Last-Event-ID", pos.last.to_string())
-        .send()
-        .await
-        .map_err(|e| Interrupt::Transient {
-            reason: describe(e),
-            retry_after: None,
-        })?;
-    let status = resp.status();
-    if status != StatusCode::OK {
-        let refusal = ApiRefusal::read(resp).await;
-        return Err(match status {
-            StatusCode::NOT_FOUND => Interrupt::Fatal(Failure::refused(format!(
-                "no such run, or not visible with this token ({})",
-                refusal.summary()
-            ))),
-            s if s.is_server_error()
-                || s == StatusCode::TOO_MANY_REQUESTS
-                || s == StatusCode::REQUEST_TIMEOUT =>
-            {
-                Interrupt::Transient {
-                    reason: format!("the server answered {}", refusal.summary()),
-                    retry_after: refusal.retry_after,
-                }
-            }
-            _ => Interrupt::Fatal(refusal.common().unwrap_or_else(|| refusal.unexpected())),
-        });
-    }
+    // The answer (and a refusal's body) within the timeout: a server that accepts the
+    // connection and then says nothing would otherwise hold the command forever.
+    let resp = match tokio::time::timeout(answer_timeout, open(remote, url, pos.last)).await {
+        Ok(answer) => answer?,
+        Err(_) => {
+            return Err(Interrupt::Transient {
+                reason: format!(
+                    "no answer from the server within {:.1}s",
+                    answer_timeout.as_secs_f64()
+                ),
+                retry_after: None,
+            })
+        }
+    };
     let is_stream = resp
         .headers()
         .get(CONTENT_TYPE)
@@ -254,7 +319,9 @@ async fn follow(
         };
         for item in parser.feed(&chunk) {
             match item {
-                Item::Retry(ms) => pos.retry = Duration::from_millis(ms).min(MAX_BACKOFF),
+                Item::Retry(ms) => {
+                    pos.retry = Duration::from_millis(ms).clamp(MIN_RETRY, MAX_BACKOFF)
+                }
                 Item::Frame { id, event, data } => {
                     if event == "done" && id.is_none() {
                         if !args.json {
@@ -275,7 +342,7 @@ async fn follow(
                         }
                     }
                     if args.json {
-                        print_line(&data);
+                        print_line(&render::json_line(&data));
                     } else {
                         print_line(&render::event_line(seq, &event, &data));
                     }
@@ -286,7 +353,53 @@ async fn follow(
                 }
             }
         }
+        if parser.overflowed() {
+            return Err(Interrupt::Transient {
+                reason: format!("the stream broke (a line over {} MiB)", MAX_LINE >> 20),
+                retry_after: None,
+            });
+        }
     }
+}
+
+/// Sends the request; the response when it is 200, the interruption otherwise.
+async fn open(
+    remote: &Remote,
+    url: reqwest::Url,
+    last: u64,
+) -> Result<reqwest::Response, Interrupt> {
+    let resp = remote
+        .http
+        .get(url)
+        .header(ACCEPT, "text/event-stream")
+        .header("Last-Event-ID", last.to_string())
+        .send()
+        .await
+        .map_err(|e| Interrupt::Transient {
+            reason: describe(e),
+            retry_after: None,
+        })?;
+    let status = resp.status();
+    if status == StatusCode::OK {
+        return Ok(resp);
+    }
+    let refusal = ApiRefusal::read(resp).await;
+    Err(match status {
+        StatusCode::NOT_FOUND => Interrupt::Fatal(Failure::refused(format!(
+            "no such run, or not visible with this token ({})",
+            refusal.summary()
+        ))),
+        s if s.is_server_error()
+            || s == StatusCode::TOO_MANY_REQUESTS
+            || s == StatusCode::REQUEST_TIMEOUT =>
+        {
+            Interrupt::Transient {
+                reason: format!("the server answered {}", refusal.summary()),
+                retry_after: refusal.retry_after,
+            }
+        }
+        _ => Interrupt::Fatal(refusal.common().unwrap_or_else(|| refusal.unexpected())),
+    })
 }
 
 /// One line on stdout, flushed; a closed stdout (`| head`) ends the command quietly.
@@ -338,6 +451,59 @@ mod tests {
     }
 
     #[test]
+    fn a_line_over_the_cap_stops_the_parser() {
+        // Complete frames before the long line still come out.
+        let mut p = Parser::default();
+        let mut head = b"id: 1\nevent: x\ndata: {}\n\ndata: ".to_vec();
+        head.extend(std::iter::repeat_n(b'a', MAX_LINE));
+        assert_eq!(p.feed(&head), vec![frame(Some("1"), "x", "{}")]);
+        assert!(p.overflowed());
+        assert_eq!(p.feed(b"\n\nid: 2\nevent: y\ndata: 1\n\n"), vec![]);
+
+        // Arriving a little at a time, without a line end.
+        let mut p = Parser::default();
+        let piece = vec![b'a'; 64 * 1024];
+        let mut fed = 0;
+        while !p.overflowed() {
+            assert!(p.feed(&piece).is_empty());
+            fed += piece.len();
+            assert!(
+                fed <= MAX_LINE + 2 * piece.len(),
+                "no overflow after {fed} bytes"
+            );
+        }
+
+        // A complete line over the cap, in one chunk.
+        let mut p = Parser::default();
+        let mut line = b"data: ".to_vec();
+        line.extend(std::iter::repeat_n(b'a', MAX_LINE));
+        line.extend(b"\n\n");
+        assert_eq!(p.feed(&line), vec![]);
+        assert!(p.overflowed());
+
+        // Just under the cap is fine; so are many lines adding up to more.
+        let mut p = Parser::default();
+        let mut line = b"data:".to_vec();
+        line.extend(std::iter::repeat_n(b'a', MAX_LINE - 5));
+        line.extend(b"\r\n\n");
+        let got = p.feed(&line);
+        assert!(!p.overflowed());
+        assert!(matches!(&got[..], [Item::Frame { data, .. }] if data.len() == MAX_LINE - 5));
+        let mut p = Parser::default();
+        let many = "data: x\n\n".repeat(MAX_LINE / 4);
+        assert_eq!(p.feed(many.as_bytes()).len(), MAX_LINE / 4);
+        assert!(!p.overflowed());
+
+        // One frame gathering more than MAX_DATA over its lines.
+        let mut p = Parser::default();
+        let line = format!("data: {}\n", "a".repeat(MAX_LINE / 2));
+        for _ in 0..(MAX_DATA / (MAX_LINE / 2)) {
+            assert_eq!(p.feed(line.as_bytes()), vec![]);
+        }
+        assert!(p.overflowed());
+    }
+
+    #[test]
     fn backoff_doubles_and_is_bounded() {
         let s = Duration::from_secs;
         assert_eq!(backoff(s(1), 1), s(1));
@@ -346,5 +512,15 @@ mod tests {
         assert_eq!(backoff(s(1), 9), MAX_BACKOFF);
         assert_eq!(backoff(s(1), u32::MAX), MAX_BACKOFF);
         assert_eq!(backoff(Duration::ZERO, 1), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn retry_after_is_honoured_up_to_a_minute() {
+        let s = Duration::from_secs;
+        assert_eq!(error_delay(s(1), 1, None), s(1));
+        assert_eq!(error_delay(s(1), 1, Some(s(5))), s(5));
+        assert_eq!(error_delay(s(1), 4, Some(s(5))), s(8));
+        assert_eq!(error_delay(s(1), 1, Some(s(86_400))), MAX_RETRY_AFTER);
+        assert_eq!(error_delay(s(1), 1, Some(Duration::MAX)), MAX_RETRY_AFTER);
     }
 }

@@ -25,6 +25,11 @@
   const MAX_BACKOFF_MS = 15000;
   const STREAM_HELD_MS = 2000;
   const MAX_RUNS_KEPT = 200;
+  // A card's URL longer than this (in code points) is shown shortened, its host kept.
+  const URL_SHOWN_MAX = 160;
+  // Longest SSE line (and a frame's data) the console accepts, in characters: a stream
+  // that sends more is broken (it is dropped and resumed after a backoff).
+  const MAX_SSE_LINE = 1024 * 1024;
   const SCOPE_LABELS = {
     once: 'once — this call only',
     tool: 'tool — this tool, this run',
@@ -57,17 +62,53 @@
       if (signal) signal.addEventListener('abort', () => { clearTimeout(t); resolve(); }, { once: true });
     });
 
+  // Characters that are invisible or reorder the text around them: bidi embeddings,
+  // overrides and isolates (U+202A–U+202E, U+2066–U+2069), zero-width and other
+  // invisible characters (U+200B–U+200F, U+2060, U+FEFF, …) and controls. Text from
+  // agents (tool names, URLs, intentions, messages, who decided) could use them to show
+  // a URL in another order than the one it is used in, so every text the page shows
+  // has each of them replaced by a visible marker such as <U+202E>.
+  const HIDDEN_CHARS = /[\u0000-\u0008\u000B\u000C\u000E-\u001F\u007F-\u009F\u00AD\u034F\u061C\u115F\u1160\u17B4\u17B5\u180E\u200B-\u200F\u2028-\u202E\u2060-\u2064\u2066-\u206F\u3164\uFEFF\uFFA0\uFFF9-\uFFFB\u{E0000}-\u{E007F}]/gu;
+  const markerOf = (ch) => '<U+' + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, '0') + '>';
+  const asText = (v) => (v === null || v === undefined ? '' : String(v));
+
+  // A text as nodes: its visible runs as text, each hidden character as a marker.
+  function shownNodes(value) {
+    const text = asText(value);
+    const nodes = [];
+    let last = 0;
+    for (const m of text.matchAll(HIDDEN_CHARS)) {
+      if (m.index > last) nodes.push(text.slice(last, m.index));
+      const marker = document.createElement('span');
+      marker.className = 'hidden-char';
+      marker.title = 'hidden character';
+      marker.textContent = markerOf(m[0]);
+      nodes.push(marker);
+      last = m.index + m[0].length;
+    }
+    if (last < text.length) nodes.push(text.slice(last));
+    return nodes;
+  }
+
+  // Sets a node's text (never HTML), hidden characters as markers.
+  function setText(node, value) {
+    node.replaceChildren(...shownNodes(value));
+  }
+
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
       if (v === null || v === undefined || v === false) continue;
       if (k === 'class') node.className = v;
-      else if (k === 'text') node.textContent = v;
+      else if (k === 'text') node.append(...shownNodes(v));
       else if (k.startsWith('data-')) node.dataset[k.slice(5).replace(/-([a-z])/g, (_, c) => c.toUpperCase())] = v;
       else if (k === 'hidden') node.hidden = true;
       else node.setAttribute(k, v === true ? '' : String(v));
     }
-    for (const c of children) if (c !== null && c !== undefined) node.append(c);
+    for (const c of children) {
+      if (typeof c === 'string') node.append(...shownNodes(c));
+      else if (c !== null && c !== undefined) node.append(c);
+    }
     return node;
   }
 
@@ -80,7 +121,7 @@
 
   function setConnection(text, level) {
     const c = $('connection');
-    c.textContent = text;
+    setText(c, text);
     if (level) c.dataset.level = level;
     else delete c.dataset.level;
   }
@@ -106,46 +147,75 @@
     try { data = await resp.json(); } catch (_) { data = null; }
     if (generation !== state.generation) throw new DOMException('signed out', 'AbortError');
     if (resp.status === 401) { unauthorized(data && data.error); throw new Unauthorized(); }
+    // A success that is not JSON (say a proxy's HTML page) is no answer from Tollgate:
+    // read as one, an empty listing would take the open cards for ended.
+    if (resp.ok && !/^application\/json\s*(;|$)/i.test((resp.headers.get('content-type') || '').trim())) {
+      throw new Error('not a JSON answer (HTTP ' + resp.status + ')');
+    }
     return { status: resp.status, ok: resp.ok, body: data || {} };
   }
 
   // ---- Server-sent events over fetch ----------------------------------------------------
 
+  // A stream that cannot be read as one: an answer that is not an event stream, or a
+  // line or frame over MAX_SSE_LINE. Dropped and resumed after a backoff.
+  class BrokenStream extends Error {}
+
+  const isEventStream = (resp) =>
+    /^text\/event-stream\s*(;|$)/i.test((resp.headers.get('content-type') || '').trim());
+
   // Reads one SSE response: calls onFrame({id, event, data, retry}) per dispatched frame.
+  // A line (or a frame's data) over MAX_SSE_LINE characters throws BrokenStream; the
+  // response is cancelled however the reading ends.
   async function readSse(body, onFrame) {
     const reader = body.pipeThrough(new TextDecoderStream()).getReader();
     let buf = '';
     let frame = { id: null, event: null, data: [], retry: null };
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) return;
-      buf += value;
+    let frameSize = 0;
+    try {
       for (;;) {
-        const m = /\r\n|\r|\n/.exec(buf);
-        if (!m) break;
-        if (m[0] === '\r' && m.index === buf.length - 1) break; // maybe \r\n split across chunks
-        const line = buf.slice(0, m.index);
-        buf = buf.slice(m.index + m[0].length);
-        if (line === '') {
-          if (frame.data.length || frame.event || frame.retry !== null) onFrame(frame);
-          frame = { id: null, event: null, data: [], retry: null };
-          continue;
+        const { value, done } = await reader.read();
+        if (done) return;
+        buf += value;
+        for (;;) {
+          const m = /\r\n|\r|\n/.exec(buf);
+          if (!m) break;
+          if (m[0] === '\r' && m.index === buf.length - 1) break; // maybe \r\n split across chunks
+          const line = buf.slice(0, m.index);
+          buf = buf.slice(m.index + m[0].length);
+          if (line.length > MAX_SSE_LINE) throw new BrokenStream('an SSE line over the limit');
+          if (line === '') {
+            if (frame.data.length || frame.event || frame.retry !== null) onFrame(frame);
+            frame = { id: null, event: null, data: [], retry: null };
+            frameSize = 0;
+            continue;
+          }
+          if (line[0] === ':') continue; // comment (keep-alive)
+          const i = line.indexOf(':');
+          const field = i < 0 ? line : line.slice(0, i);
+          let v = i < 0 ? '' : line.slice(i + 1);
+          if (v[0] === ' ') v = v.slice(1);
+          if (field === 'data') {
+            frameSize += v.length + 1;
+            if (frameSize > MAX_SSE_LINE) throw new BrokenStream('an SSE frame over the limit');
+            frame.data.push(v);
+          } else if (field === 'event') frame.event = v;
+          else if (field === 'id') frame.id = v;
+          else if (field === 'retry' && /^\d+$/.test(v)) frame.retry = Number(v);
         }
-        if (line[0] === ':') continue; // comment (keep-alive)
-        const i = line.indexOf(':');
-        const field = i < 0 ? line : line.slice(0, i);
-        let v = i < 0 ? '' : line.slice(i + 1);
-        if (v[0] === ' ') v = v.slice(1);
-        if (field === 'data') frame.data.push(v);
-        else if (field === 'event') frame.event = v;
-        else if (field === 'id') frame.id = v;
-        else if (field === 'retry' && /^\d+$/.test(v)) frame.retry = Number(v);
+        // What is left is the start of a line with no end yet.
+        if (buf.length > MAX_SSE_LINE) throw new BrokenStream('an SSE line over the limit');
       }
+    } finally {
+      reader.cancel().catch(() => {});
     }
   }
 
   // Follows a run's stream from `cursor.lastSeq` until the run ends or `signal` aborts,
-  // resuming with Last-Event-ID after each window's end or a drop.
+  // resuming with Last-Event-ID after each window's end or a drop. A failure (an error
+  // status, an answer that is not text/event-stream — say a proxy's HTML page —, a broken
+  // or oversized stream) waits a backoff that doubles up to MAX_BACKOFF_MS; only a stream
+  // that delivered an event or ended cleanly starts it over.
   //   onEvent(event) for each event; onDone() after the terminal `done` frame;
   //   onGone(status) for 403/404 (not visible to this token).
   async function followStream(runId, cursor, signal, { onEvent, onDone, onGone, onStatus }) {
@@ -161,11 +231,15 @@
         if (resp.status === 401) { unauthorized(); return; }
         if (resp.status === 403 || resp.status === 404) { onGone(resp.status); return; }
         if (!resp.ok || !resp.body) throw new Error('HTTP ' + resp.status);
+        if (!isEventStream(resp)) {
+          resp.body.cancel().catch(() => {});
+          throw new BrokenStream('not an event stream: ' + (resp.headers.get('content-type') || 'no content type'));
+        }
         if (onStatus) onStatus('live');
-        backoff = 1000;
         const opened = performance.now();
         let done = false;
         await readSse(resp.body, (f) => {
+          if (f.data.length) backoff = 1000; // the stream works: a later drop starts over at 1 s
           if (f.retry !== null) wait = f.retry;
           if (f.event === 'done' && f.id === null) { done = true; return; }
           if (!f.data.length) return;
@@ -173,6 +247,7 @@
           try { event = JSON.parse(f.data.join('\n')); } catch (_) { return; }
           onEvent(event);
         });
+        backoff = 1000;
         if (done) { onDone(); return; }
         // The window ended cleanly. After a long-lived window (tollgate serve, the
         // streaming Function URL) resume at once, so no event waits; a short one (a
@@ -202,6 +277,8 @@
       this.stream = null; // AbortController of the live stream
       this.live = false; // the stream is connected (cards carry data-stream="live")
       this.touched = Date.now();
+      this.failures = 0; // catch-ups failed in a row (a broken answer, Tollgate unreachable)
+      this.notBefore = 0; // no new stream before this time (ms since the epoch)
     }
   }
 
@@ -288,6 +365,7 @@
     (async () => {
       try {
         if (!run.caughtUp) await catchUp(run);
+        run.failures = 0;
         if (ctrl.signal.aborted || run.terminal || run.gone) return;
         await followStream(run.id, run, ctrl.signal, {
           onEvent: (ev) => applyEvent(run, ev, null),
@@ -296,11 +374,16 @@
           onStatus: (s) => setRunLive(run, s === 'live'),
         });
       } catch (e) {
-        if (!(e instanceof Unauthorized) && !ctrl.signal.aborted) run.caughtUp = false;
+        if (!(e instanceof Unauthorized) && !ctrl.signal.aborted) {
+          // The catch-up failed: retried after a backoff (the 2 s poll does not hurry it).
+          run.caughtUp = false;
+          run.failures++;
+          run.notBefore = Date.now() + Math.min(1000 * 2 ** (run.failures - 1), MAX_BACKOFF_MS);
+        }
       } finally {
         setRunLive(run, false);
         if (run.stream === ctrl) run.stream = null;
-        if (!ctrl.signal.aborted) setTimeout(reschedule, 1000);
+        if (!ctrl.signal.aborted) setTimeout(reschedule, Math.max(1000, run.notBefore - Date.now()));
       }
     })();
   }
@@ -342,7 +425,7 @@
     });
     const want = new Set(candidates.slice(0, MAX_STREAMS).map((r) => r.id));
     for (const run of state.runs.values()) {
-      if (want.has(run.id)) { if (!run.stream) startStream(run); }
+      if (want.has(run.id)) { if (!run.stream && Date.now() >= run.notBefore) startStream(run); }
       else stopStream(run);
     }
     // Forget the oldest quiet runs.
@@ -359,6 +442,66 @@
   }
 
   // ---- Cards -------------------------------------------------------------------------------
+
+  // A text with its middle left out when longer than `max` code points (a surrogate
+  // pair is never split): nodes, the gap as a marker saying how much is left out.
+  function elided(text, max) {
+    const points = Array.from(text);
+    if (points.length <= max) return shownNodes(text);
+    const head = Math.max(1, Math.ceil(max * 2 / 3));
+    const tail = Math.max(1, max - head);
+    const gap = points.length - head - tail;
+    return [
+      ...shownNodes(points.slice(0, head).join('')),
+      el('span', { class: 'elided', title: gap + ' characters left out' }, '…'),
+      ...shownNodes(points.slice(points.length - tail).join('')),
+    ];
+  }
+
+  // A card's URL as two rows. `Host`: the host a browser's URL parser finds in it (what
+  // the call would reach), shown apart and prominently, so a URL that only starts like
+  // a trusted name (user info before an "@", a long first part) cannot pass for it; or
+  // that the URL has no host or does not parse. `URL`: the URL as the agent wrote it;
+  // when long, shortened around its host (the parts before and after the host lose
+  // their middle, the host never), with the whole of it one click away.
+  function urlRows(value) {
+    const raw = asText(value);
+    let parsed = null;
+    try { parsed = new URL(raw); } catch (_) { parsed = null; }
+    const host = el('dd', { class: 'host' });
+    if (!parsed) {
+      host.append(el('span', { class: 'url-warning', text: 'The URL does not parse: it names no host.' }));
+    } else if (!parsed.host) {
+      host.append(el('span', { class: 'url-warning', text: 'No host: a “' + parsed.protocol + '” URL.' }));
+    } else {
+      host.append(el('strong', { class: 'url-host', text: parsed.host }));
+      if (parsed.protocol !== 'https:' && parsed.protocol !== 'http:') host.append(' (' + parsed.protocol + ')');
+      if (parsed.username || parsed.password) {
+        host.append(el('span', { class: 'url-warning', text: 'The URL has user info: what comes before its “@” is not the host.' }));
+      }
+    }
+    const url = el('code', { class: 'url' });
+    const length = Array.from(raw).length;
+    let full = null;
+    if (length <= URL_SHOWN_MAX) {
+      url.append(...shownNodes(raw));
+    } else {
+      if (parsed && parsed.host) {
+        const userinfo = parsed.username + (parsed.password ? ':' + parsed.password : '');
+        const rest = parsed.pathname + parsed.search + parsed.hash;
+        url.append(parsed.protocol + '//');
+        if (userinfo) url.append(...elided(userinfo, 24), '@');
+        url.append(el('span', { class: 'url-host' }, parsed.host));
+        url.append(...elided(rest, Math.max(40, URL_SHOWN_MAX - 40 - Array.from(parsed.host).length)));
+      } else {
+        url.append(...elided(raw, URL_SHOWN_MAX));
+      }
+      full = el('details', { class: 'full-url' },
+        el('summary', { text: 'Whole URL (' + length + ' characters)' }),
+        el('code', { text: raw }));
+    }
+    return [['Host', host], ['URL', el('dd', {}, url, full)]];
+  }
 
   class Card {
     constructor(data) {
@@ -379,13 +522,14 @@
         el('span', { class: 'display-id', text: data.displayId || String(data.requestId).slice(0, 8) }));
       this.owner = el('dd', { class: 'owner', text: '…' });
       this.time = el('time', { class: 'expires' });
-      const rows = [
+      // The URL's host first (what the call would reach), then the URL itself.
+      const rows = data.url ? urlRows(data.url) : [];
+      rows.push(
         ['Run', el('dd', {}, el('code', { class: 'run-id', text: data.runId }))],
         ['Owner', this.owner],
         ['Request', el('dd', {}, el('code', { class: 'request-id', text: data.requestId }))],
-      ];
-      if (data.url) rows.push(['URL', el('dd', {}, el('code', { class: 'url', text: data.url }))]);
-      if (data.intention) rows.push(['Intention', el('dd', { text: data.intention })]);
+      );
+      if (data.intention) rows.push(['Intention', el('dd', { class: 'intention', text: data.intention })]);
       rows.push(['Expires', el('dd', {}, this.time)]);
       const dl = el('dl', {});
       for (const [k, v] of rows) dl.append(el('dt', { text: k }), v);
@@ -416,7 +560,7 @@
     refreshScopes() {
       const run = state.runs.get(this.runId);
       const owner = run ? run.owner : undefined;
-      this.owner.textContent = owner === undefined ? '…' : owner === null ? '(none)' : owner;
+      setText(this.owner, owner === undefined ? '…' : owner === null ? '(none)' : owner);
       const scopes = ['once'];
       let hint;
       if (owner === undefined) hint = "Checking the run's owner…";
@@ -435,20 +579,20 @@
         this.scope.replaceChildren(...scopes.map((s) => el('option', { value: s, text: SCOPE_LABELS[s] })));
         this.scope.value = scopes.includes(current) ? current : 'once';
       }
-      this.scopeHint.textContent = hint || '';
+      setText(this.scopeHint, hint || '');
       this.scopeHint.hidden = !hint;
     }
 
     tick() {
-      if (!this.expiresAt) { this.time.textContent = '—'; return; }
+      if (!this.expiresAt) { setText(this.time, '—'); return; }
       const left = Math.round((this.expiresAt - Date.now()) / 1000);
       this.time.dateTime = new Date(this.expiresAt).toISOString();
       if (left > 0) {
         const m = Math.floor(left / 60);
         const s = left % 60;
-        this.time.textContent = 'in ' + (m ? m + ' min ' : '') + s + ' s';
+        setText(this.time, 'in ' + (m ? m + ' min ' : '') + s + ' s');
       } else {
-        this.time.textContent = 'now (waiting for the server)';
+        setText(this.time, 'now (waiting for the server)');
       }
       this.time.classList.toggle('soon', left <= 30);
     }
@@ -464,7 +608,7 @@
       if (this.state !== 'pending' || this.busy) return;
       const scope = scopeOverride || this.scope.value || 'once';
       this.setBusy(true);
-      this.outcome.textContent = verb === 'approve' ? 'Approving…' : 'Denying…';
+      setText(this.outcome, verb === 'approve' ? 'Approving…' : 'Denying…');
       const path = 'api/runs/' + encodeURIComponent(this.runId) + (verb === 'approve' ? '/tool-approvals' : '/tool-denials');
       // The tool goes with the decision: the server refuses it if the card is for another.
       const body = verb === 'approve' ? { request_id: this.requestId, scope } : { request_id: this.requestId };
@@ -489,12 +633,12 @@
         this.offerRetry(verb, scope, 'The agent host is unreachable; the card is still pending.');
       } else if (r.status === 409 && b.state === 'pending') {
         this.setBusy(false);
-        this.outcome.textContent = 'The run is not active; the card stays pending.';
+        setText(this.outcome, 'The run is not active; the card stays pending.');
       } else if (r.status >= 500 || r.status === 429) {
         this.offerRetry(verb, scope, 'Tollgate answered ' + r.status + (b.error ? ' (' + b.error + ')' : '') + '; the card is still pending.');
       } else {
         this.setBusy(false);
-        this.outcome.textContent = (b.error || 'Refused (' + r.status + ')') + '';
+        setText(this.outcome, (b.error || 'Refused (' + r.status + ')') + '');
       }
     }
 
@@ -502,7 +646,7 @@
       this.setBusy(false);
       const retry = el('button', { type: 'button', class: 'retry', text: verb === 'approve' ? 'Retry approve' : 'Retry deny' });
       retry.addEventListener('click', () => this.decide(verb, scope));
-      this.outcome.replaceChildren(text + ' ', retry);
+      this.outcome.replaceChildren(...shownNodes(text + ' '), retry);
       retry.focus();
     }
 
@@ -518,8 +662,8 @@
       else if (this.state === 'denied') text = 'Denied' + by;
       else if (this.state === 'expired') text = 'Expired — nobody decided in time';
       else text = 'Resolved' + by;
-      this.outcome.textContent = text;
-      this.time.textContent = '—';
+      setText(this.outcome, text);
+      setText(this.time, '—');
       announce(this.toolName + ' ' + this.requestId.slice(0, 8) + ': ' + text + '.');
       if (hadFocus) this.title.focus();
       setTimeout(() => removeCard(this.key), RESOLVED_LINGER_MS);
@@ -555,7 +699,7 @@
       renderCount();
       reschedule();
     } else if (info.by && card.outcome.textContent.indexOf(' by ') < 0 && card.state === info.state) {
-      card.outcome.textContent += ' by ' + info.by;
+      card.outcome.append(...shownNodes(' by ' + info.by));
     }
   }
 
@@ -583,7 +727,7 @@
 
   function renderCount() {
     const pending = [...state.cards.values()].filter((c) => c.state === 'pending').length;
-    $('count').textContent = pending ? '(' + pending + ')' : '';
+    setText($('count'), pending ? '(' + pending + ')' : '');
     $('empty').hidden = state.cards.size > 0;
     document.title = (pending ? '(' + pending + ') ' : '') + 'Tollgate — operator console';
   }
@@ -663,7 +807,7 @@
 
   function unauthorized(why) {
     signOut();
-    $('token-error').textContent = 'The token was refused' + (why ? ' (' + why + ')' : '') + '. Paste an operator token.';
+    setText($('token-error'), 'The token was refused' + (why ? ' (' + why + ')' : '') + '. Paste an operator token.');
   }
 
   function signOut() {
@@ -681,7 +825,7 @@
 
   async function signIn(token) {
     state.token = token;
-    $('token-error').textContent = '';
+    setText($('token-error'), '');
     setConnection('Connecting…');
     let r;
     try {
@@ -695,15 +839,15 @@
     }
     if (!r.ok) {
       signOut();
-      $('token-error').textContent = r.status === 403
+      setText($('token-error'), r.status === 403
         ? 'This token is not an operator token.'
-        : 'Tollgate answered ' + r.status + '.';
+        : 'Tollgate answered ' + r.status + '.');
       return;
     }
     state.me = r.body.sub;
     state.alwaysEligible = Array.isArray(r.body.always_eligible) ? r.body.always_eligible : [];
-    $('me').textContent = state.me;
-    $('project').textContent = r.body.project_id ? ' · project ' + r.body.project_id : '';
+    setText($('me'), state.me);
+    setText($('project'), r.body.project_id ? ' · project ' + r.body.project_id : '');
     $('token-form').hidden = true;
     $('session').hidden = false;
     for (const card of state.cards.values()) card.refreshScopes();
@@ -741,26 +885,26 @@
     audit = { ctrl, runId };
     const tbody = $('audit-events');
     tbody.replaceChildren();
-    $('audit-caption').textContent = 'Events of run ' + runId + ', in sequence order';
+    setText($('audit-caption'), 'Events of run ' + runId + ', in sequence order');
     $('audit-table').hidden = false;
     const status = $('audit-status');
-    status.textContent = 'Loading run ' + runId + '…';
+    setText(status, 'Loading run ' + runId + '…');
     followStream(runId, cursor, ctrl.signal, {
       onEvent: (ev) => {
         const seq = Number(ev.sequence);
         if (!(seq > cursor.lastSeq)) return;
         cursor.lastSeq = seq;
         tbody.append(auditRow(ev));
-        status.textContent = cursor.lastSeq + ' events · following live';
+        setText(status, cursor.lastSeq + ' events · following live');
       },
-      onDone: () => { status.textContent = cursor.lastSeq + ' events · the run has ended'; },
+      onDone: () => { setText(status, cursor.lastSeq + ' events · the run has ended'); },
       onGone: (code) => {
         $('audit-table').hidden = true;
-        status.textContent = code === 404 ? 'No run ' + runId + ' (or not visible to this token).' : 'Not allowed to read run ' + runId + '.';
+        setText(status, code === 404 ? 'No run ' + runId + ' (or not visible to this token).' : 'Not allowed to read run ' + runId + '.');
       },
       onStatus: (s) => {
-        if (s === 'retrying') status.textContent = cursor.lastSeq + ' events · reconnecting…';
-        else if (s === 'live' && cursor.lastSeq === 0) status.textContent = 'Following run ' + runId + '…';
+        if (s === 'retrying') setText(status, cursor.lastSeq + ' events · reconnecting…');
+        else if (s === 'live' && cursor.lastSeq === 0) setText(status, 'Following run ' + runId + '…');
       },
     }).catch(() => {});
   }
@@ -785,7 +929,7 @@
       e.preventDefault();
       const runId = $('audit-run').value.trim();
       if (!runId) return;
-      if (!state.token) { $('audit-status').textContent = 'Paste an operator token first.'; return; }
+      if (!state.token) { setText($('audit-status'), 'Paste an operator token first.'); return; }
       startAudit(runId);
     });
     setInterval(() => { for (const card of state.cards.values()) if (card.state === 'pending') card.tick(); }, 1000);

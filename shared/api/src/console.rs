@@ -9,6 +9,12 @@
 //! `<style>` allowed by its SHA-256 hash, no forms that submit anywhere, no framing,
 //! Trusted Types enforced (the script writes no HTML, only text nodes). Every answer is
 //! `cache-control: no-store`.
+//!
+//! What agents wrote (tool names, URLs, intentions, messages) is shown as text with
+//! every bidi control and invisible character as a visible `<U+…>` marker, and a card's
+//! URL with the host a URL parser finds in it shown apart. The script accepts only
+//! `text/event-stream` answers to its streams (lines up to 1 MiB) and JSON answers to its
+//! API calls; anything else counts as a failure and is retried after a backoff.
 
 use std::sync::LazyLock;
 

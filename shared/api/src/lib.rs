@@ -51,6 +51,9 @@ pub struct Deps {
     /// Set once the process is shutting down: open live streams end cleanly (their
     /// clients resume elsewhere with `Last-Event-ID`) instead of holding the shutdown.
     closing: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Live streams this process holds open at most ([`sse::MAX_OPEN_STREAMS`]); one
+    /// more is 503 (a deployed function serves one request per instance anyway).
+    pub(crate) streams: Arc<tokio::sync::Semaphore>,
 }
 
 /// Stops a background task when the last holder goes.
@@ -79,6 +82,7 @@ impl Deps {
             consumer: None,
             _sweeper: None,
             closing: Arc::new(tokio::sync::watch::channel(false).0),
+            streams: Arc::new(tokio::sync::Semaphore::new(sse::MAX_OPEN_STREAMS)),
         }
     }
 
@@ -153,6 +157,12 @@ impl Deps {
     /// Expires overdue cards (lost timers) in this process every `sweep_every`.
     pub fn with_sweeper(mut self) -> Self {
         self._sweeper = Some(Arc::new(AbortOnDrop(self.gate.spawn_sweeper())));
+        self
+    }
+
+    /// Holds at most `n` live streams open at once (default [`sse::MAX_OPEN_STREAMS`]).
+    pub fn with_stream_limit(mut self, n: usize) -> Self {
+        self.streams = Arc::new(tokio::sync::Semaphore::new(n));
         self
     }
 

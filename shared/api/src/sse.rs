@@ -32,6 +32,9 @@ use crate::replay::authorize_read;
 use crate::request::query_param;
 use crate::{ApiError, ConfigError, Deps};
 
+/// Live streams one process holds open at most; one more is 503 with `Retry-After`.
+pub const MAX_OPEN_STREAMS: usize = 1000;
+
 /// Events per page read while streaming.
 const PAGE: usize = 500;
 
@@ -179,10 +182,17 @@ pub(crate) async fn open(
             window = window.min(Duration::from_secs(claims.exp.saturating_sub(now)));
         }
     }
+    let permit = deps.streams.clone().try_acquire_owned().map_err(|_| {
+        ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "too many open live streams here; retry",
+        )
+    })?;
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     let store = deps.store.clone();
     let closing = deps.closing();
     tokio::spawn(async move {
+        let _permit = permit;
         let tail = Tail {
             store: store.as_ref(),
             tx,

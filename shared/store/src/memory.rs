@@ -55,28 +55,35 @@ impl Default for MemoryStore {
     }
 }
 
-/// The state locked for a write: live streams are woken when it is released.
+/// The state locked for a write: live streams are woken once it is released, if it was
+/// written through (a lock taken only to read wakes nobody).
 struct Writing<'a> {
-    guard: std::sync::MutexGuard<'a, State>,
+    guard: Option<std::sync::MutexGuard<'a, State>>,
     appended: &'a tokio::sync::watch::Sender<u64>,
+    written: bool,
 }
 
 impl std::ops::Deref for Writing<'_> {
     type Target = State;
     fn deref(&self) -> &State {
-        &self.guard
+        self.guard.as_ref().expect("held until dropped")
     }
 }
 
 impl std::ops::DerefMut for Writing<'_> {
     fn deref_mut(&mut self) -> &mut State {
-        &mut self.guard
+        self.written = true;
+        self.guard.as_mut().expect("held until dropped")
     }
 }
 
 impl Drop for Writing<'_> {
     fn drop(&mut self) {
-        self.appended.send_modify(|v| *v = v.wrapping_add(1));
+        // Release first, so a woken stream finds the lock free.
+        drop(self.guard.take());
+        if self.written {
+            self.appended.send_modify(|v| *v = v.wrapping_add(1));
+        }
     }
 }
 
@@ -117,8 +124,9 @@ impl MemoryStore {
     /// The state, for a write (live streams look again once it is released).
     fn lock(&self) -> Writing<'_> {
         Writing {
-            guard: self.read(),
+            guard: Some(self.read()),
             appended: &self.appended,
+            written: false,
         }
     }
 }
