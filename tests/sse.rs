@@ -78,6 +78,20 @@ impl Stream {
     }
 }
 
+/// The frames until the server ends the response; `None` if it has not within 60 s (a
+/// bound so that a regression fails instead of hanging for a long window).
+async fn rest_of(stream: &mut Stream) -> Option<Vec<Frame>> {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut rest = Vec::new();
+        while let Some(frame) = stream.next().await {
+            rest.push(frame);
+        }
+        rest
+    })
+    .await
+    .ok()
+}
+
 async fn server(backend: Backend, sse: SseConfig) -> TestServer {
     let mut deps = TestServer::deps(store_for(backend).await, GateConfig::default());
     deps.sse = sse;
@@ -401,15 +415,9 @@ async fn serve_ends_open_streams_on_sigterm() {
     assert_eq!(stream.next().await.unwrap().id, Some(1));
     serve.terminate();
     // Bounded so a regression fails instead of hanging for the hour-long window.
-    let rest = tokio::time::timeout(Duration::from_secs(60), async {
-        let mut rest = Vec::new();
-        while let Some(frame) = stream.next().await {
-            rest.push(frame);
-        }
-        rest
-    })
-    .await
-    .expect("the stream ended when the process was stopped");
+    let rest = rest_of(&mut stream)
+        .await
+        .expect("the stream ended when the process was stopped");
     assert!(
         rest.iter().all(|f| f.comment && f.event.is_none()),
         "nothing but keep-alives after the stop, no done: {rest:?}"
@@ -440,15 +448,9 @@ async fn a_stream_ends_when_its_token_does() {
     let mut s = open(&srv, &format!("/api/runs/{run_id}/stream"), &short, None).await;
     assert!(s.next().await.unwrap().retry.is_some());
     assert_eq!(s.next().await.unwrap().id, Some(1));
-    let rest = tokio::time::timeout(Duration::from_secs(60), async {
-        let mut rest = Vec::new();
-        while let Some(frame) = s.next().await {
-            rest.push(frame);
-        }
-        rest
-    })
-    .await
-    .expect("the stream ended with its token");
+    let rest = rest_of(&mut s)
+        .await
+        .expect("the stream ended with its token");
     assert!(rest.iter().all(|f| f.comment), "{rest:?}");
 }
 
