@@ -38,7 +38,7 @@ const BUDGET: Duration = Duration::from_secs(30);
 const LINGER: Duration = Duration::from_secs(4);
 
 /// The console's poll interval of `GET /api/approvals?state=pending`.
-const POLL: Duration = Duration::from_secs(2);
+const POLL: Duration = Duration::from_millis(750);
 
 // ---- chromedriver and Chromium ---------------------------------------------------------
 
@@ -412,7 +412,7 @@ async fn the_console_is_served_with_a_strict_policy() {
 
 /// (a) A card appears within 1 s of arming on a run the console follows (its live
 /// stream), also after a stream window ended and was resumed; a new run's first card
-/// arrives with the 2 s poll.
+/// arrives with the 750 ms poll.
 #[tokio::test]
 async fn a_card_appears_within_a_second_of_arming() {
     bounded(async {
@@ -453,7 +453,7 @@ async fn a_card_appears_within_a_second_of_arming() {
         let worst = followed.iter().chain([&after_window]).max().unwrap();
         println!(
             "card latency (arm → card on screen): followed run {:?}, after a stream window \
-             ended {:?}; a new run's first card (2 s poll) {:?}",
+             ended {:?}; a new run's first card (750 ms poll) {:?}",
             followed, after_window, via_poll
         );
         assert!(*worst < Duration::from_secs(1), "{worst:?}");

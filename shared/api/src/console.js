@@ -8,7 +8,8 @@
 //   404 {state:"unknown"}                          -> the card is hidden
 //   503 {state:"agenthost_unreachable"}            -> retry offered, card stays pending
 //
-// Where cards come from: GET /api/approvals?state=pending on load and every 2 s
+// Where cards come from: GET /api/approvals?state=pending on load and every 750 ms
+// (so a new run's first card is on screen within a second)
 // (reattach, and new runs' cards without a reload), and the live streams of the runs
 // the console knows (fetch() with a streaming reader: EventSource cannot send an
 // Authorization header). A stream resumes with Last-Event-ID after its window ends or
@@ -17,7 +18,7 @@
 
 (() => {
   const TOKEN_KEY = 'tollgate.operatorToken';
-  const POLL_MS = 2000;
+  const POLL_MS = 750;
   const RESOLVED_LINGER_MS = 4000;
   // Browsers open at most 6 HTTP/1.1 connections per origin: streams take at most 3
   // (plus the audit view's one), leaving room for the poll and decisions.
@@ -375,7 +376,7 @@
         });
       } catch (e) {
         if (!(e instanceof Unauthorized) && !ctrl.signal.aborted) {
-          // The catch-up failed: retried after a backoff (the 2 s poll does not hurry it).
+          // The catch-up failed: retried after a backoff (the poll does not hurry it).
           run.caughtUp = false;
           run.failures++;
           run.notBefore = Date.now() + Math.min(1000 * 2 ** (run.failures - 1), MAX_BACKOFF_MS);
@@ -406,7 +407,7 @@
   }
 
   // Streams the runs that matter most: those with open cards (soonest deadline first),
-  // then the most recently active ones; the rest are covered by the 2 s poll.
+  // then the most recently active ones; the rest are covered by the poll.
   function reschedule() {
     if (!state.token) return;
     const pendingBy = new Map();
