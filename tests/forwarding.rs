@@ -622,7 +622,8 @@ async fn a_lost_answer_is_recovered_by_the_retry(backend: Backend) {
 /// names its tool (400 without, 403 for `always` on a tool not eligible; the pod is not
 /// asked), a pod that "applied" something else than what was sent is unreachable (503,
 /// nothing written), and a pod that applied a scoped approval for another tool than the
-/// operator named gets its event but no policy.
+/// operator named is unreachable too, and the client's pod refuses a decision naming
+/// another tool than its card's (409, nothing applied).
 async fn pod_answers_are_held_to_the_decision(backend: Backend) {
     let srv = server(backend, Duration::from_secs(10)).await;
     let rid = request_id();
@@ -686,18 +687,32 @@ async fn pod_answers_are_held_to_the_decision(backend: Backend) {
         assert!(policies(&srv, &run.run_id).await.is_empty(), "{row}");
     }
 
-    // The pod applied the `tool` approval to a card for another tool: told, not granted.
+    // A pod that says it applied the `tool` approval to a card for another tool than the
+    // operator named: 503, nothing written.
     let (listener, origin) = listen().await;
     let run = pod_run(&srv, &origin, "alice").await;
     let pod_body = approved("shell_exec", "tool")
         .replace("RUN", &run.run_id)
         .replace("REQ", &rid);
     let (_hits, _pod) = broken_pod(listener, 200, pod_body, Duration::ZERO);
-    let (status, answer) = asked(&run.run_id, "tool", Some("web_fetch")).await;
-    assert_eq!(status, StatusCode::OK, "{answer}");
-    let events = resolved(&srv, &run.run_id).await;
-    assert_eq!(events.len(), 1, "{events:#?}");
+    let (status, answer) = asked(&run.run_id, "always", Some("web_fetch")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert!(resolved(&srv, &run.run_id).await.is_empty());
     assert!(policies(&srv, &run.run_id).await.is_empty());
+
+    // An honest pod (the client's) holding a `shell` card: a scoped approval naming
+    // `web_fetch` applies nothing there (409 pending), no bridge, no policy, no event.
+    let (listener, origin) = listen().await;
+    let run = pod_run(&srv, &origin, "alice").await;
+    let (gate, _pod) = pod(listener, &run.credential);
+    let pending = gate.arm(PodArm::new(&rid, &run.run_id, "shell"));
+    let (status, answer) = asked(&run.run_id, "always", Some("web_fetch")).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+    assert_eq!(answer["state"], "pending");
+    assert_eq!(gate.card(&rid).unwrap()["state"], "pending");
+    assert!(resolved(&srv, &run.run_id).await.is_empty());
+    assert!(policies(&srv, &run.run_id).await.is_empty());
+    drop(pending);
 }
 
 /// Origins that would make the API a proxy into the network are refused at creation with

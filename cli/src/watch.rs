@@ -27,6 +27,8 @@ use crate::render;
 const DEFAULT_RETRY: Duration = Duration::from_secs(1);
 /// Longest wait between attempts after errors.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// The longest wait after a window that ended at once with nothing new.
+const QUIET_MAX: Duration = Duration::from_secs(5);
 /// A response that sends nothing this long (the server sends a keep-alive every 15 s)
 /// is treated as broken.
 const STALL: Duration = Duration::from_secs(45);
@@ -216,7 +218,9 @@ pub async fn watch(remote: &Remote, args: &WatchArgs) -> Result<(), Failure> {
             // server that ends each response straight away is asked ever less often.
             Ok(Ended::Window) if !pos.progressed && opened.elapsed() < QUICK_WINDOW => {
                 failures = failures.saturating_add(1);
-                tokio::time::sleep(backoff(pos.retry, failures)).await;
+                // At most 5 s: through a buffered HTTP API every response of an idle
+                // run is empty and quick, and a new event should not wait 30 s.
+                tokio::time::sleep(backoff(pos.retry, failures).min(QUIET_MAX)).await;
             }
             Ok(Ended::Window) => {
                 failures = 0;

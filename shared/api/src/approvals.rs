@@ -302,8 +302,16 @@ async fn decide(
         // recorded in a task of its own, so a client that hangs up cannot cut the two
         // apart (the pod applied it, the resolved event must follow).
         None => {
+            let permit = deps.forwards.clone().try_acquire_owned().map_err(|_| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "too many decisions are being forwarded; retry",
+                )
+                .with_state("agenthost_unreachable")
+            })?;
             let (deps, claims) = (deps.clone(), claims.clone());
             return tokio::spawn(async move {
+                let _permit = permit;
                 forward_decision(&deps, &claims, &run_id, &body, verb).await
             })
             .await
@@ -427,7 +435,17 @@ async fn forward_decision(
             run_id: &head.run_id,
             request_id: &body.request_id,
             scope,
-            by: &claims.sub,
+            tool_name: asked_tool,
+            decision_id: &deps.auth.pod_decision_id(&[
+                &head.run_id,
+                &body.request_id,
+                match verb {
+                    Verb::Approve => "approve",
+                    Verb::Deny => "deny",
+                },
+                scope.as_str(),
+                &claims.sub,
+            ]),
         },
         crate::forward::Reach {
             timeout: config.forward_timeout,
@@ -472,6 +490,11 @@ async fn forward_decision(
     }
     // The pod's tool name, when it is one; a scoped decision names the tool it is for.
     let tool_name = tool_name.filter(|t| !t.is_empty() && t.chars().count() <= MAX_TOOL_NAME);
+    if applied && asked_tool.is_some() && tool_name.as_deref() != asked_tool {
+        return Err(unreachable(
+            "the pod applied the decision to a card for another tool",
+        ));
+    }
     let grant_tool = match (asked_tool, tool_name.as_deref()) {
         (Some(asked), Some(pod)) if asked == pod => Some(asked.to_owned()),
         (Some(asked), Some(pod)) => {

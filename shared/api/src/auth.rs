@@ -112,6 +112,9 @@ pub const RUN_TOKEN_KEY_LABEL: &[u8] = b"tollgate run-token key v1";
 /// `pod_key = HMAC-SHA256(run_key, POD_CREDENTIAL_KEY_LABEL)` (see [`Auth::pod_credential`]).
 const POD_CREDENTIAL_KEY_LABEL: &[u8] = b"tollgate pod-credential key v1";
 
+/// `decision_key = HMAC-SHA256(run_key, POD_DECISION_KEY_LABEL)` (see [`Auth::pod_decision_id`]).
+const POD_DECISION_KEY_LABEL: &[u8] = b"tollgate pod-decision key v1";
+
 /// A run token starts with the run's incarnation: 16 hex digits.
 const INCARNATION_HEX: usize = 16;
 
@@ -151,6 +154,21 @@ impl Auth {
     /// under a key derived from the secret for this purpose alone — a pod holding it can
     /// neither act as the run (its token is another MAC) nor mint anything. Handed to the
     /// creating agent with the run; never stored or logged.
+    /// The `decisionId` of one operator's decision on one pod card (`parts`: run,
+    /// request, verb, scope, operator): the same decision sent again has the same id, and
+    /// a pod cannot tell from it who decided (it is a MAC under a key of its own).
+    pub fn pod_decision_id(&self, parts: &[&str]) -> String {
+        let mut key = HmacSha256::new_from_slice(&self.run_key).expect("HMAC takes any key length");
+        key.update(POD_DECISION_KEY_LABEL);
+        let decision_key = key.finalize().into_bytes();
+        let mut mac = HmacSha256::new_from_slice(&decision_key).expect("HMAC takes any key length");
+        for part in parts {
+            mac.update(&(part.len() as u64).to_be_bytes());
+            mac.update(part.as_bytes());
+        }
+        hex::encode(&mac.finalize().into_bytes()[..16])
+    }
+
     pub fn pod_credential(&self, run_id: &str, incarnation: &str) -> String {
         let mut key = HmacSha256::new_from_slice(&self.run_key).expect("HMAC takes any key length");
         key.update(POD_CREDENTIAL_KEY_LABEL);

@@ -120,7 +120,7 @@ pub fn check_origin(origin: &str, allow_loopback: bool) -> Result<Origin, Origin
     };
     // A name's trailing dot (`localhost.`, `metadata.google.internal.`) names the same host.
     let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
-    let bare = host.strip_suffix('.').unwrap_or(&host).to_owned();
+    let bare = host.trim_end_matches('.').to_owned();
     let loopback = match literal {
         Some(ip) => ip.is_loopback() || ip.to_canonical().is_loopback(),
         None => loopback_name(&bare),
@@ -184,27 +184,14 @@ pub enum Verb {
     Deny,
 }
 
+/// Decisions one process forwards at once, at most.
+pub const MAX_IN_FLIGHT: usize = 256;
+
 /// How far a forward may reach: its time limit and whether loopback origins are allowed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reach {
     pub timeout: Duration,
     pub allow_loopback: bool,
-}
-
-/// The id of one operator's decision on one pod card (`decisionId`): the same operator
-/// sending the same verb and scope again (say, after a lost answer) sends the same id, so
-/// the pod can tell that it already applied exactly this decision.
-pub fn decision_id(run_id: &str, request_id: &str, verb: Verb, scope: Scope, by: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let verb = match verb {
-        Verb::Approve => "approve",
-        Verb::Deny => "deny",
-    };
-    let digest = Sha256::new()
-        .chain_update(b"tollgate pod decision v1")
-        .chain_update([run_id, request_id, verb, scope.as_str(), by].join("\0"))
-        .finalize();
-    hex::encode(&digest[..16])
 }
 
 /// One decision to forward.
@@ -214,8 +201,11 @@ pub struct Decision<'a> {
     pub run_id: &'a str,
     pub request_id: &'a str,
     pub scope: Scope,
-    /// The operator deciding (only its digest, in `decisionId`, reaches the pod).
-    pub by: &'a str,
+    /// The tool the operator named (sent as `toolName`: a pod refuses a card for another).
+    pub tool_name: Option<&'a str>,
+    /// `decisionId` ([`crate::Auth::pod_decision_id`]): the same for the same operator,
+    /// card, verb and scope, so a pod can tell a decision sent again.
+    pub decision_id: &'a str,
 }
 
 /// Forwards one decision (`credential`: the run's pod credential, never logged).
@@ -230,9 +220,9 @@ pub async fn forward(
         run_id,
         request_id,
         scope,
-        by,
+        tool_name,
+        decision_id: id,
     } = decision;
-    let id = decision_id(run_id, request_id, verb, scope, by);
     let Reach {
         timeout,
         allow_loopback,
@@ -280,7 +270,7 @@ pub async fn forward(
         Ok(c) => c,
         Err(e) => return PodAnswer::Unreachable(format!("http client: {e}")),
     };
-    let (path, body) = match verb {
+    let (path, mut body) = match verb {
         Verb::Approve => (
             "tool-approvals",
             json!({"runId": run_id, "requestId": request_id, "scope": scope.as_str(),
@@ -291,6 +281,9 @@ pub async fn forward(
             json!({"runId": run_id, "requestId": request_id, "decisionId": id}),
         ),
     };
+    if let Some(tool) = tool_name {
+        body["toolName"] = tool.into();
+    }
     let url = match origin.url.join(path) {
         Ok(u) => u,
         Err(_) => return PodAnswer::Unreachable("invalid origin".into()),

@@ -54,6 +54,9 @@ pub struct Deps {
     /// Live streams this process holds open at most ([`sse::MAX_OPEN_STREAMS`]); one
     /// more is 503 (a deployed function serves one request per instance anyway).
     pub(crate) streams: Arc<tokio::sync::Semaphore>,
+    /// Decisions being forwarded to pods at once, at most [`forward::MAX_IN_FLIGHT`]; one
+    /// more is 503 (each may wait for its pod up to the forward timeout).
+    pub(crate) forwards: Arc<tokio::sync::Semaphore>,
 }
 
 /// Stops a background task when the last holder goes.
@@ -83,6 +86,7 @@ impl Deps {
             _sweeper: None,
             closing: Arc::new(tokio::sync::watch::channel(false).0),
             streams: Arc::new(tokio::sync::Semaphore::new(sse::MAX_OPEN_STREAMS)),
+            forwards: Arc::new(tokio::sync::Semaphore::new(forward::MAX_IN_FLIGHT)),
         }
     }
 

@@ -247,9 +247,16 @@ impl Tail<'_> {
         self.last_sent = Instant::now();
         // A reader that takes nothing for a keep-alive interval past the window is gone.
         let give_up = self.ends_at.max(Instant::now()) + self.config.keepalive;
-        match tokio::time::timeout_at(give_up.into(), self.tx.send(Bytes::from(frame))).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) | Err(_) => Err(Stop::Gone),
+        let mut closing = self.closing.clone();
+        tokio::select! {
+            sent = tokio::time::timeout_at(give_up.into(), self.tx.send(Bytes::from(frame))) => {
+                match sent {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(_)) | Err(_) => Err(Stop::Gone),
+                }
+            }
+            // Shutting down: a reader that does not take this frame is not waited for.
+            _ = closing.wait_for(|c| *c) => Err(Stop::Gone),
         }
     }
 
@@ -292,7 +299,7 @@ impl Tail<'_> {
                 idle = self.config.poll_min;
                 if page.has_more {
                     // A buffered answer (no time left) is one page: the client resumes.
-                    if Instant::now() >= self.ends_at {
+                    if Instant::now() >= self.ends_at || *self.closing.borrow() {
                         return Ok(());
                     }
                     head = self.head(&run_id).await?;

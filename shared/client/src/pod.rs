@@ -6,7 +6,8 @@
 //! forwards an operator's decision to the pod's routes ([`PodGate::routes`]):
 //!
 //! - `POST /tool-approvals` `{runId, requestId, scope, decisionId?}` and
-//!   `POST /tool-denials` `{runId, requestId, decisionId?}`, and
+//!   `POST /tool-denials` `{runId, requestId, decisionId?}` (either may name the card's
+//!   `toolName`: a card for another tool is refused, 409, and nothing applies), and
 //!   `GET /tool-approvals/{requestId}` (the card). Tollgate sends a `decisionId` (one per
 //!   operator, card, verb and scope): the same decision sent again after its answer was
 //!   lost is answered `applied: true` again ([`PodGate::decide_once`]);
@@ -21,6 +22,7 @@
 //! | 200 `{runId, requestId, toolName, state, applied: false, scope?, resolved: true, expired}` | the card had already ended (`approved`, `denied` or `expired`; a click at or after its deadline expires it) |
 //! | 404 `{state: "unknown"}` | no such card, or the `runId` is not the card's run |
 //! | 409 `{error: "Run is not active.", state: "pending"}` | the card is pending but its run has ended ([`PodGate::end_run`]) |
+//! | 409 `{error: "the card is for another tool", state: "pending"}` | the request names a `toolName` that is not the card's (nothing applied) |
 //! | 401 | missing or wrong bearer credential |
 //! | 400 | a body that is not `{runId, requestId, scope?}` JSON |
 //!
@@ -207,6 +209,8 @@ pub enum PodAnswer {
     Unknown,
     /// Pending, but its run has ended (409 `pending`).
     RunNotActive,
+    /// The decision names another tool than the card's (409 `pending`): nothing applied.
+    OtherTool,
 }
 
 impl PodAnswer {
@@ -215,7 +219,7 @@ impl PodAnswer {
         match self {
             PodAnswer::Applied { .. } | PodAnswer::AlreadyEnded { .. } => 200,
             PodAnswer::Unknown => 404,
-            PodAnswer::RunNotActive => 409,
+            PodAnswer::RunNotActive | PodAnswer::OtherTool => 409,
         }
     }
 
@@ -252,6 +256,9 @@ impl PodAnswer {
             }
             PodAnswer::Unknown => json!({"error": "no such approval request", "state": "unknown"}),
             PodAnswer::RunNotActive => json!({"error": "Run is not active.", "state": "pending"}),
+            PodAnswer::OtherTool => {
+                json!({"error": "the card is for another tool", "state": "pending"})
+            }
         }
     }
 }
@@ -466,12 +473,12 @@ impl PodGate {
 
     /// Approves a card as the `/tool-approvals` route does.
     pub fn approve(&self, run_id: &str, request_id: &str, scope: Scope) -> PodAnswer {
-        self.decide(run_id, request_id, Verb::Approve(scope), None)
+        self.decide(run_id, request_id, Verb::Approve(scope), None, None)
     }
 
     /// Denies a card as the `/tool-denials` route does.
     pub fn deny(&self, run_id: &str, request_id: &str) -> PodAnswer {
-        self.decide(run_id, request_id, Verb::Deny, None)
+        self.decide(run_id, request_id, Verb::Deny, None, None)
     }
 
     /// Decides a card as the routes do for a request carrying Tollgate's `decisionId`
@@ -489,7 +496,7 @@ impl PodGate {
             Some(scope) => Verb::Approve(scope),
             None => Verb::Deny,
         };
-        self.decide(run_id, request_id, verb, Some(decision_id))
+        self.decide(run_id, request_id, verb, Some(decision_id), None)
     }
 
     fn decide(
@@ -498,6 +505,7 @@ impl PodGate {
         request_id: &str,
         verb: Verb,
         decision_id: Option<&str>,
+        tool_name: Option<&str>,
     ) -> PodAnswer {
         let mut guard = self.inner.lock();
         let cards = &mut *guard;
@@ -508,6 +516,10 @@ impl PodGate {
         else {
             return PodAnswer::Unknown;
         };
+        // A decision meant for another tool applies to nothing here.
+        if tool_name.is_some_and(|t| t != card.arm.tool_name) {
+            return PodAnswer::OtherTool;
+        }
         card.expire_if_due(Instant::now());
         if let Some(decision) = card.state {
             let same = decision_id.is_some()
@@ -728,8 +740,14 @@ fn authorization(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// `{runId, requestId, scope?}` from a decision body, or why it is not one.
-/// `(runId, requestId, scope, decisionId?)` of a decision request.
-type DecisionFields = (String, String, Scope, Option<String>);
+/// A decision request's `runId`, `requestId`, `scope`, `decisionId?` and `toolName?`.
+struct DecisionFields {
+    run_id: String,
+    request_id: String,
+    scope: Scope,
+    decision_id: Option<String>,
+    tool_name: Option<String>,
+}
 
 fn decision_body(body: &[u8]) -> Result<DecisionFields, String> {
     let value: Value = serde_json::from_slice(body)
@@ -748,7 +766,17 @@ fn decision_body(body: &[u8]) -> Result<DecisionFields, String> {
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty() && s.len() <= 128)
         .map(str::to_owned);
-    Ok((text("runId")?, text("requestId")?, scope, decision_id))
+    let tool_name = value
+        .get("toolName")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    Ok(DecisionFields {
+        run_id: text("runId")?,
+        request_id: text("requestId")?,
+        scope,
+        decision_id,
+        tool_name,
+    })
 }
 
 async fn approve_route(State(gate): State<PodGate>, headers: HeaderMap, body: Bytes) -> Response {
@@ -756,9 +784,13 @@ async fn approve_route(State(gate): State<PodGate>, headers: HeaderMap, body: By
         return unauthorized();
     }
     match decision_body(&body) {
-        Ok((run_id, request_id, scope, id)) => {
-            answer(gate.decide(&run_id, &request_id, Verb::Approve(scope), id.as_deref()))
-        }
+        Ok(d) => answer(gate.decide(
+            &d.run_id,
+            &d.request_id,
+            Verb::Approve(d.scope),
+            d.decision_id.as_deref(),
+            d.tool_name.as_deref(),
+        )),
         Err(why) => bad_request(&why),
     }
 }
@@ -768,9 +800,13 @@ async fn deny_route(State(gate): State<PodGate>, headers: HeaderMap, body: Bytes
         return unauthorized();
     }
     match decision_body(&body) {
-        Ok((run_id, request_id, _, id)) => {
-            answer(gate.decide(&run_id, &request_id, Verb::Deny, id.as_deref()))
-        }
+        Ok(d) => answer(gate.decide(
+            &d.run_id,
+            &d.request_id,
+            Verb::Deny,
+            d.decision_id.as_deref(),
+            d.tool_name.as_deref(),
+        )),
         Err(why) => bad_request(&why),
     }
 }

@@ -1048,8 +1048,30 @@ pub async fn forwarded_decisions_are_recorded_once(store: Store) {
         store.record_forwarded(&run_id, &card, None).await.unwrap(),
         Forwarded::Already(seq)
     );
+    // Revoked, then the same applied decision sent again: the revocation stands.
+    store
+        .revoke_policy(&key, "web_fetch", "bob", tollgate_domain::now_millis())
+        .await
+        .unwrap();
+    let again = tool_policy(&run_id, &rid, "web_fetch");
+    assert_eq!(
+        store
+            .record_forwarded(&run_id, &card, Some(again))
+            .await
+            .unwrap(),
+        Forwarded::Already(seq)
+    );
+    let policy = store.read_policy(&key, "web_fetch").await.unwrap().unwrap();
+    assert!(!policy.is_live(), "{policy:?}");
     let events = all_events(&store, &run_id).await;
-    assert_eq!(types(&events), ["run_started", "tool.approval_resolved"]);
+    assert_eq!(
+        types(&events),
+        [
+            "run_started",
+            "tool.approval_resolved",
+            "tool.policy_revoked"
+        ]
+    );
     assert_eq!(events[1]["requestId"], json!(rid));
     assert_eq!(events[1]["approved"], true);
     assert_eq!(events[1]["sequence"], json!(seq));
@@ -1090,6 +1112,7 @@ pub async fn forwarded_decisions_are_recorded_once(store: Store) {
         [
             "run_started",
             "tool.approval_resolved",
+            "tool.policy_revoked",
             "tool.approval_resolved",
             "run_completed"
         ]

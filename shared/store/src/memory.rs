@@ -536,6 +536,15 @@ impl ApprovalStore for MemoryStore {
         if !running {
             return Ok(answer);
         }
+        // Once the event was there, a grant goes only where no policy is (granted or
+        // revoked): the same decision sent again never undoes a revocation.
+        let fresh = matches!(answer, Forwarded::Fresh(_));
+        let grant = grant.filter(|p| {
+            fresh
+                || !state
+                    .policies
+                    .contains_key(&(p.scope_key.clone(), p.tool_name.clone()))
+        });
         if let (Some(mut policy), ApprovalState::Approved) = (grant, card.state) {
             policy.reached_runs = vec![card.run_id.clone()];
             state

@@ -623,6 +623,17 @@ impl ApprovalStore for DynamoStore {
             }
             let sequence = head.next_seq;
             let mut side = Vec::new();
+            // Once the event is there, a grant is written only where no policy is (granted
+            // or revoked): the same decision sent again never undoes a revocation.
+            if let (Some(seq), Some(policy)) = (written, &grant) {
+                if self
+                    .get_policy(&policy.scope_key, &policy.tool_name)
+                    .await?
+                    .is_some()
+                {
+                    return Ok(Forwarded::Already(seq));
+                }
+            }
             if let (Some(policy), ApprovalState::Approved) = (&grant, card.state) {
                 let mut policy = policy.clone();
                 policy.reached_runs = vec![card.run_id.clone()];

@@ -157,7 +157,9 @@ impl DynamoStore {
                     if let WriteKind::Advance { end } = run.kind {
                         let mut head = run.head.clone();
                         head.next_seq += run.events.len() as u64;
-                        head.last_event_at = now;
+                        if !run.events.is_empty() {
+                            head.last_event_at = now;
+                        }
                         head.open_cards = (head.open_cards as i64 + run.open_cards).max(0) as u64;
                         if let Some(used) = &run.budget_used {
                             head.budget_used = Some(used.clone());
@@ -263,7 +265,16 @@ impl DynamoStore {
             .expression_attribute_values(":seen", n(head.next_seq))
             .expression_attribute_values(":running", s(RunStatus::Running.as_str()))
             .expression_attribute_values(":new", n(new_next_seq))
-            .expression_attribute_values(":now", n(now))
+            // A write without events (a side item guarded by the head) is no sign of life:
+            // the run's last event time stays.
+            .expression_attribute_values(
+                ":now",
+                n(if run.events.is_empty() {
+                    head.last_event_at
+                } else {
+                    now
+                }),
+            )
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         if let Some(exp) = expires {
             update = update.expression_attribute_values(":exp", exp);
@@ -297,7 +308,7 @@ impl DynamoStore {
                 .expression_attribute_values(":tseq", n(new_next_seq - 1));
             // An ended child leaves the stall guard's index.
             remove = " REMOVE running_child";
-        } else if head.kind == RunKind::Child {
+        } else if head.kind == RunKind::Child && !run.events.is_empty() {
             // A child that speaks is (back) in the stall guard's index: a stall report,
             // or the cleanup of a child whose coordinator ended, took it out until then.
             set.push_str(", running_child = :rc");
