@@ -862,7 +862,7 @@ async fn lost_timer_is_swept(backend: Backend) {
     )
     .await;
     let mut events = Vec::new();
-    for _ in 0..60 {
+    for _ in 0..200 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         events = srv.replay_all(&run_id, &token, 100).await;
         if events.len() >= 3 {
@@ -893,9 +893,11 @@ fn chrono_millis(ts: &str) -> i64 {
 /// not) is never declared stalled; a child that emitted `tool.approval_required`, then
 /// `tool.error`, then went silent is — once.
 async fn stall_guard(backend: Backend) {
+    // Heartbeats every 300 ms keep the waiting child well inside a 2 s stall timeout,
+    // also on a loaded machine.
     let config = GateConfig {
         sweep_every: Duration::from_millis(200),
-        stall_timeout: Duration::from_millis(800),
+        stall_timeout: Duration::from_millis(2000),
         ..gate(300)
     };
     let srv = TestServer::with_deps(TestServer::deps(store_for(backend).await, config)).await;
@@ -934,7 +936,24 @@ async fn stall_guard(backend: Backend) {
         json!([{"type": "tool.error", "error": "denied"}]),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Until the quitter is reported (bounded), then a few more sweeps: once only.
+    let stalled = |events: &[Value]| {
+        events
+            .iter()
+            .any(|e| e["type"] == "coordinator.child_stall_detected")
+    };
+    let mut coord = Vec::new();
+    for _ in 0..150 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        coord = srv
+            .replay_all(&f.coordinator, &srv.operator_token, 1000)
+            .await;
+        if stalled(&coord) {
+            break;
+        }
+    }
+    assert!(stalled(&coord), "{:?}", types(&coord));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     let coord = srv
         .replay_all(&f.coordinator, &srv.operator_token, 1000)
         .await;
