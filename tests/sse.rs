@@ -454,8 +454,9 @@ async fn a_stream_ends_when_its_token_does() {
     assert!(rest.iter().all(|f| f.comment), "{rest:?}");
 }
 
-/// GIVEN a server that holds at most 2 live streams WHEN a third opens THEN 503 with
-/// `Retry-After` (JSON, before any stream byte); once one closes, a new one opens.
+/// GIVEN a server that holds at most 2 live streams per class WHEN a third run-token
+/// stream opens THEN 503 with `Retry-After` (JSON, before any stream byte) while an
+/// operator's still opens; once one closes, a new one opens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_streams_are_bounded() {
     let deps = TestServer::deps(store_for(Backend::Memory).await, GateConfig::default())
@@ -476,6 +477,8 @@ async fn open_streams_are_bounded() {
     assert!(resp.headers().contains_key("retry-after"));
     let body: Value = resp.json().await.unwrap();
     assert!(body["error"].as_str().unwrap().contains("live streams"));
+    // Operators have places of their own: the agent's streams do not lock them out.
+    let _op = open(&srv, &path, &srv.operator_token, None).await;
     drop(a);
     // The server notices the closed connection and frees its place.
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -51,9 +51,11 @@ pub struct Deps {
     /// Set once the process is shutting down: open live streams end cleanly (their
     /// clients resume elsewhere with `Last-Event-ID`) instead of holding the shutdown.
     closing: Arc<tokio::sync::watch::Sender<bool>>,
-    /// Live streams this process holds open at most ([`sse::MAX_OPEN_STREAMS`]); one
-    /// more is 503 (a deployed function serves one request per instance anyway).
-    pub(crate) streams: Arc<tokio::sync::Semaphore>,
+    /// Live streams this process holds open at most ([`sse::MAX_OPEN_STREAMS`] for
+    /// operators, as many again for agents and run tokens, so agents cannot crowd
+    /// operators out); one more is 503 (a deployed function serves one request per
+    /// instance anyway).
+    pub(crate) streams: Arc<sse::StreamSlots>,
     /// Decisions being forwarded to pods at once, at most [`forward::MAX_IN_FLIGHT`]; one
     /// more is 503 (each may wait for its pod up to the forward timeout).
     pub(crate) forwards: Arc<tokio::sync::Semaphore>,
@@ -85,7 +87,7 @@ impl Deps {
             consumer: None,
             _sweeper: None,
             closing: Arc::new(tokio::sync::watch::channel(false).0),
-            streams: Arc::new(tokio::sync::Semaphore::new(sse::MAX_OPEN_STREAMS)),
+            streams: Arc::new(sse::StreamSlots::new(sse::MAX_OPEN_STREAMS)),
             forwards: Arc::new(tokio::sync::Semaphore::new(forward::MAX_IN_FLIGHT)),
         }
     }
@@ -164,9 +166,10 @@ impl Deps {
         self
     }
 
-    /// Holds at most `n` live streams open at once (default [`sse::MAX_OPEN_STREAMS`]).
+    /// Holds at most `n` live streams open at once for operators and `n` for everyone
+    /// else (default [`sse::MAX_OPEN_STREAMS`] each).
     pub fn with_stream_limit(mut self, n: usize) -> Self {
-        self.streams = Arc::new(tokio::sync::Semaphore::new(n));
+        self.streams = Arc::new(sse::StreamSlots::new(n));
         self
     }
 

@@ -32,8 +32,24 @@ use crate::replay::authorize_read;
 use crate::request::query_param;
 use crate::{ApiError, ConfigError, Deps};
 
-/// Live streams one process holds open at most; one more is 503 with `Retry-After`.
-pub const MAX_OPEN_STREAMS: usize = 1000;
+/// Live streams one process holds open at most for operators, and as many again for
+/// agents and run tokens; one more is 503 with `Retry-After`.
+pub const MAX_OPEN_STREAMS: usize = 500;
+
+/// The places for open streams: operators' apart from everyone else's.
+pub struct StreamSlots {
+    operators: std::sync::Arc<tokio::sync::Semaphore>,
+    others: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+impl StreamSlots {
+    pub fn new(each: usize) -> Self {
+        Self {
+            operators: std::sync::Arc::new(tokio::sync::Semaphore::new(each)),
+            others: std::sync::Arc::new(tokio::sync::Semaphore::new(each)),
+        }
+    }
+}
 
 /// Events per page read while streaming.
 const PAGE: usize = 500;
@@ -182,7 +198,13 @@ pub(crate) async fn open(
             window = window.min(Duration::from_secs(claims.exp.saturating_sub(now)));
         }
     }
-    let permit = deps.streams.clone().try_acquire_owned().map_err(|_| {
+    let slots = match &caller {
+        crate::auth::Caller::Jwt(c) if c.role == crate::auth::Role::Operator => {
+            &deps.streams.operators
+        }
+        _ => &deps.streams.others,
+    };
+    let permit = slots.clone().try_acquire_owned().map_err(|_| {
         ApiError::new(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
             "too many open live streams here; retry",
