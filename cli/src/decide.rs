@@ -205,15 +205,17 @@ pub async fn decide(
             describe(e)
         ))
     })?;
-    let (line, as_asked) = answer_line(&answer, verb, scope);
+    let (line, as_asked) = answer_line(&answer, verb, scope, remote.me.as_deref());
     println!("{line}");
     Ok(if as_asked { 0 } else { 1 })
 }
 
 /// The decision answer in words, and whether the card is in the state this click asked
-/// for. A later click answers 200 too, with the card's real state: one that differs
-/// from the ask (or `expired`) means the card had already ended.
-fn answer_line(answer: &Value, verb: Verb, asked_scope: &str) -> (String, bool) {
+/// for, decided by `me` (when the token names who that is). A later click answers 200
+/// too, with the card's real state: one that differs from the ask (or `expired`), or
+/// that someone else (or nobody Tollgate can name) decided, means the card had already
+/// ended.
+fn answer_line(answer: &Value, verb: Verb, asked_scope: &str, me: Option<&str>) -> (String, bool) {
     let text = |k: &str| answer.get(k).and_then(Value::as_str).map(clean);
     let state = text("state").unwrap_or_else(|| "unknown".into());
     let expired = answer["expired"].as_bool().unwrap_or(false) || state == "expired";
@@ -223,7 +225,12 @@ fn answer_line(answer: &Value, verb: Verb, asked_scope: &str) -> (String, bool) 
     if expired {
         return ("already resolved: expired".into(), false);
     }
-    if state == verb.state() {
+    let decided_by = answer.get("decided_by").and_then(Value::as_str);
+    let mine = match me {
+        Some(me) => decided_by == Some(me),
+        None => true,
+    };
+    if state == verb.state() && mine {
         let line = match verb {
             // The scope the answer names, else the one this click asked for.
             Verb::Approve => format!(
@@ -250,7 +257,7 @@ mod tests {
 
     #[test]
     fn answers_in_words() {
-        let a = |v: Value, verb| answer_line(&v, verb, "once");
+        let a = |v: Value, verb| answer_line(&v, verb, "once", None);
         assert_eq!(
             a(
                 json!({"approved": true, "resolved": true, "state": "approved", "expired": false, "decided_by": "alice"}),
@@ -293,6 +300,46 @@ mod tests {
             ),
             ("already resolved: denied by bob".into(), false)
         );
+    }
+
+    #[test]
+    fn a_card_someone_else_decided_is_already_resolved() {
+        let approved = json!({"approved": true, "state": "approved", "expired": false,
+                              "decided_by": "bob", "scope": "tool"});
+        assert_eq!(
+            answer_line(&approved, Verb::Approve, "once", Some("alice")),
+            (
+                "already resolved: approved (scope tool) by bob".into(),
+                false
+            )
+        );
+        assert_eq!(
+            answer_line(&approved, Verb::Approve, "tool", Some("bob")),
+            ("approved (scope tool) by bob".into(), true)
+        );
+        // Decided earlier, by nobody Tollgate can name (a pod's answer): not this click.
+        let unnamed = json!({"approved": true, "state": "approved", "expired": false});
+        assert_eq!(
+            answer_line(&unnamed, Verb::Approve, "once", Some("alice")),
+            ("already resolved: approved".into(), false)
+        );
+        let denied = json!({"denied": true, "state": "denied", "expired": false,
+                            "decided_by": "bob"});
+        assert_eq!(
+            answer_line(&denied, Verb::Deny, "once", Some("alice")),
+            ("already resolved: denied by bob".into(), false)
+        );
+    }
+
+    #[test]
+    fn token_subjects_are_read_without_trusting_them() {
+        assert_eq!(
+            crate::remote::token_sub_for_tests(
+                "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbGljZSIsInJvbGUiOiJvcGVyYXRvciJ9.x"
+            ),
+            Some("alice".into())
+        );
+        assert_eq!(crate::remote::token_sub_for_tests("0123abcd"), None);
     }
 
     #[test]

@@ -59,6 +59,25 @@ impl Failure {
 pub struct Remote {
     base: Url,
     pub http: reqwest::Client,
+    /// The `sub` the token names, read without verifying it (the server verifies): who
+    /// "me" is when an answer says who decided.
+    pub me: Option<String>,
+}
+
+#[cfg(test)]
+pub fn token_sub_for_tests(token: &str) -> Option<String> {
+    token_sub(token)
+}
+
+/// The `sub` claim of a JWT, unverified; `None` for anything else (a run token).
+fn token_sub(token: &str) -> Option<String> {
+    use base64::Engine;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    claims.get("sub")?.as_str().map(str::to_owned)
 }
 
 /// How long a plain (non-streaming) request may take.
@@ -101,7 +120,11 @@ impl Remote {
         let http = builder.build().map_err(|e| {
             Failure::unavailable(format!("cannot start an HTTP client: {}", describe(e)))
         })?;
-        Ok(Self { base, http })
+        Ok(Self {
+            base,
+            http,
+            me: token_sub(token.trim()),
+        })
     }
 
     /// `base/seg/seg/…`, every segment percent-encoded.
