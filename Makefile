@@ -9,7 +9,7 @@ AWS_TESTS := binary(contract_dynamo) | binary(timers_sqs) | test(/^dynamo(::|_on
 
 # Every Lambda function binary (one crate each under functions/): the registry's names
 # (shared/api/src/functions.rs); tests/template.rs holds this list to it.
-FUNCTIONS := ingress approvals settlement timers stall-watch replay replay-stream
+FUNCTIONS := ingress approvals settlement timers stall-watch replay replay-stream operator-stream
 CARGO_LAMBDA_ARCH := $(if $(filter arm64,$(ARCH)),--arm64,$(if $(filter x86_64,$(ARCH)),--x86-64,$(error ARCH must be arm64 or x86_64)))
 
 .PHONY: help run test test-unit test-integration test-lambda cold-init lint lint-template emulators-up emulators-down bench build deploy
@@ -81,7 +81,7 @@ build:
 	    --lambda-dir target/lambda $(foreach f,$(FUNCTIONS),-p $(f))
 	@for f in $(FUNCTIONS); do \
 	  z=target/lambda/$$f/bootstrap.zip; \
-	  printf '%-13s %s  %s bytes (%s)\n' "$$f" "$$z" "$$(stat -c %s $$z)" "$(ARCH)"; \
+	  printf '%-15s %s  %s bytes (%s)\n' "$$f" "$$z" "$$(stat -c %s $$z)" "$(ARCH)"; \
 	done
 
 # Needs the AWS SAM CLI and credentials; it cannot run on machines without AWS access.

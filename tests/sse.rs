@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+use tollgate_api::functions::Callers;
 use tollgate_api::sse::SseConfig;
 use tollgate_api::GateConfig;
 use tollgate_tests::{store_for, Backend, TestServer};
@@ -352,6 +353,66 @@ async fn dropped_twenty_times_misses_nothing(backend: Backend) {
     );
 }
 
+/// GIVEN the function that serves operators only (`operator-stream`) on the same store
+/// as one that serves everyone WHEN the run's creating agent, its run token and an
+/// operator ask it for the run's live stream and its replay THEN the agent and the run
+/// token get 403 as JSON (for the stream and for the replay, nothing streamed), and the
+/// operator gets every frame, then `done`.
+async fn operator_stream_serves_operators_only(backend: Backend) {
+    let store = store_for(backend).await;
+    let everyone = TestServer::with_store(store.clone()).await;
+    let operators = TestServer::with_deps(
+        TestServer::deps(store, GateConfig::default()).with_callers(Callers::Operators),
+    )
+    .await;
+    let (run_id, token) = everyone.create_run(json!({})).await;
+    append(&everyone, &run_id, &token, 2).await;
+    let (status, _) = everyone
+        .post(&format!("/api/runs/{run_id}/complete"), &token, &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let stream = format!("/api/runs/{run_id}/stream");
+    let replay = format!("/api/runs/{run_id}/events");
+    for who in [&everyone.agent_token, &token] {
+        // Still readable where everyone is served.
+        let _ = open(&everyone, &stream, who, None).await;
+        for path in [&stream, &replay] {
+            let resp = operators
+                .http
+                .get(operators.url(path))
+                .bearer_auth(who)
+                .header("accept", "text/event-stream")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{path}");
+            assert!(resp.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("application/json"));
+            let body: Value = resp.json().await.unwrap();
+            assert!(
+                body["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("operator tokens only"),
+                "{body}"
+            );
+        }
+        let (status, body) = operators.get(&replay, who).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    }
+    let mut s = open(&operators, &stream, &operators.operator_token, None).await;
+    let frames = rest_of(&mut s).await.expect("the stream ends after done");
+    let ids: Vec<u64> = frames.iter().filter_map(|f| f.id).collect();
+    assert_eq!(ids, [1, 2, 3, 4]);
+    let last = frames.last().unwrap();
+    assert_eq!((last.event.as_deref(), last.id), (Some("done"), None));
+    let (status, body) = operators.get(&replay, &operators.operator_token).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["events"].as_array().unwrap().len(), 4);
+}
+
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -377,6 +438,7 @@ on_both_stores!(
     frames_resume_and_done,
     keepalive_live_and_window,
     dropped_twenty_times_misses_nothing,
+    operator_stream_serves_operators_only,
 );
 
 /// GIVEN a real `tollgate serve` (window of an hour) with a live stream open WHEN the

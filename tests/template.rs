@@ -300,6 +300,18 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                 ("EventsTable/index/by_sequence", &["dynamodb:Query"]),
             ]),
         ),
+        (
+            "OperatorStreamFunction",
+            grant(&[
+                (
+                    "OperatorStreamLogGroup",
+                    &["logs:CreateLogStream", "logs:PutLogEvents"],
+                ),
+                ("SigningSecret", &["secretsmanager:GetSecretValue"]),
+                ("RunsTable", &["dynamodb:GetItem"]),
+                ("EventsTable/index/by_sequence", &["dynamodb:Query"]),
+            ]),
+        ),
     ])
 }
 

@@ -55,6 +55,18 @@ impl Routes {
     }
 }
 
+/// Whose requests an HTTP function answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Callers {
+    /// Every caller its routes admit.
+    #[default]
+    Anyone,
+    /// Operator tokens only; anyone else gets 403 before anything is read. A function
+    /// of its own (with its own reserved concurrency) for operators' live streams, so
+    /// agents waiting on their cards cannot take every place on the streaming endpoint.
+    Operators,
+}
+
 /// One Lambda function: a crate `functions/<name>` whose binary is `<name>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Function {
@@ -65,11 +77,14 @@ pub struct Function {
     pub logical_id: &'static str,
     /// What an HTTP function serves; `None` for the others.
     pub routes: Option<Routes>,
+    /// Whose requests it answers.
+    pub callers: Callers,
 }
 
 impl Function {
     /// The router of an HTTP function (`None` for SQS and schedule functions).
     pub fn router(&self, deps: Deps) -> Option<Router> {
+        let deps = deps.with_callers(self.callers);
         self.routes.map(|routes| routes.router(deps))
     }
 }
@@ -81,42 +96,56 @@ pub static FUNCTIONS: &[Function] = &[
         trigger: Trigger::Http { streaming: false },
         logical_id: "IngressFunction",
         routes: Some(Routes::Ingress),
+        callers: Callers::Anyone,
     },
     Function {
         name: "approvals",
         trigger: Trigger::Http { streaming: false },
         logical_id: "ApprovalsFunction",
         routes: Some(Routes::Approvals),
+        callers: Callers::Anyone,
     },
     Function {
         name: "settlement",
         trigger: Trigger::Http { streaming: false },
         logical_id: "SettlementFunction",
         routes: Some(Routes::Settlement),
+        callers: Callers::Anyone,
     },
     Function {
         name: "timers",
         trigger: Trigger::Sqs,
         logical_id: "TimersFunction",
         routes: None,
+        callers: Callers::Anyone,
     },
     Function {
         name: "stall-watch",
         trigger: Trigger::Schedule,
         logical_id: "StallWatchFunction",
         routes: None,
+        callers: Callers::Anyone,
     },
     Function {
         name: "replay",
         trigger: Trigger::Http { streaming: false },
         logical_id: "ReplayFunction",
         routes: Some(Routes::Replay),
+        callers: Callers::Anyone,
     },
     Function {
         name: "replay-stream",
         trigger: Trigger::Http { streaming: true },
         logical_id: "ReplayStreamFunction",
         routes: Some(Routes::Replay),
+        callers: Callers::Anyone,
+    },
+    Function {
+        name: "operator-stream",
+        trigger: Trigger::Http { streaming: true },
+        logical_id: "OperatorStreamFunction",
+        routes: Some(Routes::Replay),
+        callers: Callers::Operators,
     },
 ];
 

@@ -59,6 +59,9 @@ pub struct Deps {
     /// Decisions being forwarded to pods at once, at most [`forward::MAX_IN_FLIGHT`]; one
     /// more is 503 (each may wait for its pod up to the forward timeout).
     pub(crate) forwards: Arc<tokio::sync::Semaphore>,
+    /// Whose requests the replay routes answer here ([`functions::Callers`]): everyone's
+    /// in `tollgate serve`; operators' only in the `operator-stream` function.
+    pub(crate) callers: functions::Callers,
 }
 
 /// Stops a background task when the last holder goes.
@@ -89,6 +92,7 @@ impl Deps {
             closing: Arc::new(tokio::sync::watch::channel(false).0),
             streams: Arc::new(sse::StreamSlots::new(sse::MAX_OPEN_STREAMS)),
             forwards: Arc::new(tokio::sync::Semaphore::new(forward::MAX_IN_FLIGHT)),
+            callers: functions::Callers::Anyone,
         }
     }
 
@@ -170,6 +174,12 @@ impl Deps {
     /// else (default [`sse::MAX_OPEN_STREAMS`] each).
     pub fn with_stream_limit(mut self, n: usize) -> Self {
         self.streams = Arc::new(sse::StreamSlots::new(n));
+        self
+    }
+
+    /// Answers the replay routes (replay and the live stream) for `callers` only.
+    pub fn with_callers(mut self, callers: functions::Callers) -> Self {
+        self.callers = callers;
         self
     }
 
