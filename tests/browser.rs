@@ -1184,6 +1184,103 @@ async fn an_oversized_stream_line_is_a_broken_stream() {
     .await;
 }
 
+/// Wraps the page's `fetch`: the first run stream it asks for with a `Last-Event-ID`
+/// gets the server's answer to a resume past the run's last event (`400`, what a run id
+/// created anew after its old events expired answers); every request of a run's events
+/// is logged in `window.__log` (`stream:<Last-Event-ID or none>` or `replay:<after>`).
+const RESUME_PAST_THE_END_JS: &str = r#"
+window.__log = [];
+let faked = false;
+const real = window.fetch;
+window.fetch = (input, init) => {
+  const url = new URL(String(input), location.href);
+  const accept = init && init.headers && init.headers.Accept;
+  if (/\/api\/runs\/[^/]+\/events$/.test(url.pathname)) {
+    if (accept === 'text/event-stream') {
+      const last = init.headers['Last-Event-ID'];
+      window.__log.push('stream:' + (last || 'none'));
+      if (last && !faked) {
+        faked = true;
+        return Promise.resolve(new Response(
+          JSON.stringify({error: 'Last-Event-ID/after ' + last + " is past the run's last event (1)"}),
+          {status: 400, headers: {'content-type': 'application/json'}}));
+      }
+    } else {
+      window.__log.push('replay:' + url.searchParams.get('after'));
+    }
+  }
+  return real(input, init);
+};
+return true;
+"#;
+
+/// A resume answered `400` (the run id names a run created anew: the console's last
+/// sequence is past its end) starts the run over from sequence 0 — a replay from the
+/// start, then a stream — instead of resuming the dead cursor for ever; the card stays
+/// and goes live again.
+#[tokio::test]
+async fn a_resume_past_the_end_starts_the_run_over() {
+    bounded(async {
+        let server = server(&["web_fetch"]).await;
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        let (run, token) = server.create_run(json!({"owner": "alice"})).await;
+        let id = arm(&server, &run, &token, json!({})).await;
+        load_console(&client, &server).await;
+        client
+            .execute(RESUME_PAST_THE_END_JS, vec![])
+            .await
+            .unwrap();
+        sign_in(&client, &server, &operator(&server, "alice")).await;
+        wait_card(&client, &id, Duration::from_secs(3), "shown", pending).await;
+        let started = Instant::now();
+        let log = loop {
+            let v = client.execute("return window.__log", vec![]).await.unwrap();
+            let log: Vec<String> = serde_json::from_value(v).unwrap();
+            let refused = log
+                .iter()
+                .position(|e| e.starts_with("stream:") && e != "stream:none");
+            if let Some(i) = refused {
+                // After the refused resume: a replay from 0, then a stream resuming from
+                // what that replay read.
+                let rest = &log[i + 1..];
+                let replay = rest.iter().position(|e| e == "replay:0");
+                if let Some(j) = replay {
+                    if rest[j + 1..].iter().any(|e| e.starts_with("stream:")) {
+                        assert!(
+                            !rest[..j].iter().any(|e| e.starts_with("stream:")),
+                            "no resume of the old cursor before starting over: {log:?}"
+                        );
+                        break log;
+                    }
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the run was not started over: {log:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        println!("requests of the run's events: {log:?}");
+        wait_card(&client, &id, Duration::from_secs(6), "live again", |c| {
+            pending(c) && c["live"] == true
+        })
+        .await;
+        // And it follows the run live from there: a new card shows without a reload.
+        let second = arm(&server, &run, &token, json!({})).await;
+        wait_card(
+            &client,
+            &second,
+            Duration::from_secs(3),
+            "shown live",
+            pending,
+        )
+        .await;
+        client.close().await.unwrap();
+    })
+    .await;
+}
+
 /// A `200` HTML page where the console expects JSON (the open-cards listing, a run's
 /// events) is no answer: the open card stays (it is not taken for ended), the header
 /// says Tollgate is not answering, and the next real answer clears it.

@@ -218,8 +218,11 @@
   // or oversized stream) waits a backoff that doubles up to MAX_BACKOFF_MS; only a stream
   // that delivered an event or ended cleanly starts it over.
   //   onEvent(event) for each event; onDone() after the terminal `done` frame;
-  //   onGone(status) for 403/404 (not visible to this token).
-  async function followStream(runId, cursor, signal, { onEvent, onDone, onGone, onStatus }) {
+  //   onGone(status) for 403/404 (not visible to this token);
+  //   onRestart() for a 400 to a resume (Last-Event-ID past the run's last event: the
+  //   run id names a new run now, its old events expired): the stream ends, the caller
+  //   starts the run over from sequence 0 — retrying the old id would fail for ever.
+  async function followStream(runId, cursor, signal, { onEvent, onDone, onGone, onRestart, onStatus }) {
     let backoff = 1000;
     while (!signal.aborted) {
       let wait = 1000;
@@ -231,6 +234,11 @@
         });
         if (resp.status === 401) { unauthorized(); return; }
         if (resp.status === 403 || resp.status === 404) { onGone(resp.status); return; }
+        if (resp.status === 400 && cursor.lastSeq > 0) {
+          resp.body && resp.body.cancel().catch(() => {});
+          onRestart();
+          return;
+        }
         if (!resp.ok || !resp.body) throw new Error('HTTP ' + resp.status);
         if (!isEventStream(resp)) {
           resp.body.cancel().catch(() => {});
@@ -372,6 +380,8 @@
           onEvent: (ev) => applyEvent(run, ev, null),
           onDone: () => { run.terminal = true; },
           onGone: () => { run.gone = true; },
+          // Replayed from the start by the next catch-up (the reschedule below).
+          onRestart: () => { run.lastSeq = 0; run.caughtUp = false; run.owner = undefined; },
           onStatus: (s) => setRunLive(run, s === 'live'),
         });
       } catch (e) {
@@ -879,7 +889,7 @@
       el('td', {}, el('code', { text })));
   }
 
-  function startAudit(runId) {
+  function startAudit(runId, restarted) {
     stopAudit();
     const ctrl = new AbortController();
     const cursor = { lastSeq: 0 };
@@ -889,7 +899,7 @@
     setText($('audit-caption'), 'Events of run ' + runId + ', in sequence order');
     $('audit-table').hidden = false;
     const status = $('audit-status');
-    setText(status, 'Loading run ' + runId + '…');
+    setText(status, restarted ? 'Run ' + runId + ' was created anew (its earlier events expired); loading it…' : 'Loading run ' + runId + '…');
     followStream(runId, cursor, ctrl.signal, {
       onEvent: (ev) => {
         const seq = Number(ev.sequence);
@@ -903,6 +913,7 @@
         $('audit-table').hidden = true;
         setText(status, code === 404 ? 'No run ' + runId + ' (or not visible to this token).' : 'Not allowed to read run ' + runId + '.');
       },
+      onRestart: () => { if (audit && audit.ctrl === ctrl) startAudit(runId, true); },
       onStatus: (s) => {
         if (s === 'retrying') setText(status, cursor.lastSeq + ' events · reconnecting…');
         else if (s === 'live' && cursor.lastSeq === 0) setText(status, 'Following run ' + runId + '…');
