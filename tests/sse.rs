@@ -356,8 +356,8 @@ async fn dropped_twenty_times_misses_nothing(backend: Backend) {
 /// GIVEN the function that serves operators only (`operator-stream`) on the same store
 /// as one that serves everyone WHEN the run's creating agent, its run token and an
 /// operator ask it for the run's live stream and its replay THEN the agent and the run
-/// token get 403 as JSON (for the stream and for the replay, nothing streamed), and the
-/// operator gets every frame, then `done`.
+/// token get 403 as JSON (for the stream and for the replay, nothing streamed; every other
+/// route too, and 401 without a token), and the operator gets every frame, then `done`.
 async fn operator_stream_serves_operators_only(backend: Backend) {
     let store = store_for(backend).await;
     let everyone = TestServer::with_store(store.clone()).await;
@@ -402,6 +402,39 @@ async fn operator_stream_serves_operators_only(backend: Backend) {
         let (status, body) = operators.get(&replay, who).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     }
+    // Every route of that function, the console and unknown paths included, and before
+    // the path is even parsed: no token is 401, any other token 403, as JSON.
+    for (path, token, want) in [
+        (
+            "/console",
+            Some(everyone.agent_token.as_str()),
+            StatusCode::FORBIDDEN,
+        ),
+        ("/console", None, StatusCode::UNAUTHORIZED),
+        (stream.as_str(), None, StatusCode::UNAUTHORIZED),
+        ("/api/runs/%FF/stream", None, StatusCode::UNAUTHORIZED),
+        (
+            "/no/such/route",
+            Some(token.as_str()),
+            StatusCode::FORBIDDEN,
+        ),
+    ] {
+        let mut req = operators.http.get(operators.url(path));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let (status, body) = operators.send(req).await;
+        assert_eq!(status, want, "{path}: {body}");
+        assert!(body["error"].is_string(), "{path}: {body}");
+    }
+    let page = operators
+        .http
+        .get(operators.url("/console"))
+        .bearer_auth(&operators.operator_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
     let mut s = open(&operators, &stream, &operators.operator_token, None).await;
     let frames = rest_of(&mut s).await.expect("the stream ends after done");
     let ids: Vec<u64> = frames.iter().filter_map(|f| f.id).collect();

@@ -51,7 +51,8 @@ impl Routes {
     /// A whole function's router: these routes, JSON 404/405 for anything else, the
     /// access log.
     pub fn router(self, deps: Deps) -> Router {
-        crate::with_fallbacks(self.routes().with_state(deps))
+        let routes = self.routes().with_state(deps.clone());
+        crate::with_fallbacks(routes, &deps)
     }
 }
 
@@ -61,9 +62,10 @@ pub enum Callers {
     /// Every caller its routes admit.
     #[default]
     Anyone,
-    /// Operator tokens only; anyone else gets 403 before anything is read. A function
-    /// of its own (with its own reserved concurrency) for operators' live streams, so
-    /// agents waiting on their cards cannot take every place on the streaming endpoint.
+    /// Operator tokens only, on every route: no token is 401, any other 403, before
+    /// anything is read or even the path parsed. A function of its own (with its own
+    /// reserved concurrency) for operators' live streams, so agents waiting on their
+    /// cards cannot hold every place on the streaming endpoint.
     Operators,
 }
 

@@ -206,13 +206,53 @@ impl Deps {
     }
 }
 
-/// JSON 404/405 for anything no route claims, so every answer is JSON; one access-log
-/// line per request.
-fn with_fallbacks(router: Router) -> Router {
-    router
+/// What an endpoint that serves operators only answers anyone else.
+pub const OPERATORS_ONLY: &str =
+    "this endpoint serves operator tokens only; agents and run tokens use the replay stream \
+     endpoint";
+
+/// `router` as [`Deps::callers`] says: with [`functions::Callers::Operators`], every
+/// request (every route, the fallbacks too) is checked for an operator token before
+/// anything else runs — 401 without a valid token, 403 for any other token, as JSON.
+fn with_callers(router: Router, deps: &Deps) -> Router {
+    match deps.callers {
+        functions::Callers::Anyone => router,
+        functions::Callers::Operators => router.layer(axum::middleware::from_fn_with_state(
+            deps.clone(),
+            operators_only,
+        )),
+    }
+}
+
+async fn operators_only(
+    axum::extract::State(deps): axum::extract::State<Deps>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::extract::FromRequestParts;
+    use axum::response::IntoResponse;
+    let (mut parts, body) = req.into_parts();
+    let creds = match auth::Credentials::from_request_parts(&mut parts, &()).await {
+        Ok(creds) => creds,
+        Err(never) => match never {},
+    };
+    match deps.auth.caller(&creds, None) {
+        Ok(auth::Caller::Jwt(c)) if c.role == Role::Operator => {
+            next.run(axum::extract::Request::from_parts(parts, body))
+                .await
+        }
+        Err(e) if e.status == axum::http::StatusCode::UNAUTHORIZED => e.into_response(),
+        _ => ApiError::forbidden(OPERATORS_ONLY).into_response(),
+    }
+}
+
+/// JSON 404/405 for anything no route claims, so every answer is JSON; the callers'
+/// check ([`with_callers`]); one access-log line per request.
+fn with_fallbacks(router: Router, deps: &Deps) -> Router {
+    let router = router
         .fallback(|| async { ApiError::not_found("no such route") })
-        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
-        .layer(axum::middleware::from_fn(access_log))
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
+    with_callers(router, deps).layer(axum::middleware::from_fn(access_log))
 }
 
 /// Method, route template (never the raw path's query or any header), status, latency.
@@ -261,5 +301,5 @@ pub fn replay_router(deps: Deps) -> Router {
 /// Every route of every HTTP function in [`functions::FUNCTIONS`], each set once, for
 /// `tollgate serve`.
 pub fn app(deps: Deps) -> Router {
-    with_fallbacks(functions::all_routes().with_state(deps))
+    with_fallbacks(functions::all_routes().with_state(deps.clone()), &deps)
 }

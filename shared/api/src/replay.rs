@@ -11,7 +11,6 @@ use tollgate_store::read_page;
 use tracing::instrument;
 
 use crate::auth::{Caller, Credentials, Role};
-use crate::functions::Callers;
 use crate::request::query_param;
 use crate::{ApiError, Deps};
 
@@ -59,7 +58,6 @@ async fn replay_events(
         return crate::sse::open(deps, run_id, query.as_deref(), &headers, budget, &creds).await;
     }
     let caller = deps.auth.caller(&creds, Some(&run_id))?;
-    admit(&deps, &caller)?;
     let after = parse_after(query.as_deref())?;
     let limit = parse_limit(query.as_deref())?;
     if !validate_run_id(&run_id) {
@@ -104,19 +102,6 @@ async fn replay_events(
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     Ok(response)
-}
-
-/// Whether this endpoint answers `caller` at all (before anything is read): the
-/// `operator-stream` function answers operator tokens only.
-pub(crate) fn admit(deps: &Deps, caller: &Caller) -> Result<(), ApiError> {
-    match (deps.callers, caller) {
-        (Callers::Anyone, _) => Ok(()),
-        (Callers::Operators, Caller::Jwt(c)) if c.role == Role::Operator => Ok(()),
-        (Callers::Operators, _) => Err(ApiError::forbidden(
-            "this endpoint serves operator tokens only; agents and run tokens use the \
-             replay stream endpoint",
-        )),
-    }
 }
 
 /// Who may read a run: its own token (of this incarnation), the creating agent, an

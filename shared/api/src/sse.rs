@@ -165,7 +165,6 @@ pub(crate) async fn open(
     creds: &Credentials,
 ) -> Result<Response, ApiError> {
     let caller = deps.auth.caller(creds, Some(&run_id))?;
-    crate::replay::admit(&deps, &caller)?;
     let after = start_after(headers, query)?;
     if !validate_run_id(&run_id) {
         return Err(ApiError::not_found("run not found"));
