@@ -283,10 +283,16 @@ async fn decision_matrix(backend: Backend) {
         json!({"request_id": rid2}),
     )
     .await;
-    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    // Ending the run ended its card: a decision answers its real end, never "retry".
+    assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(
-        (v["error"].as_str(), v["state"].as_str()),
-        (Some("Run is not active."), Some("pending"))
+        (
+            v["resolved"].as_bool(),
+            v["state"].as_str(),
+            v["approved"].as_bool(),
+            v["reason"].as_str()
+        ),
+        (Some(true), Some("expired"), Some(false), Some("run_ended"))
     );
     // Arming on an ended run is refused.
     let (status, v) = arm(

@@ -794,9 +794,10 @@ async fn decision_failures() {
         &["approve", &run_id, "left-pending"],
     ))
     .await;
+    // Cancelling the run ended its card: the click reports that, exit 1.
     assert_eq!(
-        (out.code, out.stderr.as_str()),
-        (1, "tollgate: run is not active\n"),
+        (out.code, out.stdout.as_str(), out.stderr.as_str()),
+        (1, "already resolved: expired (the run ended)\n", ""),
         "{out:?}"
     );
 

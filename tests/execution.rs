@@ -371,6 +371,7 @@ const LIFECYCLE: &[&str] = &[
     "heartbeat",
     "tool_execution",
     "tool_execution_reconciled",
+    "tool_execution_updated",
     "run_completed",
     "run_failed",
     "run_cancelled",
@@ -394,6 +395,8 @@ const FIELDS: &[&str] = &[
     "decidedBy",
     "execution_status",
     "mutation_outcome",
+    "previous_outcome",
+    "evidence",
     "result",
     "error",
     "reason",
@@ -641,7 +644,9 @@ async fn golden_dispatched_timeout(backend: Backend) {
     assert_eq!(late.0, StatusCode::OK, "{}", late.1);
     answers.push("late settle confirmed", &late);
     let evs = events(&srv, &run).await;
-    assert_eq!(evs, raw, "the late settlement appends nothing");
+    // No second terminal event, but the change of the durable record is announced.
+    assert_eq!(&evs[..raw.len()], &raw[..]);
+    assert_eq!(types(&evs[raw.len()..]), ["tool_execution_updated"]);
     assert_gapless(&evs);
     let names = Names::new(&run, &[&call]);
     golden(
@@ -1394,8 +1399,12 @@ async fn deadline_fences(backend: Backend) {
         (StatusCode::CONFLICT, Some("completed")),
         "{v}"
     );
-    assert_eq!(events(&srv, &run).await, evs, "no second terminal event");
-    assert_gapless(&evs);
+    // No second terminal event; the late result is announced once.
+    let after = events(&srv, &run).await;
+    assert_eq!(&after[..evs.len()], &evs[..]);
+    assert_eq!(types(&after[evs.len()..]), ["tool_execution_updated"]);
+    assert_eq!(after[evs.len()]["error"], error);
+    assert_gapless(&after);
 }
 
 /// Nothing follows `run_completed` / `run_failed`, not even a late deadline or heartbeat;
@@ -2229,10 +2238,21 @@ async fn a_late_response_contests_not_applied(backend: Backend) {
         (StatusCode::OK, &json!("outcome_unknown")),
         "{v}"
     );
+    // The record changes and the stream says so, in the same step.
+    let after = events(&srv, &run).await;
+    assert_eq!(&after[..before.len()], &before[..]);
+    assert_eq!(types(&after[before.len()..]), ["tool_execution_updated"]);
     assert_eq!(
-        events(&srv, &run).await,
-        before,
-        "the record changes, the stream does not"
+        (
+            &after[before.len()]["previous_outcome"],
+            &after[before.len()]["mutation_outcome"],
+            &after[before.len()]["reason"]
+        ),
+        (
+            &json!("not_executed"),
+            &json!("outcome_unknown"),
+            &json!("contested")
+        )
     );
     let r = record(&srv, &run, &call).await;
     assert_eq!(
@@ -2340,6 +2360,98 @@ async fn dynamo_only_a_run_id_with_leftover_mutation_records_is_not_created_agai
     assert!(v.get("run_token").is_none());
 }
 
+/// The deadline's `outcome_unknown` stands: start → dispatch → the deadline records
+/// `outcome_unknown` → a late `not_sent` is 409 with the state and writes nothing (it
+/// would free the call for a fresh approval to run again); a fresh approval of the same
+/// tool call stays blocked; a late `confirmed` replaces the guess and is announced, so
+/// the stream and `mutation_outcome/v1` agree at every step.
+async fn deadline_outcome_unknown_stands(backend: Backend) {
+    let srv = server(backend).await;
+    let run = budget_run(&srv, json!({TOOL: 3})).await;
+    let call = approved(&srv, &run, TOOL).await;
+    assert_eq!(start(&srv, &run, &call).await.0, StatusCode::OK);
+    assert_eq!(dispatch(&srv, &run, &call).await.0, StatusCode::OK);
+    let unknown = wait_record(&srv, &run, &call, "the deadline", |r| {
+        r["state"] == "outcome_unknown"
+    })
+    .await;
+    let before = events(&srv, &run).await;
+    let (status, v) = settle(&srv, &run, &call, json!({"evidence": "not_sent"})).await;
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::CONFLICT, Some("outcome_unknown")),
+        "{v}"
+    );
+    assert_eq!(
+        record(&srv, &run, &call).await,
+        unknown,
+        "the record stands"
+    );
+    // An ambiguous settlement agrees with it: 200, nothing changes.
+    let (status, v) = settle(&srv, &run, &call, json!({"evidence": "ambiguous"})).await;
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::OK, Some("outcome_unknown")),
+        "{v}"
+    );
+    assert_eq!(record(&srv, &run, &call).await, unknown);
+    let heartbeats_only = |evs: &[Value]| {
+        evs.iter()
+            .filter(|e| e["type"] != "heartbeat")
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        heartbeats_only(&events(&srv, &run).await),
+        heartbeats_only(&before),
+        "nothing announced for evidence that changed nothing"
+    );
+    // A fresh approval of the same tool call is still blocked.
+    let again = Call::of(TOOL, &call.tool_call_id);
+    arm(&srv, &run, &again).await;
+    approve(&srv, &run, &again).await;
+    let (status, v) = start(&srv, &run, &again).await;
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::CONFLICT, Some("outcome_unknown")),
+        "{v}"
+    );
+    // A real response replaces the guess, announced in the same step.
+    let (status, v) = settle(
+        &srv,
+        &run,
+        &call,
+        json!({"evidence": "confirmed", "result": {"id": 9}}),
+    )
+    .await;
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::OK, Some("completed")),
+        "{v}"
+    );
+    let evs = events(&srv, &run).await;
+    assert_gapless(&evs);
+    let mine: Vec<&Value> = evs
+        .iter()
+        .filter(|e| {
+            e["tool_call_id"] == json!(call.tool_call_id)
+                && e["approval_id"] == json!(call.approval_id)
+        })
+        .filter(|e| e["type"] == "tool_execution" || e["type"] == "tool_execution_updated")
+        .collect();
+    assert_eq!(mine.len(), 2, "{mine:?}");
+    assert_eq!(mine[0]["mutation_outcome"], "outcome_unknown");
+    assert_eq!(mine[1]["type"], "tool_execution_updated");
+    assert_eq!(mine[1]["previous_outcome"], "outcome_unknown");
+    assert_eq!(mine[1]["mutation_outcome"], "completed");
+    assert_eq!(mine[1]["result"], json!({"id": 9}));
+    let now = record(&srv, &run, &call).await;
+    assert_eq!(
+        now["state"], mine[1]["mutation_outcome"],
+        "stream and record agree"
+    );
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -2355,6 +2467,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn golden_dispatched_timeout() {
                 super::golden_dispatched_timeout($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn deadline_outcome_unknown_stands() {
+                super::deadline_outcome_unknown_stands($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn started_once_after_approval() {

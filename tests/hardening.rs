@@ -175,13 +175,13 @@ async fn tenancy(backend: Backend) {
     let coordinator = run["run_id"].as_str().unwrap().to_owned();
     let started = &srv.replay_all(&coordinator, &srv.operator_token, 10).await[0];
     assert_eq!(started["project_id"], "p1");
-    // Children: same project joins (even another agent); other projects and no
-    // project do not.
+    // Children: the coordinator's own agent joins; another agent of the same project,
+    // other projects and no project do not (`run` grants reach siblings).
     let same_project = agent("a1b", Some("p1"));
     let child = json!({"kind": "child", "parent_run_id": coordinator});
-    let (status, v) = srv.post("/api/runs", &same_project, &child).await;
+    let (status, v) = srv.post("/api/runs", &a1, &child).await;
     assert_eq!(status, StatusCode::CREATED, "{v}");
-    for token in [&a2, &bare] {
+    for token in [&same_project, &a2, &bare] {
         let (status, v) = srv.post("/api/runs", token, &child).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
     }

@@ -195,7 +195,9 @@ pub async fn decide(
         let refusal = ApiRefusal::read(resp).await;
         return Err(match refusal.status {
             StatusCode::NOT_FOUND => Failure::refused("no such pending request"),
-            StatusCode::CONFLICT => Failure::refused("run is not active"),
+            // The card is pending where it cannot be decided now (an agent host that
+            // holds it busy): the click may be repeated.
+            StatusCode::CONFLICT => Failure::refused("the request cannot be decided now; retry"),
             _ => refusal.common().unwrap_or_else(|| refusal.unexpected()),
         });
     }
@@ -223,7 +225,11 @@ fn answer_line(answer: &Value, verb: Verb, asked_scope: &str, me: Option<&str>) 
         .map(|b| format!(" by {b}"))
         .unwrap_or_default();
     if expired {
-        return ("already resolved: expired".into(), false);
+        let line = match text("reason").as_deref() {
+            Some("run_ended") => "already resolved: expired (the run ended)".into(),
+            _ => "already resolved: expired".into(),
+        };
+        return (line, false);
     }
     let decided_by = answer.get("decided_by").and_then(Value::as_str);
     let mine = match me {

@@ -154,6 +154,7 @@ async fn arm(
         coordinator_run_id: None,
         subtask_id: None,
         project_id: None,
+        end_reason: None,
         auto_approval: None,
     };
     // A gate a live policy covered: `tool.auto_approved` on the stream and its card stored
@@ -355,9 +356,6 @@ async fn decide(
         Resolved::Fresh(card) | Resolved::Already(card) => {
             Ok(Json(decision_answer(&card, verb)).into_response())
         }
-        Resolved::RunNotActive(_) => {
-            Err(ApiError::new(StatusCode::CONFLICT, "Run is not active.").with_state("pending"))
-        }
     }
 }
 
@@ -538,6 +536,7 @@ async fn forward_decision(
         coordinator_run_id: None,
         subtask_id: head.subtask_id.clone(),
         project_id: head.project_id.clone(),
+        end_reason: None,
         auto_approval: None,
     };
     // The durable policy, only for the forward that applied this approval with the scope
@@ -626,6 +625,9 @@ fn decision_answer(card: &ApprovalRequest, verb: Verb) -> Value {
     );
     if let Some(by) = &card.decided_by {
         answer.insert("decided_by".into(), by.clone().into());
+    }
+    if let Some(reason) = &card.end_reason {
+        answer.insert("reason".into(), reason.clone().into());
     }
     Value::Object(answer)
 }

@@ -644,7 +644,7 @@
         this.offerRetry(verb, scope, 'The agent host is unreachable; the card is still pending.');
       } else if (r.status === 409 && b.state === 'pending') {
         this.setBusy(false);
-        setText(this.outcome, 'The run is not active; the card stays pending.');
+        setText(this.outcome, 'The card cannot be decided now; it stays pending. Try again.');
       } else if (r.status >= 500 || r.status === 429) {
         this.offerRetry(verb, scope, 'Tollgate answered ' + r.status + (b.error ? ' (' + b.error + ')' : '') + '; the card is still pending.');
       } else {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_domain::approval::{covering_keys, scope_key};
+use tollgate_domain::approval::{covering_keys, scope_key, CoordinatorReach};
 use tollgate_domain::execution::ExecutionSettings;
 use tollgate_domain::{
     now_millis, ApprovalRequest, Policy, Reach, Resolution, RunHead, RunKind, Scope,
@@ -122,6 +122,8 @@ pub struct Gate {
 }
 
 /// What arming a gate did.
+// One per arm request, moved once into its answer: boxing the card would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum ArmOutcome {
     /// A card (new, or the one a retry finds).
@@ -360,6 +362,42 @@ impl Gate {
         &self.store
     }
 
+    /// Ends the pending cards of a run that has ended (`expired`, reason `run_ended`, no
+    /// event on the run; its running coordinator is told). Called after every terminal
+    /// transition, and again when a client repeats one: on DynamoDB the cards are ended
+    /// in their own transactions after the terminal one, so a repeat completes what a
+    /// crash in between left. Until then such a card can still be listed, but nothing can
+    /// approve it: any decision on it ends it as `run_ended` (fail closed).
+    pub async fn end_cards_of(&self, run_id: &str) -> Result<usize, StoreError> {
+        let now = now_millis();
+        let pending = self.store.pending_cards(run_id).await?;
+        let store = self.store.clone();
+        each_concurrently(
+            pending,
+            "card of an ended run not ended; a decision or its expiry ends it",
+            move |card| {
+                let store = store.clone();
+                async move {
+                    match store
+                        .resolve(
+                            &card.run_id,
+                            &card.request_id,
+                            Resolution::RunEnded,
+                            now,
+                            None,
+                        )
+                        .await
+                    {
+                        Ok(Resolved::Fresh(_)) => Ok(true),
+                        Ok(_) | Err(StoreError::NotFound) => Ok(false),
+                        Err(e) => Err((card.request_id, e)),
+                    }
+                }
+            },
+        )
+        .await
+    }
+
     /// The coordinator stall guard (seed 003): every silent child that
     /// [`tollgate_domain::is_stalled`] judges stalled gets one
     /// `coordinator.child_stall_detected` on its coordinator; returns how many.
@@ -465,14 +503,14 @@ fn reach<'a>(head: &'a RunHead, coordinator: Option<&'a RunHead>) -> Reach<'a> {
         incarnation: &head.incarnation,
         owner: head.owner.as_deref(),
         project_id: head.project_id.as_deref(),
+        principal: &head.created_by,
         coordinator: coordinator
             .filter(|_| head.kind == RunKind::Child)
-            .map(|c| {
-                (
-                    c.run_id.as_str(),
-                    c.incarnation.as_str(),
-                    c.owner.as_deref(),
-                )
+            .map(|c| CoordinatorReach {
+                run_id: &c.run_id,
+                incarnation: &c.incarnation,
+                owner: c.owner.as_deref(),
+                principal: &c.created_by,
             }),
     }
 }

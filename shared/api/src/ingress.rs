@@ -225,15 +225,14 @@ async fn create_run(
                     "parent_run_id must name a coordinator run",
                 ));
             }
-            // A child lives in its coordinator's project; without a project only the
-            // coordinator's own creator may attach children to it.
-            let joins = match &parent_head.project_id {
-                Some(p) => project_id.as_deref() == Some(p.as_str()),
-                None => project_id.is_none() && parent_head.created_by == claims.sub,
-            };
+            // A child lives in its coordinator's project and joins only a coordinator
+            // its own agent principal created: `run` grants reach siblings, so another
+            // agent of the project must not be able to place a run among them.
+            let joins =
+                parent_head.project_id == project_id && parent_head.created_by == claims.sub;
             if !joins {
                 return Err(ApiError::forbidden(
-                    "a child run joins only a coordinator of its own project (or, without one, of its own agent)",
+                    "a child run joins only a coordinator its own agent created, in its project",
                 ));
             }
         }
@@ -377,6 +376,12 @@ async fn finish(
         repeated = finished.already_finished,
         "run ended"
     );
+    // Its pending cards end with it (on a repeat too: it completes what a crash between
+    // the two steps left). The run has ended either way; a card left here cannot be
+    // approved, so a failure is logged, not answered.
+    if let Err(e) = deps.gate.end_cards_of(&run_id).await {
+        tracing::warn!(error = %e, "pending cards of the ended run not all ended");
+    }
     Ok(Json(json!({
         "run_id": run_id,
         "status": kind.status().as_str(),

@@ -544,9 +544,13 @@ impl Watch<'_> {
 
     /// The card's verdict now (`None` while pending).
     async fn card_verdict(&self) -> Result<Option<Verdict>, Error> {
-        Ok(Verdict::from_card(
-            &self.run.approval(self.request_id).await?,
-        ))
+        let card = self.run.approval(self.request_id).await?;
+        // A card the run's end closed (`reason: run_ended`) was never decided: the run
+        // ending is the answer.
+        if card.get("reason").and_then(Value::as_str) == Some("run_ended") {
+            return Ok(None);
+        }
+        Ok(Verdict::from_card(&card))
     }
 
     /// Whether `event` (type, JSON text or value) is this card's resolution.

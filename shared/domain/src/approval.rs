@@ -69,9 +69,18 @@ impl Scope {
 /// How a pending card ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolution {
-    Approved { scope: Scope, by: String },
-    Denied { by: String },
+    Approved {
+        scope: Scope,
+        by: String,
+    },
+    Denied {
+        by: String,
+    },
+    /// The deadline passed (a timer, the sweeper, or a click that came too late).
     Expired,
+    /// The card's run ended while it was pending: it expires with reason `run_ended`,
+    /// whatever was asked of it (nothing is approved on a run that no longer runs).
+    RunEnded,
 }
 
 impl Resolution {
@@ -79,10 +88,27 @@ impl Resolution {
         match self {
             Resolution::Approved { .. } => ApprovalState::Approved,
             Resolution::Denied { .. } => ApprovalState::Denied,
-            Resolution::Expired => ApprovalState::Expired,
+            Resolution::Expired | Resolution::RunEnded => ApprovalState::Expired,
+        }
+    }
+
+    /// What a resolution asked of a pending card becomes, given whether its run still
+    /// runs and whether its deadline has passed at `at`: on an ended run every card
+    /// ends as [`Resolution::RunEnded`]; past the deadline, as [`Resolution::Expired`].
+    /// The stores apply this in the same step that writes the card.
+    pub fn effective(self, run_running: bool, at: i64, expires_at: i64) -> Resolution {
+        if !run_running {
+            Resolution::RunEnded
+        } else if at >= expires_at {
+            Resolution::Expired
+        } else {
+            self
         }
     }
 }
+
+/// Why an expired card ended when its deadline is not the reason.
+pub const REASON_RUN_ENDED: &str = "run_ended";
 
 /// An approval card as stored: one per `(run_id, request_id)`.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,6 +137,8 @@ pub struct ApprovalRequest {
     pub subtask_id: Option<Value>,
     /// The run's project (policies never reach across projects).
     pub project_id: Option<String>,
+    /// Why it ended, when not by decision or deadline: `run_ended` ([`REASON_RUN_ENDED`]).
+    pub end_reason: Option<String>,
     /// Set when a live policy approved the gate instead of a human: the card was stored
     /// `approved` in the same step as `tool.auto_approved` and was never pending.
     pub auto_approval: Option<AutoApproval>,
@@ -266,6 +294,9 @@ impl ApprovalRequest {
         if let Some(scope) = self.scope {
             p.insert("scope".into(), scope.as_str().into());
         }
+        if let Some(reason) = &self.end_reason {
+            p.insert("reason".into(), reason.clone().into());
+        }
     }
 
     /// The card a live `policy` approves at `at` (millis), with `tool.auto_approved` at
@@ -296,6 +327,7 @@ impl ApprovalRequest {
             }
             Resolution::Denied { by } => card.decided_by = Some(by.clone()),
             Resolution::Expired => {}
+            Resolution::RunEnded => card.end_reason = Some(REASON_RUN_ENDED.into()),
         }
         card
     }
@@ -322,6 +354,9 @@ impl ApprovalRequest {
             "coordinator_run_id": self.coordinator_run_id,
             "subtask_id": self.subtask_id,
         });
+        if let Some(reason) = &self.end_reason {
+            card["reason"] = reason.clone().into();
+        }
         if let Some(auto) = &self.auto_approval {
             card["auto_approved"] = true.into();
             card["policy_id"] = auto.policy_id.clone().into();
@@ -362,6 +397,7 @@ mod tests {
             coordinator_run_id: Some("coord-1".into()),
             subtask_id: Some(3.into()),
             project_id: None,
+            end_reason: None,
             auto_approval: None,
         }
     }
@@ -423,8 +459,10 @@ mod tests {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     pub scope: Scope,
-    /// Where it reaches: `run:<run>`, `family:<coordinator>:<owner>` or
-    /// `owner:<project>:<owner>` (see [`scope_key`]).
+    /// Where it reaches: `run:<run>`, `crew:<coordinator>:<project>:<principal>:<owner>`
+    /// or `agent:<project>:<principal>:<owner>` (see [`scope_key`]). Keys of the older
+    /// forms `family:…` and `owner:…` (no principal) are never generated any more, so
+    /// such grants cover nothing ([`Policy::is_legacy`]).
     pub scope_key: String,
     pub tool_name: String,
     pub owner: Option<String>,
@@ -449,8 +487,21 @@ pub struct Reach<'a> {
     pub incarnation: &'a str,
     pub owner: Option<&'a str>,
     pub project_id: Option<&'a str>,
-    /// The parent coordinator (id, incarnation, owner), for a child run.
-    pub coordinator: Option<(&'a str, &'a str, Option<&'a str>)>,
+    /// The authenticated agent principal (JWT `sub`) that created the run. `owner` is
+    /// only what the create body claims, so no grant reaches past the principal.
+    pub principal: &'a str,
+    /// The parent coordinator, for a child run.
+    pub coordinator: Option<CoordinatorReach<'a>>,
+}
+
+/// What a child's coordinator contributes to its reach.
+#[derive(Debug, Clone, Copy)]
+pub struct CoordinatorReach<'a> {
+    pub run_id: &'a str,
+    pub incarnation: &'a str,
+    pub owner: Option<&'a str>,
+    /// The agent principal that created the coordinator.
+    pub principal: &'a str,
 }
 
 /// One part of a scope key: hex, so no owner, project or id can contain the separator
@@ -464,9 +515,13 @@ fn part(value: Option<&str>) -> String {
 
 /// The key a grant of `scope` made on a run with this reach is stored under (`None` for
 /// `once`, which grants nothing). `tool`: this run. `run`: this run and, when its
-/// coordinator has the same owner, its siblings. `always`: the owner within the project.
+/// coordinator has the same owner and was created by the same agent principal, its
+/// siblings. `always`: the owner's runs within the project created by the same agent
+/// principal. Every key beyond `run:` names the principal: a grant never reaches a run
+/// another agent created, whatever `owner` that agent claims.
 pub fn scope_key(scope: Scope, reach: &Reach<'_>) -> Option<String> {
     let project = part(reach.project_id);
+    let principal = part(Some(reach.principal));
     let this_run = format!(
         "run:{}:{}",
         part(Some(reach.run_id)),
@@ -476,13 +531,11 @@ pub fn scope_key(scope: Scope, reach: &Reach<'_>) -> Option<String> {
         Scope::Once => None,
         Scope::Tool => Some(this_run),
         Scope::Run => Some(match (reach.coordinator, reach.owner) {
-            (Some((coordinator, incarnation, Some(parent_owner))), Some(owner))
-                if parent_owner == owner =>
-            {
+            (Some(c), Some(owner)) if c.owner == Some(owner) && c.principal == reach.principal => {
                 format!(
-                    "family:{}:{}:{project}:{}",
-                    part(Some(coordinator)),
-                    part(Some(incarnation)),
+                    "crew:{}:{}:{project}:{principal}:{}",
+                    part(Some(c.run_id)),
+                    part(Some(c.incarnation)),
                     part(Some(owner))
                 )
             }
@@ -490,7 +543,7 @@ pub fn scope_key(scope: Scope, reach: &Reach<'_>) -> Option<String> {
         }),
         Scope::Always => reach
             .owner
-            .map(|owner| format!("owner:{project}:{}", part(Some(owner)))),
+            .map(|owner| format!("agent:{project}:{principal}:{}", part(Some(owner)))),
     }
 }
 
@@ -498,7 +551,7 @@ pub fn scope_key(scope: Scope, reach: &Reach<'_>) -> Option<String> {
 /// (`always` keys only when the tool is always-eligible).
 pub fn covering_keys(reach: &Reach<'_>, always_eligible: bool) -> Vec<String> {
     let mut keys: Vec<String> = scope_key(Scope::Tool, reach).into_iter().collect();
-    if let Some(family) = scope_key(Scope::Run, reach).filter(|k| k.starts_with("family:")) {
+    if let Some(family) = scope_key(Scope::Run, reach).filter(|k| k.starts_with("crew:")) {
         keys.push(family);
     }
     if always_eligible {
@@ -515,6 +568,12 @@ impl Policy {
 
     pub fn is_live(&self) -> bool {
         self.revoked_at.is_none()
+    }
+
+    /// A grant stored under a key of an earlier form (no agent principal): no gate looks
+    /// it up any more, so it covers nothing; listed so that an operator can revoke it.
+    pub fn is_legacy(&self) -> bool {
+        self.scope_key.starts_with("family:") || self.scope_key.starts_with("owner:")
     }
 
     /// `tool.auto_approved`: a gate a live policy covered (no card).
@@ -586,6 +645,7 @@ impl Policy {
             "granted_at": crate::format_timestamp(self.granted_at),
             "revoked_by": self.revoked_by,
             "revoked_at": self.revoked_at.map(crate::format_timestamp),
+            "covers_nothing": self.is_legacy(),
         })
     }
 }
@@ -613,20 +673,45 @@ mod scope_tests {
             incarnation: "i1",
             owner: Some("alice"),
             project_id: Some("p"),
-            coordinator: Some(("co", "i0", Some("alice"))),
+            principal: "agent-a",
+            coordinator: Some(CoordinatorReach {
+                run_id: "co",
+                incarnation: "i0",
+                owner: Some("alice"),
+                principal: "agent-a",
+            }),
         };
         let tool = scope_key(Scope::Tool, &child).unwrap();
         let run = scope_key(Scope::Run, &child).unwrap();
         let always = scope_key(Scope::Always, &child).unwrap();
         assert_eq!(scope_key(Scope::Once, &child), None);
         assert!(
-            tool.starts_with("run:") && run.starts_with("family:") && always.starts_with("owner:")
+            tool.starts_with("run:") && run.starts_with("crew:") && always.starts_with("agent:")
         );
         // A coordinator of another owner: `run` stays on this run.
         let foreign = Reach {
-            coordinator: Some(("co", "i0", Some("bob"))),
+            coordinator: Some(CoordinatorReach {
+                owner: Some("bob"),
+                ..child.coordinator.unwrap()
+            }),
             ..child
         };
+        // A coordinator another agent created: `run` stays on this run too.
+        let other_agent = Reach {
+            coordinator: Some(CoordinatorReach {
+                principal: "agent-b",
+                ..child.coordinator.unwrap()
+            }),
+            ..child
+        };
+        assert_eq!(scope_key(Scope::Run, &other_agent).unwrap(), tool);
+        // The same owner claimed by another agent principal never shares a grant.
+        let claimed = Reach {
+            principal: "agent-b",
+            ..child
+        };
+        assert_ne!(scope_key(Scope::Always, &claimed).unwrap(), always);
+        assert_ne!(scope_key(Scope::Run, &claimed).unwrap(), run);
         assert_eq!(scope_key(Scope::Run, &foreign).unwrap(), tool);
         assert_eq!(
             covering_keys(&child, true),

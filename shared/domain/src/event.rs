@@ -37,6 +37,7 @@ pub const SERVER_OWNED_TYPES: &[&str] = &[
     "tool_execution_started",
     "tool_execution",
     "tool_execution_reconciled",
+    "tool_execution_updated",
     "heartbeat",
     "run_completed",
     "run_failed",

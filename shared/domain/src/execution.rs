@@ -42,6 +42,11 @@ pub const HEARTBEAT_TYPE: &str = "heartbeat";
 /// An operator's reconciliation of an `outcome_unknown` mutation, announced on a running
 /// run's stream. Tollgate's own: seed 000 names no event for reconciliation.
 pub const EXECUTION_RECONCILED_TYPE: &str = "tool_execution_reconciled";
+/// A durable mutation record changed after its terminal `tool_execution` (a response
+/// that arrived after the settlement deadline, or after an operator found the change
+/// not applied): every change to a record is announced, so the stream and
+/// `mutation_outcome/v1` never disagree. Tollgate's own type.
+pub const EXECUTION_UPDATED_TYPE: &str = "tool_execution_updated";
 
 /// `TOLLGATE_SETTLEMENT_DEADLINE_SECONDS` when unset.
 pub const DEFAULT_SETTLEMENT_DEADLINE_SECONDS: u64 = 60;
@@ -385,6 +390,30 @@ impl MutationRecord {
         p.insert("mutation_outcome".into(), self.state.as_str().into());
         p.insert("reconciled_by".into(), rec.by.clone().into());
         Some(EventDraft::server(EXECUTION_RECONCILED_TYPE, p))
+    }
+
+    /// `tool_execution_updated`: the ids, the new `mutation_outcome`, the one it replaces
+    /// (`previous_outcome`), the `evidence` that changed it, the facts kept and `reason`.
+    pub fn updated_event(&self, previous: MutationState) -> EventDraft {
+        let mut p = self.ids();
+        p.insert("mutation_outcome".into(), self.state.as_str().into());
+        p.insert("previous_outcome".into(), previous.as_str().into());
+        if let Some(evidence) = self.evidence {
+            p.insert("evidence".into(), evidence.as_str().into());
+        }
+        if let Some(status) = self.execution_status {
+            p.insert("execution_status".into(), status.as_str().into());
+        }
+        if let Some(result) = &self.result {
+            p.insert("result".into(), result.clone());
+        }
+        if let Some(error) = &self.error {
+            p.insert("error".into(), error.clone());
+        }
+        if let Some(reason) = self.reason {
+            p.insert("reason".into(), reason.as_str().into());
+        }
+        EventDraft::server(EXECUTION_UPDATED_TYPE, p)
     }
 
     /// When heartbeat number `beat` (1, 2, …) of a dispatched record is due.
@@ -1130,11 +1159,23 @@ pub fn settle(record: &MutationRecord, s: &Settlement, run: RunStatus, now: i64)
                 ))
             }
         }
-        // The deadline guessed `outcome_unknown` for a dispatched call; the actual
-        // result replaces the guess in the durable record.
-        (MutationState::OutcomeUnknown, Some(SettledBy::Deadline)) => {
-            Decision::write(apply_evidence(record, s, now), Vec::new(), run)
-        }
+        // The deadline recorded `outcome_unknown` for a dispatched call, and that stands
+        // until a real response or an operator says otherwise: a `confirmed` settlement
+        // (a response was received) replaces it with the actual result, announced on the
+        // stream; `ambiguous` agrees with it (nothing changes); `not_sent` cannot be
+        // true any more once the deadline judged the call possibly sent — accepting it
+        // would free the call for a fresh approval to run it again.
+        (MutationState::OutcomeUnknown, Some(SettledBy::Deadline)) => match s.evidence {
+            Evidence::Confirmed => {
+                let r = apply_evidence(record, s, now);
+                let event = r.updated_event(record.state);
+                Decision::write(r, vec![event], run)
+            }
+            Evidence::Ambiguous => Decision::same(record, None),
+            Evidence::NotSent => Decision::same(record, None).refused(
+                "the settlement deadline recorded outcome_unknown; only a confirmed response or an operator's reconcile changes it",
+            ),
+        },
         // An intent the deadline settled unsent was never dispatched: only `not_sent`
         // agrees with it.
         (MutationState::NotExecuted, Some(SettledBy::Deadline))
@@ -1159,7 +1200,8 @@ pub fn settle(record: &MutationRecord, s: &Settlement, run: RunStatus, now: i64)
             r.state = MutationState::OutcomeUnknown;
             r.execution_status = Some(ExecutionStatus::Executed);
             r.reason = Some(Reason::Contested);
-            Decision::write(r, Vec::new(), run)
+            let event = r.updated_event(record.state);
+            Decision::write(r, vec![event], run)
         }
         (state, _) => Decision::same(record, None)
             .refused(format!("the call is already settled as {}", state.as_str())),
@@ -1317,6 +1359,7 @@ mod tests {
             coordinator_run_id: None,
             subtask_id: None,
             project_id: None,
+            end_reason: None,
             auto_approval: None,
         }
     }
@@ -2132,7 +2175,9 @@ mod tests {
                             "message":"dispatched, but not settled before the settlement deadline"},
                    "reason":"settlement_deadline"})
         );
-        // … then the late settlement records the actual result, with no second terminal event.
+        // … then the late settlement records the actual result: no second terminal event,
+        // but the change is announced (`tool_execution_updated`), so the stream and the
+        // record agree.
         let late = settle(
             &by_deadline.record,
             &confirmed(json!({"ok": true})),
@@ -2140,30 +2185,48 @@ mod tests {
             T0 + 70_000,
         );
         assert!(late.changed && late.accepted());
-        assert!(late.events.is_empty());
+        assert_eq!(late.events.len(), 1);
+        assert_eq!(late.events[0].event_type, "tool_execution_updated");
+        assert_eq!(
+            Value::Object(late.events[0].payload.clone()),
+            json!({"tool_name":"mcp__last9__create_dashboard","tool_call_id":"write-1",
+                   "approval_id":"approval-1","mutation_outcome":"completed",
+                   "previous_outcome":"outcome_unknown","evidence":"confirmed",
+                   "execution_status":"executed","result":{"ok":true}})
+        );
+        // On an ended run the record still takes the response, silently.
+        let ended = settle(
+            &by_deadline.record,
+            &confirmed(json!({"ok": true})),
+            RunStatus::Completed,
+            T0 + 70_000,
+        );
+        assert!(ended.changed && ended.events.is_empty());
         assert_eq!(late.record.state, MutationState::Completed);
         assert_eq!(late.record.result, Some(json!({"ok": true})));
         assert_eq!(late.record.error, None, "the deadline's guess is replaced");
         assert_eq!(late.record.reason, None);
         assert_eq!(late.record.settled_by, Some(SettledBy::Agent));
-        // A late ambiguous settlement keeps outcome_unknown with the agent's facts.
+        // A late ambiguous settlement agrees with the deadline: nothing changes.
         let late = settle(
             &by_deadline.record,
             &ambiguous(),
             RunStatus::Running,
             T0 + 70_000,
         );
-        assert!(late.changed && late.events.is_empty());
-        assert_eq!(late.record.state, MutationState::OutcomeUnknown);
-        assert_eq!(late.record.error, Some(json!({"code": "timeout"})));
-        // A late not_sent: it never left, so it was not executed.
+        assert!(!late.changed && late.accepted() && late.events.is_empty());
+        assert_eq!(late.record, by_deadline.record);
+        // A late not_sent cannot overwrite the recorded outcome_unknown (it would free
+        // the call for a fresh approval to run again): 409 with the state, nothing written.
         let late = settle(
             &by_deadline.record,
             &not_sent(),
             RunStatus::Running,
             T0 + 70_000,
         );
-        assert_eq!(late.record.state, MutationState::NotExecuted);
+        assert!(!late.changed && !late.accepted());
+        assert_eq!(late.record.state, MutationState::OutcomeUnknown);
+        assert_eq!(late.answer().body["state"], "outcome_unknown");
         // After a late settlement, only the same settlement answers the same.
         let done = settle(
             &by_deadline.record,
@@ -2461,7 +2524,15 @@ mod tests {
             RunStatus::Running,
             T0 + 96_000,
         );
-        assert!(late.changed && late.accepted() && late.events.is_empty());
+        assert!(late.changed && late.accepted());
+        assert_eq!(late.events.len(), 1, "the change is announced");
+        assert_eq!(late.events[0].event_type, "tool_execution_updated");
+        assert_eq!(late.events[0].payload["previous_outcome"], "not_executed");
+        assert_eq!(
+            late.events[0].payload["mutation_outcome"],
+            "outcome_unknown"
+        );
+        assert_eq!(late.events[0].payload["reason"], "contested");
         assert_eq!(late.record.state, MutationState::OutcomeUnknown);
         assert_eq!(late.record.result, Some(json!({"id": 7})));
         assert_eq!(late.record.to_json()["reason"], "contested");

@@ -639,6 +639,7 @@ fn card_for(run_id: &str, request_id: &str, coordinator: Option<&str>) -> Approv
         coordinator_run_id: coordinator.map(str::to_owned),
         subtask_id: Some(json!(3)),
         project_id: None,
+        end_reason: None,
         auto_approval: None,
     }
 }
@@ -829,7 +830,6 @@ pub async fn one_resolution_wins(stores: Vec<Store>) {
             Resolved::Already(c) => {
                 states.insert(c.state);
             }
-            other => panic!("unexpected {other:?}"),
         }
     }
     assert_eq!(fresh.len(), 1, "exactly one click wins");
@@ -891,14 +891,24 @@ pub async fn deadlines_and_ended_runs(store: Store) {
         .await
         .unwrap();
     let now = tollgate_domain::now_millis();
-    assert!(matches!(
-        store.resolve(&run_id, "open-1", approve("bob"), now, None).await.unwrap(),
-        Resolved::RunNotActive(c) if c.state == ApprovalState::Pending
-    ));
+    // A decision on a card of an ended run never approves it: the card ends as
+    // `run_ended` (the embedded store ended it with the run already; DynamoDB ends it
+    // here, or in the gate's follow-up step after the terminal transaction).
+    let (Resolved::Fresh(c) | Resolved::Already(c)) = store
+        .resolve(&run_id, "open-1", approve("bob"), now, None)
+        .await
+        .unwrap();
+    assert_eq!(c.state, ApprovalState::Expired);
+    assert_eq!(c.end_reason.as_deref(), Some("run_ended"));
+    assert_eq!(c.decided_by, None, "nobody decided it");
     assert!(matches!(
         store.resolve(&run_id, "open-1", Resolution::Expired, now, None).await.unwrap(),
-        Resolved::Fresh(c) if c.state == ApprovalState::Expired
+        Resolved::Already(c) if c.state == ApprovalState::Expired
     ));
+    assert!(
+        store.pending_cards(&run_id).await.unwrap().is_empty(),
+        "no card of an ended run is pending"
+    );
     let after = all_events(&store, &run_id).await;
     assert_eq!(
         after.last().unwrap()["type"],
@@ -2439,14 +2449,27 @@ pub async fn deadlines_settle_and_late_evidence_is_kept(store: Store) {
         )
     })
     .await;
-    assert!(late.decision.changed && late.sequences.is_empty());
+    // The change is announced in the same step: the stream never disagrees with the
+    // durable record.
+    assert!(late.decision.changed && late.sequences.len() == 1);
     assert_stored(&store, &late.decision.record).await;
     assert_eq!(late.decision.record.to_json()["state"], "completed");
     assert_eq!(
         late.decision.record.to_json()["result"],
         json!({"ok": true})
     );
-    assert_eq!(all_events(&store, &run_id).await.len(), events.len());
+    let after = all_events(&store, &run_id).await;
+    assert_eq!(after.len(), events.len() + 1);
+    let updated = after.last().unwrap();
+    assert_eq!(updated["type"], "tool_execution_updated");
+    assert_eq!(updated["sequence"], json!(late.sequences[0]));
+    assert_eq!(
+        (
+            updated["previous_outcome"].clone(),
+            updated["mutation_outcome"].clone()
+        ),
+        (json!("outcome_unknown"), json!("completed"))
+    );
 }
 
 /// Nothing is appended after the run ended: a settlement still changes the durable

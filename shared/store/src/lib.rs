@@ -180,12 +180,12 @@ pub enum Armed {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Resolved {
     /// This call moved the card out of `pending` (to the asked state, or to `expired` when
-    /// the deadline had passed) and appended `tool.approval_resolved`.
+    /// the deadline had passed) and appended `tool.approval_resolved`; on a run that has
+    /// ended, to `expired` with reason `run_ended` and no event on the run (nothing
+    /// follows a terminal event; a running coordinator is still told).
     Fresh(ApprovalRequest),
     /// The card had already ended: its real state.
     Already(ApprovalRequest),
-    /// The card is pending but its run is not running: nothing was written.
-    RunNotActive(ApprovalRequest),
 }
 
 /// A card with the run heads a decision on it advances, read together: a decision's

@@ -244,6 +244,25 @@ impl RunStore for MemoryStore {
         head.status = kind.status();
         head.terminal_seq = Some(seq);
         head.record([kind.event_type()], now);
+        // Ending a run ends its pending cards, under the same lock: `expired` with
+        // reason `run_ended`, no event after the terminal one.
+        let pending: Vec<String> = record
+            .cards
+            .values()
+            .filter(|c| c.state == ApprovalState::Pending)
+            .map(|c| c.request_id.clone())
+            .collect();
+        let run_id = run.run_id.to_owned();
+        for request_id in pending {
+            resolve_in(
+                &mut runs,
+                &run_id,
+                &request_id,
+                Resolution::RunEnded,
+                now,
+                None,
+            )?;
+        }
         Ok(Finished {
             sequence: seq,
             already_finished: false,
@@ -440,46 +459,7 @@ impl ApprovalStore for MemoryStore {
         at: i64,
         grant: Option<Policy>,
     ) -> Result<Resolved, StoreError> {
-        let mut runs = self.lock();
-        let record = runs.get_mut(run_id).ok_or(StoreError::NotFound)?;
-        let card = record
-            .cards
-            .get(request_id)
-            .cloned()
-            .ok_or(StoreError::NotFound)?;
-        if card.state != ApprovalState::Pending {
-            return Ok(Resolved::Already(card));
-        }
-        // A decision at or after the deadline expires the card instead.
-        let resolution = if at >= card.expires_at {
-            Resolution::Expired
-        } else {
-            resolution
-        };
-        let running = record.running_head().is_some();
-        if !running && resolution != Resolution::Expired {
-            return Ok(Resolved::RunNotActive(card));
-        }
-        let ended = card.resolved(&resolution, at);
-        let now = now_millis();
-        if running {
-            record.push(&[ended.resolved_event()], now);
-        }
-        record.cards.insert(request_id.to_owned(), ended.clone());
-        if let (Some(mut policy), ApprovalState::Approved) = (grant, ended.state) {
-            policy.reached_runs = vec![ended.run_id.clone()];
-            runs.policies
-                .insert((policy.scope_key.clone(), policy.tool_name.clone()), policy);
-        }
-        if let Some(coord) = ended
-            .coordinator_run_id
-            .as_ref()
-            .and_then(|c| runs.get_mut(c))
-            .filter(|r| r.running_head().is_some())
-        {
-            coord.push(&[ended.coordinator_resolved_event()], now);
-        }
-        Ok(Resolved::Fresh(ended))
+        resolve_in(&mut self.lock(), run_id, request_id, resolution, at, grant)
     }
 
     async fn heartbeat(
@@ -969,4 +949,48 @@ fn of_tool_call(run: &RunRecord, tool_call_id: &str) -> Vec<MutationRecord> {
         .take_while(|(k, _)| k.starts_with(&from))
         .map(|(_, r)| r.clone())
         .collect()
+}
+
+/// One card's resolution under the store's lock (see [`ApprovalStore::resolve`]).
+fn resolve_in(
+    runs: &mut State,
+    run_id: &str,
+    request_id: &str,
+    resolution: Resolution,
+    at: i64,
+    grant: Option<Policy>,
+) -> Result<Resolved, StoreError> {
+    let record = runs.get_mut(run_id).ok_or(StoreError::NotFound)?;
+    let card = record
+        .cards
+        .get(request_id)
+        .cloned()
+        .ok_or(StoreError::NotFound)?;
+    if card.state != ApprovalState::Pending {
+        return Ok(Resolved::Already(card));
+    }
+    let running = record.running_head().is_some();
+    // A decision at or after the deadline expires the card instead; on a run that
+    // has ended, every card ends as `run_ended`.
+    let resolution = resolution.effective(running, at, card.expires_at);
+    let ended = card.resolved(&resolution, at);
+    let now = now_millis();
+    if running {
+        record.push(&[ended.resolved_event()], now);
+    }
+    record.cards.insert(request_id.to_owned(), ended.clone());
+    if let (Some(mut policy), ApprovalState::Approved) = (grant, ended.state) {
+        policy.reached_runs = vec![ended.run_id.clone()];
+        runs.policies
+            .insert((policy.scope_key.clone(), policy.tool_name.clone()), policy);
+    }
+    if let Some(coord) = ended
+        .coordinator_run_id
+        .as_ref()
+        .and_then(|c| runs.get_mut(c))
+        .filter(|r| r.running_head().is_some())
+    {
+        coord.push(&[ended.coordinator_resolved_event()], now);
+    }
+    Ok(Resolved::Fresh(ended))
 }

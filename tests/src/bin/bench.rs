@@ -694,6 +694,7 @@ fn approval_card(run_id: &str, coordinator: Option<&str>, i: usize) -> ApprovalR
         coordinator_run_id: coordinator.map(Into::into),
         subtask_id: coordinator.map(|_| json!(i)),
         project_id: None,
+        end_reason: None,
         auto_approval: None,
     }
 }

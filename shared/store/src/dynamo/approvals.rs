@@ -459,19 +459,15 @@ impl ApprovalStore for DynamoStore {
             if card.state != ApprovalState::Pending {
                 return Ok(Resolved::Already(card.clone()));
             }
-            // A decision at or after the deadline expires the card instead.
-            let resolution = if at >= card.expires_at {
-                Resolution::Expired
-            } else {
-                resolution.clone()
-            };
             let head = located
                 .head
                 .clone()
                 .filter(|h| h.run_id == card.run_id && !h.status.is_terminal());
-            if head.is_none() && resolution != Resolution::Expired {
-                return Ok(Resolved::RunNotActive(card.clone()));
-            }
+            // A decision at or after the deadline expires the card instead; on a run
+            // that has ended, every card ends as `run_ended`.
+            let resolution = resolution
+                .clone()
+                .effective(head.is_some(), at, card.expires_at);
             let ended = card.resolved(&resolution, at);
             let now = now_millis();
             // Invariant: a card ends once — exactly one resolution, one resolved event,

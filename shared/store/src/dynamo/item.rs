@@ -214,6 +214,7 @@ pub(crate) fn card_to_item(c: &tollgate_domain::ApprovalRequest) -> Item {
         ("decided_by", &c.decided_by),
         ("coordinator_run_id", &c.coordinator_run_id),
         ("project_id", &c.project_id),
+        ("end_reason", &c.end_reason),
     ];
     for (k, v) in strings {
         if let Some(v) = v {
@@ -266,6 +267,7 @@ pub(crate) fn card_from_item(item: &Item) -> Result<tollgate_domain::ApprovalReq
         coordinator_run_id: opt_s(item, "coordinator_run_id"),
         subtask_id: opt_json(item, "subtask_id")?,
         project_id: opt_s(item, "project_id"),
+        end_reason: opt_s(item, "end_reason"),
         auto_approval: match opt_s(item, "auto_policy_id") {
             Some(policy_id) => Some(tollgate_domain::approval::AutoApproval {
                 policy_id,
