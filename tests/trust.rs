@@ -323,6 +323,136 @@ async fn ending_a_run_ends_its_cards(backend: Backend) {
     );
 }
 
+/// Two servers on the same tables (separate store instances on DynamoDB, as two Lambda
+/// instances would be): a run completing on one while operators approve its cards on the
+/// other. Every card ends once — approved before the terminal event, or `run_ended` —
+/// none stays pending, nothing follows the terminal event, and the coordinator is told
+/// exactly once per card.
+async fn decisions_racing_the_run_end(backend: Backend) {
+    let store = store_for(backend).await;
+    let second = match backend {
+        Backend::Memory => store.clone(),
+        Backend::Dynamo => store_for(backend).await,
+    };
+    let gate = || GateConfig {
+        heartbeat_every: Duration::from_secs(60),
+        ..GateConfig::default()
+    };
+    let ending = TestServer::with_deps(TestServer::deps(store, gate())).await;
+    let deciding =
+        std::sync::Arc::new(TestServer::with_deps(TestServer::deps(second, gate())).await);
+    let a = agent(&ending, "agent-a", None);
+    let (coordinator, _) =
+        create(&ending, &a, json!({"kind": "coordinator", "owner": "ops"})).await;
+    let (child, child_token) = create(
+        &ending,
+        &a,
+        json!({"kind": "child", "parent_run_id": coordinator, "owner": "ops", "subtask_id": 2}),
+    )
+    .await;
+    let mut cards = Vec::new();
+    for _ in 0..12 {
+        let (status, v) = arm(&ending, &child, &child_token, "shell").await;
+        assert_eq!(status, StatusCode::CREATED, "{v}");
+        cards.push(v["request_id"].as_str().unwrap().to_owned());
+    }
+    let clicks: Vec<_> = cards
+        .iter()
+        .enumerate()
+        .map(|(i, rid)| {
+            let srv = deciding.clone();
+            let posted_on = if i % 2 == 0 {
+                child.clone()
+            } else {
+                coordinator.clone()
+            };
+            let rid = rid.clone();
+            tokio::spawn(async move {
+                let token = srv.operator_token.clone();
+                approve(&srv, &posted_on, &rid, &token, "once").await
+            })
+        })
+        .collect();
+    // The end is sent once the first click has landed, so the others race it.
+    let mut clicks = clicks.into_iter();
+    let first = clicks.next().unwrap().await.unwrap();
+    assert_eq!(first.0, StatusCode::OK, "{}", first.1);
+    let (status, v) = ending
+        .post(
+            &format!("/api/runs/{child}/complete"),
+            &child_token,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let terminal = v["sequence"].as_u64().unwrap();
+    for click in clicks {
+        let (status, v) = click.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert!(
+            matches!(v["state"].as_str(), Some("approved") | Some("expired")),
+            "{v}"
+        );
+    }
+    let events = ending
+        .replay_all(&child, &ending.operator_token, 1000)
+        .await;
+    assert_eq!(events.last().unwrap()["type"], "run_completed");
+    assert_eq!(events.last().unwrap()["sequence"], json!(terminal));
+    let mut approved = 0;
+    for rid in &cards {
+        let (status, card) = ending
+            .get(
+                &format!("/api/runs/{child}/approval-requests/{rid}"),
+                &child_token,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{card}");
+        let resolved: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["type"] == "tool.approval_resolved" && e["requestId"] == json!(rid))
+            .collect();
+        match card["state"].as_str() {
+            Some("approved") => {
+                approved += 1;
+                assert_eq!(resolved.len(), 1, "{card}");
+                assert!(resolved[0]["sequence"].as_u64().unwrap() < terminal);
+            }
+            Some("expired") => {
+                assert_eq!(card["reason"], "run_ended", "{card}");
+                assert!(resolved.is_empty(), "{card}");
+            }
+            other => panic!("card left {other:?}: {card}"),
+        }
+    }
+    let coord = ending
+        .replay_all(&coordinator, &ending.operator_token, 1000)
+        .await;
+    for rid in &cards {
+        let told = coord
+            .iter()
+            .filter(|e| {
+                e["type"] == "coordinator.child_approval_resolved" && e["requestId"] == json!(rid)
+            })
+            .count();
+        assert_eq!(told, 1, "coordinator told once about {rid}");
+    }
+    let (status, v) = ending
+        .get("/api/approvals?state=pending", &ending.operator_token)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        !v["approvals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["run_id"] == json!(child)),
+        "{v}"
+    );
+    assert!(approved >= 1, "the first click landed before the end");
+    eprintln!("{approved} of {} approved before the end", cards.len());
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -338,6 +468,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn ending_a_run_ends_its_cards() {
                 super::ending_a_run_ends_its_cards($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn decisions_racing_the_run_end() {
+                super::decisions_racing_the_run_end($backend).await
             }
         }
     };
