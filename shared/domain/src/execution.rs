@@ -947,22 +947,35 @@ pub fn start(
             _ => None,
         }
     };
-    let admitted = match refusal {
-        Some(reason) => Err(reason),
-        None => admit(Budget::of_run(head).as_ref(), usage, &req.tool_name),
+    // Seed 000: `tool_execution_started` comes once after the approval and *before*
+    // post-approval admission ("local execution has started, including admission"): a
+    // human-approved call announces its start even when admission then refuses it, and
+    // the refusal's `tool_execution {not_executed}` follows it in the same transaction.
+    // A card that was denied or expired approved nothing, so nothing started.
+    let (admitted, started) = match refusal {
+        Some(reason) => (Err(reason), false),
+        None => (
+            admit(Budget::of_run(head).as_ref(), usage, &req.tool_name),
+            true,
+        ),
     };
     match admitted {
         Err(reason) => {
-            let record = intent.settled(
+            let mut record = intent.settled(
                 MutationState::NotExecuted,
                 ExecutionStatus::NotExecuted,
                 Some(reason),
                 SettledBy::Admission,
                 now,
             );
-            let event = record.execution_event();
+            let mut events = Vec::new();
+            if started {
+                record.started_sequence = Some(head.next_seq);
+                events.push(record.started_event());
+            }
+            events.push(record.execution_event());
             let why = start_refusal_for(&record);
-            let mut d = Decision::write(record, vec![event], head.status);
+            let mut d = Decision::write(record, events, head.status);
             d.answers_sequence = true;
             d.refusal = why;
             Ok(d)
@@ -1786,9 +1799,12 @@ mod tests {
             assert_eq!(d.record.reason.map(Reason::as_str), Some(reason));
             assert_eq!(d.record.settled_by, Some(SettledBy::Admission));
             assert_eq!(d.usage, None, "a refusal uses nothing");
-            assert_eq!(d.events.len(), 1);
-            assert_eq!(d.events[0].payload["execution_status"], "not_executed");
-            assert_eq!(d.events[0].payload["reason"], reason);
+            // Seed 000: the start comes before admission, the refusal right after it.
+            assert_eq!(d.events.len(), 2);
+            assert_eq!(d.events[0].event_type, "tool_execution_started");
+            assert_eq!(d.record.started_sequence, Some(h.next_seq));
+            assert_eq!(d.events[1].payload["execution_status"], "not_executed");
+            assert_eq!(d.events[1].payload["reason"], reason);
             assert_eq!(d.answer().body["reason"], reason);
             // A repeat answers the same refusal without a new event.
             let again = start(
