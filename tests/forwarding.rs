@@ -335,7 +335,8 @@ async fn assert_unreachable(srv: &TestServer, run_id: &str, rid: &str, row: &str
 
 /// Every way a pod can fail → 503 `agenthost_unreachable`, nothing written: nobody
 /// listening, no answer within the timeout, 5xx, a 200 that is not JSON, a 200 for
-/// another run or request or naming none, and a pod that refuses the credential (401).
+/// another run or request, one that says it is not resolved, and a pod that refuses the
+/// credential (401).
 async fn unreachable_rows(backend: Backend) {
     let srv = server(backend, Duration::from_millis(500)).await;
     let rid = request_id();
@@ -367,9 +368,9 @@ async fn unreachable_rows(backend: Backend) {
             Duration::ZERO,
         ),
         (
-            "no runId",
+            "not resolved",
             200,
-            r#"{"requestId":"REQ","state":"approved","applied":true,"scope":"tool","toolName":"web_fetch"}"#,
+            r#"{"resolved":false,"state":"approved","applied":true,"scope":"tool","toolName":"web_fetch"}"#,
             Duration::ZERO,
         ),
         (
@@ -820,6 +821,77 @@ async fn origins_refused_at_creation(backend: Backend) {
     assert!(answer.get("agenthost_credential").is_none(), "{answer}");
 }
 
+/// A plain AgentHost answering as seed 003's pods do: `{resolved, applied, state,
+/// toolName, url}`, no ids echoed. Its terminal answer is 200 with one
+/// `tool.approval_resolved`; one contradicting the verb while `applied` stays 503 and
+/// writes nothing.
+async fn agenthost_answers_as_they_are(backend: Backend) {
+    let srv = server(backend, Duration::from_secs(5)).await;
+    let rid = request_id();
+    let (listener, origin) = listen().await;
+    let run = pod_run(&srv, &origin, "alice").await;
+    let (hits, _pod) = broken_pod(
+        listener,
+        200,
+        r#"{"resolved":true,"applied":true,"state":"denied","toolName":"web_fetch","url":"https://example.com/a"}"#.to_owned(),
+        Duration::ZERO,
+    );
+    let (status, answer) = decide(
+        &srv,
+        "tool-denials",
+        &run.run_id,
+        "alice",
+        json!({"request_id": rid}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        (
+            answer["state"].as_str(),
+            answer["denied"].as_bool(),
+            answer["resolved"].as_bool()
+        ),
+        (Some("denied"), Some(true), Some(true)),
+        "{answer}"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    let events = resolved(&srv, &run.run_id).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["requestId"], json!(rid));
+    // The same decision again: answered, still one event.
+    let (status, _) = decide(
+        &srv,
+        "tool-denials",
+        &run.run_id,
+        "alice",
+        json!({"request_id": rid}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(resolved(&srv, &run.run_id).await.len(), 1);
+
+    // The same shape contradicting the verb: an approval the pod says it applied as a
+    // denial is not believed.
+    let (listener, origin) = listen().await;
+    let run = pod_run(&srv, &origin, "alice").await;
+    let (_hits, _pod) = broken_pod(
+        listener,
+        200,
+        r#"{"resolved":true,"applied":true,"state":"denied","toolName":"web_fetch"}"#.to_owned(),
+        Duration::ZERO,
+    );
+    let (status, answer) = decide(
+        &srv,
+        "tool-approvals",
+        &run.run_id,
+        "alice",
+        json!({"request_id": rid, "scope": "once"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert!(resolved(&srv, &run.run_id).await.is_empty());
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -831,6 +903,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn applied_denial() {
                 super::applied_denial($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn agenthost_answers_as_they_are() {
+                super::agenthost_answers_as_they_are($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn ended_in_the_pod() {

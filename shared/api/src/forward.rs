@@ -334,10 +334,19 @@ fn parse_terminal(bytes: &[u8], run_id: &str, request_id: &str) -> PodAnswer {
         return PodAnswer::Unreachable("the pod's answer is not a JSON object".into());
     };
     let named = |k: &str| v.get(k).and_then(Value::as_str);
-    // Both must be present and name this card: an answer about anything else (or about
-    // nothing in particular) decides nothing.
-    if named("runId") != Some(run_id) || named("requestId") != Some(request_id) {
+    // An AgentHost answers `{resolved, applied, state, toolName?, url?}` without echoing
+    // the ids (it answers the request it was sent). Ids it does echo must name this card:
+    // an answer about another run or request decides nothing.
+    let echoed_other = |k: &str, expected: &str| match v.get(k) {
+        None | Some(Value::Null) => false,
+        Some(Value::String(got)) => got != expected,
+        Some(_) => true,
+    };
+    if echoed_other("runId", run_id) || echoed_other("requestId", request_id) {
         return PodAnswer::Unreachable("the pod answered for another run or request".into());
+    }
+    if v.get("resolved").is_some_and(|r| r != &Value::Bool(true)) {
+        return PodAnswer::Unreachable("the pod's answer is not resolved".into());
     }
     let state = match named("state") {
         Some("approved") => ApprovalState::Approved,
@@ -430,9 +439,24 @@ mod tests {
                 tool_name: Some("web_fetch".into()),
             }
         );
+        // An AgentHost's own answer: no ids echoed.
+        let agenthost = br#"{"resolved":true,"applied":true,"state":"denied","toolName":"web_fetch","url":"https://example.com"}"#;
+        assert_eq!(
+            parse_terminal(agenthost, "r", "q"),
+            PodAnswer::Terminal {
+                state: ApprovalState::Denied,
+                applied: true,
+                scope: None,
+                decided_by: None,
+                tool_name: Some("web_fetch".into()),
+            }
+        );
         for bad in [
             &br#"{"runId":"other","requestId":"q","state":"approved"}"#[..],
             br#"{"runId":"r","requestId":"other","state":"approved"}"#,
+            br#"{"requestId":"other","state":"approved"}"#,
+            br#"{"runId":7,"state":"approved"}"#,
+            br#"{"resolved":false,"state":"approved"}"#,
             br#"{"runId":"r","requestId":"q","state":"pending"}"#,
             br#"{"state":"maybe"}"#,
             br#"[1]"#,
