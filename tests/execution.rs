@@ -4,8 +4,10 @@
 //! expiry, settlement deadline, execution heartbeats) run on the embedded queue, as in
 //! `tollgate serve`, with short settings so every test stays within seconds.
 //!
-//! The seed's three examples (success, pre-dispatch expiry, dispatched timeout) are golden
-//! transcripts in `fixtures/approved_execution/*.json`: the lifecycle events of the
+//! The seed's three examples (success, pre-dispatch expiry, dispatched timeout) and a
+//! fourth of ours (late settlement) are golden transcripts in
+//! `fixtures/approved_execution_v2.json`, one key each, as seed 000's producer fixture
+//! is: the lifecycle events of the
 //! replayed stream (identities normalised, timestamps removed, a run of heartbeats
 //! collapsed to one entry with its sequence offset removed), the HTTP answers of each
 //! step and the durable `mutation_outcome/v1` record. Both stores must produce the same
@@ -484,28 +486,42 @@ impl Answers {
     }
 }
 
-fn fixture_path(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures/approved_execution")
-        .join(format!("{name}.json"))
+/// The producer fixture, at seed 000's shape: one file, one transcript per scenario.
+fn fixture_path() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/approved_execution_v2.json")
 }
 
-/// Compares `transcript` with the fixture `name` (or writes it with `TOLLGATE_BLESS=1`).
+/// Compares `transcript` with the scenario `name` of the fixture (or writes it there with
+/// `TOLLGATE_BLESS=1`; tests run as processes of their own, so the file is locked while
+/// one of them rewrites its scenario).
 fn golden(name: &str, transcript: Value) {
-    let path = fixture_path(name);
-    let text = serde_json::to_string_pretty(&transcript).unwrap() + "\n";
+    let path = fixture_path();
     if std::env::var("TOLLGATE_BLESS").as_deref() == Ok("1") {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path.with_extension("lock"))
+            .unwrap();
+        lock.lock().unwrap();
+        let mut all: serde_json::Map<String, Value> = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        all.insert(name.to_owned(), transcript);
+        let text = serde_json::to_string_pretty(&Value::Object(all)).unwrap() + "\n";
         std::fs::write(&path, text).unwrap();
+        let _ = std::fs::remove_file(path.with_extension("lock"));
         return;
     }
     let stored = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e} (TOLLGATE_BLESS=1 writes it)", path.display()));
     let stored: Value = serde_json::from_str(&stored).unwrap();
+    let text = serde_json::to_string_pretty(&transcript).unwrap();
     assert_eq!(
-        transcript,
-        stored,
-        "transcript differs from {}; produced:\n{text}",
+        &transcript,
+        &stored[name],
+        "scenario {name} differs from {}; produced:\n{text}",
         path.display()
     );
 }
@@ -609,10 +625,53 @@ async fn golden_pre_dispatch_expiry(backend: Backend) {
     );
 }
 
-/// Seed example "dispatched timeout": dispatched, heartbeats while it waits, the deadline
-/// settles it `executed` + `outcome_unknown`; the late confirmed settlement still records
-/// the actual result durably, with no second terminal event.
+/// Seed example "dispatched timeout": dispatched, then the transport times out — the
+/// agent settles `ambiguous` with its error facts: `executed` + `outcome_unknown`, which
+/// blocks a fresh approval of the same tool call until an operator reconciles it.
 async fn golden_dispatched_timeout(backend: Backend) {
+    let srv = server(backend).await;
+    let run = budget_run(&srv, json!({TOOL: 2})).await;
+    let call = approved(&srv, &run, TOOL).await;
+    let mut answers = Answers::default();
+    answers.push("start", &start(&srv, &run, &call).await);
+    let dispatched = dispatch(&srv, &run, &call).await;
+    assert_eq!(dispatched.0, StatusCode::OK, "{}", dispatched.1);
+    answers.push("dispatch", &dispatched);
+    let settled = settle(
+        &srv,
+        &run,
+        &call,
+        json!({"evidence": "ambiguous",
+               "error": {"code": "timeout", "message": "no response within 30 s"}}),
+    )
+    .await;
+    assert_eq!(settled.0, StatusCode::OK, "{}", settled.1);
+    answers.push("settle ambiguous", &settled);
+    let again = Call::of(TOOL, &call.tool_call_id);
+    arm(&srv, &run, &again).await;
+    approve(&srv, &run, &again).await;
+    let blocked = start(&srv, &run, &again).await;
+    assert_eq!(blocked.0, StatusCode::CONFLICT, "{}", blocked.1);
+    answers.push("start a fresh approval of the same call", &blocked);
+    let evs = events(&srv, &run).await;
+    assert_gapless(&evs);
+    let names = Names::new(&run, &[&call, &again]);
+    golden(
+        "dispatched_timeout",
+        json!({
+            "scenario": "dispatched_timeout",
+            "events": lifecycle(&evs, &names),
+            "answers": names.apply(&Value::Array(answers.0)),
+            "mutation_outcome": names.apply(&record(&srv, &run, &call).await),
+        }),
+    );
+}
+
+/// Ours, after seed 000's "response received but settlement wait expires": dispatched,
+/// heartbeats while it waits, the deadline settles it `executed` + `outcome_unknown`; the
+/// late confirmed settlement then records the actual result durably, with no second
+/// terminal event but a `tool_execution_updated`.
+async fn golden_late_settlement(backend: Backend) {
     let srv = server(backend).await;
     let run = budget_run(&srv, json!({TOOL: 2})).await;
     let call = approved(&srv, &run, TOOL).await;
@@ -650,9 +709,9 @@ async fn golden_dispatched_timeout(backend: Backend) {
     assert_gapless(&evs);
     let names = Names::new(&run, &[&call]);
     golden(
-        "dispatched_timeout",
+        "late_settlement",
         json!({
-            "scenario": "dispatched_timeout",
+            "scenario": "late_settlement",
             "events": lifecycle(&evs, &names),
             "answers": names.apply(&Value::Array(answers.0)),
             "mutation_outcome_at_deadline": names.apply(&at_deadline),
@@ -2480,6 +2539,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn golden_dispatched_timeout() {
                 super::golden_dispatched_timeout($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn golden_late_settlement() {
+                super::golden_late_settlement($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn deadline_outcome_unknown_stands() {
