@@ -294,6 +294,7 @@ impl Client {
             run_token: run_token.into(),
             created: false,
             agenthost_credential: None,
+            on_execution_started: None,
         }
     }
 
@@ -322,7 +323,11 @@ pub struct Run {
     run_token: String,
     created: bool,
     agenthost_credential: Option<String>,
+    on_execution_started: Option<ExecutionStartedHook>,
 }
+
+/// Seed 000's optional `on_tool_execution_started(tool_name)` adapter hook.
+pub(crate) type ExecutionStartedHook = Arc<dyn Fn(&str) + Send + Sync>;
 
 impl fmt::Debug for Run {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -359,6 +364,26 @@ impl Run {
     /// The run's id.
     pub fn id(&self) -> &str {
         &self.run_id
+    }
+
+    /// This handle with seed 000's optional `on_tool_execution_started(tool_name)` hook:
+    /// called with the tool's name whenever the server has announced
+    /// `tool_execution_started` for a call this handle started — admitted, or refused at
+    /// admission right after (budget, ceiling). Not for a call a policy approved, nor one
+    /// whose card was denied or expired (nothing started). A repeated start of the same
+    /// attempt (after a restart) may call it again.
+    pub fn on_tool_execution_started(
+        mut self,
+        hook: impl Fn(&str) + Send + Sync + 'static,
+    ) -> Self {
+        self.on_execution_started = Some(Arc::new(hook));
+        self
+    }
+
+    pub(crate) fn execution_started(&self, tool_name: &str) {
+        if let Some(hook) = &self.on_execution_started {
+            hook(tool_name);
+        }
     }
 
     /// The run's token (a secret: give it only to whoever acts for this run).

@@ -47,6 +47,14 @@ use serde_json::{json, Value};
 use crate::client::object;
 use crate::{Error, Run};
 
+/// Refusals of post-approval admission: the server announced the start before them.
+const ADMISSION_REFUSALS: &[&str] = &[
+    "no_budget",
+    "tool_not_in_budget",
+    "budget_exhausted",
+    "call_ceiling_reached",
+];
+
 /// The most bytes of result and error facts together the server keeps.
 pub const MAX_FACTS_BYTES: usize = 32 * 1024;
 /// The longest transport error message recorded.
@@ -613,8 +621,22 @@ impl Run {
                 Some(&body),
             )
             .await?;
+        // Seed 000: the start is announced before admission, so a refusal at admission
+        // (its reason says so) started the call too.
+        if answer.status == 409
+            && answer
+                .body
+                .get("reason")
+                .and_then(Value::as_str)
+                .is_some_and(|r| ADMISSION_REFUSALS.contains(&r))
+        {
+            self.execution_started(&call.tool_name);
+        }
         let body = answer.expect(&[200])?;
         let text = |k: &str| body.get(k).and_then(Value::as_str).map(str::to_owned);
+        if text("state").as_deref() == Some("intent") {
+            self.execution_started(&call.tool_name);
+        }
         match text("state").as_deref() {
             Some("intent") => Ok(Started {
                 run: self.clone(),

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::{Method, StatusCode};
@@ -542,6 +543,65 @@ async fn refusals_before_dispatch_are_typed() {
             })
             .await;
         assert_eq!(executed.state(), Some(&MutationState::Completed));
+    })
+    .await
+}
+
+/// GIVEN a run handle with seed 000's `on_tool_execution_started(tool_name)` hook WHEN a
+/// human-approved call is admitted, and another is refused at admission THEN the hook is
+/// told the tool's name for both (the server announced both starts); a call whose start
+/// the server refuses before admission (a pending card) does not call it.
+#[tokio::test]
+async fn the_execution_started_hook_follows_the_servers_start_event() {
+    bounded(async {
+        let srv = server().await;
+        let client = client(&srv.base, &srv);
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let hook = {
+            let seen = seen.clone();
+            move |tool: &str| seen.lock().unwrap().push(tool.to_owned())
+        };
+        let unbudgeted = client
+            .create_run(RunSpec::default())
+            .await
+            .unwrap()
+            .on_tool_execution_started(hook.clone());
+        let call = approved_call(&srv, &unbudgeted).await;
+        let err = unbudgeted.start(call).await.unwrap_err();
+        assert!(matches!(&err, Error::NotExecuted { .. }), "{err}");
+        assert_eq!(*seen.lock().unwrap(), ["web_fetch"], "refused at admission");
+
+        let run = client
+            .create_run(budgeted(None))
+            .await
+            .unwrap()
+            .on_tool_execution_started(hook);
+        let armed = run.arm(fetch_gate()).await.unwrap();
+        let pending = ApprovedCall::new(
+            armed.request_id(),
+            armed.request_id(),
+            armed.request_id(),
+            "web_fetch",
+            Some(tollgate_client::arguments_hash(
+                &json!({"url": "https://example.com/docs"}),
+            )),
+        );
+        assert!(run.start(pending).await.is_err());
+        assert_eq!(
+            seen.lock().unwrap().len(),
+            1,
+            "a pending card started nothing"
+        );
+        let call = approved_call(&srv, &run).await;
+        let started = run.start(call).await.unwrap();
+        assert_eq!(*seen.lock().unwrap(), ["web_fetch", "web_fetch"]);
+        let events = run.events(0, None).await.unwrap().events;
+        let starts = events
+            .iter()
+            .filter(|e| e["type"] == "tool_execution_started")
+            .count();
+        assert_eq!(starts, 1, "one start on this run, one hook call");
+        started.abort("test").await.unwrap();
     })
     .await
 }
