@@ -4,8 +4,10 @@ use std::sync::Arc;
 
 use tollgate_store::dynamo::DynamoStore;
 
+/// With retention on (30 days), so that the suite also holds with TTLs written.
 async fn dynamo_store() -> tollgate_store::contract::Store {
-    Arc::new(dynamo_store_raw().await)
+    let retention = std::time::Duration::from_secs(30 * 86_400);
+    Arc::new(dynamo_store_raw().await.with_retention(Some(retention)))
 }
 
 async fn dynamo_store_raw() -> DynamoStore {

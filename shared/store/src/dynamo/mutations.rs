@@ -135,13 +135,28 @@ fn prior_condition(prior: Option<&MutationRecord>) -> Result<Condition, StoreErr
 }
 
 impl DynamoStore {
-    /// The record's item with the run's TTL (from the later of now and its deadline): a
-    /// record never outlives the run by much, so no later run of the same id (whose
-    /// creation checks this table for leftovers) can inherit it.
+    /// The record's item, and its TTL (retention on) only once it is settled and blocks
+    /// nothing (`completed`, `not_executed`): from the later of now and its deadline, as
+    /// the run's head gets from its last write.
+    ///
+    /// Invariant: an attempt that is in flight or `outcome_unknown` — the one that blocks
+    /// every new start of its tool call until an operator reconciles it — never expires
+    /// before the run's head. The head's TTL moves with every append, so a TTL stamped on
+    /// the record at its own last write could fall due while the run goes on, and its
+    /// deletion would let the call be run again. Such a record carries no TTL (a put
+    /// replaces the whole item, so an earlier one goes too) until the transition that
+    /// settles or reconciles it gives it one; an `outcome_unknown` nobody reconciles
+    /// stays, as the operator's open question it is.
     fn mutation_item(&self, r: &MutationRecord, now: i64) -> Result<Item, StoreError> {
         let mut item = record_to_item(r)?;
-        if let Some(exp) = self.expires_at(now.max(r.settlement_deadline_at)) {
-            item.insert("expires_at".into(), exp);
+        let settled = matches!(
+            r.state,
+            MutationState::Completed | MutationState::NotExecuted
+        );
+        if settled {
+            if let Some(exp) = self.expires_at(now.max(r.settlement_deadline_at)) {
+                item.insert("expires_at".into(), exp);
+            }
         }
         Ok(item)
     }
@@ -341,6 +356,9 @@ impl DynamoStore {
                 ":a",
                 AttributeValue::Ss(vec![record.approval_id.clone()]),
             );
+        // The guard's TTL is no later than any of its attempts' (it is stamped at their
+        // admission, they at their settlement or never): a guard gone first only
+        // narrows a read to the `Query`, which sees every long-committed attempt.
         let mut expr = "ADD admitted :a".to_owned();
         if let Some(exp) = self.expires_at(now.max(record.settlement_deadline_at)) {
             expr.push_str(" SET expires_at = :exp");
@@ -486,6 +504,56 @@ impl MutationStore for DynamoStore {
             Committed::Busy(why) => {
                 tracing::debug!(%why, "mutation commit turned away; read again");
                 Ok(MutationCommit::Lost)
+            }
+        }
+    }
+
+    async fn expire_mutations_with_head(&self, run_id: &str) -> Result<(), StoreError> {
+        let ttl = |item: &Item| match item.get("expires_at") {
+            Some(AttributeValue::N(v)) => v.parse::<i64>().ok(),
+            _ => None,
+        };
+        let head = self
+            .client
+            .get_item()
+            .table_name(&self.tables.runs)
+            .key("run_id", s(run_id))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?
+            .item;
+        let Some(head_ttl) = head.as_ref().and_then(ttl) else {
+            return Ok(());
+        };
+        let mut start_key = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.tables.mutations)
+                .consistent_read(true)
+                .key_condition_expression("run_id = :r")
+                .expression_attribute_values(":r", s(run_id))
+                .set_exclusive_start_key(start_key.take())
+                .send()
+                .await
+                .map_err(unavailable)?;
+            for item in out.items.unwrap_or_default() {
+                if ttl(&item).is_some_and(|t| t <= head_ttl) {
+                    self.client
+                        .delete_item()
+                        .table_name(&self.tables.mutations)
+                        .key("run_id", item["run_id"].clone())
+                        .key("mutation_key", item["mutation_key"].clone())
+                        .send()
+                        .await
+                        .map_err(unavailable)?;
+                }
+            }
+            start_key = out.last_evaluated_key;
+            if start_key.is_none() {
+                return Ok(());
             }
         }
     }
