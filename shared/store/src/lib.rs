@@ -101,7 +101,7 @@ pub(crate) fn encode_cursor(position: &serde_json::Value) -> String {
 
 /// The position in a cursor of [`encode_cursor`]; `InvalidCursor` for anything else.
 pub(crate) fn decode_cursor(cursor: &str) -> Result<serde_json::Value, StoreError> {
-    if cursor.len() % 2 != 0 || cursor.len() > 4096 {
+    if !cursor.len().is_multiple_of(2) || cursor.len() > 4096 {
         return Err(StoreError::InvalidCursor);
     }
     let bytes = (0..cursor.len())
