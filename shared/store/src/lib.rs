@@ -550,6 +550,17 @@ pub trait MutationStore: Send + Sync + 'static {
         beat: u32,
     ) -> Result<Beat, StoreError>;
 
+    /// Attempts still `intent` or `dispatched` whose settlement deadline is at or before
+    /// `due_before`, soonest first, at most `limit` (the sweeper settles them as their
+    /// lost deadline timer would have). On DynamoDB the listing comes from an eventually
+    /// consistent index and may include an attempt that was just settled: callers act
+    /// through the conditioned transition, never on this list alone.
+    async fn overdue_attempts(
+        &self,
+        due_before: i64,
+        limit: usize,
+    ) -> Result<Vec<tollgate_domain::execution::MutationRecord>, StoreError>;
+
     /// Test support (the store contract): removes what retention may already have
     /// removed of the run's mutation items while its head is still readable — every item
     /// whose TTL is not later than the head's (DynamoDB deletes expired items in no

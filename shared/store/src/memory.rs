@@ -880,6 +880,23 @@ impl MutationStore for MemoryStore {
             .unwrap_or_default())
     }
 
+    async fn overdue_attempts(
+        &self,
+        due_before: i64,
+        limit: usize,
+    ) -> Result<Vec<MutationRecord>, StoreError> {
+        let runs = self.read();
+        let mut due: Vec<MutationRecord> = runs
+            .values()
+            .flat_map(|r| r.mutations.values())
+            .filter(|m| !m.state.is_settled() && m.settlement_deadline_at <= due_before)
+            .cloned()
+            .collect();
+        due.sort_by_key(|m| m.settlement_deadline_at);
+        due.truncate(limit);
+        Ok(due)
+    }
+
     async fn read_mutation_view(
         &self,
         run_id: &str,

@@ -6,6 +6,13 @@
 //! `<tool_call_id>#` for the tool call's guard item, whose string set `admitted` names
 //! every admitted attempt of the call (written by each admission, in its transaction).
 //!
+//! An attempt that is `intent` or `dispatched` also carries `unsettled_shard` (one of
+//! [`UNSETTLED_SHARDS`] values, by its run id), which puts it in the sparse index
+//! `unsettled_by_deadline` (`unsettled_shard`, `settlement_deadline_at`): the sweeper
+//! finds attempts whose deadline timer was lost with one bounded `Query` per shard.
+//! Settling drops the attribute (a put replaces the whole item), and with it the entry.
+//! The shards spread every tenant's intents over several partitions instead of one.
+//!
 //! Why the guard: `start` decides from every attempt of the tool call, read with a
 //! `Query`, which is only read-committed — it may miss an item of a transaction that is
 //! committing. The view is therefore read as: the head and the guard as one
@@ -40,6 +47,20 @@ use crate::{
     budget_usage, check_decision, mutation_key, Beat, MutationCommit, MutationStore, MutationView,
     StoreError,
 };
+
+/// The sparse index of unsettled attempts by settlement deadline.
+pub const UNSETTLED_INDEX: &str = "unsettled_by_deadline";
+
+/// How many partitions the unsettled index spreads its entries over.
+pub const UNSETTLED_SHARDS: u32 = 16;
+
+/// The index shard of a run's attempts: a stable hash (FNV-1a) of its run id.
+fn unsettled_shard(run_id: &str) -> String {
+    let hash = run_id.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    format!("u#{:02}", hash % UNSETTLED_SHARDS)
+}
 
 /// Sort key of a tool call's guard item: sorts before every attempt of the call.
 fn guard_key(tool_call_id: &str) -> String {
@@ -80,6 +101,9 @@ fn record_to_item(r: &MutationRecord) -> Result<Item, StoreError> {
     }
     if let Some(at) = r.settled_at {
         item.insert("settled_at".into(), n(at));
+    }
+    if !r.state.is_settled() {
+        item.insert("unsettled_shard".into(), s(unsettled_shard(&r.run_id)));
     }
     Ok(item)
 }
@@ -506,6 +530,40 @@ impl MutationStore for DynamoStore {
                 Ok(MutationCommit::Lost)
             }
         }
+    }
+
+    async fn overdue_attempts(
+        &self,
+        due_before: i64,
+        limit: usize,
+    ) -> Result<Vec<MutationRecord>, StoreError> {
+        // One page per shard, at most `limit` each: bounded per sweep; what is left
+        // waits for the next.
+        let want = limit.clamp(1, 1000) as i32;
+        let mut due = Vec::new();
+        for shard in 0..UNSETTLED_SHARDS {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.tables.mutations)
+                .index_name(UNSETTLED_INDEX)
+                .key_condition_expression("unsettled_shard = :s AND settlement_deadline_at <= :due")
+                .expression_attribute_values(":s", s(format!("u#{shard:02}")))
+                .expression_attribute_values(":due", n(due_before))
+                .limit(want)
+                .send()
+                .await
+                .map_err(unavailable)?;
+            for item in out.items.unwrap_or_default() {
+                let record = record_from_item(&item)?;
+                if !record.state.is_settled() {
+                    due.push(record);
+                }
+            }
+        }
+        due.sort_by_key(|r| r.settlement_deadline_at);
+        due.truncate(limit);
+        Ok(due)
     }
 
     async fn expire_mutations_with_head(&self, run_id: &str) -> Result<(), StoreError> {
