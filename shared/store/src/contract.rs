@@ -2721,11 +2721,11 @@ pub async fn nothing_follows_the_end_of_a_run(store: Store) {
     assert_eq!(head.budget_used.unwrap()["calls"], 1);
 }
 
-/// GIVEN retention on and a dispatched call that its settlement deadline settled
-/// `outcome_unknown` WHEN the run goes on and retention removes whatever of the run's
-/// mutation items falls due no later than its head THEN a new attempt of that tool call
-/// (a fresh approval) is still blocked by the unknown outcome, which is still there for
-/// an operator to reconcile.
+/// GIVEN retention on, a dispatched call that its settlement deadline settled
+/// `outcome_unknown` and a call that completed WHEN the run goes on and retention
+/// removes whatever of the run's mutation items falls due no later than its head THEN a
+/// new attempt of either tool call (a fresh approval) is still blocked — by the unknown
+/// outcome, still there for an operator to reconcile, and by the completed call.
 pub async fn retention_never_frees_a_block(store: Store) {
     let run_id = budget_run(
         &store,
@@ -2768,6 +2768,39 @@ pub async fn retention_never_frees_a_block(store: Store) {
     })
     .await;
     assert_eq!(unknown.decision.record.state, MutationState::OutcomeUnknown);
+    // Another call completes: running it again would be a duplicate mutation.
+    let done_card = approved_card(&store, &run_id, "call-d", "web_fetch").await;
+    // (Also two minutes ago, so its deadline does not keep it.)
+    let done_req = start_request(&done_card);
+    let done = decide_mutation(
+        store.as_ref(),
+        &run_id,
+        &done_card.tool_call_id,
+        &done_card.approval_id,
+        |v| {
+            execution::start(
+                &done_req,
+                &done_card,
+                &v.head,
+                &v.usage,
+                &v.attempts,
+                &ExecutionSettings::default(),
+                past,
+            )
+        },
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let done = transit(&store, &done.decision.record, |r, run| {
+        execution::dispatch(r, run, past + 1)
+    })
+    .await;
+    let done = transit(&store, &done.decision.record, |r, run| {
+        execution::settle(r, &confirmed(json!({"ok": true})), run, past + 2)
+    })
+    .await;
+    assert_eq!(done.decision.record.state, MutationState::Completed);
     // The run goes on (its head's TTL moves), then retention catches up.
     store
         .append_events(
@@ -2830,4 +2863,126 @@ pub async fn retention_never_frees_a_block(store: Store) {
         other => panic!("a new attempt must stay blocked, got {other:?}"),
     }
     assert_stored(&store, &unknown.decision.record).await;
+    assert_stored(&store, &done.decision.record).await;
+    let mut again = card_for(&run_id, "req-call-d-2", None);
+    again.tool_name = "web_fetch".into();
+    again.tool_call_id = done_card.tool_call_id.clone();
+    again.approval_id = "approval-call-d-2".into();
+    again.explicit_ids = true;
+    store
+        .arm(RunRef::any(&run_id), again.clone())
+        .await
+        .unwrap();
+    let Resolved::Fresh(again) = store
+        .resolve(
+            &run_id,
+            &again.request_id,
+            approve("alice"),
+            tollgate_domain::now_millis(),
+            None,
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("approval of the second attempt");
+    };
+    let req = start_request(&again);
+    let answer = decide_mutation(
+        store.as_ref(),
+        &run_id,
+        &again.tool_call_id,
+        &again.approval_id,
+        |v| {
+            execution::start(
+                &req,
+                &again,
+                &v.head,
+                &v.usage,
+                &v.attempts,
+                &ExecutionSettings::default(),
+                now,
+            )
+        },
+    )
+    .await
+    .unwrap();
+    match answer {
+        Err(execution::StartRefusal::Blocked(r)) => {
+            assert_eq!(r.state, MutationState::Completed)
+        }
+        other => panic!("a completed call must stay blocked, got {other:?}"),
+    }
+}
+
+/// DynamoDB with retention on: GIVEN a run whose call is `outcome_unknown` (no TTL while
+/// the run runs) WHEN the run ends THEN that record (and the call's guard) gets the
+/// head's final TTL, so it goes with the run instead of staying for ever.
+pub async fn an_ended_runs_records_expire_with_it(dynamo: crate::dynamo::DynamoStore) {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let raw = dynamo.clone();
+    let store: Store = Arc::new(dynamo);
+    let run_id = budget_run(&store, "ends", json!({"tools": {"web_fetch": 1}})).await;
+    let card = approved_card(&store, &run_id, "call-e", "web_fetch").await;
+    let started = start_call(&store, &card).await;
+    let dispatched = transit(&store, &started.decision.record, |r, run| {
+        execution::dispatch(r, run, r.settlement_deadline_at - 1)
+    })
+    .await;
+    let unknown = transit(&store, &dispatched.decision.record, |r, run| {
+        execution::settle_at_deadline(r, run, r.settlement_deadline_at).expect("due")
+    })
+    .await;
+    assert_eq!(unknown.decision.record.state, MutationState::OutcomeUnknown);
+    let ttl = |table: String, key: Vec<(&'static str, String)>| {
+        let raw = raw.clone();
+        async move {
+            let mut get = raw
+                .client()
+                .get_item()
+                .table_name(table)
+                .consistent_read(true);
+            for (k, v) in key {
+                get = get.key(k, AttributeValue::S(v));
+            }
+            let item = get.send().await.unwrap().item.expect("item");
+            item.get("expires_at")
+                .map(|v| v.as_n().unwrap().parse::<i64>().unwrap())
+        }
+    };
+    let record_key = || {
+        vec![
+            ("run_id", run_id.clone()),
+            (
+                "mutation_key",
+                crate::mutation_key("call-e", "approval-call-e"),
+            ),
+        ]
+    };
+    let mutations = raw.tables().mutations.clone();
+    assert_eq!(
+        ttl(mutations.clone(), record_key()).await,
+        None,
+        "no TTL while the run can start calls"
+    );
+    store
+        .finish_run(RunRef::any(&run_id), TerminalKind::Complete, Map::new())
+        .await
+        .unwrap();
+    let head = ttl(raw.tables().runs.clone(), vec![("run_id", run_id.clone())])
+        .await
+        .expect("the head has a TTL");
+    let record = ttl(mutations.clone(), record_key())
+        .await
+        .expect("a TTL now");
+    assert!(record >= head, "{record} < {head}");
+    let guard = ttl(
+        mutations,
+        vec![
+            ("run_id", run_id.clone()),
+            ("mutation_key", crate::mutation_key("call-e", "")),
+        ],
+    )
+    .await
+    .expect("the guard has a TTL");
+    assert!(guard >= head, "{guard} < {head}");
 }

@@ -61,3 +61,11 @@ async fn starts_respect_the_ceiling_across_processes() {
     let b = Arc::new(dynamo_store_raw().await.without_lanes()) as tollgate_store::contract::Store;
     tollgate_store::contract::concurrent_starts_respect_the_call_ceiling(vec![a, b]).await;
 }
+
+/// With retention on, an ended run's mutation records get its head's final TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_ended_runs_records_expire_with_it() {
+    let retention = std::time::Duration::from_secs(30 * 86_400);
+    let store = dynamo_store_raw().await.with_retention(Some(retention));
+    tollgate_store::contract::an_ended_runs_records_expire_with_it(store).await;
+}

@@ -159,30 +159,97 @@ fn prior_condition(prior: Option<&MutationRecord>) -> Result<Condition, StoreErr
 }
 
 impl DynamoStore {
-    /// The record's item, and its TTL (retention on) only once it is settled and blocks
-    /// nothing (`completed`, `not_executed`): from the later of now and its deadline, as
-    /// the run's head gets from its last write.
+    /// The record's item, and its TTL (retention on) only when it can no longer block
+    /// anything: a `not_executed` attempt (a new start needs a fresh approval anyway),
+    /// or any attempt of a run that has ended (nothing can start on it any more) — from
+    /// the later of now and its deadline, as the run's head gets from its last write.
     ///
-    /// Invariant: an attempt that is in flight or `outcome_unknown` — the one that blocks
-    /// every new start of its tool call until an operator reconciles it — never expires
-    /// before the run's head. The head's TTL moves with every append, so a TTL stamped on
-    /// the record at its own last write could fall due while the run goes on, and its
-    /// deletion would let the call be run again. Such a record carries no TTL (a put
-    /// replaces the whole item, so an earlier one goes too) until the transition that
-    /// settles or reconciles it gives it one; an `outcome_unknown` nobody reconciles
-    /// stays, as the operator's open question it is.
-    fn mutation_item(&self, r: &MutationRecord, now: i64) -> Result<Item, StoreError> {
+    /// Invariant: an attempt that blocks new starts of its tool call — in flight,
+    /// `outcome_unknown` (until an operator reconciles it) or `completed` (running it
+    /// again would be a duplicate mutation) — never expires while its run can still
+    /// start calls. The head's TTL moves with every append, so a TTL stamped on the
+    /// record at its own last write could fall due while the run goes on, and its
+    /// deletion would let the call run again. Such a record carries no TTL (a put
+    /// replaces the whole item, so an earlier one goes too); the run's end gives its
+    /// records the head's final TTL ([`DynamoStore::expire_mutations_with_run`]).
+    fn mutation_item(
+        &self,
+        r: &MutationRecord,
+        now: i64,
+        run_ended: bool,
+    ) -> Result<Item, StoreError> {
         let mut item = record_to_item(r)?;
-        let settled = matches!(
-            r.state,
-            MutationState::Completed | MutationState::NotExecuted
-        );
-        if settled {
+        if run_ended || r.state == MutationState::NotExecuted {
             if let Some(exp) = self.expires_at(now.max(r.settlement_deadline_at)) {
                 item.insert("expires_at".into(), exp);
             }
         }
         Ok(item)
+    }
+
+    /// After a run's terminal event (retention on): its mutation items get the head's
+    /// final TTL, so they go with the run. Best effort — one that fails only stays
+    /// longer (logged); nothing can start on an ended run, so no block depends on it.
+    pub(crate) async fn expire_mutations_with_run(&self, run_id: &str, now: i64) {
+        let Some(exp) = self.expires_at(now) else {
+            return;
+        };
+        let mut start_key = None;
+        loop {
+            let out = match self
+                .client
+                .query()
+                .table_name(&self.tables.mutations)
+                .key_condition_expression("run_id = :r")
+                .expression_attribute_values(":r", s(run_id))
+                .projection_expression("run_id, mutation_key")
+                .set_exclusive_start_key(start_key.take())
+                .send()
+                .await
+            {
+                Ok(out) => out,
+                Err(e) => {
+                    tracing::warn!(error = %unavailable(e), run_id, "ended run's records keep no TTL");
+                    return;
+                }
+            };
+            for item in out.items.unwrap_or_default() {
+                let (Some(run), Some(key)) = (item.get("run_id"), item.get("mutation_key")) else {
+                    continue;
+                };
+                // Never earlier than a TTL the item already has (a later settlement's).
+                let stamped = self
+                    .client
+                    .update_item()
+                    .table_name(&self.tables.mutations)
+                    .key("run_id", run.clone())
+                    .key("mutation_key", key.clone())
+                    .update_expression("SET expires_at = :exp")
+                    .condition_expression(
+                        "attribute_exists(mutation_key) AND \
+                         (attribute_not_exists(expires_at) OR expires_at < :exp)",
+                    )
+                    .expression_attribute_values(":exp", exp.clone())
+                    .send()
+                    .await;
+                if let Err(e) = stamped {
+                    let lost_condition = matches!(
+                        &e,
+                        SdkError::ServiceError(ctx) if matches!(
+                            ctx.err(),
+                            aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_)
+                        )
+                    );
+                    if !lost_condition {
+                        tracing::warn!(error = %unavailable(e), run_id, "an ended run's record keeps no TTL");
+                    }
+                }
+            }
+            start_key = out.last_evaluated_key;
+            if start_key.is_none() {
+                return;
+            }
+        }
     }
 
     /// The run's head and the tool call's guard as one serializable snapshot
@@ -308,13 +375,14 @@ impl DynamoStore {
         &self,
         prior: Option<&MutationRecord>,
         record: &MutationRecord,
+        run_ended: bool,
     ) -> Result<MutationCommit, StoreError> {
         let (condition, values) = prior_condition(prior)?;
         let mut put = self
             .client
             .put_item()
             .table_name(&self.tables.mutations)
-            .set_item(Some(self.mutation_item(record, now_millis())?))
+            .set_item(Some(self.mutation_item(record, now_millis(), run_ended)?))
             .condition_expression(condition);
         if prior.is_some() {
             put = put.expression_attribute_names("#state", "state");
@@ -352,7 +420,7 @@ impl DynamoStore {
         let (condition, values) = prior_condition(prior)?;
         let mut put = Put::builder()
             .table_name(&self.tables.mutations)
-            .set_item(Some(self.mutation_item(record, now)?))
+            .set_item(Some(self.mutation_item(record, now, false)?))
             .condition_expression(condition)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         if prior.is_some() {
@@ -460,19 +528,18 @@ impl MutationStore for DynamoStore {
                 continue;
             }
             // Committed (the snapshot holds its guard entry), but not yet visible to the
-            // read-committed Query. A record of a committed admission is only removed by
-            // the run's retention (with the run), so one that cannot be read is not taken
-            // as absent: fail closed, the caller reads again.
-            match self
+            // read-committed Query: read it by key.
+            //
+            // A strongly consistent read after the snapshot sees every committed write,
+            // so an admitted attempt it cannot find is gone: expired. While its run can
+            // still start calls, only a `not_executed` attempt — which blocks nothing —
+            // carries a TTL (see `mutation_item`), and the guard (stamped at the latest
+            // admission) may outlive it: skip it rather than refuse the tool call.
+            if let Some(record) = self
                 .read_mutation(run_id, tool_call_id, &approval_id)
                 .await?
             {
-                Some(record) => attempts.push(record),
-                None => {
-                    return Err(StoreError::Unavailable(
-                        "an admitted attempt of this tool call is not readable yet; retry".into(),
-                    ))
-                }
+                attempts.push(record);
             }
         }
         attempts.sort_by(|a, b| a.approval_id.cmp(&b.approval_id));
@@ -500,7 +567,9 @@ impl MutationStore for DynamoStore {
             if record.state == MutationState::Dispatched {
                 return self.dispatch_while_running(head, prior, record).await;
             }
-            return self.put_record_alone(prior, record).await;
+            return self
+                .put_record_alone(prior, record, head.status.is_terminal())
+                .await;
         }
         let now = now_millis();
         let mut side = vec![self.record_put(prior, record, now)?];
