@@ -1212,6 +1212,82 @@ async fn retried_arm_sends_the_expiry_again(backend: Backend) {
     );
 }
 
+/// GIVEN three scoped grants in a project WHEN its operator lists them two at a time
+/// THEN a page of 2 with `has_more` and a `next_cursor`, then the last one without; each
+/// grant once, newest first; a cursor or limit that is not valid is 400 JSON.
+async fn policies_page_through_http(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let project = format!("proj-{}", uuid::Uuid::new_v4());
+    let agent = srv
+        .auth
+        .mint_jwt("pager-agent", Role::Agent, 600, Some(project.clone()));
+    let op = srv
+        .auth
+        .mint_jwt("pager-op", Role::Operator, 600, Some(project.clone()));
+    let (status, created) = srv
+        .post("/api/runs", &agent, &json!({"owner": "pager-op"}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let run_id = created["run_id"].as_str().unwrap().to_owned();
+    let token = created["run_token"].as_str().unwrap().to_owned();
+    for tool in ["alpha", "beta", "gamma"] {
+        let request_id = format!("pg-{tool}");
+        let (status, v) = srv
+            .post(
+                &format!("/api/runs/{run_id}/approval-requests"),
+                &token,
+                &json!({"request_id": request_id, "tool_name": tool}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{v}");
+        let (status, v) = srv
+            .post(
+                &format!("/api/runs/{run_id}/tool-approvals"),
+                &op,
+                &json!({"request_id": request_id, "scope": "tool"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+    }
+    let (status, first) = srv.get("/api/policies?limit=2", &op).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["has_more"], true);
+    let cursor = first["next_cursor"].as_str().expect("a cursor").to_owned();
+    let (status, second) = srv
+        .get(&format!("/api/policies?limit=2&cursor={cursor}"), &op)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    let tools: Vec<&str> = first["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(second["policies"].as_array().unwrap())
+        .map(|p| p["tool_name"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, ["gamma", "beta", "alpha"]);
+    if second["has_more"] == true {
+        let next = second["next_cursor"].as_str().unwrap();
+        let (_, rest) = srv
+            .get(&format!("/api/policies?limit=2&cursor={next}"), &op)
+            .await;
+        assert_eq!(rest["policies"], json!([]));
+        assert_eq!(rest["has_more"], false);
+    } else {
+        assert!(second.get("next_cursor").is_none());
+    }
+    for bad in [
+        "limit=0",
+        "limit=501",
+        "limit=x",
+        "cursor=zz",
+        "cursor=7b7d",
+    ] {
+        let (status, v) = srv.get(&format!("/api/policies?{bad}"), &op).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {v}");
+        assert!(v["error"].is_string(), "{v}");
+    }
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -1235,6 +1311,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn pending_listings() {
                 super::pending_listings($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn policies_page_through_http() {
+                super::policies_page_through_http($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn scope_reach() {

@@ -1256,3 +1256,80 @@ async fn a_lost_answer_says_running_again_is_safe() {
         }
     }
 }
+
+/// GIVEN `tollgate serve` started with a `TOLLGATE_SECRET` WHEN it starts THEN it prints
+/// no token (nothing JWT-shaped, no `AGENT_TOKEN`/`OPERATOR_TOKEN`) and says how to mint
+/// one with `tollgate token`, and a token so minted works (one longer than the maximum
+/// lifetime is refused by `tollgate token` itself); GIVEN no secret THEN it
+/// prints an agent and an operator token for the secret it made up, and they work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_prints_tokens_only_for_a_secret_it_made_up() {
+    use tollgate_tests::serve::ServeProcess;
+    let http = reqwest::Client::new();
+    let works = |base: String, token: String, path: &'static str| {
+        let req = http.get(format!("{base}{path}")).bearer_auth(token);
+        async move { req.send().await.unwrap().status() }
+    };
+
+    let secret = "a-secret-given-to-serve-0123456789abcdef";
+    let mut given = ServeProcess::start_signing(Some(secret), &[]);
+    let banner = given.banner();
+    let text = banner.join("\n");
+    assert!(
+        !text.contains("AGENT_TOKEN") && !text.contains("OPERATOR_TOKEN") && !text.contains("eyJ"),
+        "no token for a given secret: {text}"
+    );
+    assert!(text.contains("tollgate token"), "{text}");
+    let minted = std::process::Command::new(tollgate_tests::serve::tollgate_bin())
+        .args(["token", "--sub", "alice", "--role", "operator"])
+        .env("TOLLGATE_SECRET", secret)
+        .env_remove("TOLLGATE_MAX_TOKEN_LIFETIME_SECONDS")
+        .output()
+        .unwrap();
+    assert!(minted.status.success(), "{minted:?}");
+    let operator = String::from_utf8(minted.stdout).unwrap().trim().to_owned();
+    let status = works(given.base.clone(), operator, "/api/approvals?state=pending").await;
+    assert_eq!(status, StatusCode::OK);
+    // A token the servers would refuse (longer than the maximum lifetime) is not minted.
+    let too_long = std::process::Command::new(tollgate_tests::serve::tollgate_bin())
+        .args([
+            "token", "--sub", "alice", "--role", "operator", "--ttl", "90000",
+        ])
+        .env("TOLLGATE_SECRET", secret)
+        .env_remove("TOLLGATE_MAX_TOKEN_LIFETIME_SECONDS")
+        .output()
+        .unwrap();
+    assert_eq!(too_long.status.code(), Some(2), "{too_long:?}");
+    assert!(too_long.stdout.is_empty(), "{too_long:?}");
+    let said = String::from_utf8_lossy(&too_long.stderr);
+    assert!(
+        said.contains("TOLLGATE_MAX_TOKEN_LIFETIME_SECONDS"),
+        "{said}"
+    );
+
+    let mut made_up = ServeProcess::start_signing(None, &[]);
+    let banner = made_up.banner();
+    let export = |name: &str| {
+        banner
+            .iter()
+            .find_map(|l| l.strip_prefix(&format!("export {name}=")))
+            .unwrap_or_else(|| panic!("{name} printed: {banner:#?}"))
+            .to_owned()
+    };
+    let (agent, operator) = (export("AGENT_TOKEN"), export("OPERATOR_TOKEN"));
+    let status = works(
+        made_up.base.clone(),
+        operator,
+        "/api/approvals?state=pending",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let created = http
+        .post(format!("{}/api/runs", made_up.base))
+        .bearer_auth(agent)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), StatusCode::CREATED);
+}

@@ -2273,6 +2273,81 @@ async fn lost_deadline_timers_are_backstopped(backend: Backend) {
     assert_eq!(start(&srv, &run, &fresh).await.0, StatusCode::OK);
 }
 
+/// GIVEN a server that loses every settlement-deadline and execution-heartbeat timer,
+/// with its sweeper running, and two started calls — one never dispatched, one
+/// dispatched — that nobody settles WHEN their deadline passes THEN the sweeper settles
+/// them exactly as the deadline timer would: the intent `not_executed` (`unsent`,
+/// `tool_execution` not_executed), the dispatched one `outcome_unknown`
+/// (`settlement_deadline`, `tool_execution` executed), each announced once; a dispatch
+/// after that is refused.
+async fn the_sweeper_settles_attempts_whose_deadline_timer_was_lost(backend: Backend) {
+    let inner = tollgate_timers::EmbeddedTimers::new();
+    let deps = tollgate_api::Deps::new(
+        store_for(backend).await,
+        std::sync::Arc::new(Losing {
+            inner: inner.clone(),
+            lose: &["settlement_deadline", "execution_heartbeat"],
+        }),
+        GateConfig {
+            heartbeat_every: Duration::from_secs(60),
+            sweep_every: Duration::from_millis(250),
+            execution: ExecutionSettings {
+                settlement_deadline_ms: DEADLINE_MS,
+                heartbeat_interval_ms: BEAT_MS,
+            },
+            ..GateConfig::default()
+        },
+        tollgate_api::Auth::new(tollgate_tests::TEST_SECRET.as_bytes()),
+    )
+    .with_sweeper();
+    let _timers = inner.attach(deps.gate.clone());
+    let srv = TestServer::with_deps(deps).await;
+    let run = budget_run(&srv, json!({TOOL: 3})).await;
+    let unsent = approved(&srv, &run, TOOL).await;
+    let sent = approved(&srv, &run, TOOL).await;
+    assert_eq!(start(&srv, &run, &unsent).await.0, StatusCode::OK);
+    assert_eq!(start(&srv, &run, &sent).await.0, StatusCode::OK);
+    assert_eq!(dispatch(&srv, &run, &sent).await.0, StatusCode::OK);
+
+    let r = wait_record(&srv, &run, &unsent, "the sweeper (intent)", |r| {
+        r["state"] != "intent"
+    })
+    .await;
+    assert_eq!(
+        (&r["state"], &r["reason"]),
+        (&json!("not_executed"), &json!("unsent")),
+        "{r}"
+    );
+    let r = wait_record(&srv, &run, &sent, "the sweeper (dispatched)", |r| {
+        r["state"] != "dispatched"
+    })
+    .await;
+    assert_eq!(
+        (&r["state"], &r["reason"]),
+        (&json!("outcome_unknown"), &json!("settlement_deadline")),
+        "{r}"
+    );
+    let evs = events(&srv, &run).await;
+    assert_terminal(
+        &evs,
+        &unsent,
+        json!({"execution_status": "not_executed", "mutation_outcome": "not_executed"}),
+        &["result"],
+    );
+    assert_terminal(
+        &evs,
+        &sent,
+        json!({"execution_status": "executed", "mutation_outcome": "outcome_unknown"}),
+        &["result"],
+    );
+    let (status, v) = dispatch(&srv, &run, &unsent).await;
+    assert_eq!(
+        (status, &v["state"]),
+        (StatusCode::CONFLICT, &json!("not_executed")),
+        "{v}"
+    );
+}
+
 /// GIVEN an operator found an unknown outcome not applied WHEN the remote's confirmed
 /// response arrives after all THEN the record is `outcome_unknown` again (`contested`,
 /// with the response's facts) and blocks a fresh attempt until an operator reconciles it
@@ -2615,6 +2690,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn lost_deadline_timers_are_backstopped() {
                 super::lost_deadline_timers_are_backstopped($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn the_sweeper_settles_attempts_whose_deadline_timer_was_lost() {
+                super::the_sweeper_settles_attempts_whose_deadline_timer_was_lost($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn a_late_response_contests_not_applied() {

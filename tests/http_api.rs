@@ -547,6 +547,55 @@ async fn routing_errors(backend: Backend) {
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{v}");
 }
 
+/// GIVEN JWTs signed with the right secret WHEN one is not valid yet (`nbf` ahead), was
+/// issued in the future (`iat` ahead), or lives longer than the maximum (a day by
+/// default; `exp - iat`, or `exp - now` without `iat`) THEN 401 JSON naming why, and
+/// no run is created; a token within all of them creates its run.
+async fn jwt_times_are_checked(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let key = tollgate_api::jwt::Hs256Key::new(tollgate_tests::TEST_SECRET.as_bytes());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let token = |extra: Value| {
+        let mut claims = json!({"sub": "test-agent", "role": "agent", "exp": now + 600});
+        for (k, v) in extra.as_object().unwrap() {
+            claims[k] = v.clone();
+        }
+        tollgate_api::jwt::encode(&key, &claims).unwrap()
+    };
+    let day = 86_400;
+    for (extra, why) in [
+        (json!({"nbf": now + 3600}), "not valid yet"),
+        (json!({"iat": now + 3600}), "issued in the future"),
+        (json!({"iat": now, "exp": now + day + 3600}), "lifetime"),
+        (json!({"exp": now + 2 * day}), "lifetime"),
+        (json!({"iat": now - 2 * day, "exp": now + 60}), "lifetime"),
+    ] {
+        let run_id = format!("jwt-times-{}", uuid::Uuid::new_v4());
+        let (status, body) = srv
+            .post(
+                "/api/runs",
+                &token(extra.clone()),
+                &json!({"run_id": run_id}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{extra}: {body}");
+        assert!(
+            body["error"].as_str().unwrap().contains(why),
+            "{extra}: {body}"
+        );
+        let (status, _) = srv
+            .get(&format!("/api/runs/{run_id}/events"), &srv.operator_token)
+            .await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "nothing written for {extra}");
+    }
+    let ok = token(json!({"iat": now, "nbf": now, "exp": now + day}));
+    let (status, body) = srv.post("/api/runs", &ok, &json!({})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -578,6 +627,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn routing_errors() {
                 super::routing_errors($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn jwt_times_are_checked() {
+                super::jwt_times_are_checked($backend).await
             }
         }
     };

@@ -10,8 +10,12 @@ log=$(mktemp); out=$(mktemp)
 "$bin" serve --port "$port" >"$log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; rm -f "$log" "$out"' EXIT
-for _ in $(seq 1 100); do grep -q "^export OPERATOR_TOKEN=" "$log" && break; sleep 0.1; done
+for _ in $(seq 1 100); do grep -q "^export TOLLGATE_URL=" "$log" && break; sleep 0.1; done
 eval "$(grep '^export ' "$log")"
+# serve prints no tokens for a secret it was given: mint them as the README says.
+AGENT_TOKEN=$("$bin" token --sub local-agent --role agent)
+OPERATOR_TOKEN=$("$bin" token --sub local-operator --role operator)
+export AGENT_TOKEN OPERATOR_TOKEN
 tour=$(sed -n '/<!-- tour:start -->/,/<!-- tour:end -->/p' README.md | sed '1,2d;$d' | sed '$d')
 bash -euo pipefail -c "$tour" >"$out" 2>&1 || { cat "$out"; echo "readme tour: the tour failed"; exit 1; }
 check() { grep -q -- "$1" "$out" || { cat "$out"; echo "readme tour: expected $1"; exit 1; }; }

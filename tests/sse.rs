@@ -446,6 +446,74 @@ async fn operator_stream_serves_operators_only(backend: Backend) {
     assert_eq!(body["events"].as_array().unwrap().len(), 4);
 }
 
+/// GIVEN a server whose caps are 2 streams per run token, 3 per agent and 4 per project
+/// WHEN one run token opens a third stream THEN 429 JSON with `Retry-After` (before any
+/// stream byte), while another agent's run token and an operator still get streams; the
+/// creating agent's JWT streams and its runs' token streams together stop at the tenant
+/// cap (4); once a stream closes, its place is free again.
+async fn streams_are_capped_per_run_agent_and_project(backend: Backend) {
+    let sse = SseConfig {
+        caps: tollgate_api::sse::StreamCaps {
+            per_run: 2,
+            per_agent: 3,
+            per_project: 4,
+        },
+        ..SseConfig::default()
+    };
+    let srv = server(backend, sse).await;
+    let (run_id, token) = srv.create_run(json!({})).await;
+    let path = format!("/api/runs/{run_id}/stream");
+    let refused = |resp: reqwest::Response| async move {
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(resp.headers().contains_key("retry-after"));
+        assert!(resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/json"));
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["state"], "too_many_streams", "{body}");
+        body["error"].as_str().unwrap().to_owned()
+    };
+    let get = |path: String, token: String| {
+        let req = srv.http.get(srv.url(&path)).bearer_auth(token);
+        async move { req.send().await.unwrap() }
+    };
+    let a = open(&srv, &path, &token, None).await;
+    let _b = open(&srv, &path, &token, None).await;
+    let error = refused(get(path.clone(), token.clone()).await).await;
+    assert!(error.contains("run token"), "{error}");
+    // Another agent's run still gets a stream; so does an operator.
+    let other_agent = srv
+        .auth
+        .mint_jwt("other-agent", tollgate_api::Role::Agent, 600, None);
+    let (status, created) = srv.post("/api/runs", &other_agent, &json!({})).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let other_path = format!("/api/runs/{}/stream", created["run_id"].as_str().unwrap());
+    let other_token = created["run_token"].as_str().unwrap();
+    let _other = open(&srv, &other_path, other_token, None).await;
+    let _op = open(&srv, &path, &srv.operator_token, None).await;
+    let _op2 = open(&srv, &path, &srv.operator_token, None).await;
+    let _op3 = open(&srv, &path, &srv.operator_token, None).await;
+    // The creating agent's own JWT: its own cap (3); the runs without a project belong
+    // to their creating agent's tenant (4 with the two run-token streams).
+    let _j1 = open(&srv, &path, &srv.agent_token, None).await;
+    let _j2 = open(&srv, &path, &srv.agent_token, None).await;
+    let error = refused(get(path.clone(), srv.agent_token.clone()).await).await;
+    assert!(error.contains("project"), "{error}");
+    // A place freed by a closed stream is free again (the server notices the close).
+    drop(a);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let resp = get(path.clone(), token.clone()).await;
+        if resp.status() == StatusCode::OK {
+            break;
+        }
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(Instant::now() < deadline, "a place was freed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -472,6 +540,7 @@ on_both_stores!(
     keepalive_live_and_window,
     dropped_twenty_times_misses_nothing,
     operator_stream_serves_operators_only,
+    streams_are_capped_per_run_agent_and_project,
 );
 
 /// GIVEN a real `tollgate serve` (window of an hour) with a live stream open WHEN the

@@ -274,6 +274,14 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                     &["dynamodb:Query"],
                 ),
                 ("RunsTable/index/running_children", &["dynamodb:Query"]),
+                (
+                    "MutationsTable",
+                    &["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"],
+                ),
+                (
+                    "MutationsTable/index/unsettled_by_deadline",
+                    &["dynamodb:Query"],
+                ),
             ]),
         ),
         (

@@ -177,6 +177,14 @@ async fn main() {
             let secret = secret_from_env().unwrap_or_else(|| {
                 fail("TOLLGATE_SECRET is not set (use the one `tollgate serve` runs with)")
             });
+            let max = Auth::max_token_lifetime_from_env().unwrap_or_else(|e| fail(e));
+            // A token the server would refuse is no use: say so instead of printing it.
+            if ttl > max {
+                fail(format!(
+                    "--ttl {ttl} is longer than the servers accept \
+                     (TOLLGATE_MAX_TOKEN_LIFETIME_SECONDS, here {max})"
+                ));
+            }
             let role = if role == "operator" {
                 Role::Operator
             } else {
@@ -203,9 +211,8 @@ async fn main() {
             config.create_tables |= create_tables;
             let store = config.connect_store().await.unwrap_or_else(|e| fail(e));
             let timers = config.serve_timers().await.unwrap_or_else(|e| fail(e));
-            let auth = Auth::new(config.secret.expose());
-            let agent = auth.mint_jwt("local-agent", Role::Agent, 86_400, None);
-            let operator = auth.mint_jwt("local-operator", Role::Operator, 86_400, None);
+            let max_lifetime = Auth::max_token_lifetime_from_env().unwrap_or_else(|e| fail(e));
+            let auth = Auth::new(config.secret.expose()).with_max_token_lifetime(max_lifetime);
             let addr: SocketAddr = format!("{host}:{port}").parse().unwrap_or_else(|e| fail(e));
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
@@ -230,14 +237,27 @@ async fn main() {
                     println!("Timers (approval expiry, heartbeats) run in this process.")
                 }
             }
+            // Ready tokens only for a secret this process made up (it exists nowhere
+            // else, so nobody could mint with it). A secret that was given may be shared
+            // with other servers or a deployment: printing live tokens for it would put
+            // credentials into terminals and logs nobody meant to hold them.
             if generated {
+                let ttl = max_lifetime.min(86_400);
+                let agent = auth.mint_jwt("local-agent", Role::Agent, ttl, None);
+                let operator = auth.mint_jwt("local-operator", Role::Operator, ttl, None);
                 println!("TOLLGATE_SECRET was not set; this process signs with a random secret.");
                 println!("To mint more tokens, restart with TOLLGATE_SECRET set and use `tollgate token`.");
+                println!();
+                println!("export TOLLGATE_URL={url}");
+                println!("export AGENT_TOKEN={agent}");
+                println!("export OPERATOR_TOKEN={operator}");
+            } else {
+                println!("Signing with the given TOLLGATE_SECRET; mint tokens with it, e.g.:");
+                println!("  tollgate token --sub local-operator --role operator");
+                println!("  tollgate token --sub local-agent --role agent");
+                println!();
+                println!("export TOLLGATE_URL={url}");
             }
-            println!();
-            println!("export TOLLGATE_URL={url}");
-            println!("export AGENT_TOKEN={agent}");
-            println!("export OPERATOR_TOKEN={operator}");
             println!();
             let gate = tollgate_api::GateConfig::from_env().unwrap_or_else(|e| fail(e));
             // Timers (expiry, heartbeats) on the embedded queue or on SQS, consumed here;

@@ -73,7 +73,8 @@
 # inside a base64 body are not replaced: keep run ids in the path there.
 # JWTs are static in the fixtures (HS256, exp in 2121) and signed with SECRET below;
 # mint more with: TOLLGATE_SECRET=<SECRET> ./target/debug/tollgate token --sub S
-#   --role agent|operator --ttl 3000000000
+#   --role agent|operator --ttl 3000000000 (with TOLLGATE_MAX_TOKEN_LIFETIME_SECONDS
+#   at least that, as below)
 #
 # Functions that are not HTTP need nothing special: the payload is whatever the
 # function answers. `timers` (SQS) answers an SqsBatchResponse, e.g. case 61 (a symlink
@@ -430,8 +431,10 @@ TOLLGATE_TIMER_QUEUE_URL=$(aws_json "$SQS_ENDPOINT" sqs AmazonSQS.CreateQueue 1.
     "$(jq -nc --arg name "tollgate-lambda-test-timers-$SESSION" '{QueueName: $name}')" QueueUrl) ||
   die "could not create the timer queue in SQS ($SQS_ENDPOINT)"
 log "timer queue: $TOLLGATE_TIMER_QUEUE_URL"
+# The fixtures' JWTs are static (exp in 2121): accept their lifetime here only.
 export TOLLGATE_SECRET_ARN TOLLGATE_TIMER_QUEUE_URL TOLLGATE_BACKEND=aws TOLLGATE_TABLE_PREFIX=$TABLE_PREFIX \
-  TOLLGATE_CREATE_TABLES=1 RUST_LOG=${TOLLGATE_LAMBDA_RUST_LOG:-info}
+  TOLLGATE_CREATE_TABLES=1 RUST_LOG=${TOLLGATE_LAMBDA_RUST_LOG:-info} \
+  TOLLGATE_MAX_TOKEN_LIFETIME_SECONDS=4000000000
 export AWS_REGION=${AWS_REGION:-us-east-1}
 
 # Build first, so that the first invoke measures a start, not a compile: watch runs

@@ -30,14 +30,24 @@ pub struct ServeProcess {
     child: Child,
     /// `http://127.0.0.1:PORT`.
     pub base: String,
+    /// Its stdout lines so far, and the rest as they come.
+    seen: Vec<String>,
+    lines: mpsc::Receiver<String>,
 }
 
 impl ServeProcess {
     /// Starts it with `env` added and waits (at most 60 s) for the URL it prints.
     pub fn start(env: &[(&str, &str)]) -> Self {
+        Self::start_signing(Some(TEST_SECRET), env)
+    }
+
+    /// Starts it signing with `secret`, or with `None` without `TOLLGATE_SECRET` (it
+    /// makes one up).
+    pub fn start_signing(secret: Option<&str>, env: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(tollgate_bin());
         cmd.args(["serve", "--port", "0", "--host", "127.0.0.1"])
-            .env("TOLLGATE_SECRET", TEST_SECRET)
+            .env_remove("TOLLGATE_SECRET")
+            .env_remove("TOLLGATE_MAX_TOKEN_LIFETIME_SECONDS")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -51,6 +61,9 @@ impl ServeProcess {
             "TOLLGATE_ALLOW_LOOPBACK_ORIGINS",
         ] {
             cmd.env_remove(var);
+        }
+        if let Some(secret) = secret {
+            cmd.env("TOLLGATE_SECRET", secret);
         }
         for (k, v) in env {
             cmd.env(k, v);
@@ -72,14 +85,18 @@ impl ServeProcess {
             }
         });
         let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok(line) => {
+                    seen.push(line.clone());
                     if let Some(url) = line.strip_prefix("export TOLLGATE_URL=") {
                         return Self {
                             child,
                             base: url.trim().to_owned(),
+                            seen,
+                            lines: rx,
                         };
                     }
                 }
@@ -90,6 +107,20 @@ impl ServeProcess {
                 }
             }
         }
+    }
+
+    /// Everything it printed up to the blank line that ends its start-up banner (the
+    /// line after the URL's block), waiting at most 10 s for the rest.
+    pub fn banner(&mut self) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.seen.last().is_none_or(|l| !l.is_empty()) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(e) => panic!("the banner did not end: {e}; so far {:#?}", self.seen),
+            }
+        }
+        self.seen.clone()
     }
 
     /// Sends SIGTERM (a process manager's stop).

@@ -1,9 +1,11 @@
 //! `stall-watch`: invoked by an EventBridge schedule (every minute). Each tick expires
 //! the pending approval cards whose deadline has passed but whose expiry timer message
 //! was lost (`Gate::sweep`), then runs the coordinator stall guard (`Gate::stall_guard`:
-//! one `coordinator.child_stall_detected` per silent child not waiting on a card).
-//! Answers `{"expired": n, "stalled": m}`; a storage outage fails the invocation (after
-//! both steps were tried), and the next tick tries again.
+//! one `coordinator.child_stall_detected` per silent child not waiting on a card), and
+//! settles the execution attempts past their settlement deadline whose timer was lost
+//! (`Gate::sweep_settlements`, as the timer would).
+//! Answers `{"expired": n, "stalled": m, "settled": k}`; a storage outage fails the
+//! invocation (after every step was tried), and the next tick tries again.
 
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::{json, Value};
@@ -21,19 +23,31 @@ async fn tick(deps: &Deps, event: LambdaEvent<Value>) -> Result<Value, Error> {
         .and_then(Value::as_str)
         .unwrap_or("");
     let request_id = event.context.request_id.as_str();
-    // Both steps run even if one fails: a broken sweep must not starve the stall guard.
+    // Every step runs even if one fails: a broken sweep must not starve the others.
     let expired = deps.gate.sweep(TICK_LIMIT).await;
     let stalled = deps.gate.stall_guard(TICK_LIMIT).await;
-    match (expired, stalled) {
-        (Ok(expired), Ok(stalled)) => {
-            tracing::info!(event_id, request_id, expired, stalled, "stall-watch tick");
-            Ok(json!({ "expired": expired, "stalled": stalled }))
+    let settled = deps.gate.sweep_settlements(TICK_LIMIT).await;
+    match (expired, stalled, settled) {
+        (Ok(expired), Ok(stalled), Ok(settled)) => {
+            tracing::info!(
+                event_id,
+                request_id,
+                expired,
+                stalled,
+                settled,
+                "stall-watch tick"
+            );
+            Ok(json!({ "expired": expired, "stalled": stalled, "settled": settled }))
         }
-        (expired, stalled) => {
-            let errors: Vec<String> = [("sweep", expired.err()), ("stall guard", stalled.err())]
-                .into_iter()
-                .filter_map(|(step, e)| e.map(|e| format!("{step}: {e}")))
-                .collect();
+        (expired, stalled, settled) => {
+            let errors: Vec<String> = [
+                ("sweep", expired.err()),
+                ("stall guard", stalled.err()),
+                ("settlement sweep", settled.err()),
+            ]
+            .into_iter()
+            .filter_map(|(step, e)| e.map(|e| format!("{step}: {e}")))
+            .collect();
             tracing::error!(event_id, request_id, errors = ?errors, "stall-watch tick failed");
             Err(errors.join("; ").into())
         }

@@ -707,21 +707,44 @@ async fn all_approvals(
     .into_response())
 }
 
-/// Most policies `GET /api/policies` answers with.
+/// Most policies one page of `GET /api/policies` holds (`limit`, also the default).
 const MAX_POLICIES: usize = 500;
+const DEFAULT_POLICIES: usize = MAX_POLICIES;
 
+/// `GET /api/policies?cursor=…&limit=…`: a page of the grants the operator may see and
+/// the cursor of the next (`has_more`). A bad `limit` or `cursor` is 400.
 #[instrument(skip_all)]
-async fn list_policies(State(deps): State<Deps>, creds: Credentials) -> Result<Response, ApiError> {
+async fn list_policies(
+    State(deps): State<Deps>,
+    RawQuery(query): RawQuery,
+    creds: Credentials,
+) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Operator)?;
-    let policies = deps
+    let query = query.as_deref();
+    let limit = match crate::request::query_param(query, "limit") {
+        None => DEFAULT_POLICIES,
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|l| (1..=MAX_POLICIES).contains(l))
+            .ok_or_else(|| {
+                ApiError::bad_request(format!("limit must be a whole number, 1 to {MAX_POLICIES}"))
+            })?,
+    };
+    let cursor = crate::request::query_param(query, "cursor");
+    let page = deps
         .gate
         .store()
-        .list_policies(claims.project_id.as_deref(), MAX_POLICIES)
+        .list_policies(claims.project_id.as_deref(), cursor, limit)
         .await?;
-    Ok(Json(json!({
-        "policies": policies.iter().map(Policy::to_json).collect::<Vec<_>>(),
-    }))
-    .into_response())
+    let mut body = json!({
+        "policies": page.policies.iter().map(Policy::to_json).collect::<Vec<_>>(),
+        "has_more": page.next_cursor.is_some(),
+    });
+    if let Some(next) = page.next_cursor {
+        body["next_cursor"] = next.into();
+    }
+    Ok(Json(body).into_response())
 }
 
 /// Revokes a grant; the revocation is announced on the running streams it reached.

@@ -95,7 +95,15 @@ pub struct Auth {
     run_key: Vec<u8>,
     /// Key of the HS256 JWTs: the secret itself.
     jwt_key: crate::jwt::Hs256Key,
+    /// The longest lifetime a JWT may have (`exp - iat`, or `exp - now` without `iat`),
+    /// in seconds; `TOLLGATE_MAX_TOKEN_LIFETIME_SECONDS`, default
+    /// [`DEFAULT_MAX_TOKEN_LIFETIME_SECS`].
+    max_lifetime: u64,
 }
+
+/// Default maximum JWT lifetime: a day — what `tollgate serve` prints and the longest
+/// `tollgate token --ttl` a user is shown in the README.
+pub const DEFAULT_MAX_TOKEN_LIFETIME_SECS: u64 = 86_400;
 
 impl std::fmt::Debug for Auth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -125,6 +133,35 @@ impl Auth {
         Self {
             run_key: derive.finalize().into_bytes().to_vec(),
             jwt_key: crate::jwt::Hs256Key::new(secret),
+            max_lifetime: DEFAULT_MAX_TOKEN_LIFETIME_SECS,
+        }
+    }
+
+    /// Refuses JWTs valid for longer than `seconds` (see [`Auth::max_token_lifetime`]).
+    pub fn with_max_token_lifetime(mut self, seconds: u64) -> Self {
+        self.max_lifetime = seconds;
+        self
+    }
+
+    /// The longest lifetime a JWT may have here, in seconds.
+    pub fn max_token_lifetime(&self) -> u64 {
+        self.max_lifetime
+    }
+
+    /// `TOLLGATE_MAX_TOKEN_LIFETIME_SECONDS` (whole seconds, at least 60; default a day).
+    pub fn max_token_lifetime_from_env() -> Result<u64, crate::ConfigError> {
+        match std::env::var("TOLLGATE_MAX_TOKEN_LIFETIME_SECONDS")
+            .ok()
+            .filter(|v| !v.is_empty())
+        {
+            None => Ok(DEFAULT_MAX_TOKEN_LIFETIME_SECS),
+            Some(v) => v.parse().ok().filter(|s| *s >= 60).ok_or_else(|| {
+                crate::ConfigError::Invalid(
+                    "TOLLGATE_MAX_TOKEN_LIFETIME_SECONDS must be a whole number of seconds, \
+                         at least 60"
+                        .into(),
+                )
+            }),
         }
     }
 
@@ -198,7 +235,10 @@ impl Auth {
             exp: now + ttl_seconds,
             project_id,
         };
-        crate::jwt::encode(&self.jwt_key, &claims).expect("claims serialize to JSON")
+        // With `iat`, so the lifetime is judged from issue to expiry.
+        let mut value = serde_json::to_value(&claims).expect("claims serialize to JSON");
+        value["iat"] = now.into();
+        crate::jwt::encode(&self.jwt_key, &value).expect("claims serialize to JSON")
     }
 
     fn verify_jwt(&self, token: &str) -> Result<Claims, ApiError> {
@@ -206,10 +246,21 @@ impl Auth {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or_default();
-        crate::jwt::decode::<Claims>(&self.jwt_key, token, now).map_err(|e| match e {
-            crate::jwt::JwtError::Expired => ApiError::unauthorized("token has expired"),
-            crate::jwt::JwtError::Invalid(_) => ApiError::unauthorized("invalid token"),
-        })
+        use crate::jwt::JwtError;
+        crate::jwt::decode::<Claims>(&self.jwt_key, token, now, Some(self.max_lifetime)).map_err(
+            |e| match e {
+                JwtError::Expired => ApiError::unauthorized("token has expired"),
+                JwtError::NotYetValid => ApiError::unauthorized("token is not valid yet (nbf)"),
+                JwtError::IssuedInFuture => {
+                    ApiError::unauthorized("token is issued in the future (iat)")
+                }
+                JwtError::TooLong => ApiError::unauthorized(format!(
+                    "token lifetime is over the maximum of {} s",
+                    self.max_lifetime
+                )),
+                JwtError::Invalid(_) => ApiError::unauthorized("invalid token"),
+            },
+        )
     }
 
     /// Verifies the bearer of a request. `run_id` is the run the route acts on, which a

@@ -75,6 +75,9 @@ impl From<StoreError> for ApiError {
                 extra: Some(json!({"status": status.as_str(), "terminal_sequence": terminal_seq})),
             },
             StoreError::Conflict(msg) => ApiError::new(StatusCode::CONFLICT, msg),
+            StoreError::InvalidCursor => {
+                ApiError::bad_request("cursor is not one this listing handed out")
+            }
             StoreError::Unavailable(detail) => {
                 // The detail may name tables or SDK internals: log it, don't serve it.
                 tracing::error!(%detail, "storage unavailable");
@@ -100,7 +103,10 @@ impl IntoResponse for ApiError {
             }
         }
         let mut response = (self.status, axum::Json(body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+        // Both ask the client to come back: say when (a client backs off from here).
+        if self.status == StatusCode::SERVICE_UNAVAILABLE
+            || self.status == StatusCode::TOO_MANY_REQUESTS
+        {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

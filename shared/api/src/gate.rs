@@ -358,6 +358,39 @@ impl Gate {
         .await
     }
 
+    /// Settles the execution attempts past their settlement deadline that nobody
+    /// settled — their deadline timer (and the heartbeat chain's backstop) was lost —
+    /// exactly as the timer would: an undispatched intent `not_executed` (`unsent`), a
+    /// dispatched one `outcome_unknown`. At most `limit` per call, soonest deadline first
+    /// (the rest wait for the next sweep); returns how many this call settled.
+    pub async fn sweep_settlements(self: &Arc<Self>, limit: usize) -> Result<usize, StoreError> {
+        let overdue = self.store.overdue_attempts(now_millis(), limit).await?;
+        let gate = self.clone();
+        each_concurrently(
+            overdue,
+            "overdue attempt not settled; next sweep retries",
+            move |record| {
+                let gate = gate.clone();
+                async move {
+                    gate.settle_if_due(
+                        &record.run_id,
+                        &record.tool_call_id,
+                        &record.approval_id,
+                        false,
+                    )
+                    .await
+                    .map_err(|e| {
+                        (
+                            format!("{}/{}", record.run_id, record.tool_call_id),
+                            StoreError::Unavailable(e.to_string()),
+                        )
+                    })
+                }
+            },
+        )
+        .await
+    }
+
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
     }
@@ -445,6 +478,13 @@ impl Gate {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(expired = n, "swept overdue approval cards"),
                     Err(e) => tracing::warn!(error = %e, "sweep failed; next tick retries"),
+                }
+                match gate.sweep_settlements(500).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(settled = n, "settled overdue execution attempts"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "settlement sweep failed; next tick retries")
+                    }
                 }
                 match gate.stall_guard(500).await {
                     Ok(0) => {}

@@ -6,7 +6,10 @@
 //! Verification refuses every header whose `alg` is not exactly `"HS256"` (so `"none"`
 //! and algorithm confusion are impossible by construction), compares the signature in
 //! constant time, and requires `exp` (with [`LEEWAY_SECS`] of clock skew) and `sub`.
-//! `nbf` and `iat` are not required.
+//! `nbf` and `iat` are optional but honoured when present: a token is refused before its
+//! `nbf`, and when it claims to be issued in the future (both beyond the leeway). A
+//! maximum lifetime bounds how long a leaked token stays useful: `exp - iat`, or
+//! `exp - now` for a token without `iat`.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -15,7 +18,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::Sha256;
 
-/// Clock skew allowed on `exp`, in seconds.
+/// Clock skew allowed on `exp`, `nbf` and `iat`, in seconds.
 pub const LEEWAY_SECS: u64 = 30;
 
 /// `base64url({"alg":"HS256","typ":"JWT"})`, the header of every token we mint.
@@ -27,6 +30,15 @@ pub enum JwtError {
     /// Signed by us and well formed, but `exp` (plus leeway) has passed.
     #[error("token has expired")]
     Expired,
+    /// Signed by us, but its `nbf` (less the leeway) is still ahead.
+    #[error("token is not valid yet (nbf)")]
+    NotYetValid,
+    /// Signed by us, but its `iat` is ahead of now by more than the leeway.
+    #[error("token is issued in the future (iat)")]
+    IssuedInFuture,
+    /// Signed by us, but valid for longer than the maximum lifetime allows.
+    #[error("token lifetime is longer than this server accepts")]
+    TooLong,
     /// Anything else; the text names the check that failed (for tests and debugging,
     /// never shown to callers).
     #[error("invalid token ({0})")]
@@ -66,9 +78,15 @@ pub fn encode<T: Serialize>(key: &Hs256Key, claims: &T) -> Result<String, serde_
 /// A JSON object (a JSON array would otherwise fill a struct field by field).
 type Object = serde_json::Map<String, serde_json::Value>;
 
-/// Verifies `token` at time `now` (seconds since the epoch) and parses its claims.
-/// Unknown claims are ignored.
-pub fn decode<T: DeserializeOwned>(key: &Hs256Key, token: &str, now: u64) -> Result<T, JwtError> {
+/// Verifies `token` at time `now` (seconds since the epoch) and parses its claims;
+/// with `max_lifetime`, a token valid for longer (`exp - iat`, or `exp - now` without
+/// `iat`) is refused. Unknown claims are ignored.
+pub fn decode<T: DeserializeOwned>(
+    key: &Hs256Key,
+    token: &str,
+    now: u64,
+    max_lifetime: Option<u64>,
+) -> Result<T, JwtError> {
     let segments: Vec<&str> = token.split('.').collect();
     let [header_b64, payload_b64, signature_b64] = segments[..] else {
         return Err(JwtError::Invalid("not three segments"));
@@ -106,8 +124,27 @@ pub fn decode<T: DeserializeOwned>(key: &Hs256Key, token: &str, now: u64) -> Res
     if claims.contains_key("aud") {
         return Err(JwtError::Invalid("aud"));
     }
+    // Optional, but typed when present (a string `nbf` must not read as "no nbf").
+    let optional_time = |name: &'static str| match claims.get(name) {
+        None => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or(JwtError::Invalid(name)),
+    };
+    let nbf = optional_time("nbf")?;
+    let iat = optional_time("iat")?;
     if exp.saturating_add(LEEWAY_SECS) < now {
         return Err(JwtError::Expired);
+    }
+    if nbf.is_some_and(|nbf| nbf > now.saturating_add(LEEWAY_SECS)) {
+        return Err(JwtError::NotYetValid);
+    }
+    if iat.is_some_and(|iat| iat > now.saturating_add(LEEWAY_SECS)) {
+        return Err(JwtError::IssuedInFuture);
+    }
+    if let Some(max) = max_lifetime {
+        let lifetime = exp.saturating_sub(iat.unwrap_or(now));
+        if lifetime > max.saturating_add(LEEWAY_SECS) {
+            return Err(JwtError::TooLong);
+        }
     }
     serde_json::from_value(serde_json::Value::Object(claims))
         .map_err(|_| JwtError::Invalid("claims"))
@@ -146,7 +183,7 @@ mod tests {
     }
 
     fn verify(token: &str) -> Result<Claims, JwtError> {
-        decode::<Claims>(&key(), token, NOW)
+        decode::<Claims>(&key(), token, NOW, None)
     }
 
     const PAYLOAD: &str = r#"{"sub":"alice","role":"operator","exp":1700003600}"#;
@@ -191,7 +228,7 @@ mod tests {
     fn unknown_claims_are_ignored_and_project_id_is_optional() {
         let token = signed(
             r#"{"alg":"HS256","typ":"JWT"}"#,
-            r#"{"sub":"bob","role":"agent","exp":1700003600,"iat":1,"nbf":99999999999,"x":[1]}"#,
+            r#"{"sub":"bob","role":"agent","exp":1700003600,"iat":1,"nbf":1,"x":[1]}"#,
         );
         let claims = verify(&token).unwrap();
         assert_eq!((claims.sub.as_str(), claims.role), ("bob", Role::Agent));
@@ -358,5 +395,82 @@ mod tests {
         // Expiry is only reported for tokens we signed.
         let forged = encode(&Hs256Key::new(b"other"), &claims(1_000)).unwrap();
         assert_eq!(verify(&forged), Err(JwtError::Invalid("signature")));
+    }
+
+    fn with_times(extra: &str) -> String {
+        signed(
+            r#"{"alg":"HS256"}"#,
+            &format!(
+                r#"{{"sub":"alice","role":"operator","exp":{}{extra}}}"#,
+                NOW + 3600
+            ),
+        )
+    }
+
+    #[test]
+    fn nbf_is_honoured_with_the_leeway() {
+        assert!(verify(&with_times(&format!(r#","nbf":{NOW}"#))).is_ok());
+        let edge = NOW + LEEWAY_SECS;
+        assert!(verify(&with_times(&format!(r#","nbf":{edge}"#))).is_ok());
+        let early = NOW + LEEWAY_SECS + 1;
+        assert_eq!(
+            verify(&with_times(&format!(r#","nbf":{early}"#))),
+            Err(JwtError::NotYetValid)
+        );
+        assert_eq!(
+            verify(&with_times(r#","nbf":"soon""#)),
+            Err(JwtError::Invalid("nbf"))
+        );
+    }
+
+    #[test]
+    fn an_iat_in_the_future_is_refused() {
+        assert!(verify(&with_times(&format!(r#","iat":{NOW}"#))).is_ok());
+        let edge = NOW + LEEWAY_SECS;
+        assert!(verify(&with_times(&format!(r#","iat":{edge}"#))).is_ok());
+        let future = NOW + LEEWAY_SECS + 1;
+        assert_eq!(
+            verify(&with_times(&format!(r#","iat":{future}"#))),
+            Err(JwtError::IssuedInFuture)
+        );
+        assert_eq!(
+            verify(&with_times(r#","iat":-5"#)),
+            Err(JwtError::Invalid("iat"))
+        );
+    }
+
+    #[test]
+    fn lifetime_is_bounded_from_iat_or_from_now() {
+        let day = 86_400;
+        let check = |payload: String| {
+            decode::<Claims>(
+                &key(),
+                &signed(r#"{"alg":"HS256"}"#, &payload),
+                NOW,
+                Some(day),
+            )
+        };
+        let token = |exp: u64, iat: Option<u64>| match iat {
+            Some(iat) => format!(r#"{{"sub":"a","role":"agent","exp":{exp},"iat":{iat}}}"#),
+            None => format!(r#"{{"sub":"a","role":"agent","exp":{exp}}}"#),
+        };
+        // exp - iat: a day is fine (a token minted an hour ago for a day, too).
+        assert!(check(token(NOW + day, Some(NOW))).is_ok());
+        assert!(check(token(NOW + day - 3600, Some(NOW - 3600))).is_ok());
+        assert_eq!(
+            check(token(NOW + day + 3600, Some(NOW))),
+            Err(JwtError::TooLong)
+        );
+        // An old iat with a far exp is too long even though little of it is left.
+        assert_eq!(
+            check(token(NOW + 60, Some(NOW - 2 * day))),
+            Err(JwtError::TooLong)
+        );
+        // Without iat: what is left of it.
+        assert!(check(token(NOW + day, None)).is_ok());
+        assert_eq!(check(token(NOW + 2 * day, None)), Err(JwtError::TooLong));
+        // No maximum: anything that has not expired.
+        let far = signed(r#"{"alg":"HS256"}"#, &token(NOW + 100 * day, None));
+        assert!(decode::<Claims>(&key(), &far, NOW, None).is_ok());
     }
 }

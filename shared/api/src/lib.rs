@@ -199,7 +199,8 @@ impl Deps {
             store,
             timers,
             GateConfig::from_env()?,
-            Auth::new(config.secret.expose()),
+            Auth::new(config.secret.expose())
+                .with_max_token_lifetime(Auth::max_token_lifetime_from_env()?),
         );
         deps.sse = sse::SseConfig::from_env()?;
         Ok(deps)

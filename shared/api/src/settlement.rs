@@ -329,17 +329,19 @@ impl Gate {
     ) -> Result<(), TimerError> {
         self.settle_if_due(run_id, tool_call_id, approval_id, true)
             .await
+            .map(|_| ())
     }
 
-    /// Settles the attempt if its deadline passed and nobody settled it; an early
-    /// deadline timer (`resend`) is sent again for the rest.
-    async fn settle_if_due(
+    /// Settles the attempt if its deadline passed and nobody settled it (`true` when
+    /// this call settled it); an early deadline timer (`resend`) is sent again for the
+    /// rest. The sweeper calls it too (`resend: false`) for attempts whose timer was lost.
+    pub(crate) async fn settle_if_due(
         &self,
         run_id: &str,
         tool_call_id: &str,
         approval_id: &str,
         resend: bool,
-    ) -> Result<(), TimerError> {
+    ) -> Result<bool, TimerError> {
         let outcome = self
             .transit(
                 run_id,
@@ -362,16 +364,16 @@ impl Gate {
                         "settlement deadline settled an attempt"
                     );
                 }
-                Ok(())
+                Ok(o.decision.changed)
             }
             Ok(Err(Refused::NotDue(record))) if resend => {
                 let message = deadline_message(&record, record.settlement_deadline_at);
                 let rest = message.remaining_delay(now_millis()).unwrap_or_default();
-                self.timers.schedule(&message, rest).await
+                self.timers.schedule(&message, rest).await.map(|()| false)
             }
             // Nothing to settle: the run or the attempt is gone.
-            Ok(Err(_)) => Ok(()),
-            Err(e) if e.status == StatusCode::NOT_FOUND => Ok(()),
+            Ok(Err(_)) => Ok(false),
+            Err(e) if e.status == StatusCode::NOT_FOUND => Ok(false),
             Err(e) => Err(TimerError::Unavailable(e.error)),
         }
     }
@@ -403,10 +405,10 @@ impl Gate {
             // The chain ends at the settlement or at the deadline: it settles a call its
             // deadline timer missed (a lost message), so the stream still gets its
             // terminal decision. Already settled, this only reads.
-            Ok(Beat::Stopped) => {
-                self.settle_if_due(run_id, tool_call_id, approval_id, false)
-                    .await
-            }
+            Ok(Beat::Stopped) => self
+                .settle_if_due(run_id, tool_call_id, approval_id, false)
+                .await
+                .map(|_| ()),
             Ok(Beat::Repeated(_)) | Err(StoreError::NotFound) => Ok(()),
             Err(e) => Err(TimerError::Unavailable(e.to_string())),
         }

@@ -14,7 +14,9 @@
 //! polls the run's head (one `GetItem`), backing off from `poll_min` to `poll_max` while
 //! nothing arrives, and reads events only once the head moved.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
@@ -36,18 +38,93 @@ use crate::{ApiError, ConfigError, Deps};
 /// agents and run tokens; one more is 503 with `Retry-After`.
 pub const MAX_OPEN_STREAMS: usize = 500;
 
-/// The places for open streams: operators' apart from everyone else's.
+/// The places for open streams: operators' apart from everyone else's, and inside
+/// everyone else's, caps per run, per agent and per tenant ([`StreamCaps`]) so that one
+/// run token or one agent cannot take every place and lock the others out.
 pub struct StreamSlots {
-    operators: std::sync::Arc<tokio::sync::Semaphore>,
-    others: std::sync::Arc<tokio::sync::Semaphore>,
+    pub(crate) operators: Arc<tokio::sync::Semaphore>,
+    pub(crate) others: Arc<tokio::sync::Semaphore>,
+    /// Open non-operator streams per holder key (`run:…`, `agent:…`, `tenant:…`); a key
+    /// is removed when its count returns to 0, so the map holds only live holders.
+    held: Mutex<HashMap<String, usize>>,
+}
+
+/// Live streams one holder may keep open at once in this process (agents and run
+/// tokens; operators have their own pool and no caps). Beyond a cap: 429 with
+/// `Retry-After`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamCaps {
+    /// `TOLLGATE_STREAMS_PER_RUN` (default 8): streams opened with one run's token.
+    pub per_run: usize,
+    /// `TOLLGATE_STREAMS_PER_AGENT` (default 64): streams opened with one agent's JWTs
+    /// (its `sub`).
+    pub per_agent: usize,
+    /// `TOLLGATE_STREAMS_PER_PROJECT` (default 250): streams of agents and run tokens on
+    /// one project's runs (a run without a project: its creating agent's runs).
+    pub per_project: usize,
+}
+
+impl Default for StreamCaps {
+    fn default() -> Self {
+        Self {
+            per_run: 8,
+            per_agent: 64,
+            per_project: 250,
+        }
+    }
+}
+
+/// Holds a non-operator stream's places; gives them back when dropped (the stream's
+/// task ends, however it ends).
+pub(crate) struct HeldPlaces {
+    slots: Arc<StreamSlots>,
+    keys: Vec<String>,
+}
+
+impl Drop for HeldPlaces {
+    fn drop(&mut self) {
+        let mut held = self.slots.held.lock().unwrap_or_else(|p| p.into_inner());
+        for key in &self.keys {
+            if let Some(n) = held.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    held.remove(key);
+                }
+            }
+        }
+    }
 }
 
 impl StreamSlots {
     pub fn new(each: usize) -> Self {
         Self {
-            operators: std::sync::Arc::new(tokio::sync::Semaphore::new(each)),
-            others: std::sync::Arc::new(tokio::sync::Semaphore::new(each)),
+            operators: Arc::new(tokio::sync::Semaphore::new(each)),
+            others: Arc::new(tokio::sync::Semaphore::new(each)),
+            held: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Takes one place under each `(key, cap)`, all or none. `Err` names the first cap
+    /// that is full.
+    pub(crate) fn hold(
+        self: &Arc<Self>,
+        wanted: Vec<(String, usize, &'static str)>,
+    ) -> Result<HeldPlaces, &'static str> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        for (key, cap, what) in &wanted {
+            if held.get(key).copied().unwrap_or(0) >= *cap {
+                return Err(what);
+            }
+        }
+        let mut keys = Vec::with_capacity(wanted.len());
+        for (key, _, _) in wanted {
+            *held.entry(key.clone()).or_insert(0) += 1;
+            keys.push(key);
+        }
+        Ok(HeldPlaces {
+            slots: self.clone(),
+            keys,
+        })
     }
 }
 
@@ -68,6 +145,8 @@ pub struct SseConfig {
     pub poll_min: Duration,
     /// … doubling while idle, up to this.
     pub poll_max: Duration,
+    /// Open streams per run, agent and project ([`StreamCaps`]).
+    pub caps: StreamCaps,
 }
 
 impl Default for SseConfig {
@@ -78,6 +157,7 @@ impl Default for SseConfig {
             retry: Duration::from_secs(1),
             poll_min: Duration::from_millis(100),
             poll_max: Duration::from_secs(1),
+            caps: StreamCaps::default(),
         }
     }
 }
@@ -100,6 +180,23 @@ impl SseConfig {
                     )
                 })?;
             config.window = Duration::from_secs(secs);
+        }
+        for (var, field) in [
+            ("TOLLGATE_STREAMS_PER_RUN", &mut config.caps.per_run),
+            ("TOLLGATE_STREAMS_PER_AGENT", &mut config.caps.per_agent),
+            ("TOLLGATE_STREAMS_PER_PROJECT", &mut config.caps.per_project),
+        ] {
+            if let Some(v) = std::env::var(var).ok().filter(|v| !v.is_empty()) {
+                *field = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_OPEN_STREAMS).contains(n))
+                    .ok_or_else(|| {
+                        ConfigError::Invalid(format!(
+                            "{var} must be a whole number, 1 to {MAX_OPEN_STREAMS}"
+                        ))
+                    })?;
+            }
         }
         Ok(config)
     }
@@ -198,11 +295,28 @@ pub(crate) async fn open(
             window = window.min(Duration::from_secs(claims.exp.saturating_sub(now)));
         }
     }
-    let slots = match &caller {
-        crate::auth::Caller::Jwt(c) if c.role == crate::auth::Role::Operator => {
-            &deps.streams.operators
-        }
-        _ => &deps.streams.others,
+    // Operators have their own pool. Everyone else is capped per holder first (429: this
+    // holder has enough open; the others still get theirs), then by the shared pool (503).
+    let places = match &caller {
+        crate::auth::Caller::Jwt(c) if c.role == crate::auth::Role::Operator => None,
+        _ => Some(
+            deps.streams
+                .hold(holder_keys(&caller, &head, &config.caps))
+                .map_err(|what| {
+                    ApiError::new(
+                        axum::http::StatusCode::TOO_MANY_REQUESTS,
+                        format!(
+                            "too many open live streams for this {what}; close one or retry later"
+                        ),
+                    )
+                    .with_state("too_many_streams")
+                })?,
+        ),
+    };
+    let slots = if places.is_none() {
+        &deps.streams.operators
+    } else {
+        &deps.streams.others
     };
     let permit = slots.clone().try_acquire_owned().map_err(|_| {
         ApiError::new(
@@ -214,7 +328,9 @@ pub(crate) async fn open(
     let store = deps.store.clone();
     let closing = deps.closing();
     tokio::spawn(async move {
+        // Both given back when this task ends, however the stream ends.
         let _permit = permit;
+        let _places = places;
         let tail = Tail {
             store: store.as_ref(),
             tx,
@@ -243,6 +359,30 @@ pub(crate) async fn open(
         body,
     )
         .into_response())
+}
+
+/// The caps a non-operator stream counts against: a run token's run, an agent's `sub`,
+/// and the run's tenant (its project, or without one, the agent that created it).
+fn holder_keys(
+    caller: &crate::auth::Caller,
+    head: &RunHead,
+    caps: &StreamCaps,
+) -> Vec<(String, usize, &'static str)> {
+    let mut keys = Vec::with_capacity(2);
+    match caller {
+        crate::auth::Caller::Run { run_id, .. } => {
+            keys.push((format!("run:{run_id}"), caps.per_run, "run token"));
+        }
+        crate::auth::Caller::Jwt(c) => {
+            keys.push((format!("agent:{}", c.sub), caps.per_agent, "agent"));
+        }
+    }
+    let tenant = match &head.project_id {
+        Some(p) => format!("project:{p}"),
+        None => format!("creator:{}", head.created_by),
+    };
+    keys.push((tenant, caps.per_project, "project"));
+    keys
 }
 
 /// One response's loop: pages while there are events, waits while there are none.

@@ -1000,6 +1000,112 @@ pub async fn heartbeats_never_follow_the_resolution(store: Store) {
     );
 }
 
+/// Every policy of the listing, paged with `limit` from the start to the end.
+async fn all_policies(
+    store: &Store,
+    project_id: Option<&str>,
+    limit: usize,
+) -> Vec<tollgate_domain::Policy> {
+    let mut all = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = store
+            .list_policies(project_id, cursor.as_deref(), limit)
+            .await
+            .unwrap();
+        assert!(page.policies.len() <= limit);
+        all.extend(page.policies);
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return all,
+        }
+    }
+}
+
+/// GIVEN seven grants in a project WHEN they are listed three at a time with each
+/// page's cursor THEN pages of 3, 3 and 1, newest first across the pages, each grant
+/// exactly once, `next_cursor` on all but the last; the listing of every project pages
+/// through them once too; a cursor of another project, or one this store never handed
+/// out, is `InvalidCursor`.
+pub async fn policies_page_with_a_cursor(store: Store) {
+    let run_id = new_run(&store, "pages").await;
+    let project = fresh_id("proj");
+    let other = fresh_id("proj");
+    let base = tollgate_domain::now_millis();
+    for i in 0..7 {
+        let request = format!("pg-{i}");
+        store
+            .arm(RunRef::any(&run_id), card_for(&run_id, &request, None))
+            .await
+            .unwrap();
+        let mut policy = tool_policy(&run_id, &request, &format!("tool_{i}"));
+        policy.project_id = Some(project.clone());
+        policy.granted_at = base + i;
+        let won = store
+            .resolve(&run_id, &request, approve("alice"), base, Some(policy))
+            .await
+            .unwrap();
+        assert!(matches!(won, Resolved::Fresh(_)));
+    }
+    let first = store.list_policies(Some(&project), None, 3).await.unwrap();
+    let second_cursor = first
+        .next_cursor
+        .clone()
+        .expect("more after the first page");
+    let second = store
+        .list_policies(Some(&project), Some(&second_cursor), 3)
+        .await
+        .unwrap();
+    let third = store
+        .list_policies(Some(&project), second.next_cursor.as_deref(), 3)
+        .await
+        .unwrap();
+    let tools = |page: &crate::PolicyPage| {
+        page.policies
+            .iter()
+            .map(|p| p.tool_name.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(tools(&first), ["tool_6", "tool_5", "tool_4"]);
+    assert_eq!(tools(&second), ["tool_3", "tool_2", "tool_1"]);
+    assert_eq!(tools(&third)[..1], ["tool_0"]);
+    if third.next_cursor.is_some() {
+        // A store may only learn at the next read that nothing follows.
+        let rest = store
+            .list_policies(Some(&project), third.next_cursor.as_deref(), 3)
+            .await
+            .unwrap();
+        assert!(rest.policies.is_empty() && rest.next_cursor.is_none());
+    }
+    assert_eq!(all_policies(&store, Some(&project), 7).await.len(), 7);
+    // Every project's listing: each of them exactly once.
+    let everyone = all_policies(&store, None, 4).await;
+    let mut mine: Vec<String> = everyone
+        .iter()
+        .filter(|p| p.project_id.as_deref() == Some(project.as_str()))
+        .map(|p| p.tool_name.clone())
+        .collect();
+    mine.sort();
+    assert_eq!(
+        mine,
+        (0..7).map(|i| format!("tool_{i}")).collect::<Vec<_>>()
+    );
+    // Cursors are checked.
+    for bad in ["zz", "7b7d", "", "0"] {
+        assert_eq!(
+            store.list_policies(Some(&project), Some(bad), 3).await,
+            Err(StoreError::InvalidCursor),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(
+        store
+            .list_policies(Some(&other), Some(&second_cursor), 3)
+            .await,
+        Err(StoreError::InvalidCursor)
+    );
+}
+
 fn tool_policy(run_id: &str, request_id: &str, tool: &str) -> tollgate_domain::Policy {
     tollgate_domain::Policy {
         scope: Scope::Tool,
@@ -1231,7 +1337,7 @@ pub async fn policies_come_only_from_winning_approvals(store: Store) {
             .await,
         Err(StoreError::Conflict(_))
     ));
-    let listed = store.list_policies(None, 1000).await.unwrap();
+    let listed = all_policies(&store, None, 50).await;
     assert!(listed.iter().any(|p| p.scope_key == key));
     let events = all_events(&store, &run_id).await;
     let kinds = types(&events);
@@ -2067,6 +2173,14 @@ macro_rules! contract_suite {
             $crate::contract::execution_heartbeats_stop_at_settlement(__store().await).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn policies_page_with_a_cursor() {
+            $crate::contract::policies_page_with_a_cursor(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn retention_never_frees_a_block() {
+            $crate::contract::retention_never_frees_a_block(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn nothing_follows_the_end_of_a_run() {
             $crate::contract::nothing_follows_the_end_of_a_run(__store().await).await
         }
@@ -2634,4 +2748,270 @@ pub async fn nothing_follows_the_end_of_a_run(store: Store) {
     assert_eq!(events.last().unwrap()["sequence"], json!(end.sequence));
     let head = store.read_head(&run_id).await.unwrap().unwrap();
     assert_eq!(head.budget_used.unwrap()["calls"], 1);
+}
+
+/// GIVEN retention on, a dispatched call that its settlement deadline settled
+/// `outcome_unknown` and a call that completed WHEN the run goes on and retention
+/// removes whatever of the run's mutation items falls due no later than its head THEN a
+/// new attempt of either tool call (a fresh approval) is still blocked — by the unknown
+/// outcome, still there for an operator to reconcile, and by the completed call.
+pub async fn retention_never_frees_a_block(store: Store) {
+    let run_id = budget_run(
+        &store,
+        "retain",
+        json!({"tools": {"web_fetch": 2}, "call_ceiling": 5}),
+    )
+    .await;
+    let card = approved_card(&store, &run_id, "call-r", "web_fetch").await;
+    // Started two minutes ago: its settlement deadline (default 60 s) has passed.
+    let past = tollgate_domain::now_millis() - 120_000;
+    let req = start_request(&card);
+    let started = decide_mutation(
+        store.as_ref(),
+        &run_id,
+        &card.tool_call_id,
+        &card.approval_id,
+        |v| {
+            execution::start(
+                &req,
+                &card,
+                &v.head,
+                &v.usage,
+                &v.attempts,
+                &ExecutionSettings::default(),
+                past,
+            )
+        },
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(started.decision.record.state, MutationState::Intent);
+    let dispatched = transit(&store, &started.decision.record, |r, run| {
+        execution::dispatch(r, run, past + 1)
+    })
+    .await;
+    assert_eq!(dispatched.decision.record.state, MutationState::Dispatched);
+    let unknown = transit(&store, &dispatched.decision.record, |r, run| {
+        execution::settle_at_deadline(r, run, r.settlement_deadline_at).expect("due")
+    })
+    .await;
+    assert_eq!(unknown.decision.record.state, MutationState::OutcomeUnknown);
+    // Another call completes: running it again would be a duplicate mutation.
+    let done_card = approved_card(&store, &run_id, "call-d", "web_fetch").await;
+    // (Also two minutes ago, so its deadline does not keep it.)
+    let done_req = start_request(&done_card);
+    let done = decide_mutation(
+        store.as_ref(),
+        &run_id,
+        &done_card.tool_call_id,
+        &done_card.approval_id,
+        |v| {
+            execution::start(
+                &done_req,
+                &done_card,
+                &v.head,
+                &v.usage,
+                &v.attempts,
+                &ExecutionSettings::default(),
+                past,
+            )
+        },
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let done = transit(&store, &done.decision.record, |r, run| {
+        execution::dispatch(r, run, past + 1)
+    })
+    .await;
+    let done = transit(&store, &done.decision.record, |r, run| {
+        execution::settle(r, &confirmed(json!({"ok": true})), run, past + 2)
+    })
+    .await;
+    assert_eq!(done.decision.record.state, MutationState::Completed);
+    // The run goes on (its head's TTL moves), then retention catches up.
+    store
+        .append_events(
+            RunRef::any(&run_id),
+            vec![producer("agent.message", None, json!({"text": "later"}))],
+        )
+        .await
+        .unwrap();
+    store.expire_mutations_with_head(&run_id).await.unwrap();
+
+    let mut again = card_for(&run_id, "req-call-r-2", None);
+    again.tool_name = "web_fetch".into();
+    again.tool_call_id = card.tool_call_id.clone();
+    again.approval_id = "approval-call-r-2".into();
+    again.explicit_ids = true;
+    store
+        .arm(RunRef::any(&run_id), again.clone())
+        .await
+        .unwrap();
+    let again = match store
+        .resolve(
+            &run_id,
+            &again.request_id,
+            approve("alice"),
+            tollgate_domain::now_millis(),
+            None,
+        )
+        .await
+        .unwrap()
+    {
+        Resolved::Fresh(c) => c,
+        other => panic!("approval: {other:?}"),
+    };
+    let req = start_request(&again);
+    let now = tollgate_domain::now_millis();
+    let answer = decide_mutation(
+        store.as_ref(),
+        &run_id,
+        &again.tool_call_id,
+        &again.approval_id,
+        |v| {
+            execution::start(
+                &req,
+                &again,
+                &v.head,
+                &v.usage,
+                &v.attempts,
+                &ExecutionSettings::default(),
+                now,
+            )
+        },
+    )
+    .await
+    .unwrap();
+    match answer {
+        Err(execution::StartRefusal::Blocked(r)) => {
+            assert_eq!(r.state, MutationState::OutcomeUnknown);
+            assert_eq!(r.approval_id, card.approval_id);
+        }
+        other => panic!("a new attempt must stay blocked, got {other:?}"),
+    }
+    assert_stored(&store, &unknown.decision.record).await;
+    assert_stored(&store, &done.decision.record).await;
+    let mut again = card_for(&run_id, "req-call-d-2", None);
+    again.tool_name = "web_fetch".into();
+    again.tool_call_id = done_card.tool_call_id.clone();
+    again.approval_id = "approval-call-d-2".into();
+    again.explicit_ids = true;
+    store
+        .arm(RunRef::any(&run_id), again.clone())
+        .await
+        .unwrap();
+    let Resolved::Fresh(again) = store
+        .resolve(
+            &run_id,
+            &again.request_id,
+            approve("alice"),
+            tollgate_domain::now_millis(),
+            None,
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("approval of the second attempt");
+    };
+    let req = start_request(&again);
+    let answer = decide_mutation(
+        store.as_ref(),
+        &run_id,
+        &again.tool_call_id,
+        &again.approval_id,
+        |v| {
+            execution::start(
+                &req,
+                &again,
+                &v.head,
+                &v.usage,
+                &v.attempts,
+                &ExecutionSettings::default(),
+                now,
+            )
+        },
+    )
+    .await
+    .unwrap();
+    match answer {
+        Err(execution::StartRefusal::Blocked(r)) => {
+            assert_eq!(r.state, MutationState::Completed)
+        }
+        other => panic!("a completed call must stay blocked, got {other:?}"),
+    }
+}
+
+/// DynamoDB with retention on: GIVEN a run whose call is `outcome_unknown` (no TTL while
+/// the run runs) WHEN the run ends THEN that record (and the call's guard) gets the
+/// head's final TTL, so it goes with the run instead of staying for ever.
+pub async fn an_ended_runs_records_expire_with_it(dynamo: crate::dynamo::DynamoStore) {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let raw = dynamo.clone();
+    let store: Store = Arc::new(dynamo);
+    let run_id = budget_run(&store, "ends", json!({"tools": {"web_fetch": 1}})).await;
+    let card = approved_card(&store, &run_id, "call-e", "web_fetch").await;
+    let started = start_call(&store, &card).await;
+    let dispatched = transit(&store, &started.decision.record, |r, run| {
+        execution::dispatch(r, run, r.settlement_deadline_at - 1)
+    })
+    .await;
+    let unknown = transit(&store, &dispatched.decision.record, |r, run| {
+        execution::settle_at_deadline(r, run, r.settlement_deadline_at).expect("due")
+    })
+    .await;
+    assert_eq!(unknown.decision.record.state, MutationState::OutcomeUnknown);
+    let ttl = |table: String, key: Vec<(&'static str, String)>| {
+        let raw = raw.clone();
+        async move {
+            let mut get = raw
+                .client()
+                .get_item()
+                .table_name(table)
+                .consistent_read(true);
+            for (k, v) in key {
+                get = get.key(k, AttributeValue::S(v));
+            }
+            let item = get.send().await.unwrap().item.expect("item");
+            item.get("expires_at")
+                .map(|v| v.as_n().unwrap().parse::<i64>().unwrap())
+        }
+    };
+    let record_key = || {
+        vec![
+            ("run_id", run_id.clone()),
+            (
+                "mutation_key",
+                crate::mutation_key("call-e", "approval-call-e"),
+            ),
+        ]
+    };
+    let mutations = raw.tables().mutations.clone();
+    assert_eq!(
+        ttl(mutations.clone(), record_key()).await,
+        None,
+        "no TTL while the run can start calls"
+    );
+    store
+        .finish_run(RunRef::any(&run_id), TerminalKind::Complete, Map::new())
+        .await
+        .unwrap();
+    let head = ttl(raw.tables().runs.clone(), vec![("run_id", run_id.clone())])
+        .await
+        .expect("the head has a TTL");
+    let record = ttl(mutations.clone(), record_key())
+        .await
+        .expect("a TTL now");
+    assert!(record >= head, "{record} < {head}");
+    let guard = ttl(
+        mutations,
+        vec![
+            ("run_id", run_id.clone()),
+            ("mutation_key", crate::mutation_key("call-e", "")),
+        ],
+    )
+    .await
+    .expect("the guard has a TTL");
+    assert!(guard >= head, "{guard} < {head}");
 }

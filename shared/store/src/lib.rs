@@ -77,6 +77,39 @@ pub enum StoreError {
     /// something we cannot interpret. Nothing is assumed to have happened.
     #[error("storage unavailable: {0}")]
     Unavailable(String),
+    /// A listing cursor this store did not hand out (or for another listing).
+    #[error("invalid cursor")]
+    InvalidCursor,
+}
+
+/// One page of policies and the cursor of the next (`None`: this was the last).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyPage {
+    pub policies: Vec<tollgate_domain::Policy>,
+    pub next_cursor: Option<String>,
+}
+
+/// Encodes a listing position as an opaque cursor: hex of its JSON (what a client gives
+/// back is only ever read as a position, checked by the listing that made it).
+pub(crate) fn encode_cursor(position: &serde_json::Value) -> String {
+    position
+        .to_string()
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The position in a cursor of [`encode_cursor`]; `InvalidCursor` for anything else.
+pub(crate) fn decode_cursor(cursor: &str) -> Result<serde_json::Value, StoreError> {
+    if !cursor.len().is_multiple_of(2) || cursor.len() > 4096 {
+        return Err(StoreError::InvalidCursor);
+    }
+    let bytes = (0..cursor.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(cursor.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()
+        .ok_or(StoreError::InvalidCursor)?;
+    serde_json::from_slice(&bytes).map_err(|_| StoreError::InvalidCursor)
 }
 
 /// Arming on a run that holds [`tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN`]
@@ -333,12 +366,17 @@ pub trait ApprovalStore: Send + Sync + 'static {
         tool_name: &str,
     ) -> Result<Option<Policy>, StoreError>;
 
-    /// Policies (of one project when `project_id` is given), newest first.
+    /// A page of at most `limit` policies (of one project when `project_id` is given),
+    /// from `cursor` (the `next_cursor` of the page before) or the start. A project's
+    /// are listed newest first; all projects' in the store's own order (each page newest
+    /// first). Every policy present throughout the paging is listed exactly once.
+    /// `InvalidCursor` for a cursor this listing did not hand out.
     async fn list_policies(
         &self,
         project_id: Option<&str>,
+        cursor: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<Policy>, StoreError>;
+    ) -> Result<PolicyPage, StoreError>;
 
     /// Revokes a policy (one conditional write: from then on it covers nothing), then
     /// announces it (`tool.policy_revoked`, keyed, so never twice) on each running stream
@@ -511,6 +549,27 @@ pub trait MutationStore: Send + Sync + 'static {
         approval_id: &str,
         beat: u32,
     ) -> Result<Beat, StoreError>;
+
+    /// Attempts still `intent` or `dispatched` whose settlement deadline is at or before
+    /// `due_before`, soonest first, at most `limit` (the sweeper settles them as their
+    /// lost deadline timer would have). On DynamoDB the listing comes from an eventually
+    /// consistent index and may include an attempt that was just settled: callers act
+    /// through the conditioned transition, never on this list alone.
+    async fn overdue_attempts(
+        &self,
+        due_before: i64,
+        limit: usize,
+    ) -> Result<Vec<tollgate_domain::execution::MutationRecord>, StoreError>;
+
+    /// Test support (the store contract): removes what retention may already have
+    /// removed of the run's mutation items while its head is still readable — every item
+    /// whose TTL is not later than the head's (DynamoDB deletes expired items in no
+    /// particular order, late, and an append revives a head past its TTL). Nothing on a
+    /// store whose records live and go with their run (the embedded store).
+    #[doc(hidden)]
+    async fn expire_mutations_with_head(&self, _run_id: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// Checks a decision against the reads it claims to come from, before any adapter

@@ -613,18 +613,58 @@ impl ApprovalStore for MemoryStore {
     async fn list_policies(
         &self,
         project_id: Option<&str>,
+        cursor: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<Policy>, StoreError> {
+    ) -> Result<crate::PolicyPage, StoreError> {
+        // Newest first; ties by key, so a position is exact.
+        let order = |p: &Policy| {
+            (
+                std::cmp::Reverse(p.granted_at),
+                p.scope_key.clone(),
+                p.tool_name.clone(),
+            )
+        };
+        let after = match cursor {
+            None => None,
+            Some(c) => {
+                let v = crate::decode_cursor(c)?;
+                let at = v["granted_at"].as_i64();
+                let scope = v["scope_key"].as_str();
+                let tool = v["tool_name"].as_str();
+                match (at, scope, tool) {
+                    (Some(at), Some(scope), Some(tool))
+                        if v["project"] == serde_json::json!(project_id) =>
+                    {
+                        Some((std::cmp::Reverse(at), scope.to_owned(), tool.to_owned()))
+                    }
+                    _ => return Err(StoreError::InvalidCursor),
+                }
+            }
+        };
         let state = self.read();
         let mut list: Vec<Policy> = state
             .policies
             .values()
             .filter(|p| project_id.is_none() || p.project_id.as_deref() == project_id)
+            .filter(|p| after.as_ref().is_none_or(|a| order(p) > *a))
             .cloned()
             .collect();
-        list.sort_by_key(|p| std::cmp::Reverse(p.granted_at));
+        list.sort_by_key(order);
+        let more = list.len() > limit;
         list.truncate(limit);
-        Ok(list)
+        let next_cursor = match list.last() {
+            Some(last) if more => Some(crate::encode_cursor(&serde_json::json!({
+                "project": project_id,
+                "granted_at": last.granted_at,
+                "scope_key": last.scope_key,
+                "tool_name": last.tool_name,
+            }))),
+            _ => None,
+        };
+        Ok(crate::PolicyPage {
+            policies: list,
+            next_cursor,
+        })
     }
 
     async fn revoke_policy(
@@ -818,6 +858,23 @@ impl MutationStore for MemoryStore {
             .get(run_id)
             .map(|r| of_tool_call(r, tool_call_id))
             .unwrap_or_default())
+    }
+
+    async fn overdue_attempts(
+        &self,
+        due_before: i64,
+        limit: usize,
+    ) -> Result<Vec<MutationRecord>, StoreError> {
+        let runs = self.read();
+        let mut due: Vec<MutationRecord> = runs
+            .values()
+            .flat_map(|r| r.mutations.values())
+            .filter(|m| !m.state.is_settled() && m.settlement_deadline_at <= due_before)
+            .cloned()
+            .collect();
+        due.sort_by_key(|m| m.settlement_deadline_at);
+        due.truncate(limit);
+        Ok(due)
     }
 
     async fn read_mutation_view(

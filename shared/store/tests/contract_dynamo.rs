@@ -4,8 +4,10 @@ use std::sync::Arc;
 
 use tollgate_store::dynamo::DynamoStore;
 
+/// With retention on (30 days), so that the suite also holds with TTLs written.
 async fn dynamo_store() -> tollgate_store::contract::Store {
-    Arc::new(dynamo_store_raw().await)
+    let retention = std::time::Duration::from_secs(30 * 86_400);
+    Arc::new(dynamo_store_raw().await.with_retention(Some(retention)))
 }
 
 async fn dynamo_store_raw() -> DynamoStore {
@@ -58,4 +60,12 @@ async fn starts_respect_the_ceiling_across_processes() {
     let a = Arc::new(dynamo_store_raw().await.without_lanes()) as tollgate_store::contract::Store;
     let b = Arc::new(dynamo_store_raw().await.without_lanes()) as tollgate_store::contract::Store;
     tollgate_store::contract::concurrent_starts_respect_the_call_ceiling(vec![a, b]).await;
+}
+
+/// With retention on, an ended run's mutation records get its head's final TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_ended_runs_records_expire_with_it() {
+    let retention = std::time::Duration::from_secs(30 * 86_400);
+    let store = dynamo_store_raw().await.with_retention(Some(retention));
+    tollgate_store::contract::an_ended_runs_records_expire_with_it(store).await;
 }

@@ -699,9 +699,10 @@ impl ApprovalStore for DynamoStore {
     async fn list_policies(
         &self,
         project_id: Option<&str>,
+        cursor: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<Policy>, StoreError> {
-        self.policies(project_id, limit).await
+    ) -> Result<crate::PolicyPage, StoreError> {
+        self.policies(project_id, cursor, limit).await
     }
 
     async fn revoke_policy(

@@ -6,6 +6,13 @@
 //! `<tool_call_id>#` for the tool call's guard item, whose string set `admitted` names
 //! every admitted attempt of the call (written by each admission, in its transaction).
 //!
+//! An attempt that is `intent` or `dispatched` also carries `unsettled_shard` (one of
+//! [`UNSETTLED_SHARDS`] values, by its run id), which puts it in the sparse index
+//! `unsettled_by_deadline` (`unsettled_shard`, `settlement_deadline_at`): the sweeper
+//! finds attempts whose deadline timer was lost with one bounded `Query` per shard.
+//! Settling drops the attribute (a put replaces the whole item), and with it the entry.
+//! The shards spread every tenant's intents over several partitions instead of one.
+//!
 //! Why the guard: `start` decides from every attempt of the tool call, read with a
 //! `Query`, which is only read-committed — it may miss an item of a transaction that is
 //! committing. The view is therefore read as: the head and the guard as one
@@ -40,6 +47,20 @@ use crate::{
     budget_usage, check_decision, mutation_key, Beat, MutationCommit, MutationStore, MutationView,
     StoreError,
 };
+
+/// The sparse index of unsettled attempts by settlement deadline.
+pub const UNSETTLED_INDEX: &str = "unsettled_by_deadline";
+
+/// How many partitions the unsettled index spreads its entries over.
+pub const UNSETTLED_SHARDS: u32 = 16;
+
+/// The index shard of a run's attempts: a stable hash (FNV-1a) of its run id.
+fn unsettled_shard(run_id: &str) -> String {
+    let hash = run_id.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    format!("u#{:02}", hash % UNSETTLED_SHARDS)
+}
 
 /// Sort key of a tool call's guard item: sorts before every attempt of the call.
 fn guard_key(tool_call_id: &str) -> String {
@@ -80,6 +101,9 @@ fn record_to_item(r: &MutationRecord) -> Result<Item, StoreError> {
     }
     if let Some(at) = r.settled_at {
         item.insert("settled_at".into(), n(at));
+    }
+    if !r.state.is_settled() {
+        item.insert("unsettled_shard".into(), s(unsettled_shard(&r.run_id)));
     }
     Ok(item)
 }
@@ -135,15 +159,97 @@ fn prior_condition(prior: Option<&MutationRecord>) -> Result<Condition, StoreErr
 }
 
 impl DynamoStore {
-    /// The record's item with the run's TTL (from the later of now and its deadline): a
-    /// record never outlives the run by much, so no later run of the same id (whose
-    /// creation checks this table for leftovers) can inherit it.
-    fn mutation_item(&self, r: &MutationRecord, now: i64) -> Result<Item, StoreError> {
+    /// The record's item, and its TTL (retention on) only when it can no longer block
+    /// anything: a `not_executed` attempt (a new start needs a fresh approval anyway),
+    /// or any attempt of a run that has ended (nothing can start on it any more) — from
+    /// the later of now and its deadline, as the run's head gets from its last write.
+    ///
+    /// Invariant: an attempt that blocks new starts of its tool call — in flight,
+    /// `outcome_unknown` (until an operator reconciles it) or `completed` (running it
+    /// again would be a duplicate mutation) — never expires while its run can still
+    /// start calls. The head's TTL moves with every append, so a TTL stamped on the
+    /// record at its own last write could fall due while the run goes on, and its
+    /// deletion would let the call run again. Such a record carries no TTL (a put
+    /// replaces the whole item, so an earlier one goes too); the run's end gives its
+    /// records the head's final TTL ([`DynamoStore::expire_mutations_with_run`]).
+    fn mutation_item(
+        &self,
+        r: &MutationRecord,
+        now: i64,
+        run_ended: bool,
+    ) -> Result<Item, StoreError> {
         let mut item = record_to_item(r)?;
-        if let Some(exp) = self.expires_at(now.max(r.settlement_deadline_at)) {
-            item.insert("expires_at".into(), exp);
+        if run_ended || r.state == MutationState::NotExecuted {
+            if let Some(exp) = self.expires_at(now.max(r.settlement_deadline_at)) {
+                item.insert("expires_at".into(), exp);
+            }
         }
         Ok(item)
+    }
+
+    /// After a run's terminal event (retention on): its mutation items get the head's
+    /// final TTL, so they go with the run. Best effort — one that fails only stays
+    /// longer (logged); nothing can start on an ended run, so no block depends on it.
+    pub(crate) async fn expire_mutations_with_run(&self, run_id: &str, now: i64) {
+        let Some(exp) = self.expires_at(now) else {
+            return;
+        };
+        let mut start_key = None;
+        loop {
+            let out = match self
+                .client
+                .query()
+                .table_name(&self.tables.mutations)
+                .key_condition_expression("run_id = :r")
+                .expression_attribute_values(":r", s(run_id))
+                .projection_expression("run_id, mutation_key")
+                .set_exclusive_start_key(start_key.take())
+                .send()
+                .await
+            {
+                Ok(out) => out,
+                Err(e) => {
+                    tracing::warn!(error = %unavailable(e), run_id, "ended run's records keep no TTL");
+                    return;
+                }
+            };
+            for item in out.items.unwrap_or_default() {
+                let (Some(run), Some(key)) = (item.get("run_id"), item.get("mutation_key")) else {
+                    continue;
+                };
+                // Never earlier than a TTL the item already has (a later settlement's).
+                let stamped = self
+                    .client
+                    .update_item()
+                    .table_name(&self.tables.mutations)
+                    .key("run_id", run.clone())
+                    .key("mutation_key", key.clone())
+                    .update_expression("SET expires_at = :exp")
+                    .condition_expression(
+                        "attribute_exists(mutation_key) AND \
+                         (attribute_not_exists(expires_at) OR expires_at < :exp)",
+                    )
+                    .expression_attribute_values(":exp", exp.clone())
+                    .send()
+                    .await;
+                if let Err(e) = stamped {
+                    let lost_condition = matches!(
+                        &e,
+                        SdkError::ServiceError(ctx) if matches!(
+                            ctx.err(),
+                            aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_)
+                        )
+                    );
+                    if !lost_condition {
+                        tracing::warn!(error = %unavailable(e), run_id, "an ended run's record keeps no TTL");
+                    }
+                }
+            }
+            start_key = out.last_evaluated_key;
+            if start_key.is_none() {
+                return;
+            }
+        }
     }
 
     /// The run's head and the tool call's guard as one serializable snapshot
@@ -269,13 +375,14 @@ impl DynamoStore {
         &self,
         prior: Option<&MutationRecord>,
         record: &MutationRecord,
+        run_ended: bool,
     ) -> Result<MutationCommit, StoreError> {
         let (condition, values) = prior_condition(prior)?;
         let mut put = self
             .client
             .put_item()
             .table_name(&self.tables.mutations)
-            .set_item(Some(self.mutation_item(record, now_millis())?))
+            .set_item(Some(self.mutation_item(record, now_millis(), run_ended)?))
             .condition_expression(condition);
         if prior.is_some() {
             put = put.expression_attribute_names("#state", "state");
@@ -313,7 +420,7 @@ impl DynamoStore {
         let (condition, values) = prior_condition(prior)?;
         let mut put = Put::builder()
             .table_name(&self.tables.mutations)
-            .set_item(Some(self.mutation_item(record, now)?))
+            .set_item(Some(self.mutation_item(record, now, false)?))
             .condition_expression(condition)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         if prior.is_some() {
@@ -341,6 +448,9 @@ impl DynamoStore {
                 ":a",
                 AttributeValue::Ss(vec![record.approval_id.clone()]),
             );
+        // The guard's TTL is no later than any of its attempts' (it is stamped at their
+        // admission, they at their settlement or never): a guard gone first only
+        // narrows a read to the `Query`, which sees every long-committed attempt.
         let mut expr = "ADD admitted :a".to_owned();
         if let Some(exp) = self.expires_at(now.max(record.settlement_deadline_at)) {
             expr.push_str(" SET expires_at = :exp");
@@ -418,19 +528,18 @@ impl MutationStore for DynamoStore {
                 continue;
             }
             // Committed (the snapshot holds its guard entry), but not yet visible to the
-            // read-committed Query. A record of a committed admission is only removed by
-            // the run's retention (with the run), so one that cannot be read is not taken
-            // as absent: fail closed, the caller reads again.
-            match self
+            // read-committed Query: read it by key.
+            //
+            // A strongly consistent read after the snapshot sees every committed write,
+            // so an admitted attempt it cannot find is gone: expired. While its run can
+            // still start calls, only a `not_executed` attempt — which blocks nothing —
+            // carries a TTL (see `mutation_item`), and the guard (stamped at the latest
+            // admission) may outlive it: skip it rather than refuse the tool call.
+            if let Some(record) = self
                 .read_mutation(run_id, tool_call_id, &approval_id)
                 .await?
             {
-                Some(record) => attempts.push(record),
-                None => {
-                    return Err(StoreError::Unavailable(
-                        "an admitted attempt of this tool call is not readable yet; retry".into(),
-                    ))
-                }
+                attempts.push(record);
             }
         }
         attempts.sort_by(|a, b| a.approval_id.cmp(&b.approval_id));
@@ -458,7 +567,9 @@ impl MutationStore for DynamoStore {
             if record.state == MutationState::Dispatched {
                 return self.dispatch_while_running(head, prior, record).await;
             }
-            return self.put_record_alone(prior, record).await;
+            return self
+                .put_record_alone(prior, record, head.status.is_terminal())
+                .await;
         }
         let now = now_millis();
         let mut side = vec![self.record_put(prior, record, now)?];
@@ -486,6 +597,90 @@ impl MutationStore for DynamoStore {
             Committed::Busy(why) => {
                 tracing::debug!(%why, "mutation commit turned away; read again");
                 Ok(MutationCommit::Lost)
+            }
+        }
+    }
+
+    async fn overdue_attempts(
+        &self,
+        due_before: i64,
+        limit: usize,
+    ) -> Result<Vec<MutationRecord>, StoreError> {
+        // One page per shard, at most `limit` each: bounded per sweep; what is left
+        // waits for the next.
+        let want = limit.clamp(1, 1000) as i32;
+        let mut due = Vec::new();
+        for shard in 0..UNSETTLED_SHARDS {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.tables.mutations)
+                .index_name(UNSETTLED_INDEX)
+                .key_condition_expression("unsettled_shard = :s AND settlement_deadline_at <= :due")
+                .expression_attribute_values(":s", s(format!("u#{shard:02}")))
+                .expression_attribute_values(":due", n(due_before))
+                .limit(want)
+                .send()
+                .await
+                .map_err(unavailable)?;
+            for item in out.items.unwrap_or_default() {
+                let record = record_from_item(&item)?;
+                if !record.state.is_settled() {
+                    due.push(record);
+                }
+            }
+        }
+        due.sort_by_key(|r| r.settlement_deadline_at);
+        due.truncate(limit);
+        Ok(due)
+    }
+
+    async fn expire_mutations_with_head(&self, run_id: &str) -> Result<(), StoreError> {
+        let ttl = |item: &Item| match item.get("expires_at") {
+            Some(AttributeValue::N(v)) => v.parse::<i64>().ok(),
+            _ => None,
+        };
+        let head = self
+            .client
+            .get_item()
+            .table_name(&self.tables.runs)
+            .key("run_id", s(run_id))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?
+            .item;
+        let Some(head_ttl) = head.as_ref().and_then(ttl) else {
+            return Ok(());
+        };
+        let mut start_key = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.tables.mutations)
+                .consistent_read(true)
+                .key_condition_expression("run_id = :r")
+                .expression_attribute_values(":r", s(run_id))
+                .set_exclusive_start_key(start_key.take())
+                .send()
+                .await
+                .map_err(unavailable)?;
+            for item in out.items.unwrap_or_default() {
+                if ttl(&item).is_some_and(|t| t <= head_ttl) {
+                    self.client
+                        .delete_item()
+                        .table_name(&self.tables.mutations)
+                        .key("run_id", item["run_id"].clone())
+                        .key("mutation_key", item["mutation_key"].clone())
+                        .send()
+                        .await
+                        .map_err(unavailable)?;
+                }
+            }
+            start_key = out.last_evaluated_key;
+            if start_key.is_none() {
+                return Ok(());
             }
         }
     }

@@ -24,6 +24,52 @@ fn project_key(project_id: Option<&str>) -> String {
     project_id.unwrap_or("-").to_owned()
 }
 
+/// A `LastEvaluatedKey` as an opaque cursor: its attributes' values in `names` order.
+fn cursor_from_key(
+    key: &HashMap<String, AttributeValue>,
+    names: &[(&'static str, bool)],
+) -> Option<String> {
+    let values: Option<Vec<String>> = names
+        .iter()
+        .map(|(name, numeric)| match (key.get(*name), numeric) {
+            (Some(AttributeValue::S(v)), false) | (Some(AttributeValue::N(v)), true) => {
+                Some(v.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    values.map(|v| crate::encode_cursor(&serde_json::json!(v)))
+}
+
+/// The start key in a cursor of [`cursor_from_key`], checked: exactly this listing's
+/// attributes, numbers where numbers belong, and this project's key.
+fn start_key_from_cursor(
+    cursor: &str,
+    names: &[(&'static str, bool)],
+    project_id: Option<&str>,
+) -> Result<HashMap<String, AttributeValue>, StoreError> {
+    let values = crate::decode_cursor(cursor)?;
+    let values = values.as_array().ok_or(StoreError::InvalidCursor)?;
+    if values.len() != names.len() {
+        return Err(StoreError::InvalidCursor);
+    }
+    let mut key = HashMap::new();
+    for ((name, numeric), v) in names.iter().zip(values) {
+        let v = v.as_str().ok_or(StoreError::InvalidCursor)?;
+        let value = if *numeric {
+            v.parse::<i64>().map_err(|_| StoreError::InvalidCursor)?;
+            AttributeValue::N(v.to_owned())
+        } else {
+            AttributeValue::S(v.to_owned())
+        };
+        key.insert((*name).to_owned(), value);
+    }
+    if project_id.is_some() && key.get("project_key") != Some(&s(project_key(project_id))) {
+        return Err(StoreError::InvalidCursor);
+    }
+    Ok(key)
+}
+
 impl DynamoStore {
     /// The grant written with the decision that won: (re)made live, its origin run
     /// added to the streams it reached.
@@ -247,14 +293,29 @@ impl DynamoStore {
         }
     }
 
+    /// A page of policies: one project's from its index (newest first), or a `Scan` of
+    /// all. Each request asks for at most what the page still lacks, so DynamoDB's
+    /// `LastEvaluatedKey` is the position right after the last policy returned: that
+    /// key is the cursor. A cursor is accepted only with exactly the key attributes of
+    /// this listing (and this project's key), so no start key can reach another tenant.
     pub(crate) async fn policies(
         &self,
         project_id: Option<&str>,
+        cursor: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<Policy>, StoreError> {
+    ) -> Result<crate::PolicyPage, StoreError> {
+        let mut names = vec![("scope_key", false), ("tool_name", false)];
+        if project_id.is_some() {
+            names.extend([("project_key", false), ("granted_at", true)]);
+        }
+        let mut start = match cursor {
+            None => None,
+            Some(c) => Some(start_key_from_cursor(c, &names, project_id)?),
+        };
+        let limit = limit.max(1);
         let mut list = Vec::new();
-        let mut start = None;
         loop {
+            let want = (limit - list.len()).min(1000) as i32;
             let (items, next) = match project_id {
                 Some(project) => {
                     let out = self
@@ -265,6 +326,7 @@ impl DynamoStore {
                         .key_condition_expression("project_key = :pk")
                         .expression_attribute_values(":pk", s(project_key(Some(project))))
                         .scan_index_forward(false)
+                        .limit(want)
                         .set_exclusive_start_key(start.take())
                         .send()
                         .await
@@ -276,6 +338,7 @@ impl DynamoStore {
                         .client
                         .scan()
                         .table_name(&self.tables.policies)
+                        .limit(want)
                         .set_exclusive_start_key(start.take())
                         .send()
                         .await
@@ -291,9 +354,14 @@ impl DynamoStore {
                 break;
             }
         }
-        list.sort_by_key(|p| std::cmp::Reverse(p.granted_at));
-        list.truncate(limit);
-        Ok(list)
+        if project_id.is_none() {
+            list.sort_by_key(|p| std::cmp::Reverse(p.granted_at));
+        }
+        let next_cursor = start.and_then(|key| cursor_from_key(&key, &names));
+        Ok(crate::PolicyPage {
+            policies: list,
+            next_cursor,
+        })
     }
 
     /// Revokes the policy alone — one conditional update, so no stream's traffic can

@@ -269,6 +269,9 @@ impl RunStore for DynamoStore {
             };
             match self.commit(&plan).await? {
                 Committed::Done { now } => {
+                    // The run can start no call any more: its mutation records may now
+                    // go with it (see `mutation_item`).
+                    self.expire_mutations_with_run(run_id, now).await;
                     let seq = head.next_seq;
                     head.next_seq = seq + 1;
                     head.status = kind.status();
