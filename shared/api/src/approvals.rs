@@ -13,8 +13,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tollgate_domain::approval::parse_policy_id;
 use tollgate_domain::approval::{
-    valid_id, DEFAULT_TIMEOUT_SECONDS, MAX_HASH, MAX_TEXT, MAX_TIMEOUT_SECONDS, MAX_TOOL_NAME,
-    MAX_URL,
+    valid_id, DEFAULT_TIMEOUT_SECONDS, MAX_HASH, MAX_TEXT, MAX_TOOL_NAME, MAX_URL,
 };
 use tollgate_domain::{
     now_millis, validate_run_id, ApprovalRequest, ApprovalState, Policy, Resolution, Scope,
@@ -120,11 +119,18 @@ async fn arm(
     bounded("intention", &body.intention, MAX_TEXT)?;
     bounded("message", &body.message, MAX_TEXT)?;
     bounded("arguments_hash", &body.arguments_hash, MAX_HASH)?;
-    let timeout = body.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS);
-    if !(1..=MAX_TIMEOUT_SECONDS).contains(&timeout) {
+    // The deployment's cap (TOLLGATE_MAX_CARD_TIMEOUT_SECONDS, default 24 h) bounds how
+    // long any card can hold its timers and a place in its project's count. Beyond it is a
+    // 400, not a 429: the same request never succeeds later.
+    let max_timeout = deps.gate.config().max_timeout_seconds;
+    let timeout = body
+        .timeout_seconds
+        .unwrap_or(DEFAULT_TIMEOUT_SECONDS.min(max_timeout));
+    if !(1..=max_timeout).contains(&timeout) {
         return Err(ApiError::bad_request(format!(
-            "timeout_seconds must be 1 to {MAX_TIMEOUT_SECONDS}"
-        )));
+            "timeout_seconds must be 1 to {max_timeout} (TOLLGATE_MAX_CARD_TIMEOUT_SECONDS)"
+        ))
+        .with_state("timeout_too_long"));
     }
     let head = deps
         .store
@@ -557,6 +563,7 @@ async fn forward_decision(
                     card: card.clone(),
                     head: Some(head.clone()),
                     coordinator,
+                    counted: false,
                 },
                 scope,
                 &claims.sub,

@@ -75,6 +75,9 @@ impl From<StoreError> for ApiError {
                 extra: Some(json!({"status": status.as_str(), "terminal_sequence": terminal_seq})),
             },
             StoreError::Conflict(msg) => ApiError::new(StatusCode::CONFLICT, msg),
+            StoreError::Limit(msg) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, msg).with_state("limit_reached")
+            }
             StoreError::Unavailable(detail) => {
                 // The detail may name tables or SDK internals: log it, don't serve it.
                 tracing::error!(%detail, "storage unavailable");

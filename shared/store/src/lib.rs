@@ -77,6 +77,10 @@ pub enum StoreError {
     /// something we cannot interpret. Nothing is assumed to have happened.
     #[error("storage unavailable: {0}")]
     Unavailable(String),
+    /// A tenant's limit is reached (open cards of a project): nothing was written; it
+    /// frees up as cards end (HTTP 429).
+    #[error("{0}")]
+    Limit(String),
 }
 
 /// Arming on a run that holds [`tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN`]
@@ -85,6 +89,14 @@ pub(crate) fn too_many_open_cards() -> StoreError {
     StoreError::Conflict(format!(
         "the run has {} pending approval requests; decide or let some expire first",
         tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN
+    ))
+}
+
+/// Arming in a project that holds `cap` pending cards.
+pub(crate) fn too_many_project_cards(cap: u64) -> StoreError {
+    StoreError::Limit(format!(
+        "the project has {cap} pending approval requests (TOLLGATE_MAX_OPEN_CARDS_PER_PROJECT); \
+         decide or let some expire first"
     ))
 }
 
@@ -198,17 +210,20 @@ pub struct Located {
     pub head: Option<RunHead>,
     /// The head of the card's coordinator, when it has one and it is stored.
     pub coordinator: Option<RunHead>,
+    /// The card is in its project's count of open cards, so ending it takes one off
+    /// (false only for a card stored before the count existed).
+    pub counted: bool,
 }
 
 /// The answer to [`ApprovalStore::heartbeat`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Beat {
-    /// Beat `n` is on the stream at this sequence — appended now, or by an earlier
-    /// delivery whose successor was never written (it stopped before scheduling it) —
-    /// so the caller schedules beat `n + 1`.
+    /// Beat `n` was appended now, at this sequence: this delivery carries the chain on
+    /// (the caller schedules beat `n + 1`).
     Emitted(u64),
-    /// Beat `n` and beat `n + 1` were both written before (a late redelivery of a chain
-    /// that carried on): nothing was written and nothing is to be scheduled.
+    /// Beat `n` was written before, at this sequence, by another delivery of the same
+    /// beat (a duplicate or a redelivery): that delivery carries the chain; nothing was
+    /// written and nothing is to be scheduled, so a chain never forks.
     Repeated(u64),
     /// The card is no longer pending, or the mutation no longer dispatched (or its run
     /// ended): no heartbeat, none later.
@@ -233,7 +248,31 @@ pub trait ApprovalStore: Send + Sync + 'static {
     /// run must be the incarnation `run` names and running (`RunTerminal` otherwise).
     /// A `request_id` already routed under the coordinator for another child is a
     /// `Conflict`.
-    async fn arm(&self, run: RunRef<'_>, card: ApprovalRequest) -> Result<Armed, StoreError>;
+    async fn arm(&self, run: RunRef<'_>, card: ApprovalRequest) -> Result<Armed, StoreError> {
+        self.arm_within(run, card, u64::MAX).await
+    }
+
+    /// [`ApprovalStore::arm`] within a cap on the pending cards of the card's project
+    /// (`card.project_id`; runs without a project count as one more tenant): arming
+    /// beyond `project_cap` is a `Limit` and writes nothing. The count is taken from by
+    /// every transition that ends a card ([`ApprovalStore::resolve_located`]), so it holds
+    /// across processes.
+    async fn arm_within(
+        &self,
+        run: RunRef<'_>,
+        card: ApprovalRequest,
+        project_cap: u64,
+    ) -> Result<Armed, StoreError>;
+
+    /// Marks that the timers of the pending card were sent again now, if they were last
+    /// sent (or the card armed) at or before `sent_before`: only the caller that gets
+    /// `true` re-sends them, so repeated arms cannot start one expiry chain each.
+    async fn claim_timer_resend(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        sent_before: i64,
+    ) -> Result<bool, StoreError>;
 
     async fn read_card(
         &self,
