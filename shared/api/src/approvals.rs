@@ -563,7 +563,7 @@ async fn forward_decision(
                     card: card.clone(),
                     head: Some(head.clone()),
                     coordinator,
-                    counted: false,
+                    count_shard: None,
                 },
                 scope,
                 &claims.sub,

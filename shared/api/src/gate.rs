@@ -222,7 +222,10 @@ impl Gate {
                     )
                     .await?
             {
-                self.schedule_expiry(&existing).await;
+                let (_, sent) = self.schedule_expiry(&existing).await;
+                if !sent {
+                    self.clear_timer_mark(&existing).await;
+                }
             }
             return Ok(ArmOutcome::Card(Armed::Existing(existing)));
         }
@@ -244,7 +247,10 @@ impl Gate {
             .arm_within(run, card, self.config.max_open_cards_per_project)
             .await?;
         if let Armed::Created { card, .. } = &armed {
-            self.schedule_timers(card).await;
+            if !self.schedule_timers(card).await {
+                // The card stands (the sweeper expires it); a repeat sends its expiry.
+                self.clear_timer_mark(card).await;
+            }
         }
         Ok(ArmOutcome::Card(armed))
     }
@@ -291,7 +297,21 @@ impl Gate {
         })
     }
 
-    async fn schedule_expiry(&self, card: &ApprovalRequest) -> Duration {
+    /// Lets the next repeated arm send the card's timers at once (they could not be
+    /// sent now). Best effort: should this fail too, a repeat after the window sends them,
+    /// and the sweeper expires the card regardless.
+    async fn clear_timer_mark(&self, card: &ApprovalRequest) {
+        if let Err(e) = self
+            .store
+            .clear_timer_mark(&card.run_id, &card.request_id)
+            .await
+        {
+            tracing::warn!(error = %e, request_id = %card.request_id, "timer mark not cleared");
+        }
+    }
+
+    /// Sends the card's expiry; the time until it is due, and whether it was sent.
+    async fn schedule_expiry(&self, card: &ApprovalRequest) -> (Duration, bool) {
         let expiry = TimerMessage::ApprovalExpiry {
             run_id: card.run_id.clone(),
             request_id: card.request_id.clone(),
@@ -300,12 +320,14 @@ impl Gate {
         let until_due = Duration::from_millis((card.expires_at - now_millis()).max(0) as u64);
         if let Err(e) = self.timers.schedule(&expiry, until_due).await {
             tracing::error!(error = %e, request_id = %card.request_id, "expiry not scheduled; the sweeper will expire the card");
+            return (until_due, false);
         }
-        until_due
+        (until_due, true)
     }
 
-    async fn schedule_timers(&self, card: &ApprovalRequest) {
-        let until_due = self.schedule_expiry(card).await;
+    /// Sends the expiry and the first heartbeat; whether the expiry was sent.
+    async fn schedule_timers(&self, card: &ApprovalRequest) -> bool {
+        let (until_due, sent) = self.schedule_expiry(card).await;
         if self.config.heartbeat_every < until_due {
             let beat = heartbeat(card, 1);
             if let Err(e) = self
@@ -316,6 +338,7 @@ impl Gate {
                 tracing::warn!(error = %e, request_id = %card.request_id, "heartbeat not scheduled");
             }
         }
+        sent
     }
 
     /// The card a decision posted to `run_id` means — the run's own card, else the one

@@ -210,9 +210,9 @@ pub struct Located {
     pub head: Option<RunHead>,
     /// The head of the card's coordinator, when it has one and it is stored.
     pub coordinator: Option<RunHead>,
-    /// The card is in its project's count of open cards, so ending it takes one off
-    /// (false only for a card stored before the count existed).
-    pub counted: bool,
+    /// Where the card is in its project's count of open cards (the count shard), so
+    /// ending it takes it off there; `None` for a card stored before the count existed.
+    pub count_shard: Option<u32>,
 }
 
 /// The answer to [`ApprovalStore::heartbeat`].
@@ -264,15 +264,20 @@ pub trait ApprovalStore: Send + Sync + 'static {
         project_cap: u64,
     ) -> Result<Armed, StoreError>;
 
-    /// Marks that the timers of the pending card were sent again now, if they were last
-    /// sent (or the card armed) at or before `sent_before`: only the caller that gets
-    /// `true` re-sends them, so repeated arms cannot start one expiry chain each.
+    /// Marks that the timers of the pending card are being sent again now, if the mark is
+    /// absent or was set at or before `sent_before` (arming sets it; see
+    /// [`ApprovalStore::clear_timer_mark`]): only the caller that gets `true` re-sends
+    /// them, so repeated arms cannot start one expiry chain each.
     async fn claim_timer_resend(
         &self,
         run_id: &str,
         request_id: &str,
         sent_before: i64,
     ) -> Result<bool, StoreError>;
+
+    /// Removes the card's timer mark: its timers could not be sent, so the next repeated
+    /// arm sends them at once.
+    async fn clear_timer_mark(&self, run_id: &str, request_id: &str) -> Result<(), StoreError>;
 
     async fn read_card(
         &self,

@@ -385,6 +385,8 @@ impl ApprovalStore for MemoryStore {
             .push(&[card.required_event()], now)
             .ok_or(StoreError::NotFound)?;
         record.cards.insert(card.request_id.clone(), card.clone());
+        // Arming sends the timers: a repeat within the window sends none.
+        record.timers_sent.insert(card.request_id.clone(), now);
         if let Some(coord) = coordinator.as_ref().and_then(|c| runs.get_mut(c)) {
             coord
                 .routes
@@ -411,18 +413,25 @@ impl ApprovalStore for MemoryStore {
         else {
             return Ok(false);
         };
-        let last = record
-            .timers_sent
-            .get(request_id)
-            .copied()
-            .unwrap_or(card.created_at);
-        if last > sent_before {
+        if card.state != ApprovalState::Pending
+            || record
+                .timers_sent
+                .get(request_id)
+                .is_some_and(|at| *at > sent_before)
+        {
             return Ok(false);
         }
         record
             .timers_sent
             .insert(request_id.to_owned(), now_millis());
         Ok(true)
+    }
+
+    async fn clear_timer_mark(&self, run_id: &str, request_id: &str) -> Result<(), StoreError> {
+        if let Some(record) = self.lock().get_mut(run_id) {
+            record.timers_sent.remove(request_id);
+        }
+        Ok(())
     }
 
     async fn read_card(
@@ -453,7 +462,7 @@ impl ApprovalStore for MemoryStore {
                 head: head_of(&card.run_id),
                 coordinator: card.coordinator_run_id.as_deref().and_then(head_of),
                 card,
-                counted: true,
+                count_shard: Some(0),
             }
         }))
     }

@@ -20,9 +20,12 @@
 //! `due_key`; that legacy partition is read as one more shard (filtered by project for a
 //! project operator) until they have ended, so the sweeper still expires them.
 //!
-//! Each project's open cards are counted in one item (`project#<project>`,
-//! `open_cards`), added to by the arm and taken from by the transition that ends a card,
-//! in their transactions: the cap on open cards per project holds across processes.
+//! Each project's open cards are counted in [`COUNTER_SHARDS`] items (`project#<project>`,
+//! `open_cards#<shard>`), each holding its share of the cap: an arm adds to one shard
+//! (the card's own by its ids; another with room once that one is full) conditioned on
+//! its share, and the transition that ends the card takes from the shard the card names
+//! (`count_shard`), in their transactions. So the cap holds across processes, and a busy
+//! project's concurrent arms rarely meet on one item.
 
 use async_trait::async_trait;
 use std::collections::HashMap;
@@ -39,17 +42,20 @@ use tollgate_domain::{
 
 use super::commit::{Budget, Committed, Plan, RunWrite, WriteKind};
 use super::item::{
-    build_error, card_from_item, card_key, card_to_item, due_partitions, get_s, n,
-    pending_partitions, project_counter_key, route_key, s, unavailable, Item, LEGACY_PENDING_KEY,
+    build_error, card_from_item, card_key, card_to_item, counter_partition, due_partitions,
+    first_count_shard, get_s, n, pending_partitions, project_counter_key, route_key, s, shard_cap,
+    unavailable, Item, COUNTER_SHARDS, LEGACY_PENDING_KEY,
 };
 use super::{DynamoStore, DUE_INDEX, PENDING_INDEX};
 use crate::{ApprovalStore, Armed, Beat, Forwarded, Located, Resolved, RunRef, StoreError};
 
-/// Whether a stored card is in its project's open-card count: every card armed since the
-/// count exists carries `due_key` while pending; one armed before it (legacy
-/// `pending_key`) never added to the count, so ending it takes nothing from it.
-fn is_counted(item: &Item) -> bool {
-    item.contains_key("due_key")
+/// The count shard a stored card was added to (`count_shard`); `None` for a card armed
+/// before the count existed: it never added to it, so ending it takes nothing from it.
+fn count_shard(item: &Item) -> Option<u32> {
+    match item.get("count_shard") {
+        Some(AttributeValue::N(v)) => v.parse().ok(),
+        _ => None,
+    }
 }
 
 /// Most cards one listing reads (a console page; the sweeper's batch).
@@ -61,8 +67,16 @@ impl DynamoStore {
         card: &ApprovalRequest,
         condition: &str,
         now: i64,
+        arming: Option<u32>,
     ) -> Result<aws_sdk_dynamodb::types::TransactWriteItem, StoreError> {
         let mut item = card_to_item(card);
+        if let Some(shard) = arming {
+            // Arming sends the timers: a repeat within the window sends none (see
+            // `claim_timer_resend`). And the count shard the arm adds the card to, which
+            // the transition that ends it takes it from. Neither is projected.
+            item.insert("timers_sent_at".into(), n(now));
+            item.insert("count_shard".into(), n(shard));
+        }
         // Retention counts from the card's deadline too: a pending card is never removed
         // before it can expire (and be announced).
         if let Some(exp) = self.expires_at(now.max(card.expires_at)) {
@@ -83,30 +97,63 @@ impl DynamoStore {
             .build())
     }
 
-    /// Adds `delta` to the open-card count of `project_id`; a positive change is
-    /// conditioned on the count staying within `cap` (`u64::MAX`: no cap).
+    /// Adds `delta` to shard `shard` of the open-card count of `project_id`; a positive
+    /// change is conditioned on the shard staying within its share of `cap` (`u64::MAX`:
+    /// no cap).
     fn counter_update(
         &self,
         project_id: Option<&str>,
+        shard: u32,
         delta: i64,
         cap: u64,
     ) -> Result<aws_sdk_dynamodb::types::TransactWriteItem, StoreError> {
         let mut update = Update::builder()
             .table_name(&self.tables.approvals)
-            .set_key(Some(project_counter_key(project_id)))
+            .set_key(Some(project_counter_key(project_id, shard)))
             .update_expression("ADD #open :d")
             .expression_attribute_names("#open", "open")
             .expression_attribute_values(":d", n(delta))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         if delta > 0 && cap < u64::MAX {
-            // Invariant: a project holds at most `cap` pending cards, across processes.
+            // Invariant: a project holds at most `cap` pending cards, across processes —
+            // each shard at most its share, and the shares add up to `cap`.
             update = update
                 .condition_expression("attribute_not_exists(#open) OR #open <= :room")
-                .expression_attribute_values(":room", n(cap as i64 - delta));
+                .expression_attribute_values(":room", n(shard_cap(cap, shard) as i64 - delta));
         }
         Ok(aws_sdk_dynamodb::types::TransactWriteItem::builder()
             .update(update.build().map_err(build_error)?)
             .build())
+    }
+
+    /// A count shard of the project with room under `cap` (strongly consistent), after
+    /// `full` turned out full; `None`: every shard is at its share.
+    async fn shard_with_room(
+        &self,
+        project_id: Option<&str>,
+        cap: u64,
+        full: u32,
+    ) -> Result<Option<u32>, StoreError> {
+        let partition = counter_partition(project_id);
+        let keys: Vec<(&str, String)> = (0..COUNTER_SHARDS)
+            .filter(|i| *i != full && shard_cap(cap, *i) > 0)
+            .map(|i| (partition.as_str(), format!("open_cards#{i}")))
+            .collect();
+        if keys.is_empty() {
+            return Ok(None);
+        }
+        let (items, _) = self.batch_read(&keys, &[]).await?;
+        Ok((0..COUNTER_SHARDS)
+            .filter(|i| *i != full && shard_cap(cap, *i) > 0)
+            .find(|i| {
+                let open = items
+                    .get(&(partition.clone(), format!("open_cards#{i}")))
+                    .and_then(|item| item.get("open"))
+                    .and_then(|v| v.as_n().ok())
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .unwrap_or(0);
+                open < shard_cap(cap, *i) as i64
+            }))
     }
 
     /// Open cards of one index partition, soonest deadline first, at most `limit`
@@ -316,7 +363,7 @@ impl DynamoStore {
         let posted_head = heads.remove(run_id);
         if let Some(item) = items.get(&(run_id.to_owned(), card_k.clone())) {
             let card = card_from_item(item)?;
-            let counted = is_counted(item);
+            let count_shard = count_shard(item);
             // Warm, this process saw the coordinator's head moments ago (it is
             // conditioned like any read: a stale one loses and is replaced).
             let coordinator = match &card.coordinator_run_id {
@@ -327,7 +374,7 @@ impl DynamoStore {
                 card,
                 head: posted_head,
                 coordinator,
-                counted,
+                count_shard,
             }));
         }
         let Some(route) = items.get(&(run_id.to_owned(), route_k)) else {
@@ -341,7 +388,7 @@ impl DynamoStore {
             return Ok(None);
         };
         let card = card_from_item(item)?;
-        let counted = is_counted(item);
+        let count_shard = count_shard(item);
         // The coordinator posted to is the card's (a route names exactly one child).
         let coordinator =
             posted_head.filter(|_| card.coordinator_run_id.as_deref() == Some(run_id));
@@ -349,7 +396,7 @@ impl DynamoStore {
             head: heads.remove(&child),
             card,
             coordinator,
-            counted,
+            count_shard,
         }))
     }
 
@@ -447,6 +494,7 @@ impl ApprovalStore for DynamoStore {
         project_cap: u64,
     ) -> Result<Armed, StoreError> {
         let mut budget = Budget::new(self.contention_budget, "arming an approval");
+        let mut shard = first_count_shard(&card, project_cap);
         loop {
             let head = self.live_head(run).await?;
             if let Some(existing) = self.read_card(run.run_id, &card.request_id).await? {
@@ -475,7 +523,8 @@ impl ApprovalStore for DynamoStore {
             }
             let now = now_millis();
             // Invariant: one card per (run, request_id); a retried arm finds the first.
-            let mut side = vec![self.card_put(&card, "attribute_not_exists(item_key)", now)?];
+            let mut side =
+                vec![self.card_put(&card, "attribute_not_exists(item_key)", now, Some(shard))?];
             let mut runs = vec![RunWrite {
                 head: head.clone(),
                 kind: WriteKind::Advance { end: None },
@@ -512,7 +561,7 @@ impl ApprovalStore for DynamoStore {
             }
             let route_at = (side.len() > 1).then_some(1);
             let counter_at = side.len();
-            side.push(self.counter_update(card.project_id.as_deref(), 1, project_cap)?);
+            side.push(self.counter_update(card.project_id.as_deref(), shard, 1, project_cap)?);
             let plan = Plan { runs, side };
             match self.commit(&plan).await? {
                 Committed::Done { .. } => {
@@ -527,7 +576,15 @@ impl ApprovalStore for DynamoStore {
                         continue;
                     }
                     if lost.side.get(counter_at).is_some_and(Option::is_some) {
-                        return Err(crate::too_many_project_cards(project_cap));
+                        // This shard holds its share: another with room, or the cap is
+                        // reached.
+                        match self
+                            .shard_with_room(card.project_id.as_deref(), project_cap, shard)
+                            .await?
+                        {
+                            Some(other) => shard = other,
+                            None => return Err(crate::too_many_project_cards(project_cap)),
+                        }
                     }
                     if route_at.is_some_and(|i| lost.side.get(i).is_some_and(Option::is_some)) {
                         return Err(StoreError::Conflict(
@@ -557,8 +614,7 @@ impl ApprovalStore for DynamoStore {
             .key("item_key", s(card_key(request_id)))
             .update_expression("SET timers_sent_at = :now")
             .condition_expression(
-                "#state = :pending AND ((attribute_exists(timers_sent_at) AND timers_sent_at <= :before) \
-                 OR (attribute_not_exists(timers_sent_at) AND created_at <= :before))",
+                "#state = :pending AND (attribute_not_exists(timers_sent_at) OR timers_sent_at <= :before)",
             )
             .expression_attribute_names("#state", "state")
             .expression_attribute_values(":pending", s(ApprovalState::Pending.as_str()))
@@ -575,6 +631,31 @@ impl ApprovalStore for DynamoStore {
             }
             Err(e) => Err(unavailable(e)),
         }
+    }
+
+    async fn clear_timer_mark(&self, run_id: &str, request_id: &str) -> Result<(), StoreError> {
+        self.client
+            .update_item()
+            .table_name(&self.tables.approvals)
+            .key("run_id", s(run_id))
+            .key("item_key", s(card_key(request_id)))
+            .update_expression("REMOVE timers_sent_at")
+            // Never creates an item: only a stored card loses its mark.
+            .condition_expression("attribute_exists(item_key)")
+            .send()
+            .await
+            .map(|_| ())
+            .or_else(|e| match e {
+                SdkError::ServiceError(se)
+                    if matches!(
+                        se.err(),
+                        UpdateItemError::ConditionalCheckFailedException(_)
+                    ) =>
+                {
+                    Ok(())
+                }
+                other => Err(unavailable(other)),
+            })
     }
 
     async fn read_card(
@@ -652,6 +733,7 @@ impl ApprovalStore for DynamoStore {
                 &ended,
                 "attribute_exists(item_key) AND #state = :pending",
                 now,
+                None,
             )?];
             // The scope's policy, only with the approval that won.
             if let (Some(policy), ApprovalState::Approved) = (&grant, ended.state) {
@@ -659,8 +741,8 @@ impl ApprovalStore for DynamoStore {
             }
             // The card leaves its project's open-card count with the transition that ends
             // it (decision, expiry by timer or sweeper, a run's end) — never otherwise.
-            if located.counted {
-                side.push(self.counter_update(ended.project_id.as_deref(), -1, u64::MAX)?);
+            if let Some(shard) = located.count_shard {
+                side.push(self.counter_update(ended.project_id.as_deref(), shard, -1, u64::MAX)?);
             }
             let mut runs = Vec::new();
             // (On an ended run the card expires without an event there: nothing may
@@ -715,7 +797,7 @@ impl ApprovalStore for DynamoStore {
                     }
                     if let Some(Some(item)) = &lost.side[0] {
                         located.card = card_from_item(item)?;
-                        located.counted = is_counted(item);
+                        located.count_shard = count_shard(item);
                         if located.card.state != ApprovalState::Pending {
                             continue;
                         }

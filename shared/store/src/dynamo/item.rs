@@ -278,16 +278,41 @@ pub(crate) fn due_partitions() -> Vec<String> {
     (0..DUE_SHARDS).map(|i| format!("due#{i}")).collect()
 }
 
-/// The item counting one project's pending cards (approvals table; run ids cannot hold
-/// `#`, so this partition is never a run's): `open` is the count.
-pub(crate) fn project_counter_key(project_id: Option<&str>) -> Item {
+/// Shards of one project's count of open cards: concurrent arms and resolutions of a
+/// busy project spread over this many items instead of conflicting on one (transactions
+/// that meet on an item cancel each other and retry; with 8 shards, 16 concurrent arms of
+/// one project still starved on DynamoDB Local, with 32 they do not).
+pub(crate) const COUNTER_SHARDS: u32 = 32;
+
+/// One shard of the count of a project's pending cards (approvals table; run ids cannot
+/// hold `#`, so this partition is never a run's): `open` is the count.
+pub(crate) fn project_counter_key(project_id: Option<&str>, shard: u32) -> Item {
     HashMap::from([
-        (
-            "run_id".to_string(),
-            s(format!("project#{}", project_part(project_id))),
-        ),
-        ("item_key".to_string(), s("open_cards")),
+        ("run_id".to_string(), s(counter_partition(project_id))),
+        ("item_key".to_string(), s(format!("open_cards#{shard}"))),
     ])
+}
+
+/// The partition holding a project's count shards.
+pub(crate) fn counter_partition(project_id: Option<&str>) -> String {
+    format!("project#{}", project_part(project_id))
+}
+
+/// The share of `cap` one count shard may hold: the shares add up to exactly `cap`.
+pub(crate) fn shard_cap(cap: u64, shard: u32) -> u64 {
+    let shards = u64::from(COUNTER_SHARDS);
+    cap / shards + u64::from(u64::from(shard) < cap % shards)
+}
+
+/// The count shard an arm tries first: the card's own (by its ids), or shard 0 when that
+/// one's share of the cap is nothing (tiny caps).
+pub(crate) fn first_count_shard(c: &tollgate_domain::ApprovalRequest, cap: u64) -> u32 {
+    let shard = card_shard(&c.run_id, &c.request_id, COUNTER_SHARDS);
+    if shard_cap(cap, shard) > 0 {
+        shard
+    } else {
+        0
+    }
 }
 
 pub(crate) fn card_to_item(c: &tollgate_domain::ApprovalRequest) -> Item {
