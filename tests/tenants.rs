@@ -705,3 +705,56 @@ async fn dynamo_only_cards_stored_before_the_change_are_listed_swept_and_uncount
         counts.items()
     );
 }
+
+/// What arming and deciding one card write, item by item and index by index (printed:
+/// the figures behind the README's notes on the indexes' cost). The arm's one
+/// transaction writes the card, its two index entries (its project's partition and the
+/// due index) and one shard of the project's count; the decision removes both entries
+/// and takes the card off that shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamo_only_arm_and_decision_write_units() {
+    let base = tollgate_tests::dynamo_store().await;
+    let meter = DynamoMeter::new(base.tables());
+    let store = Arc::new(meter.instrument(&base));
+    let srv = TestServer::with_deps(TestServer::deps(store, capped(2000))).await;
+    let project = format!("units-{}", uuid::Uuid::new_v4().simple());
+    let (run_id, token) = project_run(&srv, &project).await;
+    let rid = request_id();
+    meter.take();
+    let (status, v) = arm(
+        &srv,
+        &run_id,
+        &token,
+        json!({"request_id": rid, "tool_name": "web_fetch", "url": "https://example.com/docs",
+               "message": "The agent wants to fetch a URL."}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let op = srv
+        .auth
+        .mint_jwt("op", Role::Operator, 600, Some(project.clone()));
+    let (status, v) = srv
+        .post(
+            &format!("/api/runs/{run_id}/tool-denials"),
+            &op,
+            &json!({"request_id": rid}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let log = meter.take();
+    let finals = meter.final_images(base.client(), &log).await;
+    let writes: Vec<_> = log
+        .bill_calls(meter.tables(), &finals)
+        .into_iter()
+        .filter(|b| b.kind == CallKind::Write)
+        .collect();
+    for w in &writes {
+        eprintln!("{} billed {} WRU: {:?}", w.operation, w.billed(), w.parts);
+    }
+    assert_eq!(writes.len(), 2, "one transaction to arm, one to decide");
+    let names = |i: usize| format!("{:?}", writes[i].parts);
+    for index in ["pending_by_expiry", "pending_due"] {
+        assert!(names(0).contains(index), "the arm enters {index}");
+        assert!(names(1).contains(index), "the decision leaves {index}");
+    }
+}
