@@ -43,8 +43,8 @@ async fn project_run(srv: &TestServer, project: &str) -> (String, String) {
     )
 }
 
-/// Arms `n` cards in `project` (runs of at most 200 open cards each), `concurrency` at a
-/// time, each with `timeout_seconds`.
+/// Arms `n` cards in `project` (runs of at most 200 open cards each), 8 at a time, each
+/// with `timeout_seconds`.
 async fn fill(srv: &Arc<TestServer>, project: &str, n: usize, timeout_seconds: u64) {
     let mut runs = Vec::new();
     for _ in 0..n.div_ceil(200) {
@@ -65,7 +65,7 @@ async fn fill(srv: &Arc<TestServer>, project: &str, n: usize, timeout_seconds: u
             .await;
             assert_eq!(status, StatusCode::CREATED, "{v}");
         });
-        if pending.len() >= 16 {
+        if pending.len() >= 8 {
             pending.join_next().await.unwrap().unwrap();
         }
     }
@@ -446,7 +446,9 @@ for_backend!(dynamo, Backend::Dynamo);
 
 /// GIVEN a cap of 5 and four servers, each with its own store instance on the same tables
 /// (four Lambda instances) WHEN 24 arms of one project race through them THEN exactly 5
-/// cards are created and the rest answer 429: the count holds across processes.
+/// cards are created and the rest answer 429: the count holds across processes. WHEN
+/// every card is then denied twice at once through different servers THEN each ending
+/// takes its card off the count exactly once: 5 new cards fit again, a sixth does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamo_only_project_cap_holds_across_store_instances() {
     let mut servers = Vec::new();
@@ -473,20 +475,67 @@ async fn dynamo_only_project_cap_holds_across_store_instances() {
                     json!({"request_id": request_id(), "tool_name": "web_fetch"}),
                 )
                 .await
+            })
+        })
+        .collect();
+    let mut created = Vec::new();
+    let mut refused = 0;
+    for a in arms {
+        match a.await.unwrap() {
+            (StatusCode::CREATED, v) => created.push((
+                v["run_id"].as_str().unwrap().to_owned(),
+                v["request_id"].as_str().unwrap().to_owned(),
+            )),
+            (StatusCode::TOO_MANY_REQUESTS, _) => refused += 1,
+            (other, v) => panic!("unexpected {other} {v}"),
+        }
+    }
+    assert_eq!((created.len(), refused), (5, 19));
+    let op = servers[0]
+        .auth
+        .mint_jwt("op", Role::Operator, 600, Some(project.clone()));
+    let denials: Vec<_> = created
+        .iter()
+        .cycle()
+        .take(created.len() * 2)
+        .enumerate()
+        .map(|(i, (run_id, rid))| {
+            let (srv, op, run_id, rid) = (
+                servers[i % 4].clone(),
+                op.clone(),
+                run_id.clone(),
+                rid.clone(),
+            );
+            tokio::spawn(async move {
+                srv.post(
+                    &format!("/api/runs/{run_id}/tool-denials"),
+                    &op,
+                    &json!({"request_id": rid}),
+                )
+                .await
                 .0
             })
         })
         .collect();
-    let mut created = 0;
-    let mut refused = 0;
-    for a in arms {
-        match a.await.unwrap() {
-            StatusCode::CREATED => created += 1,
-            StatusCode::TOO_MANY_REQUESTS => refused += 1,
-            other => panic!("unexpected {other}"),
-        }
+    for d in denials {
+        assert_eq!(d.await.unwrap(), StatusCode::OK);
     }
-    assert_eq!((created, refused), (5, 19));
+    for i in 0..6 {
+        let (run_id, token) = &runs[i % 4];
+        let (status, v) = arm(
+            &servers[i % 4],
+            run_id,
+            token,
+            json!({"request_id": request_id(), "tool_name": "web_fetch"}),
+        )
+        .await;
+        let expected = if i < 5 {
+            StatusCode::CREATED
+        } else {
+            StatusCode::TOO_MANY_REQUESTS
+        };
+        assert_eq!(status, expected, "arm {i} after the denials: {v}");
+    }
 }
 
 /// An SQS timer queue of its own (LocalStack from `make test`), deleted on drop of the
