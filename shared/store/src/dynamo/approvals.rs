@@ -14,8 +14,11 @@
 //!   [`DUE_SHARDS`](super::item::DUE_SHARDS) partitions — the sweeper's overdue cards and
 //!   a global operator's listing, each shard read up to the limit and merged.
 //!
-//! Both project the fields a listing shows (INCLUDE), not the card's bookkeeping
-//! (`timers_sent_at`, TTL), so marking a card's timers re-sent writes no index.
+//! `pending_due` projects the fields a listing shows (INCLUDE), not the card's
+//! bookkeeping (`timers_sent_at`, `count_shard`, TTL). `pending_by_expiry` keeps the ALL
+//! projection it had: an existing index's projection cannot change without rebuilding it,
+//! and its entries are the listing's fields anyway (the bookkeeping adds a few bytes; the
+//! rare re-send mark rewrites its entry).
 //! Cards armed before the per-project keys carry `pending_key = "pending"` and no
 //! `due_key`; that legacy partition is read as one more shard (filtered by project for a
 //! project operator) until they have ended, so the sweeper still expires them.
@@ -604,8 +607,8 @@ impl ApprovalStore for DynamoStore {
         request_id: &str,
         sent_before: i64,
     ) -> Result<bool, StoreError> {
-        // One conditional write on the card (no index projects `timers_sent_at`): of
-        // concurrent repeats, one wins; a repeat within the window finds the mark fresh.
+        // One conditional write on the card: of concurrent repeats, one wins; a repeat
+        // within the window finds the mark fresh and writes nothing.
         let result = self
             .client
             .update_item()
