@@ -425,6 +425,86 @@ async fn card_timeouts_are_capped(backend: Backend) {
     assert!(v["error"].as_str().unwrap().contains("3600"), "{v}");
 }
 
+/// Pages of a pending listing, `limit` at a time, following `next_after` to the end:
+/// every page's request ids in order.
+async fn pages(srv: &TestServer, token: &str, limit: usize) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let path = match &after {
+            None => format!("/api/approvals?state=pending&limit={limit}"),
+            Some(a) => format!("/api/approvals?state=pending&limit={limit}&after={a}"),
+        };
+        let (status, v) = srv.get(&path, token).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        out.push(listed(&v));
+        if v["has_more"] != true {
+            assert!(v.get("next_after").is_none(), "{v}");
+            return out;
+        }
+        after = Some(v["next_after"].as_str().expect("next_after").to_owned());
+        assert!(out.len() < 100, "the pages end");
+    }
+}
+
+/// GIVEN 7 open cards (two pairs asking the same timeout) WHEN an operator lists them 3 at a
+/// time following `next_after` THEN the pages hold every card exactly once, soonest
+/// deadline first, as one listing would — for a project operator on both stores and for a
+/// global operator (on the embedded store, where this test's cards are all there is).
+async fn listings_page_with_a_cursor(backend: Backend) {
+    let srv = TestServer::with_deps(TestServer::deps(store_for(backend).await, capped(2000))).await;
+    let project = format!("pages-{}", uuid::Uuid::new_v4().simple());
+    let (run_a, token_a) = project_run(&srv, &project).await;
+    let (run_b, token_b) = project_run(&srv, &project).await;
+    for (i, timeout) in [600, 700, 700, 800, 900, 900, 1000].into_iter().enumerate() {
+        let (run, token) = if i % 2 == 0 {
+            (&run_a, &token_a)
+        } else {
+            (&run_b, &token_b)
+        };
+        let (status, v) = arm(
+            &srv,
+            run,
+            token,
+            json!({"request_id": request_id(), "tool_name": "web_fetch", "timeout_seconds": timeout}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{v}");
+    }
+    let project_op = srv
+        .auth
+        .mint_jwt("op", Role::Operator, 600, Some(project.clone()));
+    let mut operators = vec![project_op];
+    if backend == Backend::Memory {
+        operators.push(srv.operator_token.clone());
+    }
+    for op in operators {
+        let mut whole = Vec::new();
+        for _ in 0..100 {
+            let (_, v) = srv.get("/api/approvals?state=pending", &op).await;
+            whole = listed(&v);
+            if whole.len() == 7 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(whole.len(), 7);
+        let paged = pages(&srv, &op, 3).await;
+        assert_eq!(
+            paged.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![3, 3, 1]
+        );
+        assert_eq!(paged.concat(), whole, "the pages are the listing, in order");
+    }
+    let (status, v) = srv
+        .get(
+            "/api/approvals?state=pending&after=nonsense",
+            &srv.operator_token,
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -432,6 +512,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn open_cards_per_project_are_capped() {
                 super::open_cards_per_project_are_capped($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn listings_page_with_a_cursor() {
+                super::listings_page_with_a_cursor($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn card_timeouts_are_capped() {

@@ -699,17 +699,40 @@ async fn all_approvals(
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Operator)?;
     pending_only(query.as_deref())?;
-    let cards = deps
-        .gate
-        .store()
-        .open_cards(claims.project_id.as_deref(), None, MAX_OPEN_CARDS)
-        .await?;
-    let (approvals, has_more) = cards_within_limit(&cards);
-    Ok(Json(json!({
+    let limit = match query_param(query.as_deref(), "limit") {
+        None => MAX_OPEN_CARDS,
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_OPEN_CARDS).contains(n))
+            .ok_or_else(|| ApiError::bad_request(format!("limit must be 1 to {MAX_OPEN_CARDS}")))?,
+    };
+    let after = query_param(query.as_deref(), "after")
+        .map(|v| {
+            tollgate_store::ListingCursor::parse(v)
+                .ok_or_else(|| ApiError::bad_request("after must be a next_after of a listing"))
+        })
+        .transpose()?;
+    let store = deps.gate.store();
+    let project = claims.project_id.as_deref();
+    let cards = match &after {
+        None => store.open_cards(project, None, limit).await?,
+        Some(cursor) => store.open_cards_after(project, cursor, limit).await?,
+    };
+    let (approvals, cut) = cards_within_limit(&cards);
+    let has_more = cut || cards.len() >= limit;
+    let mut answer = json!({
         "approvals": approvals,
-        "has_more": has_more || cards.len() >= MAX_OPEN_CARDS,
-    }))
-    .into_response())
+        "has_more": has_more,
+    });
+    // Where the next page starts: just after the last card answered (soonest deadline
+    // first, so cards armed meanwhile with a later deadline are still ahead).
+    if has_more {
+        if let Some(last) = cards.get(approvals.len().wrapping_sub(1)) {
+            answer["next_after"] = tollgate_store::ListingCursor::of(last).to_string().into();
+        }
+    }
+    Ok(Json(answer).into_response())
 }
 
 /// Most policies `GET /api/policies` answers with.

@@ -433,6 +433,67 @@ pub trait ApprovalStore: Send + Sync + 'static {
         due_before: Option<i64>,
         limit: usize,
     ) -> Result<Vec<ApprovalRequest>, StoreError>;
+
+    /// [`ApprovalStore::open_cards`] (no deadline bound) from just after `after`: the
+    /// next page of a listing, in the same order — soonest deadline, then run id, then
+    /// request id.
+    async fn open_cards_after(
+        &self,
+        project_id: Option<&str>,
+        after: &ListingCursor,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRequest>, StoreError>;
+}
+
+/// Where a listing of pending cards stopped: the last card it answered, by the listing's
+/// order `(expires_at, run_id, request_id)`. Its text form (`next_after`) is
+/// `<expires_at_ms>~<run_id>~<request_id>` (neither id may hold `~`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ListingCursor {
+    pub expires_at: i64,
+    pub run_id: String,
+    pub request_id: String,
+}
+
+impl ListingCursor {
+    pub fn of(card: &ApprovalRequest) -> Self {
+        Self {
+            expires_at: card.expires_at,
+            run_id: card.run_id.clone(),
+            request_id: card.request_id.clone(),
+        }
+    }
+
+    /// Whether `card` comes after this cursor in the listing's order.
+    pub fn precedes(&self, card: &ApprovalRequest) -> bool {
+        (
+            self.expires_at,
+            self.run_id.as_str(),
+            self.request_id.as_str(),
+        ) < (
+            card.expires_at,
+            card.run_id.as_str(),
+            card.request_id.as_str(),
+        )
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut parts = text.splitn(3, '~');
+        let expires_at = parts.next()?.parse().ok()?;
+        let run_id = parts.next().filter(|p| !p.is_empty())?.to_owned();
+        let request_id = parts.next().filter(|p| !p.is_empty())?.to_owned();
+        Some(Self {
+            expires_at,
+            run_id,
+            request_id,
+        })
+    }
+}
+
+impl std::fmt::Display for ListingCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}~{}~{}", self.expires_at, self.run_id, self.request_id)
+    }
 }
 
 /// Most cards one listing of pending cards reads (a console page; the sweeper's batch).

@@ -850,6 +850,22 @@ impl ApprovalStore for MemoryStore {
         open.truncate(limit);
         Ok(open)
     }
+
+    async fn open_cards_after(
+        &self,
+        project_id: Option<&str>,
+        after: &crate::ListingCursor,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRequest>, StoreError> {
+        let mut open = self
+            .open_cards(project_id, None, usize::MAX)
+            .await?
+            .into_iter()
+            .filter(|c| after.precedes(c))
+            .collect::<Vec<_>>();
+        open.truncate(limit);
+        Ok(open)
+    }
 }
 
 #[async_trait]

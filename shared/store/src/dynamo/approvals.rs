@@ -168,6 +168,7 @@ impl DynamoStore {
         key_attr: &str,
         partition: String,
         due_before: Option<i64>,
+        after: Option<&crate::ListingCursor>,
         project: Option<Option<&str>>,
         limit: usize,
     ) -> Result<Vec<ApprovalRequest>, StoreError> {
@@ -182,11 +183,19 @@ impl DynamoStore {
                 .expression_attribute_names("#pk", key_attr)
                 .expression_attribute_values(":p", s(partition.clone()))
                 .set_exclusive_start_key(start.take());
-            query = match due_before {
-                Some(t) => query
+            query = match (due_before, after) {
+                (Some(t), _) => query
                     .key_condition_expression("#pk = :p AND expires_at_ms <= :due")
                     .expression_attribute_values(":due", AttributeValue::N(t.to_string())),
-                None => query.key_condition_expression("#pk = :p"),
+                // A next page starts at the cursor's deadline (cards of that very deadline
+                // up to the cursor are read again and skipped below).
+                (None, Some(cursor)) => query
+                    .key_condition_expression("#pk = :p AND expires_at_ms >= :from")
+                    .expression_attribute_values(
+                        ":from",
+                        AttributeValue::N(cursor.expires_at.to_string()),
+                    ),
+                (None, None) => query.key_condition_expression("#pk = :p"),
             };
             query = match project {
                 Some(Some(p)) => query
@@ -200,7 +209,7 @@ impl DynamoStore {
                 // The index is eventually consistent: it may still list a card that just
                 // ended. Callers act on the card itself (conditioned), never on this list.
                 let card = card_from_item(&item)?;
-                if card.state == ApprovalState::Pending {
+                if card.state == ApprovalState::Pending && after.is_none_or(|a| a.precedes(&card)) {
                     cards.push(card);
                 }
             }
@@ -221,6 +230,7 @@ impl DynamoStore {
         &self,
         project: Option<Option<&str>>,
         due_before: Option<i64>,
+        after: Option<&crate::ListingCursor>,
         limit: usize,
     ) -> Result<Vec<ApprovalRequest>, StoreError> {
         let limit = limit.min(MAX_LISTED);
@@ -228,15 +238,16 @@ impl DynamoStore {
             Some(p) => (PENDING_INDEX, "pending_key", pending_partitions(p)),
             None => (DUE_INDEX, "due_key", due_partitions()),
         };
-        let shards = partitions
-            .into_iter()
-            .map(|partition| self.pending_in(index, key_attr, partition, due_before, None, limit));
+        let shards = partitions.into_iter().map(|partition| {
+            self.pending_in(index, key_attr, partition, due_before, after, None, limit)
+        });
         // Cards armed before the per-project keys (see the module's notes).
         let legacy = self.pending_in(
             PENDING_INDEX,
             "pending_key",
             LEGACY_PENDING_KEY.to_owned(),
             due_before,
+            after,
             project,
             limit,
         );
@@ -1040,7 +1051,17 @@ impl ApprovalStore for DynamoStore {
         due_before: Option<i64>,
         limit: usize,
     ) -> Result<Vec<ApprovalRequest>, StoreError> {
-        self.open_cards_of(project_id.map(Some), due_before, limit)
+        self.open_cards_of(project_id.map(Some), due_before, None, limit)
+            .await
+    }
+
+    async fn open_cards_after(
+        &self,
+        project_id: Option<&str>,
+        after: &crate::ListingCursor,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRequest>, StoreError> {
+        self.open_cards_of(project_id.map(Some), None, Some(after), limit)
             .await
     }
 }
