@@ -159,14 +159,12 @@ impl DynamoStore {
             }))
     }
 
-    /// Open cards of one index partition, soonest deadline first, at most `limit`
-    /// (fewer when the index still lists cards that just ended). `project`: only that
-    /// project's (the legacy all-tenant partition).
+    /// Open cards of one index partition (`(index, its key attribute, the partition)`),
+    /// soonest deadline first, at most `limit` (fewer when the index still lists cards
+    /// that just ended). `project`: only that project's (the legacy all-tenant partition).
     async fn pending_in(
         &self,
-        index: &str,
-        key_attr: &str,
-        partition: String,
+        (index, key_attr, partition): (&str, &str, String),
         due_before: Option<i64>,
         after: Option<&crate::ListingCursor>,
         project: Option<Option<&str>>,
@@ -239,13 +237,11 @@ impl DynamoStore {
             None => (DUE_INDEX, "due_key", due_partitions()),
         };
         let shards = partitions.into_iter().map(|partition| {
-            self.pending_in(index, key_attr, partition, due_before, after, None, limit)
+            self.pending_in((index, key_attr, partition), due_before, after, None, limit)
         });
         // Cards armed before the per-project keys (see the module's notes).
         let legacy = self.pending_in(
-            PENDING_INDEX,
-            "pending_key",
-            LEGACY_PENDING_KEY.to_owned(),
+            (PENDING_INDEX, "pending_key", LEGACY_PENDING_KEY.to_owned()),
             due_before,
             after,
             project,
