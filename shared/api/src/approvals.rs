@@ -13,8 +13,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tollgate_domain::approval::parse_policy_id;
 use tollgate_domain::approval::{
-    valid_id, DEFAULT_TIMEOUT_SECONDS, MAX_HASH, MAX_TEXT, MAX_TIMEOUT_SECONDS, MAX_TOOL_NAME,
-    MAX_URL,
+    valid_id, DEFAULT_TIMEOUT_SECONDS, MAX_HASH, MAX_TEXT, MAX_TOOL_NAME, MAX_URL,
 };
 use tollgate_domain::{
     now_millis, validate_run_id, ApprovalRequest, ApprovalState, Policy, Resolution, Scope,
@@ -120,11 +119,18 @@ async fn arm(
     bounded("intention", &body.intention, MAX_TEXT)?;
     bounded("message", &body.message, MAX_TEXT)?;
     bounded("arguments_hash", &body.arguments_hash, MAX_HASH)?;
-    let timeout = body.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS);
-    if !(1..=MAX_TIMEOUT_SECONDS).contains(&timeout) {
+    // The deployment's cap (TOLLGATE_MAX_CARD_TIMEOUT_SECONDS, default 24 h) bounds how
+    // long any card can hold its timers and a place in its project's count. Beyond it is a
+    // 400, not a 429: the same request never succeeds later.
+    let max_timeout = deps.gate.config().max_timeout_seconds;
+    let timeout = body
+        .timeout_seconds
+        .unwrap_or(DEFAULT_TIMEOUT_SECONDS.min(max_timeout));
+    if !(1..=max_timeout).contains(&timeout) {
         return Err(ApiError::bad_request(format!(
-            "timeout_seconds must be 1 to {MAX_TIMEOUT_SECONDS}"
-        )));
+            "timeout_seconds must be 1 to {max_timeout} (TOLLGATE_MAX_CARD_TIMEOUT_SECONDS)"
+        ))
+        .with_state("timeout_too_long"));
     }
     let head = deps
         .store
@@ -556,6 +562,7 @@ async fn forward_decision(
                     card: card.clone(),
                     head: Some(head.clone()),
                     coordinator,
+                    count_shard: None,
                 },
                 scope,
                 &claims.sub,
@@ -694,17 +701,40 @@ async fn all_approvals(
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Operator)?;
     pending_only(query.as_deref())?;
-    let cards = deps
-        .gate
-        .store()
-        .open_cards(claims.project_id.as_deref(), None, MAX_OPEN_CARDS)
-        .await?;
-    let (approvals, has_more) = cards_within_limit(&cards);
-    Ok(Json(json!({
+    let limit = match query_param(query.as_deref(), "limit") {
+        None => MAX_OPEN_CARDS,
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_OPEN_CARDS).contains(n))
+            .ok_or_else(|| ApiError::bad_request(format!("limit must be 1 to {MAX_OPEN_CARDS}")))?,
+    };
+    let after = query_param(query.as_deref(), "after")
+        .map(|v| {
+            tollgate_store::ListingCursor::parse(v)
+                .ok_or_else(|| ApiError::bad_request("after must be a next_after of a listing"))
+        })
+        .transpose()?;
+    let store = deps.gate.store();
+    let project = claims.project_id.as_deref();
+    let cards = match &after {
+        None => store.open_cards(project, None, limit).await?,
+        Some(cursor) => store.open_cards_after(project, cursor, limit).await?,
+    };
+    let (approvals, cut) = cards_within_limit(&cards);
+    let has_more = cut || cards.len() >= limit;
+    let mut answer = json!({
         "approvals": approvals,
-        "has_more": has_more || cards.len() >= MAX_OPEN_CARDS,
-    }))
-    .into_response())
+        "has_more": has_more,
+    });
+    // Where the next page starts: just after the last card answered (soonest deadline
+    // first, so cards armed meanwhile with a later deadline are still ahead).
+    if has_more {
+        if let Some(last) = cards.get(approvals.len().wrapping_sub(1)) {
+            answer["next_after"] = tollgate_store::ListingCursor::of(last).to_string().into();
+        }
+    }
+    Ok(Json(answer).into_response())
 }
 
 /// Most policies one page of `GET /api/policies` holds (`limit`, also the default).

@@ -78,6 +78,9 @@ impl From<StoreError> for ApiError {
             StoreError::InvalidCursor => {
                 ApiError::bad_request("cursor is not one this listing handed out")
             }
+            StoreError::Limit(msg) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, msg).with_state("limit_reached")
+            }
             StoreError::Unavailable(detail) => {
                 // The detail may name tables or SDK internals: log it, don't serve it.
                 tracing::error!(%detail, "storage unavailable");

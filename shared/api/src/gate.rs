@@ -20,8 +20,16 @@ const SWEEP_CONCURRENCY: usize = 16;
 /// When the revocation backstop checks that every reached stream was told.
 const REVOCATION_BACKSTOP: Duration = Duration::from_secs(60);
 
-/// How long after arming a retried arm sends the card's expiry again.
-const RESEND_EXPIRY_WITHIN_MS: i64 = 60_000;
+/// How long a card's timers count as just sent: a repeated arm re-sends the expiry only
+/// when they were last sent longer ago than this, and only the repeat that wins the
+/// card's conditional mark does.
+const RESEND_TIMERS_AFTER_MS: i64 = 60_000;
+
+/// Default of `TOLLGATE_MAX_OPEN_CARDS_PER_PROJECT`.
+pub const DEFAULT_MAX_OPEN_CARDS_PER_PROJECT: u64 = 2000;
+
+/// Default of `TOLLGATE_MAX_CARD_TIMEOUT_SECONDS` (24 h).
+pub const DEFAULT_MAX_CARD_TIMEOUT_SECONDS: u64 = 24 * 3600;
 
 /// Knobs of the gate, read once at start-up.
 #[derive(Debug, Clone)]
@@ -46,6 +54,12 @@ pub struct GateConfig {
     /// `TOLLGATE_ALLOW_LOOPBACK_ORIGINS=1`: pods may be reached over plain http on
     /// loopback (local pods and tests; never in a deployment).
     pub allow_loopback_origins: bool,
+    /// `TOLLGATE_MAX_OPEN_CARDS_PER_PROJECT` (default 2000): pending cards one project
+    /// (runs without a project: one more tenant) may hold; arming beyond is a 429.
+    pub max_open_cards_per_project: u64,
+    /// `TOLLGATE_MAX_CARD_TIMEOUT_SECONDS` (default 86400, at most 7 days): the longest
+    /// `timeout_seconds` a card may ask for; beyond is a 400.
+    pub max_timeout_seconds: u64,
 }
 
 impl Default for GateConfig {
@@ -58,6 +72,8 @@ impl Default for GateConfig {
             execution: ExecutionSettings::default(),
             forward_timeout: Duration::from_secs(10),
             allow_loopback_origins: false,
+            max_open_cards_per_project: DEFAULT_MAX_OPEN_CARDS_PER_PROJECT,
+            max_timeout_seconds: DEFAULT_MAX_CARD_TIMEOUT_SECONDS,
         }
     }
 }
@@ -82,6 +98,15 @@ impl GateConfig {
         }
         if let Some(d) = positive_seconds("TOLLGATE_AGENTHOST_TIMEOUT_SECONDS")? {
             config.forward_timeout = d;
+        }
+        if let Some(n) = positive_integer("TOLLGATE_MAX_OPEN_CARDS_PER_PROJECT", u64::MAX - 1)? {
+            config.max_open_cards_per_project = n;
+        }
+        if let Some(n) = positive_integer(
+            "TOLLGATE_MAX_CARD_TIMEOUT_SECONDS",
+            tollgate_domain::approval::MAX_TIMEOUT_SECONDS,
+        )? {
+            config.max_timeout_seconds = n;
         }
         config.allow_loopback_origins =
             std::env::var("TOLLGATE_ALLOW_LOOPBACK_ORIGINS").is_ok_and(|v| v == "1" || v == "true");
@@ -108,6 +133,20 @@ fn positive_seconds(var: &str) -> Result<Option<Duration>, crate::ConfigError> {
         .filter(|s: &f64| *s > 0.0 && *s <= 86_400.0 * 365.0)
         .ok_or_else(|| crate::ConfigError::Invalid(format!("{var} must be a positive number")))?;
     Ok(Some(Duration::from_secs_f64(secs)))
+}
+
+/// A whole number setting in `1..=max`; `None` when unset or empty.
+fn positive_integer(var: &str, max: u64) -> Result<Option<u64>, crate::ConfigError> {
+    let Some(v) = std::env::var(var).ok().filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    v.parse()
+        .ok()
+        .filter(|n: &u64| (1..=max).contains(n))
+        .map(Some)
+        .ok_or_else(|| {
+            crate::ConfigError::Invalid(format!("{var} must be a whole number 1 to {max}"))
+        })
 }
 
 fn millis(d: Duration) -> i64 {
@@ -168,15 +207,33 @@ impl Gate {
         // so does a gate a policy approved (its card is stored `approved` with
         // `tool.auto_approved`), even if the policy was revoked since.
         if let Some(existing) = self.store.read_card(&head.run_id, &card.request_id).await? {
-            // The first call may have stopped before its timers were sent: a retry soon
-            // after sends the expiry again (a second expiry finds the card ended and writes
-            // nothing). Only soon after — an agent re-arming an old card must not start
-            // one expiry chain per call; the sweeper covers the rest. Not the heartbeat: a
+            // The first call may have stopped before its timers were sent: a repeat sends
+            // the expiry again (a second expiry finds the card ended and writes nothing) —
+            // but only the repeat that wins the card's conditional mark, and only once the
+            // timers were last sent (or the card armed) a while ago. A burst of repeats
+            // therefore starts no second chain, and an agent re-arming in a loop at most one
+            // per RESEND_TIMERS_AFTER_MS; the sweeper covers the rest. Not the heartbeat: a
             // second chain would double its reads.
+            // (The mark failing to write is no reason to fail the repeat: it answers the
+            // card as it stands and sends nothing.)
             if existing.state == tollgate_domain::ApprovalState::Pending
-                && now_millis() - existing.created_at < RESEND_EXPIRY_WITHIN_MS
+                && self
+                    .store
+                    .claim_timer_resend(
+                        &existing.run_id,
+                        &existing.request_id,
+                        now_millis() - RESEND_TIMERS_AFTER_MS,
+                    )
+                    .await
+                    .unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, request_id = %existing.request_id, "timer re-send not claimed");
+                        false
+                    })
             {
-                self.schedule_expiry(&existing).await;
+                let (_, sent) = self.schedule_expiry(&existing).await;
+                if !sent {
+                    self.clear_timer_mark(&existing).await;
+                }
             }
             return Ok(ArmOutcome::Card(Armed::Existing(existing)));
         }
@@ -193,9 +250,15 @@ impl Gate {
                 Err(e) => return Err(e),
             }
         }
-        let armed = self.store.arm(run, card).await?;
+        let armed = self
+            .store
+            .arm_within(run, card, self.config.max_open_cards_per_project)
+            .await?;
         if let Armed::Created { card, .. } = &armed {
-            self.schedule_timers(card).await;
+            if !self.schedule_timers(card).await {
+                // The card stands (the sweeper expires it); a repeat sends its expiry.
+                self.clear_timer_mark(card).await;
+            }
         }
         Ok(ArmOutcome::Card(armed))
     }
@@ -242,7 +305,21 @@ impl Gate {
         })
     }
 
-    async fn schedule_expiry(&self, card: &ApprovalRequest) -> Duration {
+    /// Lets the next repeated arm send the card's timers at once (they could not be
+    /// sent now). Best effort: should this fail too, a repeat after the window sends them,
+    /// and the sweeper expires the card regardless.
+    async fn clear_timer_mark(&self, card: &ApprovalRequest) {
+        if let Err(e) = self
+            .store
+            .clear_timer_mark(&card.run_id, &card.request_id)
+            .await
+        {
+            tracing::warn!(error = %e, request_id = %card.request_id, "timer mark not cleared");
+        }
+    }
+
+    /// Sends the card's expiry; the time until it is due, and whether it was sent.
+    async fn schedule_expiry(&self, card: &ApprovalRequest) -> (Duration, bool) {
         let expiry = TimerMessage::ApprovalExpiry {
             run_id: card.run_id.clone(),
             request_id: card.request_id.clone(),
@@ -251,12 +328,14 @@ impl Gate {
         let until_due = Duration::from_millis((card.expires_at - now_millis()).max(0) as u64);
         if let Err(e) = self.timers.schedule(&expiry, until_due).await {
             tracing::error!(error = %e, request_id = %card.request_id, "expiry not scheduled; the sweeper will expire the card");
+            return (until_due, false);
         }
-        until_due
+        (until_due, true)
     }
 
-    async fn schedule_timers(&self, card: &ApprovalRequest) {
-        let until_due = self.schedule_expiry(card).await;
+    /// Sends the expiry and the first heartbeat; whether the expiry was sent.
+    async fn schedule_timers(&self, card: &ApprovalRequest) -> bool {
+        let (until_due, sent) = self.schedule_expiry(card).await;
         if self.config.heartbeat_every < until_due {
             let beat = heartbeat(card, 1);
             if let Err(e) = self
@@ -267,6 +346,7 @@ impl Gate {
                 tracing::warn!(error = %e, request_id = %card.request_id, "heartbeat not scheduled");
             }
         }
+        sent
     }
 
     /// The card a decision posted to `run_id` means — the run's own card, else the one

@@ -27,7 +27,9 @@ use crate::{Error, Run};
 
 /// The server's default card timeout.
 pub const DEFAULT_GATE_TIMEOUT: Duration = Duration::from_secs(300);
-/// The longest card timeout the server accepts (7 days).
+/// The longest card timeout any server accepts (7 days). A deployment caps it lower with
+/// `TOLLGATE_MAX_CARD_TIMEOUT_SECONDS` (default 24 h): beyond its cap the arm answers
+/// 400 (`state: "timeout_too_long"`), an [`Error`] from [`Run::arm`].
 pub const MAX_GATE_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The event that announces a card's resolution.
 pub const APPROVAL_RESOLVED: &str = "tool.approval_resolved";

@@ -935,22 +935,35 @@ pub async fn heartbeats_never_follow_the_resolution(store: Store) {
         store.heartbeat(&run_id, rid, 1).await.unwrap(),
         Beat::Emitted(3)
     ));
-    // The same heartbeat redelivered writes nothing and answers its sequence; while its
-    // successor is not written, the chain is to be carried on from it (the delivery that
-    // wrote it may have stopped before scheduling the next one).
+    // The same heartbeat delivered again (an SQS duplicate, at once or late) writes
+    // nothing, answers its sequence and carries nothing on: only the delivery that wrote
+    // it schedules the next, so the chain never forks.
     assert!(matches!(
         store.heartbeat(&run_id, rid, 1).await.unwrap(),
-        Beat::Emitted(3)
+        Beat::Repeated(3)
     ));
     assert!(matches!(
         store.heartbeat(&run_id, rid, 2).await.unwrap(),
         Beat::Emitted(4)
     ));
-    // Once the successor exists, a late redelivery starts nothing.
     assert!(matches!(
         store.heartbeat(&run_id, rid, 1).await.unwrap(),
         Beat::Repeated(3)
     ));
+    // Of concurrent deliveries of one beat, exactly one carries the chain on.
+    let racers: Vec<_> = (0..4)
+        .map(|_| {
+            let (store, run_id) = (store.clone(), run_id.clone());
+            tokio::spawn(async move { store.heartbeat(&run_id, rid, 3).await.unwrap() })
+        })
+        .collect();
+    let mut carried = 0;
+    for r in racers {
+        if matches!(r.await.unwrap(), Beat::Emitted(_)) {
+            carried += 1;
+        }
+    }
+    assert_eq!(carried, 1, "one delivery of beat 3 carries the chain on");
     let beaters: Vec<_> = (0..4)
         .map(|_| {
             let (store, run_id) = (store.clone(), run_id.clone());
@@ -2660,8 +2673,8 @@ pub async fn execution_heartbeats_stop_at_settlement(store: Store) {
     };
     assert_eq!(
         beat(1).await,
-        Beat::Emitted(first),
-        "redelivered before beat 2"
+        Beat::Repeated(first),
+        "redelivered before beat 2: the first delivery carries the chain"
     );
     let Beat::Emitted(second) = beat(2).await else {
         panic!("beat 2")

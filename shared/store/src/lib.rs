@@ -80,6 +80,10 @@ pub enum StoreError {
     /// A listing cursor this store did not hand out (or for another listing).
     #[error("invalid cursor")]
     InvalidCursor,
+    /// A tenant's limit is reached (open cards of a project): nothing was written; it
+    /// frees up as cards end (HTTP 429).
+    #[error("{0}")]
+    Limit(String),
 }
 
 /// One page of policies and the cursor of the next (`None`: this was the last).
@@ -118,6 +122,14 @@ pub(crate) fn too_many_open_cards() -> StoreError {
     StoreError::Conflict(format!(
         "the run has {} pending approval requests; decide or let some expire first",
         tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN
+    ))
+}
+
+/// Arming in a project that holds `cap` pending cards.
+pub(crate) fn too_many_project_cards(cap: u64) -> StoreError {
+    StoreError::Limit(format!(
+        "the project has {cap} pending approval requests (TOLLGATE_MAX_OPEN_CARDS_PER_PROJECT); \
+         decide or let some expire first"
     ))
 }
 
@@ -231,17 +243,20 @@ pub struct Located {
     pub head: Option<RunHead>,
     /// The head of the card's coordinator, when it has one and it is stored.
     pub coordinator: Option<RunHead>,
+    /// Where the card is in its project's count of open cards (the count shard), so
+    /// ending it takes it off there; `None` for a card stored before the count existed.
+    pub count_shard: Option<u32>,
 }
 
 /// The answer to [`ApprovalStore::heartbeat`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Beat {
-    /// Beat `n` is on the stream at this sequence — appended now, or by an earlier
-    /// delivery whose successor was never written (it stopped before scheduling it) —
-    /// so the caller schedules beat `n + 1`.
+    /// Beat `n` was appended now, at this sequence: this delivery carries the chain on
+    /// (the caller schedules beat `n + 1`).
     Emitted(u64),
-    /// Beat `n` and beat `n + 1` were both written before (a late redelivery of a chain
-    /// that carried on): nothing was written and nothing is to be scheduled.
+    /// Beat `n` was written before, at this sequence, by another delivery of the same
+    /// beat (a duplicate or a redelivery): that delivery carries the chain; nothing was
+    /// written and nothing is to be scheduled, so a chain never forks.
     Repeated(u64),
     /// The card is no longer pending, or the mutation no longer dispatched (or its run
     /// ended): no heartbeat, none later.
@@ -266,7 +281,36 @@ pub trait ApprovalStore: Send + Sync + 'static {
     /// run must be the incarnation `run` names and running (`RunTerminal` otherwise).
     /// A `request_id` already routed under the coordinator for another child is a
     /// `Conflict`.
-    async fn arm(&self, run: RunRef<'_>, card: ApprovalRequest) -> Result<Armed, StoreError>;
+    async fn arm(&self, run: RunRef<'_>, card: ApprovalRequest) -> Result<Armed, StoreError> {
+        self.arm_within(run, card, u64::MAX).await
+    }
+
+    /// [`ApprovalStore::arm`] within a cap on the pending cards of the card's project
+    /// (`card.project_id`; runs without a project count as one more tenant): arming
+    /// beyond `project_cap` is a `Limit` and writes nothing. The count is taken from by
+    /// every transition that ends a card ([`ApprovalStore::resolve_located`]), so it holds
+    /// across processes.
+    async fn arm_within(
+        &self,
+        run: RunRef<'_>,
+        card: ApprovalRequest,
+        project_cap: u64,
+    ) -> Result<Armed, StoreError>;
+
+    /// Marks that the timers of the pending card are being sent again now, if the mark is
+    /// absent or was set at or before `sent_before` (arming sets it; see
+    /// [`ApprovalStore::clear_timer_mark`]): only the caller that gets `true` re-sends
+    /// them, so repeated arms cannot start one expiry chain each.
+    async fn claim_timer_resend(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        sent_before: i64,
+    ) -> Result<bool, StoreError>;
+
+    /// Removes the card's timer mark: its timers could not be sent, so the next repeated
+    /// arm sends them at once.
+    async fn clear_timer_mark(&self, run_id: &str, request_id: &str) -> Result<(), StoreError>;
 
     async fn read_card(
         &self,
@@ -427,6 +471,67 @@ pub trait ApprovalStore: Send + Sync + 'static {
         due_before: Option<i64>,
         limit: usize,
     ) -> Result<Vec<ApprovalRequest>, StoreError>;
+
+    /// [`ApprovalStore::open_cards`] (no deadline bound) from just after `after`: the
+    /// next page of a listing, in the same order — soonest deadline, then run id, then
+    /// request id.
+    async fn open_cards_after(
+        &self,
+        project_id: Option<&str>,
+        after: &ListingCursor,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRequest>, StoreError>;
+}
+
+/// Where a listing of pending cards stopped: the last card it answered, by the listing's
+/// order `(expires_at, run_id, request_id)`. Its text form (`next_after`) is
+/// `<expires_at_ms>~<run_id>~<request_id>` (neither id may hold `~`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ListingCursor {
+    pub expires_at: i64,
+    pub run_id: String,
+    pub request_id: String,
+}
+
+impl ListingCursor {
+    pub fn of(card: &ApprovalRequest) -> Self {
+        Self {
+            expires_at: card.expires_at,
+            run_id: card.run_id.clone(),
+            request_id: card.request_id.clone(),
+        }
+    }
+
+    /// Whether `card` comes after this cursor in the listing's order.
+    pub fn precedes(&self, card: &ApprovalRequest) -> bool {
+        (
+            self.expires_at,
+            self.run_id.as_str(),
+            self.request_id.as_str(),
+        ) < (
+            card.expires_at,
+            card.run_id.as_str(),
+            card.request_id.as_str(),
+        )
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut parts = text.splitn(3, '~');
+        let expires_at = parts.next()?.parse().ok()?;
+        let run_id = parts.next().filter(|p| !p.is_empty())?.to_owned();
+        let request_id = parts.next().filter(|p| !p.is_empty())?.to_owned();
+        Some(Self {
+            expires_at,
+            run_id,
+            request_id,
+        })
+    }
+}
+
+impl std::fmt::Display for ListingCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}~{}~{}", self.expires_at, self.run_id, self.request_id)
+    }
 }
 
 /// Most cards one listing of pending cards reads (a console page; the sweeper's batch).

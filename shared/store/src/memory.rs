@@ -38,6 +38,8 @@ struct RunRecord {
     /// or found its coordinator ended): it is not listed by `silent_children` until its
     /// next event — as the DynamoDB index drops it until then.
     unlisted_at: Option<u64>,
+    /// request_id → when a repeated arm last re-sent the card's timers.
+    timers_sent: HashMap<String, i64>,
 }
 
 pub struct MemoryStore {
@@ -344,7 +346,12 @@ impl RunRecord {
 
 #[async_trait]
 impl ApprovalStore for MemoryStore {
-    async fn arm(&self, run: RunRef<'_>, card: ApprovalRequest) -> Result<Armed, StoreError> {
+    async fn arm_within(
+        &self,
+        run: RunRef<'_>,
+        card: ApprovalRequest,
+        project_cap: u64,
+    ) -> Result<Armed, StoreError> {
         let mut runs = self.lock();
         let record = live_head(&mut runs, run)?;
         if let Some(existing) = record.cards.get(&card.request_id) {
@@ -363,6 +370,17 @@ impl ApprovalStore for MemoryStore {
             .count() as u64;
         if open >= tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN {
             return Err(crate::too_many_open_cards());
+        }
+        // One lock holds the whole step, so counting the project's pending cards is exact.
+        if project_cap < u64::MAX {
+            let in_project = runs
+                .values()
+                .flat_map(|r| r.cards.values())
+                .filter(|c| c.state == ApprovalState::Pending && c.project_id == card.project_id)
+                .count() as u64;
+            if in_project >= project_cap {
+                return Err(crate::too_many_project_cards(project_cap));
+            }
         }
         let mut card = card;
         let coordinator = card
@@ -386,6 +404,8 @@ impl ApprovalStore for MemoryStore {
             .push(&[card.required_event()], now)
             .ok_or(StoreError::NotFound)?;
         record.cards.insert(card.request_id.clone(), card.clone());
+        // Arming sends the timers: a repeat within the window sends none.
+        record.timers_sent.insert(card.request_id.clone(), now);
         if let Some(coord) = coordinator.as_ref().and_then(|c| runs.get_mut(c)) {
             coord
                 .routes
@@ -393,6 +413,44 @@ impl ApprovalStore for MemoryStore {
             coord.push(&[card.coordinator_required_event()], now);
         }
         Ok(Armed::Created { card, sequence })
+    }
+
+    async fn claim_timer_resend(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        sent_before: i64,
+    ) -> Result<bool, StoreError> {
+        let mut runs = self.lock();
+        let Some(record) = runs.get_mut(run_id) else {
+            return Ok(false);
+        };
+        let Some(card) = record
+            .cards
+            .get(request_id)
+            .filter(|c| c.state == ApprovalState::Pending)
+        else {
+            return Ok(false);
+        };
+        if card.state != ApprovalState::Pending
+            || record
+                .timers_sent
+                .get(request_id)
+                .is_some_and(|at| *at > sent_before)
+        {
+            return Ok(false);
+        }
+        record
+            .timers_sent
+            .insert(request_id.to_owned(), now_millis());
+        Ok(true)
+    }
+
+    async fn clear_timer_mark(&self, run_id: &str, request_id: &str) -> Result<(), StoreError> {
+        if let Some(record) = self.lock().get_mut(run_id) {
+            record.timers_sent.remove(request_id);
+        }
+        Ok(())
     }
 
     async fn read_card(
@@ -423,6 +481,7 @@ impl ApprovalStore for MemoryStore {
                 head: head_of(&card.run_id),
                 coordinator: card.coordinator_run_id.as_deref().and_then(head_of),
                 card,
+                count_shard: Some(0),
             }
         }))
     }
@@ -478,11 +537,9 @@ impl ApprovalStore for MemoryStore {
             .filter(|c| c.state == ApprovalState::Pending)
             .cloned();
         match pending {
-            Some(card) if record.running_head().is_some() => Ok(beat_on(
-                record,
-                card.pending_event(beat),
-                card.pending_event(beat + 1),
-            )),
+            Some(card) if record.running_head().is_some() => {
+                Ok(beat_on(record, card.pending_event(beat)))
+            }
             _ => Ok(Beat::Stopped),
         }
     }
@@ -813,6 +870,22 @@ impl ApprovalStore for MemoryStore {
         open.truncate(limit);
         Ok(open)
     }
+
+    async fn open_cards_after(
+        &self,
+        project_id: Option<&str>,
+        after: &crate::ListingCursor,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRequest>, StoreError> {
+        let mut open = self
+            .open_cards(project_id, None, usize::MAX)
+            .await?
+            .into_iter()
+            .filter(|c| after.precedes(c))
+            .collect::<Vec<_>>();
+        open.truncate(limit);
+        Ok(open)
+    }
 }
 
 #[async_trait]
@@ -967,29 +1040,21 @@ impl MutationStore for MemoryStore {
         let due = run
             .mutations
             .get(&mutation_key(tool_call_id, approval_id))
-            .and_then(|r| {
-                execution::execution_heartbeat(r, beat, status, now_millis())
-                    .map(|draft| (draft, r.heartbeat_event(beat + 1)))
-            });
+            .and_then(|r| execution::execution_heartbeat(r, beat, status, now_millis()));
         Ok(match due {
-            Some((draft, successor)) => beat_on(run, draft, successor),
+            Some(draft) => beat_on(run, draft),
             None => Beat::Stopped,
         })
     }
 }
 
-/// Appends the keyed heartbeat `draft` on a running `run` — unless an earlier delivery
-/// wrote it: then the chain carries on ([`Beat::Emitted`]) only if that delivery never
-/// wrote `successor` (it may have stopped before scheduling it).
-fn beat_on(run: &mut RunRecord, draft: EventDraft, successor: EventDraft) -> Beat {
+/// Appends the keyed heartbeat `draft` on a running `run` — unless a delivery of the same
+/// beat wrote it: only the writer carries the chain on, so a duplicate delivery never
+/// forks it (as on DynamoDB, where the event's key is the mark).
+fn beat_on(run: &mut RunRecord, draft: EventDraft) -> Beat {
     let id = draft.event_id.clone().unwrap_or_default();
     if let Some(seq) = run.event_ids.get(&id) {
-        let next = successor.event_id.unwrap_or_default();
-        return if run.event_ids.contains_key(&next) {
-            Beat::Repeated(*seq)
-        } else {
-            Beat::Emitted(*seq)
-        };
+        return Beat::Repeated(*seq);
     }
     let Some(seq) = run.push(&[draft], now_millis()) else {
         return Beat::Stopped;

@@ -30,8 +30,31 @@ pub struct TableDef {
     pub ttl_attribute: Option<String>,
 }
 
-/// `(index name, key, projection type)`.
+/// `(index name, key, projection)`; the projection is its type, and for `INCLUDE` the
+/// projected attributes too: `INCLUDE:a,b,c` (in the template's order).
 pub type IndexDef = (String, Vec<(String, String)>, String);
+
+/// The projection of an [`IndexDef`] as one comparable string.
+fn projection_label(kind: &str, non_key: &[String]) -> String {
+    if kind == "INCLUDE" {
+        format!("INCLUDE:{}", non_key.join(","))
+    } else {
+        kind.to_owned()
+    }
+}
+
+/// The SDK projection of an [`IndexDef`]'s projection string.
+fn projection_of(label: &str) -> Projection {
+    match label.split_once(':') {
+        Some((kind, attrs)) => Projection::builder()
+            .projection_type(ProjectionType::from(kind))
+            .set_non_key_attributes(Some(attrs.split(',').map(str::to_owned).collect()))
+            .build(),
+        None => Projection::builder()
+            .projection_type(ProjectionType::from(label))
+            .build(),
+    }
+}
 
 /// Which physical table a logical id maps to.
 pub fn physical_name(tables: &Tables, logical_id: &str) -> Option<String> {
@@ -82,10 +105,23 @@ pub fn table_defs(template: &str) -> Result<Vec<TableDef>, String> {
                             (
                                 str_at(i, "IndexName").unwrap_or_default().to_owned(),
                                 pairs(i.get("KeySchema"), "AttributeName", "KeyType"),
-                                i.get("Projection")
-                                    .and_then(|p| str_at(p, "ProjectionType"))
-                                    .unwrap_or("ALL")
-                                    .to_owned(),
+                                {
+                                    let p = i.get("Projection");
+                                    let kind = p
+                                        .and_then(|p| str_at(p, "ProjectionType"))
+                                        .unwrap_or("ALL");
+                                    let non_key: Vec<String> = p
+                                        .and_then(|p| p.get("NonKeyAttributes"))
+                                        .and_then(Value::as_sequence)
+                                        .map(|seq| {
+                                            seq.iter()
+                                                .filter_map(Value::as_str)
+                                                .map(str::to_owned)
+                                                .collect()
+                                        })
+                                        .unwrap_or_default();
+                                    projection_label(kind, &non_key)
+                                },
                             )
                         })
                         .collect()
@@ -186,8 +222,12 @@ pub async fn describe(
                     i.index_name().unwrap_or_default().to_owned(),
                     key(i.key_schema()),
                     i.projection()
-                        .and_then(|p| p.projection_type())
-                        .map(|t| t.as_str().to_owned())
+                        .map(|p| {
+                            projection_label(
+                                p.projection_type().map(|t| t.as_str()).unwrap_or_default(),
+                                p.non_key_attributes(),
+                            )
+                        })
                         .unwrap_or_default(),
                 )
             })
@@ -265,11 +305,7 @@ async fn create_table(client: &Client, name: &str, def: &TableDef) -> Result<(),
             GlobalSecondaryIndex::builder()
                 .index_name(index)
                 .set_key_schema(Some(key_schema(key)?))
-                .projection(
-                    Projection::builder()
-                        .projection_type(ProjectionType::from(projection.as_str()))
-                        .build(),
-                )
+                .projection(projection_of(projection))
                 .build()
                 .map_err(|e| err(e.to_string()))?,
         );

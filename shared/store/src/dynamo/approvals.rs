@@ -4,15 +4,39 @@
 //!
 //! Approvals table: partition `run_id`, sort `item_key` — `card#<request_id>` for a card
 //! (on the run that raised it) and `route#<request_id>` for a route item (on its
-//! coordinator). Pending cards carry `pending_key`, which puts them in the sparse index
-//! `pending_by_expiry` (open cards by deadline); it is removed by the transition that
-//! ends them.
+//! coordinator). Pending cards carry `pending_key` and `due_key`, which put them in two
+//! sparse indexes by deadline; both are removed by the transition that ends them:
+//!
+//! - `pending_by_expiry` (`pending_key` = `<project>#<shard>`): one project's open cards
+//!   in [`PENDING_SHARDS`](super::item::PENDING_SHARDS) partitions — a project operator's
+//!   listing reads only those, whatever other tenants hold;
+//! - `pending_due` (`due_key` = `due#<shard>`): every tenant's open cards in
+//!   [`DUE_SHARDS`](super::item::DUE_SHARDS) partitions — the sweeper's overdue cards and
+//!   a global operator's listing, each shard read up to the limit and merged.
+//!
+//! `pending_due` projects the fields a listing shows (INCLUDE), not the card's
+//! bookkeeping (`timers_sent_at`, `count_shard`, TTL). `pending_by_expiry` keeps the ALL
+//! projection it had: an existing index's projection cannot change without rebuilding it,
+//! and its entries are the listing's fields anyway (the bookkeeping adds a few bytes; the
+//! rare re-send mark rewrites its entry).
+//! Cards armed before the per-project keys carry `pending_key = "pending"` and no
+//! `due_key`; that legacy partition is read as one more shard (filtered by project for a
+//! project operator) until they have ended, so the sweeper still expires them.
+//!
+//! Each project's open cards are counted in [`COUNTER_SHARDS`] items (`project#<project>`,
+//! `open_cards#<shard>`), each holding its share of the cap: an arm adds to one shard
+//! (the card's own by its ids; another with room once that one is full) conditioned on
+//! its share, and the transition that ends the card takes from the shard the card names
+//! (`count_shard`), in their transactions. So the cap holds across processes, and a busy
+//! project's concurrent arms rarely meet on one item.
 
 use async_trait::async_trait;
 use std::collections::HashMap;
 
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, KeysAndAttributes, Put, ReturnValuesOnConditionCheckFailure,
+    AttributeValue, KeysAndAttributes, Put, ReturnValuesOnConditionCheckFailure, Update,
 };
 use tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN;
 use tollgate_domain::{
@@ -21,11 +45,21 @@ use tollgate_domain::{
 
 use super::commit::{Budget, Committed, Plan, RunWrite, WriteKind};
 use super::item::{
-    build_error, card_from_item, card_key, card_to_item, get_s, route_key, s, unavailable, Item,
-    PENDING_KEY,
+    build_error, card_from_item, card_key, card_to_item, counter_partition, due_partitions,
+    first_count_shard, get_s, n, pending_partitions, project_counter_key, route_key, s, shard_cap,
+    unavailable, Item, COUNTER_SHARDS, LEGACY_PENDING_KEY,
 };
-use super::{DynamoStore, PENDING_INDEX};
+use super::{DynamoStore, DUE_INDEX, PENDING_INDEX};
 use crate::{ApprovalStore, Armed, Beat, Forwarded, Located, Resolved, RunRef, StoreError};
+
+/// The count shard a stored card was added to (`count_shard`); `None` for a card armed
+/// before the count existed: it never added to it, so ending it takes nothing from it.
+fn count_shard(item: &Item) -> Option<u32> {
+    match item.get("count_shard") {
+        Some(AttributeValue::N(v)) => v.parse().ok(),
+        _ => None,
+    }
+}
 
 /// Most cards one listing reads (a console page; the sweeper's batch).
 const MAX_LISTED: usize = crate::MAX_PENDING_LISTED;
@@ -36,8 +70,16 @@ impl DynamoStore {
         card: &ApprovalRequest,
         condition: &str,
         now: i64,
+        arming: Option<u32>,
     ) -> Result<aws_sdk_dynamodb::types::TransactWriteItem, StoreError> {
         let mut item = card_to_item(card);
+        if let Some(shard) = arming {
+            // Arming sends the timers: a repeat within the window sends none (see
+            // `claim_timer_resend`). And the count shard the arm adds the card to, which
+            // the transition that ends it takes it from. Neither is projected.
+            item.insert("timers_sent_at".into(), n(now));
+            item.insert("count_shard".into(), n(shard));
+        }
         // Retention counts from the card's deadline too: a pending card is never removed
         // before it can expire (and be announced).
         if let Some(exp) = self.expires_at(now.max(card.expires_at)) {
@@ -56,6 +98,163 @@ impl DynamoStore {
         Ok(aws_sdk_dynamodb::types::TransactWriteItem::builder()
             .put(put.build().map_err(build_error)?)
             .build())
+    }
+
+    /// Adds `delta` to shard `shard` of the open-card count of `project_id`; a positive
+    /// change is conditioned on the shard staying within its share of `cap` (`u64::MAX`:
+    /// no cap).
+    fn counter_update(
+        &self,
+        project_id: Option<&str>,
+        shard: u32,
+        delta: i64,
+        cap: u64,
+    ) -> Result<aws_sdk_dynamodb::types::TransactWriteItem, StoreError> {
+        let mut update = Update::builder()
+            .table_name(&self.tables.approvals)
+            .set_key(Some(project_counter_key(project_id, shard)))
+            .update_expression("ADD #open :d")
+            .expression_attribute_names("#open", "open")
+            .expression_attribute_values(":d", n(delta))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if delta > 0 && cap < u64::MAX {
+            // Invariant: a project holds at most `cap` pending cards, across processes —
+            // each shard at most its share, and the shares add up to `cap`.
+            update = update
+                .condition_expression("attribute_not_exists(#open) OR #open <= :room")
+                .expression_attribute_values(":room", n(shard_cap(cap, shard) as i64 - delta));
+        }
+        Ok(aws_sdk_dynamodb::types::TransactWriteItem::builder()
+            .update(update.build().map_err(build_error)?)
+            .build())
+    }
+
+    /// A count shard of the project with room under `cap` (strongly consistent), after
+    /// `full` turned out full; `None`: every shard is at its share.
+    async fn shard_with_room(
+        &self,
+        project_id: Option<&str>,
+        cap: u64,
+        full: u32,
+    ) -> Result<Option<u32>, StoreError> {
+        let partition = counter_partition(project_id);
+        let keys: Vec<(&str, String)> = (0..COUNTER_SHARDS)
+            .filter(|i| *i != full && shard_cap(cap, *i) > 0)
+            .map(|i| (partition.as_str(), format!("open_cards#{i}")))
+            .collect();
+        if keys.is_empty() {
+            return Ok(None);
+        }
+        let (items, _) = self.batch_read(&keys, &[]).await?;
+        Ok((0..COUNTER_SHARDS)
+            .filter(|i| *i != full && shard_cap(cap, *i) > 0)
+            .find(|i| {
+                let open = items
+                    .get(&(partition.clone(), format!("open_cards#{i}")))
+                    .and_then(|item| item.get("open"))
+                    .and_then(|v| v.as_n().ok())
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .unwrap_or(0);
+                open < shard_cap(cap, *i) as i64
+            }))
+    }
+
+    /// Open cards of one index partition (`(index, its key attribute, the partition)`),
+    /// soonest deadline first, at most `limit` (fewer when the index still lists cards
+    /// that just ended). `project`: only that project's (the legacy all-tenant partition).
+    async fn pending_in(
+        &self,
+        (index, key_attr, partition): (&str, &str, String),
+        due_before: Option<i64>,
+        after: Option<&crate::ListingCursor>,
+        project: Option<Option<&str>>,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRequest>, StoreError> {
+        let mut cards = Vec::new();
+        let mut start = None;
+        loop {
+            let mut query = self
+                .client
+                .query()
+                .table_name(&self.tables.approvals)
+                .index_name(index)
+                .expression_attribute_names("#pk", key_attr)
+                .expression_attribute_values(":p", s(partition.clone()))
+                .set_exclusive_start_key(start.take());
+            query = match (due_before, after) {
+                (Some(t), _) => query
+                    .key_condition_expression("#pk = :p AND expires_at_ms <= :due")
+                    .expression_attribute_values(":due", AttributeValue::N(t.to_string())),
+                // A next page starts at the cursor's deadline (cards of that very deadline
+                // up to the cursor are read again and skipped below).
+                (None, Some(cursor)) => query
+                    .key_condition_expression("#pk = :p AND expires_at_ms >= :from")
+                    .expression_attribute_values(
+                        ":from",
+                        AttributeValue::N(cursor.expires_at.to_string()),
+                    ),
+                (None, None) => query.key_condition_expression("#pk = :p"),
+            };
+            query = match project {
+                Some(Some(p)) => query
+                    .filter_expression("project_id = :project")
+                    .expression_attribute_values(":project", s(p)),
+                Some(None) => query.filter_expression("attribute_not_exists(project_id)"),
+                None => query.limit(limit.min(MAX_LISTED) as i32),
+            };
+            let out = query.send().await.map_err(unavailable)?;
+            for item in out.items.unwrap_or_default() {
+                // The index is eventually consistent: it may still list a card that just
+                // ended. Callers act on the card itself (conditioned), never on this list.
+                let card = card_from_item(&item)?;
+                if card.state == ApprovalState::Pending && after.is_none_or(|a| a.precedes(&card)) {
+                    cards.push(card);
+                }
+            }
+            start = out.last_evaluated_key;
+            if start.is_none() || cards.len() >= limit {
+                cards.truncate(limit);
+                return Ok(cards);
+            }
+        }
+    }
+
+    /// Open cards soonest deadline first, at most `limit`: of one project
+    /// (`Some(project)`; `Some(None)`: runs without one) from its own partitions, or of
+    /// every tenant (`None`) from the due index. Every shard is read up to `limit` and
+    /// the answers merged, so the reads are bounded by the shards and the limit — never
+    /// by what other tenants hold.
+    pub(crate) async fn open_cards_of(
+        &self,
+        project: Option<Option<&str>>,
+        due_before: Option<i64>,
+        after: Option<&crate::ListingCursor>,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRequest>, StoreError> {
+        let limit = limit.min(MAX_LISTED);
+        let (index, key_attr, partitions) = match project {
+            Some(p) => (PENDING_INDEX, "pending_key", pending_partitions(p)),
+            None => (DUE_INDEX, "due_key", due_partitions()),
+        };
+        let shards = partitions.into_iter().map(|partition| {
+            self.pending_in((index, key_attr, partition), due_before, after, None, limit)
+        });
+        // Cards armed before the per-project keys (see the module's notes).
+        let legacy = self.pending_in(
+            (PENDING_INDEX, "pending_key", LEGACY_PENDING_KEY.to_owned()),
+            due_before,
+            after,
+            project,
+            limit,
+        );
+        let (found, legacy) =
+            futures::future::try_join(futures::future::try_join_all(shards), legacy).await?;
+        let mut cards: Vec<ApprovalRequest> = found.into_iter().flatten().chain(legacy).collect();
+        cards.sort_by(|a, b| {
+            (a.expires_at, &a.run_id, &a.request_id).cmp(&(b.expires_at, &b.run_id, &b.request_id))
+        });
+        cards.truncate(limit);
+        Ok(cards)
     }
 
     async fn get_item(&self, run_id: &str, key: String) -> Result<Option<Item>, StoreError> {
@@ -174,6 +373,7 @@ impl DynamoStore {
         let posted_head = heads.remove(run_id);
         if let Some(item) = items.get(&(run_id.to_owned(), card_k.clone())) {
             let card = card_from_item(item)?;
+            let count_shard = count_shard(item);
             // Warm, this process saw the coordinator's head moments ago (it is
             // conditioned like any read: a stale one loses and is replaced).
             let coordinator = match &card.coordinator_run_id {
@@ -184,6 +384,7 @@ impl DynamoStore {
                 card,
                 head: posted_head,
                 coordinator,
+                count_shard,
             }));
         }
         let Some(route) = items.get(&(run_id.to_owned(), route_k)) else {
@@ -197,6 +398,7 @@ impl DynamoStore {
             return Ok(None);
         };
         let card = card_from_item(item)?;
+        let count_shard = count_shard(item);
         // The coordinator posted to is the card's (a route names exactly one child).
         let coordinator =
             posted_head.filter(|_| card.coordinator_run_id.as_deref() == Some(run_id));
@@ -204,21 +406,23 @@ impl DynamoStore {
             head: heads.remove(&child),
             card,
             coordinator,
+            count_shard,
         }))
     }
 
     /// Appends the keyed heartbeat `draft` on `head`'s run, conditioned on exactly that
     /// head (the fence: anything that ends what the heartbeat is about moves the head).
-    /// `None`: the head moved — read again. When an earlier delivery already wrote
-    /// `draft`, the chain carries on ([`Beat::Emitted`]) unless `successor` exists too:
-    /// the delivery that wrote it may have stopped before scheduling the next.
+    /// `None`: the head moved — read again. The event's key is the chain's mark, taken in
+    /// the same write: only the delivery that wrote beat `n` carries the chain on
+    /// ([`Beat::Emitted`]); a duplicate delivery finds the key taken and answers
+    /// [`Beat::Repeated`], so two deliveries of one beat never fork the chain. (Should the
+    /// writer stop between this write and sending the next beat, the chain ends there:
+    /// the card's expiry timer and the sweeper still end the card.)
     pub(crate) async fn beat_on(
         &self,
         head: RunHead,
         draft: EventDraft,
-        successor: EventDraft,
     ) -> Result<Option<Beat>, StoreError> {
-        let run_id = head.run_id.clone();
         let sequence = head.next_seq;
         let plan = Plan {
             runs: vec![RunWrite {
@@ -233,13 +437,7 @@ impl DynamoStore {
         match self.commit(&plan).await? {
             Committed::Done { .. } => Ok(Some(Beat::Emitted(sequence))),
             Committed::Lost(lost) if lost.taken[0][0].is_some() => {
-                let seq = lost.taken[0][0].unwrap_or(sequence);
-                let next = successor.event_id.unwrap_or_default();
-                Ok(Some(if self.keyed_event_exists(&run_id, &next).await? {
-                    Beat::Repeated(seq)
-                } else {
-                    Beat::Emitted(seq)
-                }))
+                Ok(Some(Beat::Repeated(lost.taken[0][0].unwrap_or(sequence))))
             }
             Committed::Lost(_) => Ok(None),
             Committed::Busy(why) => {
@@ -274,22 +472,6 @@ impl DynamoStore {
         }))
     }
 
-    /// Whether `run_id` holds the event keyed `event_id` (strongly consistent).
-    async fn keyed_event_exists(&self, run_id: &str, event_id: &str) -> Result<bool, StoreError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.tables.events)
-            .key("run_id", s(run_id))
-            .key("event_key", s(format!("id#{event_id}")))
-            .projection_expression("run_id")
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(unavailable)?;
-        Ok(out.item.is_some())
-    }
-
     /// The run's head and then its card as one serializable snapshot
     /// (`TransactGetItems`): a heartbeat's only read. `None` when the transaction was
     /// cancelled by a concurrent write (read again).
@@ -315,8 +497,14 @@ impl DynamoStore {
 
 #[async_trait]
 impl ApprovalStore for DynamoStore {
-    async fn arm(&self, run: RunRef<'_>, card: ApprovalRequest) -> Result<Armed, StoreError> {
+    async fn arm_within(
+        &self,
+        run: RunRef<'_>,
+        card: ApprovalRequest,
+        project_cap: u64,
+    ) -> Result<Armed, StoreError> {
         let mut budget = Budget::new(self.contention_budget, "arming an approval");
+        let mut shard = first_count_shard(&card, project_cap);
         loop {
             let head = self.live_head(run).await?;
             if let Some(existing) = self.read_card(run.run_id, &card.request_id).await? {
@@ -345,7 +533,8 @@ impl ApprovalStore for DynamoStore {
             }
             let now = now_millis();
             // Invariant: one card per (run, request_id); a retried arm finds the first.
-            let mut side = vec![self.card_put(&card, "attribute_not_exists(item_key)", now)?];
+            let mut side =
+                vec![self.card_put(&card, "attribute_not_exists(item_key)", now, Some(shard))?];
             let mut runs = vec![RunWrite {
                 head: head.clone(),
                 kind: WriteKind::Advance { end: None },
@@ -380,6 +569,9 @@ impl ApprovalStore for DynamoStore {
                     budget_used: None,
                 });
             }
+            let route_at = (side.len() > 1).then_some(1);
+            let counter_at = side.len();
+            side.push(self.counter_update(card.project_id.as_deref(), shard, 1, project_cap)?);
             let plan = Plan { runs, side };
             match self.commit(&plan).await? {
                 Committed::Done { .. } => {
@@ -393,7 +585,18 @@ impl ApprovalStore for DynamoStore {
                         // Armed meanwhile by a retry of this call: answer its card.
                         continue;
                     }
-                    if lost.side.get(1).is_some_and(Option::is_some) {
+                    if lost.side.get(counter_at).is_some_and(Option::is_some) {
+                        // This shard holds its share: another with room, or the cap is
+                        // reached.
+                        match self
+                            .shard_with_room(card.project_id.as_deref(), project_cap, shard)
+                            .await?
+                        {
+                            Some(other) => shard = other,
+                            None => return Err(crate::too_many_project_cards(project_cap)),
+                        }
+                    }
+                    if route_at.is_some_and(|i| lost.side.get(i).is_some_and(Option::is_some)) {
                         return Err(StoreError::Conflict(
                             "request_id is already in use under this coordinator".into(),
                         ));
@@ -403,6 +606,66 @@ impl ApprovalStore for DynamoStore {
             }
             budget.next().await?;
         }
+    }
+
+    async fn claim_timer_resend(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        sent_before: i64,
+    ) -> Result<bool, StoreError> {
+        // One conditional write on the card: of concurrent repeats, one wins; a repeat
+        // within the window finds the mark fresh and writes nothing.
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.tables.approvals)
+            .key("run_id", s(run_id))
+            .key("item_key", s(card_key(request_id)))
+            .update_expression("SET timers_sent_at = :now")
+            .condition_expression(
+                "#state = :pending AND (attribute_not_exists(timers_sent_at) OR timers_sent_at <= :before)",
+            )
+            .expression_attribute_names("#state", "state")
+            .expression_attribute_values(":pending", s(ApprovalState::Pending.as_str()))
+            .expression_attribute_values(":before", n(sent_before))
+            .expression_attribute_values(":now", n(now_millis()))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(SdkError::ServiceError(e))
+                if matches!(e.err(), UpdateItemError::ConditionalCheckFailedException(_)) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    async fn clear_timer_mark(&self, run_id: &str, request_id: &str) -> Result<(), StoreError> {
+        self.client
+            .update_item()
+            .table_name(&self.tables.approvals)
+            .key("run_id", s(run_id))
+            .key("item_key", s(card_key(request_id)))
+            .update_expression("REMOVE timers_sent_at")
+            // Never creates an item: only a stored card loses its mark.
+            .condition_expression("attribute_exists(item_key)")
+            .send()
+            .await
+            .map(|_| ())
+            .or_else(|e| match e {
+                SdkError::ServiceError(se)
+                    if matches!(
+                        se.err(),
+                        UpdateItemError::ConditionalCheckFailedException(_)
+                    ) =>
+                {
+                    Ok(())
+                }
+                other => Err(unavailable(other)),
+            })
     }
 
     async fn read_card(
@@ -476,10 +739,16 @@ impl ApprovalStore for DynamoStore {
                 &ended,
                 "attribute_exists(item_key) AND #state = :pending",
                 now,
+                None,
             )?];
             // The scope's policy, only with the approval that won.
             if let (Some(policy), ApprovalState::Approved) = (&grant, ended.state) {
                 side.push(self.policy_grant(policy)?);
+            }
+            // The card leaves its project's open-card count with the transition that ends
+            // it (decision, expiry by timer or sweeper, a run's end) — never otherwise.
+            if let Some(shard) = located.count_shard {
+                side.push(self.counter_update(ended.project_id.as_deref(), shard, -1, u64::MAX)?);
             }
             let mut runs = Vec::new();
             // (On an ended run the card expires without an event there: nothing may
@@ -534,6 +803,7 @@ impl ApprovalStore for DynamoStore {
                     }
                     if let Some(Some(item)) = &lost.side[0] {
                         located.card = card_from_item(item)?;
+                        located.count_shard = count_shard(item);
                         if located.card.state != ApprovalState::Pending {
                             continue;
                         }
@@ -583,9 +853,7 @@ impl ApprovalStore for DynamoStore {
             let Some(card) = card.filter(|c| c.state == ApprovalState::Pending) else {
                 return Ok(Beat::Stopped);
             };
-            let beat = self
-                .beat_on(head, card.pending_event(beat), card.pending_event(beat + 1))
-                .await?;
+            let beat = self.beat_on(head, card.pending_event(beat)).await?;
             if let Some(beat) = beat {
                 return Ok(beat);
             }
@@ -776,42 +1044,17 @@ impl ApprovalStore for DynamoStore {
         due_before: Option<i64>,
         limit: usize,
     ) -> Result<Vec<ApprovalRequest>, StoreError> {
-        let limit = limit.min(MAX_LISTED);
-        let mut cards = Vec::new();
-        let mut start = None;
-        loop {
-            let mut query = self
-                .client
-                .query()
-                .table_name(&self.tables.approvals)
-                .index_name(PENDING_INDEX)
-                .expression_attribute_values(":p", s(PENDING_KEY))
-                .set_exclusive_start_key(start.take());
-            query = match due_before {
-                Some(t) => query
-                    .key_condition_expression("pending_key = :p AND expires_at_ms <= :due")
-                    .expression_attribute_values(":due", AttributeValue::N(t.to_string())),
-                None => query.key_condition_expression("pending_key = :p"),
-            };
-            if let Some(project) = project_id {
-                query = query
-                    .filter_expression("project_id = :project")
-                    .expression_attribute_values(":project", s(project));
-            }
-            let out = query.send().await.map_err(unavailable)?;
-            for item in out.items.unwrap_or_default() {
-                // The index is eventually consistent: it may still list a card that just
-                // ended. Callers act on the card itself (conditioned), never on this list.
-                let card = card_from_item(&item)?;
-                if card.state == ApprovalState::Pending {
-                    cards.push(card);
-                }
-            }
-            start = out.last_evaluated_key;
-            if start.is_none() || cards.len() >= limit {
-                cards.truncate(limit);
-                return Ok(cards);
-            }
-        }
+        self.open_cards_of(project_id.map(Some), due_before, None, limit)
+            .await
+    }
+
+    async fn open_cards_after(
+        &self,
+        project_id: Option<&str>,
+        after: &crate::ListingCursor,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRequest>, StoreError> {
+        self.open_cards_of(project_id.map(Some), None, Some(after), limit)
+            .await
     }
 }

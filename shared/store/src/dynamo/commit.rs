@@ -21,7 +21,9 @@ use tollgate_domain::{
     now_millis, render_event, EventDraft, RunHead, RunKind, RunStatus, TerminalKind,
 };
 
-use super::item::{build_error, get_n, head_from_item, head_to_item, n, s, Item, RUNNING_CHILD};
+use super::item::{
+    build_error, get_n, head_from_item, head_to_item, n, running_child_key, s, Item,
+};
 use super::DynamoStore;
 use crate::StoreError;
 
@@ -311,8 +313,13 @@ impl DynamoStore {
         } else if head.kind == RunKind::Child && !run.events.is_empty() {
             // A child that speaks is (back) in the stall guard's index: a stall report,
             // or the cleanup of a child whose coordinator ended, took it out until then.
+            // Its shard follows the new `next_seq`, so children's appends spread over the
+            // index's partitions instead of all writing one.
             set.push_str(", running_child = :rc");
-            update = update.expression_attribute_values(":rc", s(RUNNING_CHILD));
+            update = update.expression_attribute_values(
+                ":rc",
+                s(running_child_key(&head.run_id, new_next_seq)),
+            );
         }
         update = update.update_expression(format!("SET {set}{remove}{add}"));
         Ok(TransactWriteItem::builder()

@@ -78,7 +78,10 @@ pub(crate) fn head_to_item(h: &RunHead) -> HashMap<String, AttributeValue> {
     }
     // Sparse index of running child runs, by silence (the stall guard reads it).
     if h.kind == RunKind::Child && !h.status.is_terminal() {
-        item.insert("running_child".into(), s(RUNNING_CHILD));
+        item.insert(
+            "running_child".into(),
+            s(running_child_key(&h.run_id, h.next_seq)),
+        );
     }
     let strings = [
         ("parent_run_id", &h.parent_run_id),
@@ -173,8 +176,46 @@ pub(crate) fn build_error(err: aws_sdk_dynamodb::error::BuildError) -> StoreErro
     StoreError::Unavailable(format!("request build: {err}"))
 }
 
-/// `running_child` of a running child run's head (see the runs table's sparse index).
-pub(crate) const RUNNING_CHILD: &str = "running";
+/// `running_child` that heads written before the stall index was sharded carry (one
+/// partition for every child). The stall guard still reads it; such a head moves to a
+/// shard with its next event.
+pub(crate) const LEGACY_RUNNING_CHILD: &str = "running";
+
+/// Shards of the stall guard's index. Every event a child appends rewrites its entry (its
+/// `last_event_at` is the index's sort key, so the entry is deleted and put anyway):
+/// choosing the shard by the head's new `next_seq` spreads even one busy child's writes
+/// over every shard at no extra write.
+pub(crate) const STALL_SHARDS: u32 = 8;
+
+/// `running_child` of a running child run's head at `next_seq` (see the runs table's
+/// sparse index `running_children`): `running#<shard>`.
+pub(crate) fn running_child_key(run_id: &str, next_seq: u64) -> String {
+    format!(
+        "running#{}",
+        shard_of(&[run_id, &next_seq.to_string()], STALL_SHARDS)
+    )
+}
+
+/// Every `running_child` partition the stall guard reads: the shards, then the legacy one.
+pub(crate) fn running_child_partitions() -> Vec<String> {
+    (0..STALL_SHARDS)
+        .map(|i| format!("running#{i}"))
+        .chain([LEGACY_RUNNING_CHILD.to_owned()])
+        .collect()
+}
+
+/// A stable shard in `0..shards` of `parts` (FNV-1a: the same in every build and
+/// process, unlike the standard library's hasher, so every writer and reader agrees).
+pub(crate) fn shard_of(parts: &[&str], shards: u32) -> u32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for part in parts {
+        for byte in part.bytes().chain([0]) {
+            hash ^= u32::from(byte);
+            hash = hash.wrapping_mul(0x0100_0193);
+        }
+    }
+    hash % shards
+}
 
 /// Sort key of a card in the approvals table (partition: the run that raised it).
 pub(crate) fn card_key(request_id: &str) -> String {
@@ -186,8 +227,93 @@ pub(crate) fn route_key(request_id: &str) -> String {
     format!("route#{request_id}")
 }
 
-/// `pending_key` of every pending card: the sparse index holds exactly the open cards.
-pub(crate) const PENDING_KEY: &str = "pending";
+/// `pending_key` of cards armed before the pending index was keyed per project: one
+/// partition for every tenant. Listings and the sweeper still read it (with a filter on
+/// the project) until those cards have ended — at most their timeout after the deploy.
+pub(crate) const LEGACY_PENDING_KEY: &str = "pending";
+
+/// Shards of one project's pending partition: a busy project's arms and resolutions
+/// spread over this many index partitions; its operator's listing reads all of them.
+pub(crate) const PENDING_SHARDS: u32 = 4;
+
+/// Shards of the global `due_key` partition (the sweeper's and a global operator's
+/// view): every tenant's arm writes one of them.
+pub(crate) const DUE_SHARDS: u32 = 8;
+
+/// The project part of a per-project key: `p:<project>`, or `~` for runs without one
+/// (a project named `~` stays apart).
+fn project_part(project_id: Option<&str>) -> String {
+    match project_id {
+        Some(p) => format!("p:{p}"),
+        None => "~".to_owned(),
+    }
+}
+
+fn card_shard(run_id: &str, request_id: &str, shards: u32) -> u32 {
+    shard_of(&[run_id, request_id], shards)
+}
+
+/// `pending_key` of a pending card: `<project>#<shard>` (index `pending_by_expiry`).
+pub(crate) fn pending_key(c: &tollgate_domain::ApprovalRequest) -> String {
+    format!(
+        "{}#{}",
+        project_part(c.project_id.as_deref()),
+        card_shard(&c.run_id, &c.request_id, PENDING_SHARDS)
+    )
+}
+
+/// Every partition of one project's pending cards.
+pub(crate) fn pending_partitions(project_id: Option<&str>) -> Vec<String> {
+    let part = project_part(project_id);
+    (0..PENDING_SHARDS).map(|i| format!("{part}#{i}")).collect()
+}
+
+/// `due_key` of a pending card: `due#<shard>` (index `pending_due`, every tenant).
+pub(crate) fn due_key(c: &tollgate_domain::ApprovalRequest) -> String {
+    format!("due#{}", card_shard(&c.run_id, &c.request_id, DUE_SHARDS))
+}
+
+/// Every partition of the global due index.
+pub(crate) fn due_partitions() -> Vec<String> {
+    (0..DUE_SHARDS).map(|i| format!("due#{i}")).collect()
+}
+
+/// Shards of one project's count of open cards: concurrent arms and resolutions of a
+/// busy project spread over this many items instead of conflicting on one (transactions
+/// that meet on an item cancel each other and retry; with 8 shards, 16 concurrent arms of
+/// one project still starved on DynamoDB Local, with 32 they do not).
+pub(crate) const COUNTER_SHARDS: u32 = 32;
+
+/// One shard of the count of a project's pending cards (approvals table; run ids cannot
+/// hold `#`, so this partition is never a run's): `open` is the count.
+pub(crate) fn project_counter_key(project_id: Option<&str>, shard: u32) -> Item {
+    HashMap::from([
+        ("run_id".to_string(), s(counter_partition(project_id))),
+        ("item_key".to_string(), s(format!("open_cards#{shard}"))),
+    ])
+}
+
+/// The partition holding a project's count shards.
+pub(crate) fn counter_partition(project_id: Option<&str>) -> String {
+    format!("project#{}", project_part(project_id))
+}
+
+/// The share of `cap` one count shard may hold: the shares add up to exactly `cap`.
+pub(crate) fn shard_cap(cap: u64, shard: u32) -> u64 {
+    let shards = u64::from(COUNTER_SHARDS);
+    cap / shards + u64::from(u64::from(shard) < cap % shards)
+}
+
+/// The count shard an arm tries first: the card's own (by its ids), or shard 0 when that
+/// one's share of the cap is nothing (tiny caps).
+pub(crate) fn first_count_shard(c: &tollgate_domain::ApprovalRequest, cap: u64) -> u32 {
+    let shard = card_shard(&c.run_id, &c.request_id, COUNTER_SHARDS);
+    if shard_cap(cap, shard) > 0 {
+        shard
+    } else {
+        0
+    }
+}
 
 pub(crate) fn card_to_item(c: &tollgate_domain::ApprovalRequest) -> Item {
     use tollgate_domain::ApprovalState;
@@ -231,7 +357,8 @@ pub(crate) fn card_to_item(c: &tollgate_domain::ApprovalRequest) -> Item {
         item.insert("subtask_id".into(), s(v.to_string()));
     }
     if c.state == ApprovalState::Pending {
-        item.insert("pending_key".into(), s(PENDING_KEY));
+        item.insert("pending_key".into(), s(pending_key(c)));
+        item.insert("due_key".into(), s(due_key(c)));
     }
     // An auto-approved card: the policy and the `tool.auto_approved` sequence, so a
     // retried arm answers as the first one did.

@@ -37,7 +37,7 @@ use tollgate_domain::RunHead;
 pub use commit::CONTENTION_BUDGET;
 pub use tables::{
     client, sdk_config, sdk_config_loader, Tables, ATTEMPT_TIMEOUT, BY_SEQUENCE_INDEX,
-    CONNECT_TIMEOUT, OPERATION_TIMEOUT, PENDING_INDEX,
+    CONNECT_TIMEOUT, DUE_INDEX, OPERATION_TIMEOUT, PENDING_INDEX,
 };
 
 use commit::backoff;

@@ -719,10 +719,7 @@ impl MutationStore for DynamoStore {
             else {
                 return Ok(Beat::Stopped);
             };
-            if let Some(beat) = self
-                .beat_on(head, draft, record.heartbeat_event(beat + 1))
-                .await?
-            {
+            if let Some(beat) = self.beat_on(head, draft).await? {
                 return Ok(beat);
             }
             budget.next().await?;

@@ -1,6 +1,11 @@
 //! The stall guard's reads and writes on DynamoDB. The runs table's sparse index
 //! `running_children` (`running_child`, `last_event_at`) holds the running child runs
-//! that may still need a report, by their last event, so the silent ones are one `Query`.
+//! that may still need a report, by their last event. `running_child` is one of
+//! [`STALL_SHARDS`](super::item::STALL_SHARDS) partitions (`running#<shard>`, chosen anew
+//! on every append), so no single index partition takes every child's writes; the silent
+//! ones are one `Query` per shard, merged oldest silence first. Heads written before the
+//! sharding still carry the legacy `running` partition, which is read as one more shard
+//! until they have appended again or ended.
 //!
 //! A child leaves the index when its silence is reported, when the guard finds its
 //! coordinator ended or gone (nobody to report to), and when it ends; every event it
@@ -17,7 +22,7 @@ use aws_sdk_dynamodb::types::{
 use tollgate_domain::{stall_detected_event, RunHead, RunStatus};
 
 use super::commit::{Budget, Committed, Plan, RunWrite, WriteKind};
-use super::item::{build_error, head_from_item, n, s, unavailable, RUNNING_CHILD};
+use super::item::{build_error, head_from_item, n, running_child_partitions, s, unavailable};
 use super::DynamoStore;
 use crate::StoreError;
 
@@ -27,6 +32,28 @@ pub const RUNNING_CHILDREN_INDEX: &str = "running_children";
 impl DynamoStore {
     pub(crate) async fn query_silent_children(
         &self,
+        silent_since: i64,
+        limit: usize,
+    ) -> Result<Vec<RunHead>, StoreError> {
+        let shards = running_child_partitions();
+        let found = futures::future::try_join_all(
+            shards
+                .iter()
+                .map(|shard| self.silent_in(shard, silent_since, limit)),
+        )
+        .await?;
+        // Each shard answers its oldest silences first; the merge keeps the oldest overall.
+        let mut heads: Vec<RunHead> = found.into_iter().flatten().collect();
+        heads.sort_by(|a, b| (a.last_event_at, &a.run_id).cmp(&(b.last_event_at, &b.run_id)));
+        heads.dedup_by(|a, b| a.run_id == b.run_id);
+        heads.truncate(limit);
+        Ok(heads)
+    }
+
+    /// The silent children of one `running_child` partition, oldest silence first.
+    async fn silent_in(
+        &self,
+        partition: &str,
         silent_since: i64,
         limit: usize,
     ) -> Result<Vec<RunHead>, StoreError> {
@@ -51,7 +78,7 @@ impl DynamoStore {
                      AND (attribute_not_exists(last_real_type) OR last_real_type <> :waiting)",
                 )
                 .expression_attribute_values(":waiting", s("tool.approval_required"))
-                .expression_attribute_values(":r", s(RUNNING_CHILD))
+                .expression_attribute_values(":r", s(partition))
                 .expression_attribute_values(":t", AttributeValue::N(silent_since.to_string()))
                 .set_exclusive_start_key(start.take())
                 .send()

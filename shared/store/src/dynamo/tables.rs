@@ -50,8 +50,13 @@ impl Tables {
 
 pub const BY_SEQUENCE_INDEX: &str = "by_sequence";
 
-/// Sparse index of the approvals table: pending cards by deadline.
+/// Sparse index of the approvals table: one project's pending cards by deadline
+/// (`pending_key` = `<project>#<shard>`).
 pub const PENDING_INDEX: &str = "pending_by_expiry";
+
+/// Sparse index of the approvals table: every tenant's pending cards by deadline
+/// (`due_key` = `due#<shard>`), for the sweeper and global operators.
+pub const DUE_INDEX: &str = "pending_due";
 
 /// SDK timeouts for every DynamoDB call: a hung connection or answer becomes an error
 /// (and so a 503) within seconds instead of holding the function until its timeout.
