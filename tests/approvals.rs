@@ -919,6 +919,24 @@ async fn stall_guard(backend: Backend) {
         json!({"request_id": request_id(), "tool_name": "web_fetch", "timeout_seconds": 30}),
     )
     .await;
+    // The talker: armed a card, then said something else, then silence — still waiting
+    // on a human, so never stalled.
+    let (talker, talker_token) = srv
+        .create_run(json!({"kind": "child", "parent_run_id": f.coordinator, "subtask_id": 5}))
+        .await;
+    arm(
+        &srv,
+        &talker,
+        &talker_token,
+        json!({"request_id": request_id(), "tool_name": "web_fetch", "timeout_seconds": 30}),
+    )
+    .await;
+    srv.append(
+        &talker,
+        &talker_token,
+        json!([{"type": "agent.message", "text": "waiting for a human"}]),
+    )
+    .await;
     // The quitter: its wait ended with an error, then silence.
     let rid = request_id();
     arm(
@@ -971,6 +989,28 @@ async fn stall_guard(backend: Backend) {
     assert_eq!(stalls[0]["childRunId"], json!(quitter));
     assert_eq!(stalls[0]["subtaskId"], 4);
     assert_eq!(stalls[0]["lastEventType"], "tool.error");
+    assert_eq!(stalls[0]["stallTimeoutSeconds"], 2);
+    assert!(stalls[0]["staleSinceUtc"].is_string(), "{}", stalls[0]);
+    // Seed 003: the silent child is failed as agent_stall_timeout, in the same step.
+    let quitter_events = srv.replay_all(&quitter, &srv.operator_token, 1000).await;
+    let last = quitter_events.last().unwrap();
+    assert_eq!(
+        (last["type"].as_str(), last["reason"].as_str()),
+        (Some("run_failed"), Some("agent_stall_timeout")),
+        "{:?}",
+        types(&quitter_events)
+    );
+    assert_eq!(
+        stalls[0]["lastEventSequence"],
+        json!(last["sequence"].as_u64().unwrap() - 1)
+    );
+    // The talker holds a pending card: never failed.
+    let talker_events = srv.replay_all(&talker, &srv.operator_token, 1000).await;
+    assert!(
+        !types(&talker_events).contains(&"run_failed"),
+        "{:?}",
+        types(&talker_events)
+    );
     let child = srv.replay_all(&f.child, &srv.operator_token, 1000).await;
     assert!(
         types(&child)

@@ -453,6 +453,66 @@ async fn decisions_racing_the_run_end(backend: Backend) {
     eprintln!("{approved} of {} approved before the end", cards.len());
 }
 
+/// GIVEN a card approved for one call WHEN the agent arms the same `request_id` for
+/// another call (another tool, URL or arguments) THEN 409 `request_id_in_use` and
+/// nothing written — the human approved the first call, not this one; the same arm
+/// repeated still answers the card.
+async fn a_request_id_answers_only_its_own_call(backend: Backend) {
+    let srv = server(backend).await;
+    let a = agent(&srv, "agent-a", None);
+    let (run, token) = create(&srv, &a, json!({"owner": "alice"})).await;
+    let first = json!({"request_id": "r-1", "tool_name": "web_fetch",
+                       "url": "https://example.com/docs", "arguments_hash": "h1"});
+    let (status, v) = srv
+        .post(
+            &format!("/api/runs/{run}/approval-requests"),
+            &token,
+            &first,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let (status, v) = approve(&srv, &run, "r-1", &srv.operator_token, "once").await;
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::OK, Some("approved"))
+    );
+    let before = srv.replay_all(&run, &srv.operator_token, 100).await;
+    for other in [
+        json!({"request_id": "r-1", "tool_name": "delete_db",
+               "url": "https://example.com/docs", "arguments_hash": "h1"}),
+        json!({"request_id": "r-1", "tool_name": "web_fetch",
+               "url": "https://attacker.example/x", "arguments_hash": "h1"}),
+        json!({"request_id": "r-1", "tool_name": "web_fetch",
+               "url": "https://example.com/docs", "arguments_hash": "h2"}),
+    ] {
+        let (status, v) = srv
+            .post(
+                &format!("/api/runs/{run}/approval-requests"),
+                &token,
+                &other,
+            )
+            .await;
+        assert_eq!(
+            (status, v["state"].as_str()),
+            (StatusCode::CONFLICT, Some("request_id_in_use")),
+            "{other}: {v}"
+        );
+    }
+    let (status, v) = srv
+        .post(
+            &format!("/api/runs/{run}/approval-requests"),
+            &token,
+            &first,
+        )
+        .await;
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::OK, Some("approved")),
+        "{v}"
+    );
+    assert_eq!(srv.replay_all(&run, &srv.operator_token, 100).await, before);
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -464,6 +524,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn children_join_only_their_own_agents_coordinator() {
                 super::children_join_only_their_own_agents_coordinator($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_request_id_answers_only_its_own_call() {
+                super::a_request_id_answers_only_its_own_call($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn ending_a_run_ends_its_cards() {

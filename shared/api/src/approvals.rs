@@ -184,6 +184,11 @@ async fn arm(
         }
         // A retried arm: the card as it stands (it may have been decided meanwhile) — the
         // first answer again when a policy approved it, even if revoked since.
+        ArmOutcome::OtherCall(_) => return Err(request_id_in_use()),
+        // (Another arm of the same id may have won a race: the same check.)
+        ArmOutcome::Card(Armed::Existing(existing)) if !existing.same_call_as(&card) => {
+            return Err(request_id_in_use())
+        }
         ArmOutcome::Card(Armed::Existing(existing)) => match &existing.auto_approval {
             Some(auto) => {
                 return Ok(auto_approved(
@@ -209,6 +214,15 @@ async fn arm(
         answer["sequence"] = sequence.into();
     }
     Ok((status, Json(answer)).into_response())
+}
+
+/// 409 for an arm whose `request_id` names a card for another call.
+fn request_id_in_use() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "request_id is taken by a card for another call (tool, ids, arguments, url or text differ); use a new request_id",
+    )
+    .with_state("request_id_in_use")
 }
 
 #[instrument(skip_all, fields(run_id = %run_id, request_id = %request_id))]

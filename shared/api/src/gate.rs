@@ -45,6 +45,9 @@ pub struct GateConfig {
     /// `TOLLGATE_STALL_TIMEOUT_SECONDS` (default 300): how long a child may stay silent
     /// (heartbeats count) before its coordinator is told it stalled.
     pub stall_timeout: Duration,
+    /// `TOLLGATE_STALL_ACTION` (`fail`, the default, or `report`): whether a stalled child
+    /// is failed as `agent_stall_timeout` (seed 003) or only reported.
+    pub stall_action: tollgate_domain::StallAction,
     /// Approved execution: `TOLLGATE_SETTLEMENT_DEADLINE_SECONDS` (default 60) and
     /// `TOLLGATE_EXECUTION_HEARTBEAT_SECONDS` (default 15).
     pub execution: ExecutionSettings,
@@ -68,6 +71,7 @@ impl Default for GateConfig {
             heartbeat_every: Duration::from_secs(20),
             sweep_every: Duration::from_secs(60),
             stall_timeout: Duration::from_secs(300),
+            stall_action: tollgate_domain::StallAction::Fail,
             always_eligible: vec!["web_fetch".into()],
             execution: ExecutionSettings::default(),
             forward_timeout: Duration::from_secs(10),
@@ -89,6 +93,14 @@ impl GateConfig {
         }
         if let Some(d) = positive_seconds("TOLLGATE_STALL_TIMEOUT_SECONDS")? {
             config.stall_timeout = d;
+        }
+        if let Some(v) = std::env::var("TOLLGATE_STALL_ACTION")
+            .ok()
+            .filter(|v| !v.is_empty())
+        {
+            config.stall_action = tollgate_domain::StallAction::parse(&v).ok_or_else(|| {
+                crate::ConfigError::Invalid("TOLLGATE_STALL_ACTION must be fail or report".into())
+            })?;
         }
         if let Some(d) = positive_seconds("TOLLGATE_SETTLEMENT_DEADLINE_SECONDS")? {
             config.execution.settlement_deadline_ms = millis(d);
@@ -167,6 +179,9 @@ pub struct Gate {
 pub enum ArmOutcome {
     /// A card (new, or the one a retry finds).
     Card(Armed),
+    /// The `request_id` is taken by a card for another call (tool, ids, arguments, URL
+    /// or text differ): nothing was written or sent (409).
+    OtherCall(ApprovalRequest),
     /// A live policy covered it: `tool.auto_approved` at `sequence`; its card is stored
     /// already approved (no operator ever sees it pending).
     AutoApproved { sequence: u64, policy: Policy },
@@ -207,6 +222,11 @@ impl Gate {
         // so does a gate a policy approved (its card is stored `approved` with
         // `tool.auto_approved`), even if the policy was revoked since.
         if let Some(existing) = self.store.read_card(&head.run_id, &card.request_id).await? {
+            // The same request id for another call is refused before anything else: the
+            // card's decision answers its own call only.
+            if !existing.same_call_as(&card) {
+                return Ok(ArmOutcome::OtherCall(existing));
+            }
             // The first call may have stopped before its timers were sent: a repeat sends
             // the expiry again (a second expiry finds the card ended and writes nothing) —
             // but only the repeat that wins the card's conditional mark, and only once the
@@ -512,11 +532,18 @@ impl Gate {
     }
 
     /// The coordinator stall guard (seed 003): every silent child that
-    /// [`tollgate_domain::is_stalled`] judges stalled gets one
-    /// `coordinator.child_stall_detected` on its coordinator; returns how many.
+    /// [`tollgate_domain::is_stalled`] judges stalled, holding no pending card, gets one
+    /// `coordinator.child_stall_detected` on its coordinator and — unless
+    /// `TOLLGATE_STALL_ACTION=report` — is failed as `agent_stall_timeout` in the same
+    /// transaction; returns how many coordinators were told.
     pub async fn stall_guard(&self, limit: usize) -> Result<usize, StoreError> {
         let now = now_millis();
         let timeout = self.config.stall_timeout.as_millis() as i64;
+        let check = tollgate_domain::StallCheck {
+            now,
+            timeout_ms: timeout,
+            action: self.config.stall_action,
+        };
         let stalled: Vec<RunHead> = self
             .store
             .silent_children(now - timeout, limit)
@@ -532,7 +559,7 @@ impl Gate {
             move |child| {
                 let store = store.clone();
                 async move {
-                    match store.report_stall(&child, now).await {
+                    match store.report_stall(&child, &check).await {
                         Ok(found) => Ok(found.is_some()),
                         Err(e) => Err((child.run_id, e)),
                     }
@@ -652,7 +679,19 @@ impl TimerHandler for Gate {
     async fn handle(&self, message: TimerMessage) -> Result<(), TimerError> {
         let now = now_millis();
         if let Some(rest) = message.remaining_delay(now) {
-            // Arrived early (SQS delays stop at 15 minutes): wait for the rest.
+            // Arrived early (SQS delays stop at 15 minutes): wait for the rest — but an
+            // expiry hops on only while its card is still pending, so a card decided (or
+            // its run ended) stops its chain at the next hop instead of at its deadline.
+            if let TimerMessage::ApprovalExpiry {
+                run_id, request_id, ..
+            } = &message
+            {
+                match self.store.read_card(run_id, request_id).await {
+                    Ok(Some(card)) if card.state == tollgate_domain::ApprovalState::Pending => {}
+                    Ok(_) => return Ok(()),
+                    Err(e) => return Err(unavailable(e)),
+                }
+            }
             return self.timers.schedule(&message, rest).await;
         }
         match message {

@@ -315,6 +315,20 @@ impl ApprovalRequest {
         card
     }
 
+    /// Whether `other` (an arm repeated with this card's `request_id`) asks about the same
+    /// call: tool, call identity, arguments, URL and the text the operator was shown. A
+    /// repeat that differs must not be answered with this card's decision — the human
+    /// approved this call, not that one.
+    pub fn same_call_as(&self, other: &ApprovalRequest) -> bool {
+        self.tool_name == other.tool_name
+            && self.tool_call_id == other.tool_call_id
+            && self.approval_id == other.approval_id
+            && self.arguments_hash == other.arguments_hash
+            && self.url == other.url
+            && self.intention == other.intention
+            && self.message == other.message
+    }
+
     /// The card after `resolution` at `at` (millis).
     pub fn resolved(&self, resolution: &Resolution, at: i64) -> Self {
         let mut card = self.clone();

@@ -1146,6 +1146,29 @@ fn apply_evidence(record: &MutationRecord, s: &Settlement, now: i64) -> Mutation
 /// terminal event — the stream already has the deadline's (seed: "A terminal stream may
 /// therefore precede durable cleanup"). The same settlement again answers the same.
 pub fn settle(record: &MutationRecord, s: &Settlement, run: RunStatus, now: i64) -> Decision {
+    // `not_sent` past the deadline of a call not yet settled (the deadline's timer is
+    // late or lost): the deadline's settlement comes first, as the timer would have
+    // written it, and the evidence is judged against that — so a late `not_sent` can
+    // never free a call the deadline would have judged possibly sent. Both in one
+    // transaction. (A `confirmed` response or an `ambiguous` failure is itself a
+    // terminal decision the deadline could only have guessed at: it stands alone.)
+    if s.evidence == Evidence::NotSent
+        && !record.state.is_settled()
+        && now >= record.settlement_deadline_at
+    {
+        if let Some(deadline) = settle_at_deadline(record, run, now) {
+            let mut d = settle(&deadline.record, s, run, now);
+            if !d.changed {
+                let mut out = deadline;
+                out.refusal = d.refusal;
+                return out;
+            }
+            let mut events = deadline.events;
+            events.append(&mut d.events);
+            d.events = events;
+            return d;
+        }
+    }
     let outcome = s.evidence.outcome();
     match (record.state, record.settled_by) {
         (MutationState::Intent, _) if s.evidence != Evidence::NotSent => {
@@ -2924,5 +2947,26 @@ mod tests {
         assert_eq!(stored["settled_by"], "operator");
         let back: MutationRecord = serde_json::from_value(stored).unwrap();
         assert_eq!(back, done);
+    }
+
+    #[test]
+    fn a_late_not_sent_cannot_beat_a_late_deadline_timer() {
+        // Dispatched; the deadline passed but its timer has not run: `not_sent` now is
+        // judged against the deadline's `outcome_unknown` and refused; nothing is freed.
+        let late = settle(&dispatched(), &not_sent(), RunStatus::Running, T0 + 60_000);
+        assert!(late.changed, "the deadline's settlement is written");
+        assert!(!late.accepted());
+        assert_eq!(late.record.state, MutationState::OutcomeUnknown);
+        assert_eq!(late.events.len(), 1);
+        assert_eq!(
+            late.events[0].payload["mutation_outcome"],
+            "outcome_unknown"
+        );
+        // An undispatched intent past its deadline: `not_sent` agrees with the deadline's
+        // `unsent`, written as the timer would.
+        let unsent = settle(&intent(), &not_sent(), RunStatus::Running, T0 + 60_000);
+        assert!(unsent.changed && unsent.accepted());
+        assert_eq!(unsent.record.state, MutationState::NotExecuted);
+        assert_eq!(unsent.events.len(), 1);
     }
 }

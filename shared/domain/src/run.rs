@@ -346,8 +346,42 @@ pub fn is_stalled(head: &RunHead, now_millis: i64, timeout_ms: i64) -> bool {
         && head.stall_reported_seq != Some(head.next_seq)
 }
 
-/// `coordinator.child_stall_detected` on the coordinator of a stalled child.
-pub fn stall_detected_event(child: &RunHead, now_millis: i64) -> EventDraft {
+/// What the stall guard does with a silent child (`TOLLGATE_STALL_ACTION`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StallAction {
+    /// Seed 003: the coordinator "fails a child that emits no event within the stall
+    /// timeout … as `agent_stall_timeout`": the report and the child's `run_failed` in
+    /// one step.
+    #[default]
+    Fail,
+    /// Only `coordinator.child_stall_detected`; the child runs on.
+    Report,
+}
+
+impl StallAction {
+    pub fn parse(v: &str) -> Option<Self> {
+        match v {
+            "fail" => Some(StallAction::Fail),
+            "report" => Some(StallAction::Report),
+            _ => None,
+        }
+    }
+}
+
+/// One run of the stall guard: when, how long a silence may last, and what it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StallCheck {
+    pub now: i64,
+    pub timeout_ms: i64,
+    pub action: StallAction,
+}
+
+/// `reason` of the `run_failed` the stall guard appends on a silent child (seed 003).
+pub const STALL_FAILURE_REASON: &str = "agent_stall_timeout";
+
+/// `coordinator.child_stall_detected` on the coordinator of a stalled child: who, how
+/// long silent, since when, after which event, and the timeout it broke.
+pub fn stall_detected_event(child: &RunHead, check: &StallCheck) -> EventDraft {
     let mut p = Map::new();
     p.insert("childRunId".into(), child.run_id.clone().into());
     p.insert(
@@ -356,12 +390,38 @@ pub fn stall_detected_event(child: &RunHead, now_millis: i64) -> EventDraft {
     );
     p.insert(
         "silentSeconds".into(),
-        ((now_millis - child.last_event_at).max(0) / 1000).into(),
+        ((check.now - child.last_event_at).max(0) / 1000).into(),
+    );
+    p.insert(
+        "staleSinceUtc".into(),
+        crate::format_timestamp(child.last_event_at).into(),
+    );
+    p.insert(
+        "stallTimeoutSeconds".into(),
+        (check.timeout_ms / 1000).into(),
+    );
+    p.insert(
+        "lastEventSequence".into(),
+        child.next_seq.saturating_sub(1).into(),
     );
     if let Some(t) = &child.last_real_type {
         p.insert("lastEventType".into(), t.clone().into());
     }
+    if check.action == StallAction::Fail {
+        p.insert("action".into(), "failed".into());
+    }
     EventDraft::server("coordinator.child_stall_detected", p)
+}
+
+/// The payload of the `run_failed` that ends a stalled child.
+pub fn stall_failure_payload(check: &StallCheck) -> Map<String, Value> {
+    let mut p = Map::new();
+    p.insert("reason".into(), STALL_FAILURE_REASON.into());
+    p.insert(
+        "stallTimeoutSeconds".into(),
+        (check.timeout_ms / 1000).into(),
+    );
+    p
 }
 
 #[cfg(test)]

@@ -1370,6 +1370,104 @@ pub async fn policies_come_only_from_winning_approvals(store: Store) {
     assert_eq!(auto["scope"], "tool");
 }
 
+/// The stall guard's check in `report` mode (`TOLLGATE_STALL_ACTION=report`).
+fn report_only(now: i64) -> tollgate_domain::StallCheck {
+    tollgate_domain::StallCheck {
+        now,
+        timeout_ms: 30_000,
+        action: tollgate_domain::StallAction::Report,
+    }
+}
+
+/// GIVEN a silent child WHEN the stall guard (seed 003's default, `fail`) acts on it twice
+/// at once, as two sweepers would THEN its coordinator gets one
+/// `coordinator.child_stall_detected` (with `staleSinceUtc`, `stallTimeoutSeconds`,
+/// `lastEventSequence`) and the child one `run_failed` with `reason:
+/// "agent_stall_timeout"`, in one step; a child holding a pending card — even one armed
+/// before its latest event — is neither listed nor failed.
+pub async fn a_silent_child_is_failed_once(store: Store) {
+    let coordinator = fresh_id("stall-fail-coord");
+    store
+        .create_run(NewRun {
+            run_id: coordinator.clone(),
+            kind: tollgate_domain::RunKind::Coordinator,
+            created_by: "contract".into(),
+            ..NewRun::default()
+        })
+        .await
+        .unwrap();
+    let child = child_of(&store, &coordinator, "stall-fail-child").await;
+    let waiting = child_of(&store, &coordinator, "stall-fail-waiting").await;
+    store
+        .arm(
+            RunRef::any(&waiting),
+            card_for(&waiting, "open-1", Some(&coordinator)),
+        )
+        .await
+        .unwrap();
+    store
+        .append_events(
+            RunRef::any(&waiting),
+            vec![producer("agent.message", None, json!({}))],
+        )
+        .await
+        .unwrap();
+    let later = tollgate_domain::now_millis() + 60_000;
+    let check = tollgate_domain::StallCheck {
+        now: later,
+        timeout_ms: 30_000,
+        action: tollgate_domain::StallAction::Fail,
+    };
+    let silent = store.silent_children(later, 10_000).await.unwrap();
+    assert!(
+        silent.iter().all(|h| h.run_id != waiting),
+        "a child holding a card is not a candidate"
+    );
+    let head = silent
+        .into_iter()
+        .find(|h| h.run_id == child)
+        .expect("the silent child is listed");
+    let (a, b) = tokio::join!(
+        store.report_stall(&head, &check),
+        store.report_stall(&head, &check)
+    );
+    assert_eq!(
+        [a.unwrap(), b.unwrap()]
+            .iter()
+            .filter(|r| r.is_some())
+            .count(),
+        1,
+        "one report per silence"
+    );
+    let ended = store.read_head(&child).await.unwrap().unwrap();
+    assert_eq!(ended.status, tollgate_domain::RunStatus::Failed);
+    let child_events = all_events(&store, &child).await;
+    assert_eq!(types(&child_events), ["run_started", "run_failed"]);
+    assert_eq!(child_events[1]["reason"], "agent_stall_timeout");
+    let events = all_events(&store, &coordinator).await;
+    let stalls: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "coordinator.child_stall_detected")
+        .collect();
+    assert_eq!(stalls.len(), 1, "{:?}", types(&events));
+    assert_eq!(stalls[0]["childRunId"], json!(child));
+    assert_eq!(stalls[0]["stallTimeoutSeconds"], 30);
+    assert_eq!(stalls[0]["lastEventSequence"], 1);
+    assert!(stalls[0]["staleSinceUtc"].is_string(), "{}", stalls[0]);
+    // The waiting child, even if handed to the guard, is left alone.
+    let waiting_head = store.read_head(&waiting).await.unwrap().unwrap();
+    assert_eq!(
+        store.report_stall(&waiting_head, &check).await.unwrap(),
+        None
+    );
+    let still = store.read_head(&waiting).await.unwrap().unwrap();
+    assert_eq!(still.status, tollgate_domain::RunStatus::Running);
+    assert_eq!(still.next_seq, waiting_head.next_seq, "nothing written");
+    // Nor is the failed child listed again.
+    let silent = store.silent_children(later, 10_000).await.unwrap();
+    assert!(silent.iter().all(|h| h.run_id != child));
+}
+
 /// GIVEN a silent child WHEN the stall guard reports it (twice, as two sweepers would)
 /// THEN its coordinator gets one `coordinator.child_stall_detected`; a new event on the
 /// child starts a new silence.
@@ -1393,9 +1491,10 @@ pub async fn a_silence_is_reported_once(store: Store) {
         .expect("the silent child is listed");
     assert_eq!(head.last_real_type.as_deref(), Some("run_started"));
     assert!(tollgate_domain::is_stalled(&head, later, 30_000));
+    let check = report_only(later);
     let (a, b) = tokio::join!(
-        store.report_stall(&head, later),
-        store.report_stall(&head, later)
+        store.report_stall(&head, &check),
+        store.report_stall(&head, &check)
     );
     assert_eq!(
         [a.unwrap(), b.unwrap()]
@@ -1703,7 +1802,11 @@ pub async fn reported_and_orphaned_children_leave_the_stall_listing(store: Store
         let at = head.last_event_at + TIMEOUT;
         assert!(tollgate_domain::is_stalled(&head, at, TIMEOUT));
         assert!(
-            store.report_stall(&head, at).await.unwrap().is_some(),
+            store
+                .report_stall(&head, &report_only(at))
+                .await
+                .unwrap()
+                .is_some(),
             "reported"
         );
         reported.push(child);
@@ -1753,7 +1856,7 @@ pub async fn reported_and_orphaned_children_leave_the_stall_listing(store: Store
     for _round in 0..5 {
         for child in listed(foreign + LIMIT).await {
             if ours.contains(&child.run_id) && tollgate_domain::is_stalled(&child, now, TIMEOUT) {
-                store.report_stall(&child, now).await.unwrap();
+                store.report_stall(&child, &report_only(now)).await.unwrap();
             }
         }
         if stalls_of(fresh.clone()).await > 0 {
@@ -1804,7 +1907,7 @@ pub async fn reported_and_orphaned_children_leave_the_stall_listing(store: Store
         .expect("a child that spoke is listed again");
     assert!(tollgate_domain::is_stalled(&relisted, later, TIMEOUT));
     assert!(store
-        .report_stall(&relisted, later)
+        .report_stall(&relisted, &report_only(later))
         .await
         .unwrap()
         .is_some());
@@ -2128,6 +2231,10 @@ macro_rules! contract_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn forwarded_decisions_are_recorded_once() {
             $crate::contract::forwarded_decisions_are_recorded_once(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_silent_child_is_failed_once() {
+            $crate::contract::a_silent_child_is_failed_once(__store().await).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn a_silence_is_reported_once() {

@@ -146,6 +146,10 @@ pub enum CreateOutcome {
 pub struct Finished {
     pub sequence: u64,
     pub already_finished: bool,
+    /// Pending cards the run held as it ended, where the store counts them on the head
+    /// and leaves ending them to the caller (DynamoDB; see `Gate::end_cards_of`): 0
+    /// when there is nothing to end (the embedded store ends them in the same step).
+    pub open_cards: u64,
 }
 
 /// One stored event: its sequence, type and the exact JSON served to clients.
@@ -455,9 +459,16 @@ pub trait ApprovalStore: Send + Sync + 'static {
     ) -> Result<Vec<RunHead>, StoreError>;
 
     /// Reports `child`'s silence: `coordinator.child_stall_detected` on its running
-    /// coordinator and the silence marked reported on the child, in one step — only if
-    /// the child is still exactly as read (no event since). `None`: nothing written.
-    async fn report_stall(&self, child: &RunHead, now: i64) -> Result<Option<u64>, StoreError>;
+    /// coordinator and — with [`tollgate_domain::StallAction::Fail`] — the child's
+    /// `run_failed` (`reason: "agent_stall_timeout"`), else the silence marked reported on
+    /// the child, in one step; only if the child is still exactly as read (no event
+    /// since) and holds no pending card. `None`: nothing written on the coordinator (a
+    /// child whose coordinator has ended is still failed, silently there).
+    async fn report_stall(
+        &self,
+        child: &RunHead,
+        check: &tollgate_domain::StallCheck,
+    ) -> Result<Option<u64>, StoreError>;
 
     /// Pending cards of one run, at most [`MAX_PENDING_LISTED`].
     async fn pending_cards(&self, run_id: &str) -> Result<Vec<ApprovalRequest>, StoreError>;
@@ -817,6 +828,8 @@ pub(crate) fn ended_run_answer(head: &RunHead, kind: TerminalKind) -> Result<Fin
         Ok(Finished {
             sequence: terminal_seq,
             already_finished: true,
+            // A repeat completes what a stop right after the end left.
+            open_cards: head.open_cards,
         })
     } else {
         Err(StoreError::RunTerminal {

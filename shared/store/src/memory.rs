@@ -268,6 +268,7 @@ impl RunStore for MemoryStore {
         Ok(Finished {
             sequence: seq,
             already_finished: false,
+            open_cards: 0,
         })
     }
 
@@ -776,6 +777,8 @@ impl ApprovalStore for MemoryStore {
                 r.running_head()
                     .is_some_and(|h| r.unlisted_at != Some(h.next_seq))
             })
+            // Waiting on a card (even one armed before its latest event): not stalled.
+            .filter(|r| !r.cards.values().any(|c| c.state == ApprovalState::Pending))
             .filter_map(|r| r.running_head())
             .filter(|h| h.kind == tollgate_domain::RunKind::Child)
             .filter(|h| h.last_event_at <= silent_since)
@@ -788,12 +791,18 @@ impl ApprovalStore for MemoryStore {
         Ok(silent)
     }
 
-    async fn report_stall(&self, child: &RunHead, now: i64) -> Result<Option<u64>, StoreError> {
+    async fn report_stall(
+        &self,
+        child: &RunHead,
+        check: &tollgate_domain::StallCheck,
+    ) -> Result<Option<u64>, StoreError> {
         let mut state = self.lock();
-        // Only while the child is exactly as read (no event since), still running.
+        // Only while the child is exactly as read (no event since), still running, and
+        // waiting on no card (seed 003: a child waiting on a human is not stalled).
         let unchanged = state
             .runs
             .get(&child.run_id)
+            .filter(|r| !r.cards.values().any(|c| c.state == ApprovalState::Pending))
             .and_then(RunRecord::running_head)
             .is_some_and(|h| h.next_seq == child.next_seq && h.incarnation == child.incarnation);
         if !unchanged {
@@ -815,12 +824,13 @@ impl ApprovalStore for MemoryStore {
             .get(&child.run_id)
             .and_then(|r| r.head.as_ref())
             .is_some_and(|h| h.stall_reported_seq == Some(h.next_seq));
+        let fail = check.action == tollgate_domain::StallAction::Fail;
         let seq = match coordinator {
             // Reported before at this silence: nothing new to say.
             Some(_) if already => None,
             Some(coordinator) => state.runs.get_mut(&coordinator).and_then(|coord| {
                 coord.push(
-                    &[tollgate_domain::stall_detected_event(child, now)],
+                    &[tollgate_domain::stall_detected_event(child, check)],
                     now_millis(),
                 )
             }),
@@ -828,7 +838,23 @@ impl ApprovalStore for MemoryStore {
             None => None,
         };
         if let Some(record) = state.runs.get_mut(&child.run_id) {
-            if let (Some(head), Some(_)) = (record.head.as_mut(), seq) {
+            if fail && !already {
+                // The child's end, in the same step as its coordinator's report.
+                if let Some(head) = record.head.as_mut() {
+                    let at = now_millis();
+                    let end = TerminalKind::Fail;
+                    let draft = EventDraft::server(
+                        end.event_type(),
+                        tollgate_domain::stall_failure_payload(check),
+                    );
+                    let tseq = head.next_seq;
+                    record.events.insert(tseq, stored(head, tseq, &draft, at));
+                    head.next_seq = tseq + 1;
+                    head.status = end.status();
+                    head.terminal_seq = Some(tseq);
+                    head.record([end.event_type()], at);
+                }
+            } else if let (Some(head), Some(_)) = (record.head.as_mut(), seq) {
                 head.stall_reported_seq = Some(child.next_seq);
             }
             record.unlisted_at = Some(child.next_seq);

@@ -1005,8 +1005,12 @@ impl ApprovalStore for DynamoStore {
         self.query_silent_children(silent_since, limit).await
     }
 
-    async fn report_stall(&self, child: &RunHead, now: i64) -> Result<Option<u64>, StoreError> {
-        self.write_stall_report(child, now).await
+    async fn report_stall(
+        &self,
+        child: &RunHead,
+        check: &tollgate_domain::StallCheck,
+    ) -> Result<Option<u64>, StoreError> {
+        self.write_stall_report(child, check).await
     }
 
     async fn pending_cards(&self, run_id: &str) -> Result<Vec<ApprovalRequest>, StoreError> {

@@ -159,15 +159,16 @@ fn prior_condition(prior: Option<&MutationRecord>) -> Result<Condition, StoreErr
 }
 
 impl DynamoStore {
-    /// The record's item, and its TTL (retention on) only when it can no longer block
-    /// anything: a `not_executed` attempt (a new start needs a fresh approval anyway),
-    /// or any attempt of a run that has ended (nothing can start on it any more) — from
-    /// the later of now and its deadline, as the run's head gets from its last write.
+    /// The record's item, and its TTL (retention on) only once its run has ended
+    /// (nothing can start on it any more) — from the later of now and its deadline, as
+    /// the run's head gets from its last write.
     ///
-    /// Invariant: an attempt that blocks new starts of its tool call — in flight,
-    /// `outcome_unknown` (until an operator reconciles it) or `completed` (running it
-    /// again would be a duplicate mutation) — never expires while its run can still
-    /// start calls. The head's TTL moves with every append, so a TTL stamped on the
+    /// Invariant: no attempt expires while its run can still start calls. One in
+    /// flight, `outcome_unknown` (until an operator reconciles it) or `completed`
+    /// (running it again would be a duplicate mutation) blocks new starts of its tool
+    /// call; a `not_executed` one blocks its own approval from admitting a second
+    /// attempt (a new attempt needs a fresh approval) — were it deleted while the card
+    /// still reads `approved`, the same approval would start the call again. The head's TTL moves with every append, so a TTL stamped on the
     /// record at its own last write could fall due while the run goes on, and its
     /// deletion would let the call run again. Such a record carries no TTL (a put
     /// replaces the whole item, so an earlier one goes too); the run's end gives its
@@ -179,7 +180,7 @@ impl DynamoStore {
         run_ended: bool,
     ) -> Result<Item, StoreError> {
         let mut item = record_to_item(r)?;
-        if run_ended || r.state == MutationState::NotExecuted {
+        if run_ended {
             if let Some(exp) = self.expires_at(now.max(r.settlement_deadline_at)) {
                 item.insert("expires_at".into(), exp);
             }

@@ -273,6 +273,7 @@ impl RunStore for DynamoStore {
                     // go with it (see `mutation_item`).
                     self.expire_mutations_with_run(run_id, now).await;
                     let seq = head.next_seq;
+                    let open_cards = head.open_cards;
                     head.next_seq = seq + 1;
                     head.status = kind.status();
                     head.terminal_seq = Some(seq);
@@ -283,6 +284,7 @@ impl RunStore for DynamoStore {
                     return Ok(Finished {
                         sequence: seq,
                         already_finished: false,
+                        open_cards,
                     });
                 }
                 Committed::Lost(lost) => match lost.heads.into_iter().next().flatten() {

@@ -19,7 +19,10 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
-use tollgate_domain::{stall_detected_event, RunHead, RunStatus};
+use tollgate_domain::{
+    stall_detected_event, stall_failure_payload, EventDraft, RunHead, RunStatus, StallAction,
+    StallCheck, TerminalKind,
+};
 
 use super::commit::{Budget, Committed, Plan, RunWrite, WriteKind};
 use super::item::{build_error, head_from_item, n, running_child_partitions, s, unavailable};
@@ -73,10 +76,13 @@ impl DynamoStore {
                 // Nor is a child waiting on a card (seed 003: never stalled while its
                 // latest real event is `tool.approval_required`): a page of those must not
                 // fill the batch while a real stall waits behind them.
+                // Nor one holding a pending card armed before its latest event.
                 .filter_expression(
                     "(attribute_not_exists(stall_reported_seq) OR stall_reported_seq <> next_seq) \
-                     AND (attribute_not_exists(last_real_type) OR last_real_type <> :waiting)",
+                     AND (attribute_not_exists(last_real_type) OR last_real_type <> :waiting) \
+                     AND (attribute_not_exists(open_cards) OR open_cards <= :none)",
                 )
+                .expression_attribute_values(":none", n(0))
                 .expression_attribute_values(":waiting", s("tool.approval_required"))
                 .expression_attribute_values(":r", s(partition))
                 .expression_attribute_values(":t", AttributeValue::N(silent_since.to_string()))
@@ -98,58 +104,89 @@ impl DynamoStore {
     pub(crate) async fn write_stall_report(
         &self,
         child: &RunHead,
-        now: i64,
+        check: &StallCheck,
     ) -> Result<Option<u64>, StoreError> {
-        let Some(coordinator) = &child.parent_run_id else {
+        // Waiting on a card (even one armed before its latest event): not stalled. The
+        // head's count is the one as read, and every write below is conditioned on that
+        // head, so a card armed since makes it lose.
+        if child.open_cards > 0 {
             self.unlist_child(child).await?;
             return Ok(None);
-        };
+        }
+        let fail = check.action == StallAction::Fail;
         let mut budget = Budget::new(self.contention_budget, "a stall report");
         loop {
-            let Some(coord) = self
-                .get_head(coordinator)
-                .await?
-                .filter(|h| !h.status.is_terminal())
-            else {
+            let coord = match &child.parent_run_id {
+                Some(c) => self.get_head(c).await?.filter(|h| !h.status.is_terminal()),
+                None => None,
+            };
+            if coord.is_none() && !fail {
                 // Nobody to report to, ever: out of the index, or it would hold the
                 // front for good and starve newer silences.
                 self.unlist_child(child).await?;
                 return Ok(None);
-            };
-            let mark = Update::builder()
-                .table_name(&self.tables.runs)
-                .key("run_id", s(&child.run_id))
-                // Reported: out of the index until the child speaks again.
-                .update_expression("SET stall_reported_seq = :seen REMOVE running_child")
-                // Invariant: a silence is reported only while it lasts — the child is
-                // exactly as read (no event since), still running.
-                .condition_expression(
-                    "next_seq = :seen AND #status = :running AND \
-                     (attribute_not_exists(stall_reported_seq) OR stall_reported_seq <> :seen)",
-                )
-                .expression_attribute_names("#status", "status")
-                .expression_attribute_values(":seen", n(child.next_seq))
-                .expression_attribute_values(":running", s(RunStatus::Running.as_str()))
-                .return_values_on_condition_check_failure(
-                    ReturnValuesOnConditionCheckFailure::AllOld,
-                )
-                .build()
-                .map_err(build_error)?;
-            let sequence = coord.next_seq;
-            let plan = Plan {
-                runs: vec![RunWrite {
+            }
+            let sequence = coord.as_ref().map(|c| c.next_seq);
+            let mut runs = Vec::new();
+            if let Some(coord) = coord {
+                runs.push(RunWrite {
                     head: coord,
                     kind: WriteKind::Advance { end: None },
-                    events: vec![stall_detected_event(child, now)],
+                    events: vec![stall_detected_event(child, check)],
                     open_cards: 0,
                     budget_used: None,
-                }],
-                side: vec![TransactWriteItem::builder().update(mark).build()],
-            };
-            match self.commit(&plan).await? {
-                Committed::Done { .. } => return Ok(Some(sequence)),
+                });
+            }
+            let mut side = Vec::new();
+            if fail {
+                // Seed 003: the silent child is failed as `agent_stall_timeout`, in the
+                // same transaction as its coordinator's report — conditioned on the head
+                // exactly as read (no event since, still running), which also takes it
+                // out of the stall index.
+                runs.push(RunWrite {
+                    head: child.clone(),
+                    kind: WriteKind::Advance {
+                        end: Some(TerminalKind::Fail),
+                    },
+                    events: vec![EventDraft::server(
+                        TerminalKind::Fail.event_type(),
+                        stall_failure_payload(check),
+                    )],
+                    open_cards: 0,
+                    budget_used: None,
+                });
+            } else {
+                let mark = Update::builder()
+                    .table_name(&self.tables.runs)
+                    .key("run_id", s(&child.run_id))
+                    // Reported: out of the index until the child speaks again.
+                    .update_expression("SET stall_reported_seq = :seen REMOVE running_child")
+                    // Invariant: a silence is reported only while it lasts — the child is
+                    // exactly as read (no event since), still running.
+                    .condition_expression(
+                        "next_seq = :seen AND #status = :running AND \
+                         (attribute_not_exists(stall_reported_seq) OR stall_reported_seq <> :seen)",
+                    )
+                    .expression_attribute_names("#status", "status")
+                    .expression_attribute_values(":seen", n(child.next_seq))
+                    .expression_attribute_values(":running", s(RunStatus::Running.as_str()))
+                    .return_values_on_condition_check_failure(
+                        ReturnValuesOnConditionCheckFailure::AllOld,
+                    )
+                    .build()
+                    .map_err(build_error)?;
+                side.push(TransactWriteItem::builder().update(mark).build());
+            }
+            let child_at = runs.len() - 1;
+            match self.commit(&Plan { runs, side }).await? {
+                Committed::Done { .. } => return Ok(sequence),
                 // The child spoke (or ended) meanwhile: no stall to report.
-                Committed::Lost(lost) if lost.side[0].is_some() => return Ok(None),
+                Committed::Lost(lost) if !fail && lost.side[0].is_some() => return Ok(None),
+                Committed::Lost(lost)
+                    if fail && matches!(lost.heads.get(child_at), Some(Some(_))) =>
+                {
+                    return Ok(None)
+                }
                 Committed::Lost(_) => {}
                 Committed::Busy(why) => tracing::debug!(%why, "stall report retry"),
             }
