@@ -1,4 +1,4 @@
-//! Approved execution and durable mutation outcomes (seed 000, DESIGN §5 and §7) through
+//! Approved execution and durable mutation outcomes (seed 000, docs/architecture.md §5 and §7) through
 //! HTTP and the replayed stream only — on the embedded store and on DynamoDB (the
 //! `dynamo::` tests need an endpoint; `make test` starts DynamoDB Local). Timers (card
 //! expiry, settlement deadline, execution heartbeats) run on the embedded queue, as in

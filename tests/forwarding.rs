@@ -1,4 +1,4 @@
-//! Pod-per-run forwarding (DESIGN §8) through Tollgate's HTTP routes, with a real
+//! Pod-per-run forwarding (docs/architecture.md §8) through Tollgate's HTTP routes, with a real
 //! AgentHost pod on loopback: the pod side of `tollgate-client` (`PodGate` and its routes)
 //! or, for the broken-pod rows, a pod that answers badly on purpose. Every row of the
 //! outcome table asserts the HTTP answer, the run's stream and the stored policies — on

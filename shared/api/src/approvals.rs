@@ -1,4 +1,4 @@
-//! The approval gate over HTTP (seed 003, DESIGN §5): agents arm cards and read them
+//! The approval gate over HTTP (seed 003, docs/architecture.md §5): agents arm cards and read them
 //! back (`ingress`); operators decide and list them (`approvals`). Answers follow the
 //! seed's decision matrix exactly: a fresh or later decision is 200 with the real state,
 //! an unknown request 404 `state: "unknown"`, a pending card on a run that is not running
@@ -380,7 +380,7 @@ async fn decide(
 }
 
 /// A decision on a card the durable gate does not know, for a pod-per-run run: forwarded
-/// to the run's AgentHost pod (DESIGN §8). Its terminal answer is 200 and one
+/// to the run's AgentHost pod (docs/architecture.md §8). Its terminal answer is 200 and one
 /// `tool.approval_resolved` on the run (however often the decision is forwarded); a
 /// scoped policy is written with it only when this forward applied an approval; pod
 /// 404 → 404 `unknown`, pod 409 → 409 `pending`, anything else 503

@@ -1,4 +1,4 @@
-//! Pod-per-run forwarding (seed 003, DESIGN §8): a run created with
+//! Pod-per-run forwarding (seed 003, docs/architecture.md §8): a run created with
 //! `execution_mode: "pod"` keeps its pending cards in its AgentHost pod's memory. A
 //! decision the durable gate knows nothing of is forwarded to the pod —
 //! `POST {origin}/tool-approvals` `{runId, requestId, scope}` or `/tool-denials`

@@ -1,4 +1,4 @@
-//! Approved execution over HTTP (seed 000, DESIGN §5 and §7) — the `settlement`
+//! Approved execution over HTTP (seed 000, docs/architecture.md §5 and §7) — the `settlement`
 //! function: an agent starts, dispatches and settles a human-approved mutating call;
 //! anyone who may read the run reads its `mutation_outcome/v1` records; an operator
 //! reconciles an unknown outcome. Every transition is one read–decide–commit of

@@ -1,4 +1,4 @@
-//! The live stream (seed 003's SSE contract, DESIGN §5): `GET /api/runs/{id}/stream`, or
+//! The live stream (seed 003's SSE contract, docs/architecture.md §5): `GET /api/runs/{id}/stream`, or
 //! `GET /api/runs/{id}/events` with `Accept: text/event-stream`.
 //!
 //! Frames: `retry: <ms>` first; then one frame per event — `id: <sequence>`,

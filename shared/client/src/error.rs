@@ -1,6 +1,6 @@
 //! The one error type of the crate: what went wrong, in the contract's words.
 //!
-//! Server refusals are mapped by status and by the body's `state` (DESIGN §5): a 409
+//! Server refusals are mapped by status and by the body's `state` (docs/architecture.md §5): a 409
 //! `{state: "outcome_unknown"}` is [`Error::OutcomeUnknown`], never a string to parse.
 
 use std::time::Duration;

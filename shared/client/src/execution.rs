@@ -1,4 +1,4 @@
-//! The execution guard for approved mutations (seed 000, DESIGN §7).
+//! The execution guard for approved mutations (seed 000, docs/architecture.md §7).
 //!
 //! A human-approved call goes through the server's ledger in three steps, and the types
 //! make the order the only one possible:

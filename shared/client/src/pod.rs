@@ -1,4 +1,4 @@
-//! The pod side of pod-per-run approvals (seed 003 "Pod-per-run forwarding", DESIGN §8).
+//! The pod side of pod-per-run approvals (seed 003 "Pod-per-run forwarding", docs/architecture.md §8).
 //!
 //! A run created with `execution_mode: "pod"` keeps its pending cards in the AgentHost
 //! pod's memory: here, a [`PodGate`]. The agent arms a card with [`PodGate::arm`] and

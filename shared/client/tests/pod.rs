@@ -1,5 +1,5 @@
 //! The pod side over HTTP on a loopback port: every answer row Tollgate's forwarding
-//! maps (seed 003 "Pod-per-run forwarding", DESIGN §8), and the in-pod bridge.
+//! maps (seed 003 "Pod-per-run forwarding", docs/architecture.md §8), and the in-pod bridge.
 
 mod common;
 

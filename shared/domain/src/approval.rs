@@ -36,7 +36,7 @@ impl ApprovalState {
     }
 }
 
-/// How far an approval reaches (DESIGN §6). Parsed exactly and case-sensitively;
+/// How far an approval reaches (docs/architecture.md §6). Parsed exactly and case-sensitively;
 /// anything else is `Once`, the narrowest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Scope {

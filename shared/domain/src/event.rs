@@ -1,4 +1,4 @@
-//! The event envelope of DESIGN §4 and producer-type validation.
+//! The event envelope of docs/architecture.md §4 and producer-type validation.
 
 use serde_json::{Map, Value};
 

@@ -1,9 +1,9 @@
-//! Approved execution and durable mutation outcomes (seed 000, DESIGN §7): the mutation
+//! Approved execution and durable mutation outcomes (seed 000, docs/architecture.md §7): the mutation
 //! record kept per `(run_id, tool_call_id, approval_id)`, the run's budget accounting,
 //! and every transition of an approved call — start, dispatch, settle, the settlement
 //! deadline, operator reconciliation, execution heartbeats — as pure decisions. Each
 //! decision names the record to write and the events to append; the store commits both
-//! in one transaction (DESIGN §1) or not at all.
+//! in one transaction (docs/architecture.md §1) or not at all.
 //!
 //! The rules that make it safe to put in front of tools that change the world:
 //! - `tool_execution_started` only for a call a *human* approved, once per attempt.
@@ -62,7 +62,7 @@ pub const MAX_FACTS_BYTES: usize = 32 * 1024;
 /// small; the same limits `POST /api/runs` enforces).
 pub const MAX_BUDGET_TOOLS: usize = 64;
 
-/// `state` of a durable mutation record (DESIGN §7, exact wire strings).
+/// `state` of a durable mutation record (docs/architecture.md §7, exact wire strings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MutationState {
@@ -301,7 +301,7 @@ pub struct MutationRecord {
 }
 
 impl MutationRecord {
-    /// The `mutation_outcome/v1` projection (DESIGN §7, exact): `{schema, run_id,
+    /// The `mutation_outcome/v1` projection (docs/architecture.md §7, exact): `{schema, run_id,
     /// tool_call_id, approval_id, tool_name, state, execution_status?, result?, error?,
     /// reason?}` — the optional fields are absent, not null, until they are known.
     pub fn to_json(&self) -> Value {
@@ -458,7 +458,7 @@ pub fn execution_heartbeat_event_id(tool_call_id: &str, approval_id: &str, beat:
     )
 }
 
-/// The two timings of DESIGN §7, read from the environment by the caller.
+/// The two timings of docs/architecture.md §7, read from the environment by the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExecutionSettings {
     /// `TOLLGATE_SETTLEMENT_DEADLINE_SECONDS`, in milliseconds.
@@ -574,7 +574,7 @@ pub fn admit(
     budget.ok_or(Reason::NoBudget)?.admit(usage, tool)
 }
 
-/// What a run has used of its budget; kept on the run head (DESIGN §3 "budget, calls
+/// What a run has used of its budget; kept on the run head (docs/architecture.md §3 "budget, calls
 /// used") so that admission is conditioned on the same item as the sequence. Starts are
 /// consumed at admission and never given back: a call that ended `not_executed` needs a
 /// fresh approval, and that approval grants no extra allowance.
@@ -617,7 +617,7 @@ pub enum Verdict {
     Invalid,
 }
 
-/// An answer's verdict and JSON body (errors carry `error`, DESIGN §5).
+/// An answer's verdict and JSON body (errors carry `error`, docs/architecture.md §5).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
     pub verdict: Verdict,
@@ -828,7 +828,7 @@ fn blocking_rank(state: MutationState) -> Option<u8> {
     }
 }
 
-/// `start` of an approved call (DESIGN §7). `card` is the card `request_id` names;
+/// `start` of an approved call (docs/architecture.md §7). `card` is the card `request_id` names;
 /// `attempts` every stored record of `(run_id, tool_call_id)` (this `approval_id`'s
 /// included, if any); `usage` the head's budget usage. The event of an admission takes
 /// `head.next_seq`: the store commits it conditioned on that head, so the sequence the
@@ -992,7 +992,7 @@ pub fn start(
     }
 }
 
-/// Which stored states a repeated `start` answers with 409 (DESIGN §5: "refusal 409
+/// Which stored states a repeated `start` answers with 409 (docs/architecture.md §5: "refusal 409
 /// {state:\"not_executed\", reason}; blocked 409 {state:\"outcome_unknown\"}").
 fn start_refusal_for(record: &MutationRecord) -> Option<String> {
     match record.state {
@@ -1033,7 +1033,7 @@ pub fn dispatch(record: &MutationRecord, run: RunStatus, now: i64) -> Decision {
             r.dispatched_at = Some(now);
             Decision::write(r, Vec::new(), run)
         }
-        // DESIGN §5: "409 {state:<current>} when not intent" — a repeated dispatch too:
+        // docs/architecture.md §5: "409 {state:<current>} when not intent" — a repeated dispatch too:
         // answering 200 twice could let two transports send.
         state => Decision::same(record, None).refused(format!(
             "the call is {}; only an intent can be dispatched — do not send (if this call \

@@ -2,7 +2,7 @@
 //! contract's words. Two adapters implement it — [`dynamo::DynamoStore`] for AWS and
 //! [`memory::MemoryStore`] for `tollgate serve` and tests — and both must pass the one
 //! suite in [`contract`]. Every method that changes state appends the event announcing
-//! the change in the same atomic step (DESIGN §1).
+//! the change in the same atomic step (docs/architecture.md §1).
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
@@ -597,7 +597,7 @@ pub enum MutationCommit {
     Lost,
 }
 
-/// Durable mutation records (seed 000, DESIGN §7), keyed `(run_id, tool_call_id,
+/// Durable mutation records (seed 000, docs/architecture.md §7), keyed `(run_id, tool_call_id,
 /// approval_id)`. The store never decides a transition: [`tollgate_domain::execution`]
 /// does, from a [`MutationView`], and [`MutationStore::commit_mutation`] writes the
 /// [`Decision`] in one atomic step conditioned on exactly what it was computed from, or

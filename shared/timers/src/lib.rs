@@ -15,7 +15,7 @@
 //! record the same way.
 //!
 //! Delivery is at least once on every adapter: a [`TimerHandler`] must be idempotent (the
-//! approval transitions are: a repeated one fails its condition, DESIGN.md §1).
+//! approval transitions are: a repeated one fails its condition, docs/architecture.md §1).
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! A message becomes visible after `DelaySeconds`, at most 900 (15 minutes). A timer
 //! further away is sent with the maximum delay and arrives early; the handler sees that
 //! with [`TimerMessage::remaining_delay`] and schedules the same message again for the
-//! rest (DESIGN.md §6: "re-sent until due"), so timeouts past 15 minutes work.
+//! rest (docs/architecture.md §6: "re-sent until due"), so timeouts past 15 minutes work.
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! append, end, and the approval and execution transitions built on them — is a
 //! [`Plan`]: run heads to advance (each conditioned on exactly the head that was read),
 //! the events each run announces, and side items with their own conditions, all in one
-//! `TransactWriteItems` (DESIGN §1). [`DynamoStore::commit`] owns the client-token
+//! `TransactWriteItems` (docs/architecture.md §1). [`DynamoStore::commit`] owns the client-token
 //! resend, the classification of SDK errors and the decoding of cancellation reasons;
 //! callers decide what a lost race means and try again inside a [`Budget`].
 //!

@@ -11,7 +11,7 @@ pub struct Tables {
     pub events: String,
     pub approvals: String,
     pub policies: String,
-    /// Durable mutation records (seed 000, DESIGN §7).
+    /// Durable mutation records (seed 000, docs/architecture.md §7).
     pub mutations: String,
 }
 
