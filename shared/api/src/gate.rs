@@ -20,11 +20,6 @@ const SWEEP_CONCURRENCY: usize = 16;
 /// When the revocation backstop checks that every reached stream was told.
 const REVOCATION_BACKSTOP: Duration = Duration::from_secs(60);
 
-/// How long a card's timers count as just sent: a repeated arm re-sends the expiry only
-/// when they were last sent longer ago than this, and only the repeat that wins the
-/// card's conditional mark does.
-const RESEND_TIMERS_AFTER_MS: i64 = 60_000;
-
 /// Default of `TOLLGATE_MAX_OPEN_CARDS_PER_PROJECT`.
 pub const DEFAULT_MAX_OPEN_CARDS_PER_PROJECT: u64 = 2000;
 
@@ -227,12 +222,13 @@ impl Gate {
             if !existing.same_call_as(&card) {
                 return Ok(ArmOutcome::OtherCall(existing));
             }
-            // The first call may have stopped before its timers were sent: a repeat sends
-            // the expiry again (a second expiry finds the card ended and writes nothing) —
-            // but only the repeat that wins the card's conditional mark, and only once the
-            // timers were last sent (or the card armed) a while ago. A burst of repeats
-            // therefore starts no second chain, and an agent re-arming in a loop at most one
-            // per RESEND_TIMERS_AFTER_MS; the sweeper covers the rest. Not the heartbeat: a
+            // The first call's timers could not be sent (it cleared the card's mark): a
+            // repeat sends the expiry again — only the repeat that wins the conditional
+            // mark. While the mark stands nothing is re-sent, however often or late the
+            // arm is repeated: a card has one expiry chain, never one per repeat. (Should
+            // a process stop between the arm's commit and its send, the mark stands with
+            // no chain behind it: the sweeper expires the card, at most a sweep late, and
+            // it has no heartbeats — fail-safe, never an approval.) Not the heartbeat: a
             // second chain would double its reads.
             // (The mark failing to write is no reason to fail the repeat: it answers the
             // card as it stands and sends nothing.)
@@ -242,7 +238,8 @@ impl Gate {
                     .claim_timer_resend(
                         &existing.run_id,
                         &existing.request_id,
-                        now_millis() - RESEND_TIMERS_AFTER_MS,
+                        // Only a cleared mark: no stored send time is "old enough".
+                        i64::MIN,
                     )
                     .await
                     .unwrap_or_else(|e| {
