@@ -572,6 +572,9 @@ async fn jwt_times_are_checked(backend: Backend) {
         (json!({"iat": now, "exp": now + day + 3600}), "lifetime"),
         (json!({"exp": now + 2 * day}), "lifetime"),
         (json!({"iat": now - 2 * day, "exp": now + 60}), "lifetime"),
+        // Storage keys "no project" as `-`: such a claim would read another tenant's.
+        (json!({"project_id": "-"}), "project_id"),
+        (json!({"project_id": ""}), "project_id"),
     ] {
         let run_id = format!("jwt-times-{}", uuid::Uuid::new_v4());
         let (status, body) = srv

@@ -247,8 +247,8 @@ impl Auth {
             .map(|d| d.as_secs())
             .unwrap_or_default();
         use crate::jwt::JwtError;
-        crate::jwt::decode::<Claims>(&self.jwt_key, token, now, Some(self.max_lifetime)).map_err(
-            |e| match e {
+        crate::jwt::decode::<Claims>(&self.jwt_key, token, now, Some(self.max_lifetime))
+            .map_err(|e| match e {
                 JwtError::Expired => ApiError::unauthorized("token has expired"),
                 JwtError::NotYetValid => ApiError::unauthorized("token is not valid yet (nbf)"),
                 JwtError::IssuedInFuture => {
@@ -259,15 +259,15 @@ impl Auth {
                     self.max_lifetime
                 )),
                 JwtError::Invalid(_) => ApiError::unauthorized("invalid token"),
-            },
-        )
+            })
+            .and_then(checked_project)
     }
 
     /// Verifies the bearer of a request. `run_id` is the run the route acts on, which a
     /// run token must belong to.
     pub fn caller(&self, creds: &Credentials, run_id: Option<&str>) -> Result<Caller, ApiError> {
         if let Some(claims) = &creds.gateway {
-            return Ok(Caller::Jwt(claims.clone()));
+            return Ok(Caller::Jwt(checked_project(claims.clone())?));
         }
         let token = match &creds.bearer {
             None => {
@@ -343,6 +343,17 @@ fn bearer(headers: &HeaderMap) -> Option<Result<String, &'static str>> {
         }
         _ => Err("Authorization must be `Bearer <token>`"),
     })
+}
+
+/// A `project_id` claim of `-` or an empty one is refused: storage keys "no project" as
+/// `-`, so such a claim would read as every project-less tenant's.
+fn checked_project(claims: Claims) -> Result<Claims, ApiError> {
+    match claims.project_id.as_deref() {
+        Some("-") | Some("") => Err(ApiError::unauthorized(
+            "project_id claim must not be empty or \"-\"",
+        )),
+        _ => Ok(claims),
+    }
 }
 
 /// Maps an API Gateway JWT authorizer's claims (strings) to ours: `sub`, the role from

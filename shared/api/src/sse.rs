@@ -374,12 +374,18 @@ fn holder_keys(
             keys.push((format!("run:{run_id}"), caps.per_run, "run token"));
         }
         crate::auth::Caller::Jwt(c) => {
-            keys.push((format!("agent:{}", c.sub), caps.per_agent, "agent"));
+            // The same `sub` in two projects is two agents (quoted: no `sub` or project
+            // can make two keys meet).
+            keys.push((
+                format!("agent:{:?}:{:?}", c.project_id, c.sub),
+                caps.per_agent,
+                "agent",
+            ));
         }
     }
     let tenant = match &head.project_id {
-        Some(p) => format!("project:{p}"),
-        None => format!("creator:{}", head.created_by),
+        Some(p) => format!("project:{p:?}"),
+        None => format!("creator:{:?}", head.created_by),
     };
     keys.push((tenant, caps.per_project, "project"));
     keys
