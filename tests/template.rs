@@ -89,6 +89,7 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                 (
                     "RunsTable",
                     &[
+                        "dynamodb:BatchGetItem",
                         "dynamodb:GetItem",
                         "dynamodb:PutItem",
                         "dynamodb:UpdateItem",
@@ -104,7 +105,13 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                 ),
                 (
                     "ApprovalsTable",
-                    &["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"],
+                    &[
+                        "dynamodb:BatchGetItem",
+                        "dynamodb:GetItem",
+                        "dynamodb:PutItem",
+                        "dynamodb:Query",
+                        "dynamodb:UpdateItem",
+                    ],
                 ),
                 (
                     "PoliciesTable",
@@ -114,7 +121,7 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                         "dynamodb:UpdateItem",
                     ],
                 ),
-                ("MutationsTable", &["dynamodb:Query"]),
+                ("MutationsTable", &["dynamodb:Query", "dynamodb:UpdateItem"]),
                 ("TimerQueue", &["sqs:SendMessage"]),
             ]),
         ),
@@ -149,12 +156,14 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                         "dynamodb:GetItem",
                         "dynamodb:PutItem",
                         "dynamodb:Query",
+                        "dynamodb:UpdateItem",
                     ],
                 ),
                 (
                     "ApprovalsTable/index/pending_by_expiry",
                     &["dynamodb:Query"],
                 ),
+                ("ApprovalsTable/index/pending_due", &["dynamodb:Query"]),
                 (
                     "PoliciesTable",
                     &["dynamodb:GetItem", "dynamodb:Scan", "dynamodb:UpdateItem"],
@@ -227,6 +236,7 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                         "dynamodb:BatchGetItem",
                         "dynamodb:GetItem",
                         "dynamodb:PutItem",
+                        "dynamodb:UpdateItem",
                     ],
                 ),
                 (
@@ -267,16 +277,23 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                         "dynamodb:BatchGetItem",
                         "dynamodb:GetItem",
                         "dynamodb:PutItem",
+                        "dynamodb:UpdateItem",
                     ],
                 ),
                 (
                     "ApprovalsTable/index/pending_by_expiry",
                     &["dynamodb:Query"],
                 ),
+                ("ApprovalsTable/index/pending_due", &["dynamodb:Query"]),
                 ("RunsTable/index/running_children", &["dynamodb:Query"]),
                 (
                     "MutationsTable",
-                    &["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"],
+                    &[
+                        "dynamodb:GetItem",
+                        "dynamodb:PutItem",
+                        "dynamodb:Query",
+                        "dynamodb:UpdateItem",
+                    ],
                 ),
                 (
                     "MutationsTable/index/unsettled_by_deadline",

@@ -255,7 +255,11 @@ impl RunStore for DynamoStore {
         let mut head = self.starting_head(&mut lane, run).await?;
         loop {
             if head.status.is_terminal() {
-                return ended_run_answer(&head, kind);
+                let answer = ended_run_answer(&head, kind)?;
+                // A repeat completes what a stop right after the end left.
+                self.expire_mutations_with_run(run_id, head.last_event_at)
+                    .await;
+                return Ok(answer);
             }
             let plan = Plan {
                 runs: vec![RunWrite {

@@ -179,7 +179,14 @@ impl DynamoStore {
             }
             let child_at = runs.len() - 1;
             match self.commit(&Plan { runs, side }).await? {
-                Committed::Done { .. } => return Ok(sequence),
+                Committed::Done { now } => {
+                    if fail {
+                        // The child can start no call any more: its mutation records
+                        // may go with it, as after any end.
+                        self.expire_mutations_with_run(&child.run_id, now).await;
+                    }
+                    return Ok(sequence);
+                }
                 // The child spoke (or ended) meanwhile: no stall to report.
                 Committed::Lost(lost) if !fail && lost.side[0].is_some() => return Ok(None),
                 Committed::Lost(lost)
