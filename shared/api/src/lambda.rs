@@ -92,7 +92,30 @@ pub async fn run(router: Router) -> Result<(), lambda_http::Error> {
 
 pub async fn run_streaming(router: Router) -> Result<(), lambda_http::Error> {
     let router = router.layer(axum::middleware::map_request(insert_deadline));
-    lambda_http::run_with_streaming_response(with_gateway_claims(router)).await
+    // A client that drops its stream can break the runtime's connection while the
+    // response is being streamed, and the runtime loop then stops with an error: the
+    // process would exit and the next invocation pay a cold start (or, under a local
+    // Runtime API, find no process at all). The loop is started again instead; only
+    // failures that keep coming at once (the Runtime API itself gone) end the process.
+    let mut quick_failures = 0u32;
+    loop {
+        let started = std::time::Instant::now();
+        match lambda_http::run_with_streaming_response(with_gateway_claims(router.clone())).await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                quick_failures = if started.elapsed() < Duration::from_secs(1) {
+                    quick_failures + 1
+                } else {
+                    1
+                };
+                if quick_failures >= 5 {
+                    return Err(e);
+                }
+                tracing::warn!(error = %e, "the runtime loop stopped mid-stream; starting it again");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
 }
 
 /// How long before the invocation's deadline a live stream ends, so that it ends
