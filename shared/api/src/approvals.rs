@@ -178,7 +178,27 @@ async fn arm(
         }))
         .into_response()
     };
-    let (status, card, sequence) = match deps.gate.arm(&head, &incarnation, card.clone()).await? {
+    // Armed in a task of its own: a client that hangs up after the card is committed
+    // cannot cut its timers off (the handler's future would be dropped between the
+    // commit and the send, leaving a card whose mark says its timers were sent).
+    let armed = {
+        let (gate, head, incarnation, card) = (
+            deps.gate.clone(),
+            head.clone(),
+            incarnation.clone(),
+            card.clone(),
+        );
+        tokio::spawn(async move { gate.arm(&head, &incarnation, card).await })
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "arming task failed");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the card could not be armed; retry",
+                )
+            })??
+    };
+    let (status, card, sequence) = match armed {
         ArmOutcome::Card(Armed::Created { card, sequence }) => {
             (StatusCode::CREATED, card, Some(sequence))
         }

@@ -139,6 +139,11 @@ impl DynamoStore {
             }
             let mut side = Vec::new();
             if fail {
+                // Reported already at this silence (by a guard in `report` mode, say
+                // during a rollout): the coordinator has been told; say nothing twice.
+                if child.stall_reported_seq == Some(child.next_seq) {
+                    return Ok(None);
+                }
                 // Seed 003: the silent child is failed as `agent_stall_timeout`, in the
                 // same transaction as its coordinator's report — conditioned on the head
                 // exactly as read (no event since, still running), which also takes it
