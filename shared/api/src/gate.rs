@@ -235,12 +235,7 @@ impl Gate {
             if existing.state == tollgate_domain::ApprovalState::Pending
                 && self
                     .store
-                    .claim_timer_resend(
-                        &existing.run_id,
-                        &existing.request_id,
-                        // Only a cleared mark: no stored send time is "old enough".
-                        i64::MIN,
-                    )
+                    .claim_timer_resend(&existing.run_id, &existing.request_id)
                     .await
                     .unwrap_or_else(|e| {
                         tracing::warn!(error = %e, request_id = %existing.request_id, "timer re-send not claimed");
@@ -427,31 +422,39 @@ impl Gate {
         let overdue = self.store.open_cards(None, Some(now), limit).await?;
         // A backlog after an outage clears in one tick; a card that cannot be expired now
         // (throttling, contention) does not hold up the others: the next sweep retries it.
-        let store = self.store.clone();
-        each_concurrently(
+        self.end_each(
             overdue,
+            Resolution::Expired,
+            now,
             "overdue card not expired; next sweep retries",
-            move |card| {
-                let store = store.clone();
-                async move {
-                    let label = card.request_id.clone();
-                    match store
-                        .resolve(
-                            &card.run_id,
-                            &card.request_id,
-                            Resolution::Expired,
-                            now,
-                            None,
-                        )
-                        .await
-                    {
-                        Ok(Resolved::Fresh(_)) => Ok(true),
-                        Ok(_) | Err(StoreError::NotFound) => Ok(false),
-                        Err(e) => Err((label, e)),
-                    }
-                }
-            },
         )
+        .await
+    }
+
+    /// Ends each of `cards` with `resolution` at `now` ([`SWEEP_CONCURRENCY`] at a time);
+    /// counts the ones this call ended. A card that cannot be ended now is logged with
+    /// `failed` and does not hold up the others.
+    async fn end_each(
+        &self,
+        cards: Vec<ApprovalRequest>,
+        resolution: Resolution,
+        now: i64,
+        failed: &'static str,
+    ) -> Result<usize, StoreError> {
+        let store = self.store.clone();
+        each_concurrently(cards, failed, move |card| {
+            let (store, resolution) = (store.clone(), resolution.clone());
+            async move {
+                match store
+                    .resolve(&card.run_id, &card.request_id, resolution, now, None)
+                    .await
+                {
+                    Ok(Resolved::Fresh(_)) => Ok(true),
+                    Ok(_) | Err(StoreError::NotFound) => Ok(false),
+                    Err(e) => Err((card.request_id, e)),
+                }
+            }
+        })
         .await
     }
 
@@ -499,31 +502,12 @@ impl Gate {
     /// crash in between left. Until then such a card can still be listed, but nothing can
     /// approve it: any decision on it ends it as `run_ended` (fail closed).
     pub async fn end_cards_of(&self, run_id: &str) -> Result<usize, StoreError> {
-        let now = now_millis();
         let pending = self.store.pending_cards(run_id).await?;
-        let store = self.store.clone();
-        each_concurrently(
+        self.end_each(
             pending,
+            Resolution::RunEnded,
+            now_millis(),
             "card of an ended run not ended; a decision or its expiry ends it",
-            move |card| {
-                let store = store.clone();
-                async move {
-                    match store
-                        .resolve(
-                            &card.run_id,
-                            &card.request_id,
-                            Resolution::RunEnded,
-                            now,
-                            None,
-                        )
-                        .await
-                    {
-                        Ok(Resolved::Fresh(_)) => Ok(true),
-                        Ok(_) | Err(StoreError::NotFound) => Ok(false),
-                        Err(e) => Err((card.request_id, e)),
-                    }
-                }
-            },
         )
         .await
     }

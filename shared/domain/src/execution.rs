@@ -401,18 +401,7 @@ impl MutationRecord {
         if let Some(evidence) = self.evidence {
             p.insert("evidence".into(), evidence.as_str().into());
         }
-        if let Some(status) = self.execution_status {
-            p.insert("execution_status".into(), status.as_str().into());
-        }
-        if let Some(result) = &self.result {
-            p.insert("result".into(), result.clone());
-        }
-        if let Some(error) = &self.error {
-            p.insert("error".into(), error.clone());
-        }
-        if let Some(reason) = self.reason {
-            p.insert("reason".into(), reason.as_str().into());
-        }
+        self.facts_into(&mut p);
         EventDraft::server(EXECUTION_UPDATED_TYPE, p)
     }
 

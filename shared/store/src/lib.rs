@@ -302,15 +302,10 @@ pub trait ApprovalStore: Send + Sync + 'static {
     ) -> Result<Armed, StoreError>;
 
     /// Marks that the timers of the pending card are being sent again now, if the mark is
-    /// absent or was set at or before `sent_before` (arming sets it; see
+    /// absent (arming sets it; a failed send clears it, see
     /// [`ApprovalStore::clear_timer_mark`]): only the caller that gets `true` re-sends
     /// them, so repeated arms cannot start one expiry chain each.
-    async fn claim_timer_resend(
-        &self,
-        run_id: &str,
-        request_id: &str,
-        sent_before: i64,
-    ) -> Result<bool, StoreError>;
+    async fn claim_timer_resend(&self, run_id: &str, request_id: &str) -> Result<bool, StoreError>;
 
     /// Removes the card's timer mark: its timers could not be sent, so the next repeated
     /// arm sends them at once.

@@ -239,13 +239,7 @@ impl RunStore for MemoryStore {
             return ended_run_answer(head, kind);
         }
         let now = now_millis();
-        let seq = head.next_seq;
-        let draft = EventDraft::server(kind.event_type(), payload);
-        record.events.insert(seq, stored(head, seq, &draft, now));
-        head.next_seq = seq + 1;
-        head.status = kind.status();
-        head.terminal_seq = Some(seq);
-        head.record([kind.event_type()], now);
+        let seq = record.end(kind, payload, now);
         // Ending a run ends its pending cards, under the same lock: `expired` with
         // reason `run_ended`, no event after the terminal one.
         let pending: Vec<String> = record
@@ -332,6 +326,22 @@ impl RunRecord {
     }
 
     /// Appends server events to a run (the caller checked it runs); the first sequence.
+    /// The terminal event and status of a running run's head (its caller checked that
+    /// it runs); the terminal sequence.
+    fn end(&mut self, kind: TerminalKind, payload: Map<String, Value>, now: i64) -> u64 {
+        let Some(head) = self.head.as_mut() else {
+            return 0;
+        };
+        let seq = head.next_seq;
+        let draft = EventDraft::server(kind.event_type(), payload);
+        self.events.insert(seq, stored(head, seq, &draft, now));
+        head.next_seq = seq + 1;
+        head.status = kind.status();
+        head.terminal_seq = Some(seq);
+        head.record([kind.event_type()], now);
+        seq
+    }
+
     fn push(&mut self, drafts: &[EventDraft], now: i64) -> Option<u64> {
         let head = self.head.as_mut()?;
         let first = head.next_seq;
@@ -416,29 +426,16 @@ impl ApprovalStore for MemoryStore {
         Ok(Armed::Created { card, sequence })
     }
 
-    async fn claim_timer_resend(
-        &self,
-        run_id: &str,
-        request_id: &str,
-        sent_before: i64,
-    ) -> Result<bool, StoreError> {
+    async fn claim_timer_resend(&self, run_id: &str, request_id: &str) -> Result<bool, StoreError> {
         let mut runs = self.lock();
         let Some(record) = runs.get_mut(run_id) else {
             return Ok(false);
         };
-        let Some(card) = record
+        let pending = record
             .cards
             .get(request_id)
-            .filter(|c| c.state == ApprovalState::Pending)
-        else {
-            return Ok(false);
-        };
-        if card.state != ApprovalState::Pending
-            || record
-                .timers_sent
-                .get(request_id)
-                .is_some_and(|at| *at > sent_before)
-        {
+            .is_some_and(|c| c.state == ApprovalState::Pending);
+        if !pending || record.timers_sent.contains_key(request_id) {
             return Ok(false);
         }
         record
@@ -840,20 +837,11 @@ impl ApprovalStore for MemoryStore {
         if let Some(record) = state.runs.get_mut(&child.run_id) {
             if fail && !already {
                 // The child's end, in the same step as its coordinator's report.
-                if let Some(head) = record.head.as_mut() {
-                    let at = now_millis();
-                    let end = TerminalKind::Fail;
-                    let draft = EventDraft::server(
-                        end.event_type(),
-                        tollgate_domain::stall_failure_payload(check),
-                    );
-                    let tseq = head.next_seq;
-                    record.events.insert(tseq, stored(head, tseq, &draft, at));
-                    head.next_seq = tseq + 1;
-                    head.status = end.status();
-                    head.terminal_seq = Some(tseq);
-                    head.record([end.event_type()], at);
-                }
+                record.end(
+                    TerminalKind::Fail,
+                    tollgate_domain::stall_failure_payload(check),
+                    now_millis(),
+                );
             } else if let (Some(head), Some(_)) = (record.head.as_mut(), seq) {
                 head.stall_reported_seq = Some(child.next_seq);
             }

@@ -608,14 +608,9 @@ impl ApprovalStore for DynamoStore {
         }
     }
 
-    async fn claim_timer_resend(
-        &self,
-        run_id: &str,
-        request_id: &str,
-        sent_before: i64,
-    ) -> Result<bool, StoreError> {
+    async fn claim_timer_resend(&self, run_id: &str, request_id: &str) -> Result<bool, StoreError> {
         // One conditional write on the card: of concurrent repeats, one wins; a repeat
-        // within the window finds the mark fresh and writes nothing.
+        // that finds the mark set writes nothing.
         let result = self
             .client
             .update_item()
@@ -623,12 +618,9 @@ impl ApprovalStore for DynamoStore {
             .key("run_id", s(run_id))
             .key("item_key", s(card_key(request_id)))
             .update_expression("SET timers_sent_at = :now")
-            .condition_expression(
-                "#state = :pending AND (attribute_not_exists(timers_sent_at) OR timers_sent_at <= :before)",
-            )
+            .condition_expression("#state = :pending AND attribute_not_exists(timers_sent_at)")
             .expression_attribute_names("#state", "state")
             .expression_attribute_values(":pending", s(ApprovalState::Pending.as_str()))
-            .expression_attribute_values(":before", n(sent_before))
             .expression_attribute_values(":now", n(now_millis()))
             .send()
             .await;
