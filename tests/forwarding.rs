@@ -283,13 +283,28 @@ async fn unknown_and_pending(backend: Backend) {
 }
 
 /// A pod that answers every decision with `status` and `body` after `delay`, counting
-/// the requests it got.
+/// the decisions it got; it serves every card's context as a `web_fetch` card.
 fn broken_pod(
     listener: TcpListener,
     status: u16,
     body: impl Into<String>,
     delay: Duration,
 ) -> (Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    broken_pod_of(listener, status, body, delay, Some("web_fetch"))
+}
+
+/// [`broken_pod`] whose `GET /tool-approvals/{id}` names `context_tool` (or no tool).
+fn broken_pod_of(
+    listener: TcpListener,
+    status: u16,
+    body: impl Into<String>,
+    delay: Duration,
+    context_tool: Option<&str>,
+) -> (Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    let context = match context_tool {
+        Some(tool) => json!({"state": "pending", "toolName": tool}),
+        None => json!({"state": "pending"}),
+    };
     let hits = Arc::new(AtomicUsize::new(0));
     let counter = hits.clone();
     let body: String = body.into();
@@ -307,7 +322,14 @@ fn broken_pod(
     };
     let app = axum::Router::new()
         .route("/tool-approvals", post(answer.clone()))
-        .route("/tool-denials", post(answer));
+        .route("/tool-denials", post(answer))
+        .route(
+            "/tool-approvals/{request_id}",
+            axum::routing::get(move || {
+                let context = context.clone();
+                async move { axum::Json(context) }
+            }),
+        );
     (hits, serve(listener, app))
 }
 
@@ -568,20 +590,30 @@ async fn a_lost_answer_is_recovered_by_the_retry(backend: Backend) {
     let proxy = {
         let seen = seen.clone();
         axum::Router::new().fallback(
-            move |uri: axum::http::Uri, headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+            move |method: axum::http::Method,
+                  uri: axum::http::Uri,
+                  headers: axum::http::HeaderMap,
+                  body: axum::body::Bytes| {
                 let (seen, pod_origin) = (seen.clone(), pod_origin.clone());
                 async move {
-                    let mut req = reqwest::Client::new()
-                        .post(format!("{pod_origin}{}", uri.path()))
-                        .header("content-type", "application/json")
-                        .body(body);
+                    let decision = method == axum::http::Method::POST;
+                    let url = format!("{pod_origin}{}", uri.path());
+                    let mut req = match decision {
+                        true => reqwest::Client::new()
+                            .post(url)
+                            .header("content-type", "application/json")
+                            .body(body),
+                        false => reqwest::Client::new().get(url),
+                    };
                     if let Some(auth) = headers.get("authorization") {
                         req = req.header("authorization", auth.to_str().unwrap());
                     }
                     let resp = req.send().await.unwrap();
                     let status = resp.status().as_u16();
                     let text = resp.text().await.unwrap();
-                    if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                    // The first decision's answer is held back (reading a card's context
+                    // is not).
+                    if decision && seen.fetch_add(1, Ordering::SeqCst) == 0 {
                         tokio::time::sleep(Duration::from_secs(2)).await;
                     }
                     (axum::http::StatusCode::from_u16(status).unwrap(), text)
@@ -620,8 +652,8 @@ async fn a_lost_answer_is_recovered_by_the_retry(backend: Backend) {
 }
 
 /// What a pod says is believed no further than the decision sent: a scope beyond `once`
-/// names its tool (400 without, 403 for `always` on a tool not eligible; the pod is not
-/// asked), a pod that "applied" something else than what was sent is unreachable (503,
+/// needs the card's tool from the pod's context (400 without one or for another tool,
+/// 403 for `always` on a tool not eligible; the decision is not sent), a pod that "applied" something else than what was sent is unreachable (503,
 /// nothing written), and a pod that applied a scoped approval for another tool than the
 /// operator named is unreachable too, and the client's pod refuses a decision naming
 /// another tool than its card's (409, nothing applied).
@@ -643,13 +675,25 @@ async fn pod_answers_are_held_to_the_decision(backend: Backend) {
         async move { decide(srv, "tool-approvals", &run_id, "alice", body).await }
     };
 
-    // Not asked at all.
+    // Not asked at all: a scope beyond `once` on a card whose context names no tool
+    // (400), for another tool than the card's (400), `always` for a tool that is not
+    // eligible (403), an empty tool name (400).
     let (listener, origin) = listen().await;
     let run = pod_run(&srv, &origin, "alice").await;
-    let (hits, _pod) = broken_pod(listener, 200, "{}", Duration::ZERO);
+    let (hits, _pod) = broken_pod_of(listener, 200, "{}", Duration::ZERO, None);
     let (status, answer) = asked(&run.run_id, "tool", None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
-    let (status, answer) = asked(&run.run_id, "always", Some("shell")).await;
+    assert!(
+        answer["error"].as_str().unwrap().contains("only once"),
+        "{answer}"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+    let (listener, origin) = listen().await;
+    let run = pod_run(&srv, &origin, "alice").await;
+    let (hits, _pod) = broken_pod_of(listener, 200, "{}", Duration::ZERO, Some("shell"));
+    let (status, answer) = asked(&run.run_id, "tool", Some("web_fetch")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    let (status, answer) = asked(&run.run_id, "always", None).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
     let (status, answer) = asked(&run.run_id, "tool", Some("")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
@@ -702,12 +746,17 @@ async fn pod_answers_are_held_to_the_decision(backend: Backend) {
     assert!(policies(&srv, &run.run_id).await.is_empty());
 
     // An honest pod (the client's) holding a `shell` card: a scoped approval naming
-    // `web_fetch` applies nothing there (409 pending), no bridge, no policy, no event.
+    // `web_fetch` is refused against the card's context (400) and applies nothing there;
+    // sent to the pod anyway (`once`, naming the tool), the pod refuses it (409 pending).
+    // No bridge, no policy, no event.
     let (listener, origin) = listen().await;
     let run = pod_run(&srv, &origin, "alice").await;
     let (gate, _pod) = pod(listener, &run.credential);
     let pending = gate.arm(PodArm::new(&rid, &run.run_id, "shell"));
     let (status, answer) = asked(&run.run_id, "always", Some("web_fetch")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(gate.card(&rid).unwrap()["state"], "pending");
+    let (status, answer) = asked(&run.run_id, "once", Some("web_fetch")).await;
     assert_eq!(status, StatusCode::CONFLICT, "{answer}");
     assert_eq!(answer["state"], "pending");
     assert_eq!(gate.card(&rid).unwrap()["state"], "pending");

@@ -16,7 +16,7 @@ use tollgate_domain::approval::{
     valid_id, DEFAULT_TIMEOUT_SECONDS, MAX_HASH, MAX_TEXT, MAX_TOOL_NAME, MAX_URL,
 };
 use tollgate_domain::{
-    now_millis, validate_run_id, ApprovalRequest, ApprovalState, Policy, Resolution, Scope,
+    now_millis, validate_run_id, ApprovalRequest, ApprovalState, Policy, Resolution, RunHead, Scope,
 };
 use tollgate_store::{Armed, Located, Resolved};
 
@@ -162,6 +162,7 @@ async fn arm(
         project_id: None,
         end_reason: None,
         auto_approval: None,
+        held_by_pod: false,
     };
     // A gate a live policy covered: `tool.auto_approved` on the stream and its card stored
     // `approved`. The first answer and a retry's (from the stored card) are the same.
@@ -343,27 +344,14 @@ async fn decide(
         // recorded in a task of its own, so a client that hangs up cannot cut the two
         // apart (the pod applied it, the resolved event must follow).
         None => {
-            let permit = deps.forwards.clone().try_acquire_owned().map_err(|_| {
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "too many decisions are being forwarded; retry",
-                )
-                .with_state("agenthost_unreachable")
-            })?;
+            let permit = forward_permit(&deps)?;
             let (deps, claims) = (deps.clone(), claims.clone());
             return tokio::spawn(async move {
                 let _permit = permit;
                 forward_decision(&deps, &claims, &run_id, &body, verb).await
             })
             .await
-            .map_err(|e| {
-                tracing::error!(error = %e, "forwarded decision task failed");
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the decision could not be forwarded; retry",
-                )
-                .with_state("agenthost_unreachable")
-            })?;
+            .map_err(forward_task_failed)?;
         }
     };
     let card = &located.card;
@@ -392,7 +380,245 @@ async fn decide(
             }
         }
     };
+    // A pending card its run's pod holds: the pod decides, the card records what it did
+    // (in a task of its own, like any forward).
+    if card.held_by_pod && card.state == ApprovalState::Pending {
+        let permit = forward_permit(&deps)?;
+        return tokio::spawn(async move {
+            let _permit = permit;
+            decide_pod_card(&deps, located, resolution).await
+        })
+        .await
+        .map_err(forward_task_failed)?;
+    }
     match deps.gate.resolve(located, resolution).await? {
+        Resolved::Fresh(card) | Resolved::Already(card) => {
+            Ok(Json(decision_answer(&card, verb)).into_response())
+        }
+    }
+}
+
+/// A place among the decisions this process forwards at once ([`crate::forward::MAX_IN_FLIGHT`]).
+fn forward_permit(deps: &Deps) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    deps.forwards.clone().try_acquire_owned().map_err(|_| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many decisions are being forwarded; retry",
+        )
+        .with_state("agenthost_unreachable")
+    })
+}
+
+fn forward_task_failed(e: tokio::task::JoinError) -> ApiError {
+    tracing::error!(error = %e, "forwarded decision task failed");
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the decision could not be forwarded; retry",
+    )
+    .with_state("agenthost_unreachable")
+}
+
+fn agenthost_unreachable(why: &str) -> ApiError {
+    tracing::warn!(why, "decision not forwarded to the agent host");
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the run's agent host is unreachable; retry",
+    )
+    .with_state("agenthost_unreachable")
+}
+
+/// What a run's pod did with a forwarded decision, checked against what was sent.
+enum PodVerdict {
+    /// A terminal state: `applied` when this forward ended the card.
+    Terminal {
+        state: ApprovalState,
+        applied: bool,
+        scope: Option<Scope>,
+        tool_name: Option<String>,
+    },
+    /// The pod knows no such card.
+    Unknown,
+}
+
+/// Forwards `verb` (with `scope`, for the card of `tool`, when known) on card
+/// `request_id` of `head`'s run to its pod and checks the answer: a pod that says it
+/// applied the decision answers with the decision's own state, scope and tool, else it is
+/// not an answer (503, nothing written); pod 409 → 409 `pending`; anything but a
+/// terminal state or 404 → 503 `agenthost_unreachable`.
+async fn ask_pod(
+    deps: &Deps,
+    head: &RunHead,
+    request_id: &str,
+    verb: Verb,
+    scope: Scope,
+    tool: Option<&str>,
+    by: &str,
+) -> Result<PodVerdict, ApiError> {
+    let Some(origin) = head.agenthost_origin.as_deref() else {
+        return Err(agenthost_unreachable("the run has no agenthost_origin"));
+    };
+    let answer = crate::forward::forward(
+        origin,
+        &deps.auth.pod_credential(&head.run_id, &head.incarnation),
+        crate::forward::Decision {
+            verb: match verb {
+                Verb::Approve => crate::forward::Verb::Approve,
+                Verb::Deny => crate::forward::Verb::Deny,
+            },
+            run_id: &head.run_id,
+            request_id,
+            scope,
+            tool_name: tool,
+            decision_id: &deps.auth.pod_decision_id(&[
+                &head.run_id,
+                request_id,
+                match verb {
+                    Verb::Approve => "approve",
+                    Verb::Deny => "deny",
+                },
+                scope.as_str(),
+                by,
+            ]),
+        },
+        pod_reach(deps),
+    )
+    .await;
+    let (state, applied, pod_scope, tool_name) = match answer {
+        crate::forward::PodAnswer::Terminal {
+            state,
+            applied,
+            scope,
+            tool_name,
+            ..
+        } => (state, applied, scope, tool_name),
+        crate::forward::PodAnswer::Unknown => return Ok(PodVerdict::Unknown),
+        crate::forward::PodAnswer::Pending => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "the agent host holds the request pending but cannot decide it now",
+            )
+            .with_state("pending"))
+        }
+        crate::forward::PodAnswer::Unreachable(why) => return Err(agenthost_unreachable(&why)),
+    };
+    let expected = match verb {
+        Verb::Approve => ApprovalState::Approved,
+        Verb::Deny => ApprovalState::Denied,
+    };
+    if applied && state != expected {
+        return Err(agenthost_unreachable(
+            "the pod applied another decision than the one sent",
+        ));
+    }
+    if applied && verb == Verb::Approve && pod_scope.is_some_and(|s| s != scope) {
+        return Err(agenthost_unreachable(
+            "the pod applied another scope than the one sent",
+        ));
+    }
+    // The pod's tool name, when it is one; a decision sent for a tool is applied to it.
+    let tool_name = tool_name.filter(|t| !t.is_empty() && t.chars().count() <= MAX_TOOL_NAME);
+    if applied && tool.is_some() && tool_name.as_deref().is_some_and(|t| Some(t) != tool) {
+        return Err(agenthost_unreachable(
+            "the pod applied the decision to a card for another tool",
+        ));
+    }
+    Ok(PodVerdict::Terminal {
+        state,
+        applied,
+        scope: pod_scope,
+        tool_name,
+    })
+}
+
+fn pod_reach(deps: &Deps) -> crate::forward::Reach {
+    let config = deps.gate.config();
+    crate::forward::Reach {
+        timeout: config.forward_timeout,
+        allow_loopback: config.allow_loopback_origins,
+    }
+}
+
+/// Who decided, for a card a pod reports ended by something other than this forward:
+/// the pod's word about who decided is not evidence.
+const DECIDED_IN_POD: &str = "agenthost";
+
+/// A decision on a pending card the run's pod announced (docs/architecture.md §8): the
+/// decision is forwarded to the pod with the card's tool, and the card records what the
+/// pod did — what this forward applied (with its policy, when scoped), or the pod's
+/// earlier end (no policy). A pod that no longer knows the card ends it `expired`
+/// (nothing can approve it any more). On a run that has ended, or when the card's
+/// backstop is too near for a forward to finish before it, nothing is forwarded and the
+/// card ends as that says.
+async fn decide_pod_card(
+    deps: &Deps,
+    located: Located,
+    resolution: Resolution,
+) -> Result<Response, ApiError> {
+    let verb = match resolution {
+        Resolution::Denied { .. } => Verb::Deny,
+        _ => Verb::Approve,
+    };
+    let card = located.card.clone();
+    let (scope, by) = match &resolution {
+        Resolution::Approved { scope, by } => (*scope, by.clone()),
+        Resolution::Denied { by } => (Scope::Once, by.clone()),
+        // Decisions only come here.
+        _ => return Err(unknown()),
+    };
+    let head = located
+        .head
+        .clone()
+        .filter(|h| h.run_id == card.run_id && !h.status.is_terminal());
+    let backstop_due =
+        now_millis() + deps.gate.config().forward_timeout.as_millis() as i64 >= card.expires_at;
+    let ended = match head {
+        Some(head) if !backstop_due => {
+            let verdict = ask_pod(
+                deps,
+                &head,
+                &card.request_id,
+                verb,
+                scope,
+                Some(&card.tool_name),
+                &by,
+            )
+            .await?;
+            match verdict {
+                PodVerdict::Terminal { applied: true, .. } => {
+                    deps.gate.resolve(located, resolution).await?
+                }
+                PodVerdict::Terminal {
+                    state,
+                    scope: pod_scope,
+                    ..
+                } => {
+                    let earlier = match state {
+                        ApprovalState::Approved => Resolution::Approved {
+                            scope: pod_scope.unwrap_or(Scope::Once),
+                            by: DECIDED_IN_POD.into(),
+                        },
+                        ApprovalState::Denied => Resolution::Denied {
+                            by: DECIDED_IN_POD.into(),
+                        },
+                        _ => Resolution::Expired,
+                    };
+                    deps.gate.resolve_without_grant(located, earlier).await?
+                }
+                PodVerdict::Unknown => {
+                    deps.gate
+                        .resolve_without_grant(located, Resolution::Expired)
+                        .await?
+                }
+            }
+        }
+        // The run has ended (the store ends the card `run_ended`) or the backstop is due.
+        _ => {
+            deps.gate
+                .resolve_without_grant(located, Resolution::Expired)
+                .await?
+        }
+    };
+    match ended {
         Resolved::Fresh(card) | Resolved::Already(card) => {
             Ok(Json(decision_answer(&card, verb)).into_response())
         }
@@ -404,7 +630,10 @@ async fn decide(
 /// `tool.approval_resolved` on the run (however often the decision is forwarded); a
 /// scoped policy is written with it only when this forward applied an approval; pod
 /// 404 → 404 `unknown`, pod 409 → 409 `pending`, anything else 503
-/// `agenthost_unreachable` (retryable while the run and its pod are active).
+/// `agenthost_unreachable` (retryable while the run and its pod are active). A scope
+/// beyond `once` needs the card's tool, which Tollgate reads from the pod's
+/// server-captured context (`GET {origin}/tool-approvals/{requestId}`): without it, only
+/// `once` can be decided.
 async fn forward_decision(
     deps: &Deps,
     claims: &Claims,
@@ -433,117 +662,68 @@ async fn forward_decision(
         )));
     }
     bounded("tool_name", &body.tool_name, MAX_TOOL_NAME)?;
-    // Tollgate cannot see a pod's card: a scope beyond `once` names its tool, and the
-    // grant is for that tool only (and `always` only for the always-eligible ones).
-    let asked_tool = match (scope, body.tool_name.as_deref()) {
-        (Scope::Once, t) => t,
-        (_, None) => {
-            return Err(ApiError::bad_request(format!(
-                "scope {} on a pod-per-run card needs tool_name (the tool the grant is for)",
-                scope.as_str()
-            )))
-        }
-        (Scope::Always, Some(t)) if !deps.gate.always_eligible(t) => {
-            return Err(ApiError::forbidden(format!(
-                "scope always is not allowed for {t}; the card stays pending"
-            )))
-        }
-        (_, Some(t)) => Some(t),
-    };
-    let unreachable = |why: &str| {
-        tracing::warn!(why, "decision not forwarded to the agent host");
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the run's agent host is unreachable; retry",
-        )
-        .with_state("agenthost_unreachable")
-    };
-    let Some(origin) = head.agenthost_origin.as_deref() else {
-        return Err(unreachable("the run has no agenthost_origin"));
-    };
-    let config = deps.gate.config();
-    let answer = crate::forward::forward(
-        origin,
-        &deps.auth.pod_credential(&head.run_id, &head.incarnation),
-        crate::forward::Decision {
-            verb: match verb {
-                Verb::Approve => crate::forward::Verb::Approve,
-                Verb::Deny => crate::forward::Verb::Deny,
-            },
-            run_id: &head.run_id,
-            request_id: &body.request_id,
-            scope,
-            tool_name: asked_tool,
-            decision_id: &deps.auth.pod_decision_id(&[
+    // The tool a scoped grant is for: the card's, as its pod captured it — never one the
+    // operator or the pod's decision answer merely names.
+    let asked_tool = match scope {
+        Scope::Once => body.tool_name.clone(),
+        _ => {
+            let Some(origin) = head.agenthost_origin.as_deref() else {
+                return Err(agenthost_unreachable("the run has no agenthost_origin"));
+            };
+            let context = crate::forward::card_context(
+                origin,
+                &deps.auth.pod_credential(&head.run_id, &head.incarnation),
                 &head.run_id,
                 &body.request_id,
-                match verb {
-                    Verb::Approve => "approve",
-                    Verb::Deny => "deny",
-                },
-                scope.as_str(),
-                &claims.sub,
-            ]),
-        },
-        crate::forward::Reach {
-            timeout: config.forward_timeout,
-            allow_loopback: config.allow_loopback_origins,
-        },
-    )
-    .await;
-    let (state, applied, pod_scope, tool_name) = match answer {
-        crate::forward::PodAnswer::Terminal {
-            state,
-            applied,
-            scope,
-            tool_name,
-            ..
-        } => (state, applied, scope, tool_name),
-        crate::forward::PodAnswer::Unknown => return Err(unknown()),
-        crate::forward::PodAnswer::Pending => {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "the agent host holds the request pending but cannot decide it now",
+                pod_reach(deps),
             )
-            .with_state("pending"))
+            .await;
+            let tool = match context {
+                crate::forward::CardContext::Known {
+                    tool_name: Some(tool),
+                } if tool.chars().count() <= MAX_TOOL_NAME => tool,
+                crate::forward::CardContext::Known { .. } => {
+                    return Err(ApiError::bad_request(format!(
+                        "scope {} needs the card's tool and its agent host does not name it; only once can be decided",
+                        scope.as_str()
+                    )))
+                }
+                crate::forward::CardContext::Unknown => return Err(unknown()),
+                crate::forward::CardContext::Unreachable(why) => {
+                    return Err(agenthost_unreachable(&why))
+                }
+            };
+            if body.tool_name.as_ref().is_some_and(|t| *t != tool) {
+                return Err(ApiError::bad_request(format!(
+                    "tool_name does not match the card (it is for {tool})"
+                )));
+            }
+            if scope == Scope::Always && !deps.gate.always_eligible(&tool) {
+                return Err(ApiError::forbidden(format!(
+                    "scope always is not allowed for {tool}; the card stays pending"
+                )));
+            }
+            Some(tool)
         }
-        crate::forward::PodAnswer::Unreachable(why) => return Err(unreachable(&why)),
     };
-    // A pod that says it applied this decision answers with the decision's own state; an
-    // approval it turned into something else (or a denial into an approval) is not an
-    // answer, and nothing is written.
-    let expected = match verb {
-        Verb::Approve => ApprovalState::Approved,
-        Verb::Deny => ApprovalState::Denied,
-    };
-    if applied && state != expected {
-        return Err(unreachable(
-            "the pod applied another decision than the one sent",
-        ));
-    }
-    if applied && verb == Verb::Approve && pod_scope.is_some_and(|s| s != scope) {
-        return Err(unreachable(
-            "the pod applied another scope than the one sent",
-        ));
-    }
-    // The pod's tool name, when it is one; a scoped decision names the tool it is for.
-    let tool_name = tool_name.filter(|t| !t.is_empty() && t.chars().count() <= MAX_TOOL_NAME);
-    if applied && asked_tool.is_some() && tool_name.as_deref() != asked_tool {
-        return Err(unreachable(
-            "the pod applied the decision to a card for another tool",
-        ));
-    }
-    let grant_tool = match (asked_tool, tool_name.as_deref()) {
-        (Some(asked), Some(pod)) if asked == pod => Some(asked.to_owned()),
-        (Some(asked), Some(pod)) => {
-            tracing::warn!(
-                asked,
-                pod,
-                "the pod decided a card for another tool than the operator named; no policy"
-            );
-            None
-        }
-        _ => None,
+    let verdict = ask_pod(
+        deps,
+        &head,
+        &body.request_id,
+        verb,
+        scope,
+        asked_tool.as_deref(),
+        &claims.sub,
+    )
+    .await?;
+    let PodVerdict::Terminal {
+        state,
+        applied,
+        scope: pod_scope,
+        tool_name,
+    } = verdict
+    else {
+        return Err(unknown());
     };
     let now = tollgate_domain::now_millis();
     let card = ApprovalRequest {
@@ -551,9 +731,9 @@ async fn forward_decision(
         tool_call_id: body.request_id.clone(),
         approval_id: body.request_id.clone(),
         request_id: body.request_id.clone(),
-        tool_name: tool_name
+        tool_name: asked_tool
             .clone()
-            .or_else(|| asked_tool.map(str::to_owned))
+            .or_else(|| tool_name.clone())
             .unwrap_or_default(),
         explicit_ids: false,
         url: None,
@@ -578,15 +758,12 @@ async fn forward_decision(
         project_id: head.project_id.clone(),
         end_reason: None,
         auto_approval: None,
+        held_by_pod: false,
     };
     // The durable policy, only for the forward that applied this approval with the scope
-    // asked for, for the tool the operator named and the pod confirmed, and `always`
-    // only for the always-eligible tools (fail closed).
-    let grant = match (&grant_tool, state, applied) {
-        (Some(tool), ApprovalState::Approved, true)
-            if scope != Scope::Once
-                && (scope != Scope::Always || deps.gate.always_eligible(tool)) =>
-        {
+    // asked for, for the card's own tool (which the pod, when it names one, confirmed).
+    let grant = match (&asked_tool, state, applied) {
+        (Some(_), ApprovalState::Approved, true) if scope != Scope::Once => {
             let coordinator = match &head.parent_run_id {
                 Some(parent) => deps.store.read_head(parent).await?,
                 None => None,

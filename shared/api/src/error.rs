@@ -30,6 +30,12 @@ impl ApiError {
         self
     }
 
+    /// The same error, its message prefixed (e.g. with the field it is about).
+    pub fn prefixed(mut self, prefix: &str) -> Self {
+        self.error = format!("{prefix}{}", self.error);
+        self
+    }
+
     pub fn bad_request(msg: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, msg)
     }

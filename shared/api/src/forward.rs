@@ -223,52 +223,9 @@ pub async fn forward(
         tool_name,
         decision_id: id,
     } = decision;
-    let Reach {
-        timeout,
-        allow_loopback,
-    } = reach;
-    let origin = match check_origin(origin, allow_loopback) {
-        Ok(o) => o,
-        Err(e) => return PodAnswer::Unreachable(e.to_string()),
-    };
-    // One deadline for all of it: resolving, connecting, sending and reading the answer.
-    let deadline = tokio::time::Instant::now() + timeout;
-    // Resolve once, refuse any internal address, and connect only to the checked ones.
-    let addrs: Vec<SocketAddr> = match origin.literal {
-        Some(ip) => vec![SocketAddr::new(ip, origin.port)],
-        None => {
-            let resolved = tokio::time::timeout_at(
-                deadline,
-                tokio::net::lookup_host((origin.host.as_str(), origin.port)),
-            )
-            .await;
-            match resolved {
-                Ok(Ok(addrs)) => addrs.collect(),
-                Ok(Err(_)) => return PodAnswer::Unreachable("the origin does not resolve".into()),
-                Err(_) => return PodAnswer::Unreachable("resolving the origin timed out".into()),
-            }
-        }
-    };
-    if addrs.is_empty() {
-        return PodAnswer::Unreachable("the origin does not resolve".into());
-    }
-    if addrs.iter().any(|a| forbidden_ip(a.ip(), allow_loopback)) {
-        return PodAnswer::Unreachable("the origin resolves to an internal address".into());
-    }
-    // Plain http carries the credential in the clear: loopback only, every address.
-    if origin.url.scheme() == "http" && addrs.iter().any(|a| !a.ip().to_canonical().is_loopback()) {
-        return PodAnswer::Unreachable("an http origin resolves beyond loopback".into());
-    }
-    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-    let client = match reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(left)
-        .resolve_to_addrs(&origin.host, &addrs)
-        .no_proxy()
-        .build()
-    {
+    let (client, base) = match connect(origin, reach).await {
         Ok(c) => c,
-        Err(e) => return PodAnswer::Unreachable(format!("http client: {e}")),
+        Err(why) => return PodAnswer::Unreachable(why),
     };
     let (path, mut body) = match verb {
         Verb::Approve => (
@@ -284,7 +241,7 @@ pub async fn forward(
     if let Some(tool) = tool_name {
         body["toolName"] = tool.into();
     }
-    let url = match origin.url.join(path) {
+    let url = match base.join(path) {
         Ok(u) => u,
         Err(_) => return PodAnswer::Unreachable("invalid origin".into()),
     };
@@ -314,6 +271,125 @@ pub async fn forward(
         404 => PodAnswer::Unknown,
         409 => PodAnswer::Pending,
         other => PodAnswer::Unreachable(format!("the pod answered {other}")),
+    }
+}
+
+/// A client for one call to the pod at `origin` within `reach`'s time limit, and the URL
+/// to join paths to: the origin is checked, resolved once, every address refused if
+/// internal, and the client connects only to the checked addresses.
+async fn connect(origin: &str, reach: Reach) -> Result<(reqwest::Client, reqwest::Url), String> {
+    let Reach {
+        timeout,
+        allow_loopback,
+    } = reach;
+    let origin = check_origin(origin, allow_loopback).map_err(|e| e.to_string())?;
+    // One deadline for all of it: resolving, connecting, sending and reading the answer.
+    let deadline = tokio::time::Instant::now() + timeout;
+    let addrs: Vec<SocketAddr> = match origin.literal {
+        Some(ip) => vec![SocketAddr::new(ip, origin.port)],
+        None => {
+            let resolved = tokio::time::timeout_at(
+                deadline,
+                tokio::net::lookup_host((origin.host.as_str(), origin.port)),
+            )
+            .await;
+            match resolved {
+                Ok(Ok(addrs)) => addrs.collect(),
+                Ok(Err(_)) => return Err("the origin does not resolve".into()),
+                Err(_) => return Err("resolving the origin timed out".into()),
+            }
+        }
+    };
+    if addrs.is_empty() {
+        return Err("the origin does not resolve".into());
+    }
+    if addrs.iter().any(|a| forbidden_ip(a.ip(), allow_loopback)) {
+        return Err("the origin resolves to an internal address".into());
+    }
+    // Plain http carries the credential in the clear: loopback only, every address.
+    if origin.url.scheme() == "http" && addrs.iter().any(|a| !a.ip().to_canonical().is_loopback()) {
+        return Err("an http origin resolves beyond loopback".into());
+    }
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(left)
+        .resolve_to_addrs(&origin.host, &addrs)
+        .no_proxy()
+        .build()
+        .map_err(|e| format!("http client: {e}"))?;
+    Ok((client, origin.url))
+}
+
+/// What the pod says of a card Tollgate never saw (`GET {origin}/tool-approvals/{id}`,
+/// as an AgentHost serves its server-captured context).
+#[derive(Debug, Clone, PartialEq)]
+pub enum CardContext {
+    /// The card's tool (`toolName`), when the pod names one.
+    Known { tool_name: Option<String> },
+    /// 404: the pod knows no such request.
+    Unknown,
+    /// No usable answer (the reason is logged).
+    Unreachable(String),
+}
+
+/// Reads a pod card's context (`credential`: the run's pod credential, never logged).
+pub async fn card_context(
+    origin: &str,
+    credential: &str,
+    run_id: &str,
+    request_id: &str,
+    reach: Reach,
+) -> CardContext {
+    let (client, base) = match connect(origin, reach).await {
+        Ok(c) => c,
+        Err(why) => return CardContext::Unreachable(why),
+    };
+    let mut url = base;
+    match url.path_segments_mut() {
+        Ok(mut segments) => {
+            segments
+                .pop_if_empty()
+                .extend(["tool-approvals", request_id]);
+        }
+        Err(()) => return CardContext::Unreachable("invalid origin".into()),
+    }
+    let response = match client.get(url).bearer_auth(credential).send().await {
+        Ok(r) => r,
+        Err(e) if e.is_timeout() => {
+            return CardContext::Unreachable("the pod did not answer in time".into())
+        }
+        Err(_) => return CardContext::Unreachable("the pod could not be reached".into()),
+    };
+    let status = response.status().as_u16();
+    let Some(bytes) = read_bounded(response, 64 * 1024).await else {
+        return CardContext::Unreachable("the pod's answer was unreadable or too large".into());
+    };
+    match status {
+        200 => {}
+        404 => return CardContext::Unknown,
+        other => return CardContext::Unreachable(format!("the pod answered {other}")),
+    }
+    let Ok(Value::Object(v)) = serde_json::from_slice::<Value>(&bytes) else {
+        return CardContext::Unreachable("the pod's answer is not a JSON object".into());
+    };
+    // A card of another run is no context for this one.
+    match v.get("runId") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(r)) if r == run_id => {}
+        Some(_) => return CardContext::Unreachable("the pod answered for another run".into()),
+    }
+    match v.get("requestId") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(r)) if r == request_id => {}
+        Some(_) => return CardContext::Unreachable("the pod answered for another request".into()),
+    }
+    CardContext::Known {
+        tool_name: v
+            .get("toolName")
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned),
     }
 }
 

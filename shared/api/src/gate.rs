@@ -249,12 +249,19 @@ impl Gate {
             }
             return Ok(ArmOutcome::Card(Armed::Existing(existing)));
         }
-        let coordinator = self.coordinator_of(head).await?;
-        let keys = covering_keys(
-            &reach(head, coordinator.as_ref()),
-            self.always_eligible(&card.tool_name),
-        );
-        if let Some(policy) = self.store.find_policy(&keys, &card.tool_name).await? {
+        // A pod asks a human only when its own bridges did not cover the call: no policy
+        // is looked up for the cards it announces (docs/architecture.md §8).
+        let policy = if card.held_by_pod {
+            None
+        } else {
+            let coordinator = self.coordinator_of(head).await?;
+            let keys = covering_keys(
+                &reach(head, coordinator.as_ref()),
+                self.always_eligible(&card.tool_name),
+            );
+            self.store.find_policy(&keys, &card.tool_name).await?
+        };
+        if let Some(policy) = policy {
             match self.store.auto_approve(run, &card, &policy).await {
                 Ok(sequence) => return Ok(ArmOutcome::AutoApproved { sequence, policy }),
                 // Revoked meanwhile: a human decides after all.
@@ -348,7 +355,8 @@ impl Gate {
     /// Sends the expiry and the first heartbeat; whether the expiry was sent.
     async fn schedule_timers(&self, card: &ApprovalRequest) -> bool {
         let (until_due, sent) = self.schedule_expiry(card).await;
-        if self.config.heartbeat_every < until_due {
+        // A pod-held card's heartbeats come from its pod.
+        if !card.held_by_pod && self.config.heartbeat_every < until_due {
             let beat = heartbeat(card, 1);
             if let Err(e) = self
                 .timers
@@ -390,6 +398,18 @@ impl Gate {
         };
         self.store
             .resolve_located(located, resolution, now_millis(), grant)
+            .await
+    }
+
+    /// Ends a located card as `resolution` asks (or as its run and deadline say) with no
+    /// policy, whatever its scope: a pod's report of how it had ended its own card.
+    pub async fn resolve_without_grant(
+        &self,
+        located: Located,
+        resolution: Resolution,
+    ) -> Result<Resolved, StoreError> {
+        self.store
+            .resolve_located(located, resolution, now_millis(), None)
             .await
     }
 

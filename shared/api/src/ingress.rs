@@ -324,7 +324,7 @@ async fn append_events(
     checked_run_id(&run_id)?;
     let incarnation = deps.auth.require_run_token(&creds, &run_id)?;
     let mut body = body.object(false).await?;
-    let Some(Value::Array(raw)) = body.remove("events") else {
+    let Some(Value::Array(mut raw)) = body.remove("events") else {
         return Err(ApiError::bad_request("body must be {\"events\": [ … ]}"));
     };
     if raw.is_empty() || raw.len() > MAX_BATCH_EVENTS {
@@ -332,6 +332,17 @@ async fn append_events(
             "events must hold 1 to {MAX_BATCH_EVENTS} events, got {}",
             raw.len()
         )));
+    }
+    // A pod's events for the cards it holds are recorded through the gate, one per
+    // request (docs/architecture.md §8).
+    if let Some(i) = raw.iter().position(crate::pod_cards::is_pod_card_event) {
+        if raw.len() > 1 {
+            return Err(ApiError::bad_request(format!(
+                "events[{i}]: {} is appended alone (one per request), and only by an execution_mode pod run's pod",
+                raw[i]["type"].as_str().unwrap_or_default()
+            )));
+        }
+        return crate::pod_cards::append(&deps, &run_id, &incarnation, raw.remove(0)).await;
     }
     let drafts = raw
         .into_iter()

@@ -14,6 +14,7 @@ pub mod ingress;
 pub mod jwt;
 #[cfg(feature = "lambda")]
 pub mod lambda;
+pub mod pod_cards;
 pub mod replay;
 pub mod request;
 pub mod settlement;

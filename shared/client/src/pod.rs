@@ -44,6 +44,17 @@
 //!
 //! A card nobody waits for any more (every [`PendingApproval`] for it dropped) expires at
 //! once, so a decision can never apply to a call that no longer waits.
+//!
+//! **Announcing through the run.** Given the run's handle ([`PodGate::announce_through`]),
+//! the gate puts each card it holds for that run on the run's stream by itself, as seed
+//! 003's pod runtime does: `tool.approval_required` when it arms (not for a call a bridge
+//! approved), `tool.approval_pending` every [`PodGate::heartbeat_every`] (20 s) while it
+//! waits, and `tool.approval_resolved` `{expired: true}` when it expires in the pod (its
+//! deadline, or nobody waiting any more). Tollgate then lists the card (`held_by: "pod"`),
+//! mirrors it on a coordinator, keeps the stall guard off the waiting run and forwards
+//! decisions with the card's tool; decisions it forwards are recorded by Tollgate, so
+//! the gate appends nothing for them. Without a handle nothing is announced (Tollgate
+//! still forwards decisions on cards it never saw).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -65,6 +76,10 @@ use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
 use crate::gate::{Scope, DEFAULT_GATE_TIMEOUT};
+use crate::Run;
+
+/// Default of [`PodGate::heartbeat_every`]: seed 003's `ApprovalHeartbeatInterval`.
+pub const DEFAULT_POD_HEARTBEAT: Duration = Duration::from_secs(20);
 
 /// A card to hold in the pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -307,6 +322,10 @@ struct Cards {
     ended_runs: HashSet<String>,
     bridges: HashMap<Bridge, Scope>,
     next_waiter: u64,
+    /// Runs whose cards are announced on their stream ([`PodGate::announce_through`]).
+    announce: HashMap<String, Run>,
+    /// `None`: [`DEFAULT_POD_HEARTBEAT`].
+    heartbeat_every: Option<Duration>,
 }
 
 struct Card {
@@ -317,6 +336,8 @@ struct Card {
     /// decision sent again (its answer was lost) is answered as applied again.
     decided_by_id: Option<String>,
     waiters: Vec<(u64, oneshot::Sender<PodDecision>)>,
+    /// Wakes the card's announcer when it ends.
+    ended: Arc<tokio::sync::Notify>,
 }
 
 impl Card {
@@ -326,6 +347,7 @@ impl Card {
         for (_, tx) in self.waiters.drain(..) {
             let _ = tx.send(decision);
         }
+        self.ended.notify_one();
     }
 
     /// A pending card past its deadline expires (a click at or after it never approves).
@@ -434,6 +456,22 @@ impl PodGate {
                 .bridge_for(&arm.run_id, &arm.tool_name)
                 .map(|scope| PodDecision::Approved { scope, auto: true });
             let expires_at = now + arm.timeout;
+            let ended = Arc::new(tokio::sync::Notify::new());
+            // A card that waits for a human is announced on its run's stream.
+            if state.is_none() {
+                if let (Some(run), Ok(runtime)) = (
+                    cards.announce.get(&arm.run_id),
+                    tokio::runtime::Handle::try_current(),
+                ) {
+                    runtime.spawn(announce(
+                        Arc::downgrade(&self.inner),
+                        run.clone(),
+                        arm.clone(),
+                        ended.clone(),
+                        cards.heartbeat_every.unwrap_or(DEFAULT_POD_HEARTBEAT),
+                    ));
+                }
+            }
             cards.cards.insert(
                 request_id.clone(),
                 Card {
@@ -442,6 +480,7 @@ impl PodGate {
                     state,
                     decided_by_id: None,
                     waiters: Vec::new(),
+                    ended,
                 },
             );
         }
@@ -568,6 +607,21 @@ impl PodGate {
             tool_name: arm.tool_name,
             decision,
         }
+    }
+
+    /// Announces the cards armed from now on for `run` on its stream (see the module
+    /// docs): `run` is the run's handle with its run token. Needs a Tokio runtime at
+    /// [`PodGate::arm`] (without one, a card is held but not announced).
+    pub fn announce_through(&self, run: Run) -> &Self {
+        self.inner.lock().announce.insert(run.id().to_owned(), run);
+        self
+    }
+
+    /// How often a waiting card's `tool.approval_pending` is appended (default 20 s;
+    /// Tollgate drops one that comes within half its own heartbeat interval of the last).
+    pub fn heartbeat_every(&self, every: Duration) -> &Self {
+        self.inner.lock().heartbeat_every = Some(every.max(Duration::from_millis(100)));
+        self
     }
 
     /// Marks a run ended: its pending cards can no longer be decided (409 `pending`) and
@@ -713,6 +767,105 @@ impl Drop for PendingApproval {
             }
         }
     }
+}
+
+/// Puts one card on its run's stream and keeps it there: `tool.approval_required`, then a
+/// heartbeat every `every` while it is pending, then `tool.approval_resolved`
+/// `{expired: true}` if it expires in the pod. Stops when the card ends, the gate is
+/// dropped, or Tollgate refuses the announcement (the card is still held and decidable).
+async fn announce(
+    gate: std::sync::Weak<Inner>,
+    run: Run,
+    arm: PodArm,
+    ended: Arc<tokio::sync::Notify>,
+    every: Duration,
+) {
+    let display: String = arm.request_id.chars().take(8).collect();
+    let mut required = json!({
+        "type": "tool.approval_required",
+        "requestId": arm.request_id,
+        "displayId": display,
+        "toolName": arm.tool_name,
+        "timeoutSeconds": arm.timeout.as_secs().max(1),
+    });
+    for (k, v) in [
+        ("url", &arm.url),
+        ("intention", &arm.intention),
+        ("message", &arm.message),
+        ("toolCallId", &arm.tool_call_id),
+        ("approvalId", &arm.approval_id),
+    ] {
+        if let Some(v) = v {
+            required[k] = v.clone().into();
+        }
+    }
+    if let Err(e) = post_card_event(&run, required).await {
+        tracing::warn!(error = %e, request_id = %arm.request_id, "pod card not announced");
+        return;
+    }
+    let beat = json!({
+        "type": "tool.approval_pending",
+        "requestId": arm.request_id,
+        "displayId": display,
+        "toolName": arm.tool_name,
+    });
+    loop {
+        let deadline = {
+            let Some(inner) = gate.upgrade() else { return };
+            let mut cards = inner.lock();
+            let Some(card) = cards.cards.get_mut(&arm.request_id) else {
+                return;
+            };
+            card.expire_if_due(Instant::now());
+            match card.state {
+                None => card.expires_at,
+                Some(PodDecision::Expired) => break,
+                // Decided through Tollgate, which recorded it.
+                Some(_) => return,
+            }
+        };
+        let next = (Instant::now() + every).min(deadline);
+        tokio::select! {
+            _ = ended.notified() => continue,
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        if next < deadline {
+            let pending = gate.upgrade().is_some_and(|inner| {
+                inner
+                    .lock()
+                    .cards
+                    .get(&arm.request_id)
+                    .is_some_and(|c| c.state.is_none())
+            });
+            if pending {
+                if let Err(e) = post_card_event(&run, beat.clone()).await {
+                    tracing::warn!(error = %e, request_id = %arm.request_id, "pod card heartbeat not appended");
+                }
+            }
+        }
+    }
+    let expired = json!({
+        "type": "tool.approval_resolved",
+        "requestId": arm.request_id,
+        "displayId": display,
+        "toolName": arm.tool_name,
+        "approved": false,
+        "expired": true,
+    });
+    if let Err(e) = post_card_event(&run, expired).await {
+        tracing::warn!(error = %e, request_id = %arm.request_id, "pod card expiry not appended; Tollgate's backstop expires it");
+    }
+}
+
+/// Appends one pod card event (alone, as Tollgate takes them).
+async fn post_card_event(run: &Run, event: Value) -> Result<Value, crate::Error> {
+    run.call(
+        reqwest::Method::POST,
+        &["events"],
+        Some(&json!({ "events": [event] })),
+    )
+    .await?
+    .expect(&[200])
 }
 
 fn unauthorized() -> Response {

@@ -142,6 +142,11 @@ pub struct ApprovalRequest {
     /// Set when a live policy approved the gate instead of a human: the card was stored
     /// `approved` in the same step as `tool.auto_approved` and was never pending.
     pub auto_approval: Option<AutoApproval>,
+    /// The card lives in the run's AgentHost pod (`execution_mode: "pod"`), which
+    /// announced it on the run: a decision on it is forwarded to the pod, its heartbeats
+    /// and its own timeout come from the pod, and Tollgate's expiry is only a backstop
+    /// (docs/architecture.md §8). Listed with `held_by: "pod"`.
+    pub held_by_pod: bool,
 }
 
 /// How a policy approved a card (see [`ApprovalRequest::auto_approved`]): what a retried
@@ -327,6 +332,7 @@ impl ApprovalRequest {
             && self.url == other.url
             && self.intention == other.intention
             && self.message == other.message
+            && self.held_by_pod == other.held_by_pod
     }
 
     /// The card after `resolution` at `at` (millis).
@@ -375,6 +381,9 @@ impl ApprovalRequest {
             card["auto_approved"] = true.into();
             card["policy_id"] = auto.policy_id.clone().into();
         }
+        if self.held_by_pod {
+            card["held_by"] = "pod".into();
+        }
         card
     }
 }
@@ -413,6 +422,7 @@ mod tests {
             project_id: None,
             end_reason: None,
             auto_approval: None,
+            held_by_pod: false,
         }
     }
 

@@ -1386,6 +1386,7 @@ mod tests {
             project_id: None,
             end_reason: None,
             auto_approval: None,
+            held_by_pod: false,
         }
     }
 

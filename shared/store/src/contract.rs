@@ -641,6 +641,7 @@ fn card_for(run_id: &str, request_id: &str, coordinator: Option<&str>) -> Approv
         project_id: None,
         end_reason: None,
         auto_approval: None,
+        held_by_pod: false,
     }
 }
 

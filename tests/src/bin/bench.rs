@@ -696,6 +696,7 @@ fn approval_card(run_id: &str, coordinator: Option<&str>, i: usize) -> ApprovalR
         project_id: None,
         end_reason: None,
         auto_approval: None,
+        held_by_pod: false,
     }
 }
 

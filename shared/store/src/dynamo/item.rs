@@ -366,6 +366,9 @@ pub(crate) fn card_to_item(c: &tollgate_domain::ApprovalRequest) -> Item {
         item.insert("auto_policy_id".into(), s(&auto.policy_id));
         item.insert("auto_sequence".into(), n(auto.sequence));
     }
+    if c.held_by_pod {
+        item.insert("held_by".into(), s("pod"));
+    }
     item
 }
 
@@ -402,6 +405,7 @@ pub(crate) fn card_from_item(item: &Item) -> Result<tollgate_domain::ApprovalReq
             }),
             None => None,
         },
+        held_by_pod: opt_s(item, "held_by").as_deref() == Some("pod"),
     })
 }
 

@@ -1,0 +1,388 @@
+//! Cards an AgentHost pod holds and announces itself (seed 003, docs/architecture.md §8).
+//!
+//! On a pod-per-run run (`execution_mode: "pod"`) the card lives in the pod's memory and
+//! the pod runtime puts it on the run's stream: with its run token it appends
+//!
+//! - `tool.approval_required` `{requestId, toolName, url?, intention?, message?,
+//!   toolCallId?, approvalId?, argumentsHash?, timeoutSeconds?}` (`displayId` and other
+//!   fields are ignored) — Tollgate records a **pod-held card** in the same transaction
+//!   as the event: listed with `held_by: "pod"`, mirrored on a coordinator
+//!   (`coordinator.child_approval_required` and its route), counted in its project's open
+//!   cards, and the stall guard's reason to wait. No policy is looked up (the pod asks a
+//!   human only when its own bridges did not cover the call) and Tollgate sends no
+//!   heartbeats for it; its expiry is a backstop, [`pod_expiry_grace`] after the pod's own
+//!   timeout, for a pod that dies.
+//! - `tool.approval_pending` `{requestId}` — a heartbeat for a card it announced, appended
+//!   while the card is pending; one for a card that has ended is **dropped** (nothing is
+//!   written; the answer says `dropped` with reason `card_resolved`), as is one within
+//!   half a heartbeat interval of the previous (`too_soon`).
+//! - `tool.approval_resolved` `{requestId, expired: true}` — the pod's own timeout: the
+//!   card expires (one `tool.approval_resolved` on the run, one
+//!   `coordinator.child_approval_resolved`); for a card that has ended already it is
+//!   dropped. Decisions never come this way: they are posted to the approval routes and
+//!   forwarded to the pod.
+//!
+//! Each such event is appended alone (one per request; a batch mixing it with others is
+//! refused, so nothing in a batch is dropped silently); an `event_id` on it is ignored
+//! (the card's `requestId` is its key). Inline runs keep refusing these types.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+use tollgate_domain::approval::{
+    valid_id, DEFAULT_TIMEOUT_SECONDS, MAX_HASH, MAX_TEXT, MAX_TOOL_NAME, MAX_URL,
+};
+use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState, Resolution, RunHead};
+use tollgate_store::{Armed, Beat, Resolved, StoreError};
+
+use crate::gate::{ArmOutcome, Gate};
+use crate::{ApiError, Deps};
+
+/// The event types a pod appends for the cards it holds.
+pub const POD_CARD_EVENTS: [&str; 3] = [
+    "tool.approval_required",
+    "tool.approval_pending",
+    "tool.approval_resolved",
+];
+
+/// Whether `event` (a raw appended event) is one of [`POD_CARD_EVENTS`].
+pub fn is_pod_card_event(event: &Value) -> bool {
+    event
+        .get("type")
+        .and_then(Value::as_str)
+        .is_some_and(|t| POD_CARD_EVENTS.contains(&t))
+}
+
+/// How long after the pod's own timeout Tollgate's backstop expires a pod-held card: long
+/// enough that the pod's expiry (or a decision forwarded just before it) always comes
+/// first while the pod lives.
+pub fn pod_expiry_grace(gate: &Gate) -> Duration {
+    Duration::from_secs(60).max(gate.config().forward_timeout * 2)
+}
+
+/// What a pod's heartbeat or expiry did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PodCardStep {
+    /// Appended at this sequence (heartbeats).
+    Appended(u64),
+    /// The card ended now (its `tool.approval_resolved` is on the run).
+    Ended(ApprovalRequest),
+    /// Nothing written: why, and the card's state.
+    Dropped {
+        reason: &'static str,
+        state: ApprovalState,
+    },
+    /// No pod-held card with that id on the run.
+    Unknown,
+}
+
+impl Gate {
+    /// Records a card the run's pod announced (`card.held_by_pod`): stored pending with
+    /// its event (and its coordinator's mirror) in one transaction; only the backstop
+    /// expiry is scheduled. A repeated announcement answers the card as it stands.
+    pub async fn announce_pod_card(
+        &self,
+        head: &RunHead,
+        incarnation: &str,
+        mut card: ApprovalRequest,
+    ) -> Result<ArmOutcome, StoreError> {
+        card.held_by_pod = true;
+        self.arm(head, incarnation, card).await
+    }
+
+    /// A pod's heartbeat for a card it announced. Numbered by time (one per half
+    /// interval since the card was recorded), so a retried append, or a pod beating
+    /// faster than that, writes nothing twice.
+    pub async fn pod_heartbeat(
+        &self,
+        run_id: &str,
+        request_id: &str,
+    ) -> Result<PodCardStep, StoreError> {
+        let Some(card) = self
+            .store
+            .read_card(run_id, request_id)
+            .await?
+            .filter(|c| c.held_by_pod)
+        else {
+            return Ok(PodCardStep::Unknown);
+        };
+        if card.state != ApprovalState::Pending {
+            return Ok(PodCardStep::Dropped {
+                reason: "card_resolved",
+                state: card.state,
+            });
+        }
+        let half = (self.config.heartbeat_every.as_millis() as i64 / 2).max(1);
+        let beat =
+            u32::try_from((now_millis() - card.created_at).max(0) / half + 1).unwrap_or(u32::MAX);
+        Ok(
+            match self.store.heartbeat(run_id, request_id, beat).await? {
+                Beat::Emitted(sequence) => PodCardStep::Appended(sequence),
+                Beat::Repeated(_) => PodCardStep::Dropped {
+                    reason: "too_soon",
+                    state: ApprovalState::Pending,
+                },
+                // Ended between the read and the write.
+                Beat::Stopped => PodCardStep::Dropped {
+                    reason: "card_resolved",
+                    state: self
+                        .store
+                        .read_card(run_id, request_id)
+                        .await?
+                        .map_or(ApprovalState::Expired, |c| c.state),
+                },
+            },
+        )
+    }
+
+    /// The pod's own timeout ended a card it announced.
+    pub async fn pod_expired(
+        &self,
+        run_id: &str,
+        request_id: &str,
+    ) -> Result<PodCardStep, StoreError> {
+        match self.store.read_card(run_id, request_id).await? {
+            Some(card) if card.held_by_pod => {}
+            _ => return Ok(PodCardStep::Unknown),
+        }
+        Ok(
+            match self
+                .store
+                .resolve(run_id, request_id, Resolution::Expired, now_millis(), None)
+                .await?
+            {
+                Resolved::Fresh(card) => PodCardStep::Ended(card),
+                Resolved::Already(card) => PodCardStep::Dropped {
+                    reason: "card_resolved",
+                    state: card.state,
+                },
+            },
+        )
+    }
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::bad_request(message.into())
+}
+
+/// A payload text field: absent, or 1 to `max` bytes.
+fn text(payload: &Map<String, Value>, key: &str, max: usize) -> Result<Option<String>, ApiError> {
+    match payload.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= max => Ok(Some(s.clone())),
+        Some(_) => Err(bad(format!("{key} must be a string of 1 to {max} bytes"))),
+    }
+}
+
+/// A payload id field: absent, or an id (`[A-Za-z0-9_.:-]`, 1–128).
+fn id(payload: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
+    match payload.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if valid_id(s) => Ok(Some(s.clone())),
+        Some(_) => Err(bad(format!(
+            "{key} must be 1 to 128 characters of A-Z a-z 0-9 _ . : - (not . or ..)"
+        ))),
+    }
+}
+
+fn request_id(payload: &Map<String, Value>) -> Result<String, ApiError> {
+    id(payload, "requestId")?.ok_or_else(|| bad("requestId is required"))
+}
+
+/// The card a `tool.approval_required` payload announces.
+fn announced_card(
+    payload: &Map<String, Value>,
+    run_id: &str,
+    deps: &Deps,
+) -> Result<ApprovalRequest, ApiError> {
+    let request_id = request_id(payload)?;
+    let tool_name =
+        text(payload, "toolName", MAX_TOOL_NAME)?.ok_or_else(|| bad("toolName is required"))?;
+    let tool_call_id = id(payload, "toolCallId")?;
+    let approval_id = id(payload, "approvalId")?;
+    let max_timeout = deps.gate.config().max_timeout_seconds;
+    let timeout = match payload.get("timeoutSeconds") {
+        None | Some(Value::Null) => DEFAULT_TIMEOUT_SECONDS.min(max_timeout),
+        Some(v) => v
+            .as_u64()
+            .filter(|t| (1..=max_timeout).contains(t))
+            .ok_or_else(|| {
+                bad(format!(
+                    "timeoutSeconds must be 1 to {max_timeout} (TOLLGATE_MAX_CARD_TIMEOUT_SECONDS)"
+                ))
+                .with_state("timeout_too_long")
+            })?,
+    };
+    let now = now_millis();
+    let grace = pod_expiry_grace(&deps.gate).as_millis() as i64;
+    Ok(ApprovalRequest {
+        run_id: run_id.to_owned(),
+        explicit_ids: tool_call_id.is_some() || approval_id.is_some(),
+        tool_call_id: tool_call_id.unwrap_or_else(|| request_id.clone()),
+        approval_id: approval_id.unwrap_or_else(|| request_id.clone()),
+        request_id,
+        tool_name,
+        url: text(payload, "url", MAX_URL)?,
+        intention: text(payload, "intention", MAX_TEXT)?,
+        message: text(payload, "message", MAX_TEXT)?,
+        arguments_hash: text(payload, "argumentsHash", MAX_HASH)?,
+        state: ApprovalState::Pending,
+        scope: None,
+        decided_by: None,
+        decided_at: None,
+        created_at: now,
+        expires_at: now + (timeout as i64) * 1000 + grace,
+        coordinator_run_id: None,
+        subtask_id: None,
+        project_id: None,
+        end_reason: None,
+        auto_approval: None,
+        held_by_pod: true,
+    })
+}
+
+fn dropped(
+    run_id: &str,
+    event_type: &str,
+    request_id: &str,
+    reason: &str,
+    state: ApprovalState,
+) -> Response {
+    Json(json!({
+        "run_id": run_id,
+        "sequences": [],
+        "request_id": request_id,
+        "state": state.as_str(),
+        "dropped": [{"index": 0, "type": event_type, "reason": reason}],
+    }))
+    .into_response()
+}
+
+fn unknown() -> ApiError {
+    ApiError::not_found("no card this run's pod announced has that requestId").with_state("unknown")
+}
+
+/// Appends one of [`POD_CARD_EVENTS`] (`event`, alone in its request) to a run, which the
+/// caller authenticated with its run token of `incarnation`.
+pub async fn append(
+    deps: &Deps,
+    run_id: &str,
+    incarnation: &str,
+    event: Value,
+) -> Result<Response, ApiError> {
+    let Value::Object(mut payload) = event else {
+        return Err(bad("events[0]: an event must be a JSON object"));
+    };
+    let event_type = match payload.shift_remove("type") {
+        Some(Value::String(t)) => t,
+        _ => return Err(bad("events[0]: type is required")),
+    };
+    payload.shift_remove("event_id");
+    let head = deps
+        .store
+        .read_head(run_id)
+        .await?
+        .filter(|h| h.incarnation == incarnation)
+        .ok_or_else(|| ApiError::not_found("run not found"))?;
+    if head.execution_mode.as_deref() != Some("pod") {
+        return Err(bad(format!(
+            "events[0]: {event_type} is written by the server; only an execution_mode pod run's pod appends it, for the cards it holds"
+        )));
+    }
+    match event_type.as_str() {
+        "tool.approval_required" => {
+            let card =
+                announced_card(&payload, run_id, deps).map_err(|e| e.prefixed("events[0]: "))?;
+            let asked = card.clone();
+            // In a task of its own, as an arm: a client hanging up cannot cut the card
+            // off from its backstop timer.
+            let (gate, owned_head, incarnation) =
+                (deps.gate.clone(), head.clone(), incarnation.to_owned());
+            let outcome = tokio::spawn(async move {
+                gate.announce_pod_card(&owned_head, &incarnation, card)
+                    .await
+            })
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "pod card task failed");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the card could not be recorded; retry",
+                )
+            })??;
+            match outcome {
+                ArmOutcome::Card(Armed::Created { card, sequence }) => {
+                    tracing::info!(request_id = %card.request_id, "pod card recorded");
+                    Ok(Json(json!({
+                        "run_id": run_id,
+                        "sequences": [sequence],
+                        "request_id": card.request_id,
+                        "state": card.state.as_str(),
+                        "held_by": "pod",
+                        "expires_at": tollgate_domain::format_timestamp(card.expires_at),
+                    }))
+                    .into_response())
+                }
+                ArmOutcome::Card(Armed::Existing(card)) if card.same_call_as(&asked) => {
+                    Ok(dropped(
+                        run_id,
+                        &event_type,
+                        &card.request_id,
+                        "already_announced",
+                        card.state,
+                    ))
+                }
+                ArmOutcome::Card(Armed::Existing(_)) | ArmOutcome::OtherCall(_) => {
+                    Err(ApiError::new(
+                        StatusCode::CONFLICT,
+                        "requestId is taken by a card for another call; use a new requestId",
+                    )
+                    .with_state("request_id_in_use"))
+                }
+                // Not looked up for pod cards; should a store answer it, it is no pod card.
+                ArmOutcome::AutoApproved { .. } => Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "requestId is taken by an approved card",
+                )
+                .with_state("request_id_in_use")),
+            }
+        }
+        "tool.approval_pending" => {
+            let request_id = request_id(&payload).map_err(|e| e.prefixed("events[0]: "))?;
+            match deps.gate.pod_heartbeat(run_id, &request_id).await? {
+                PodCardStep::Appended(sequence) => {
+                    Ok(Json(json!({"run_id": run_id, "sequences": [sequence]})).into_response())
+                }
+                PodCardStep::Dropped { reason, state } => {
+                    Ok(dropped(run_id, &event_type, &request_id, reason, state))
+                }
+                PodCardStep::Ended(_) | PodCardStep::Unknown => Err(unknown()),
+            }
+        }
+        _ => {
+            let request_id = request_id(&payload).map_err(|e| e.prefixed("events[0]: "))?;
+            if payload.get("expired") != Some(&Value::Bool(true)) {
+                return Err(bad(
+                    "events[0]: a pod appends tool.approval_resolved only for its own timeout (expired: true); decisions are posted to the approval routes",
+                ));
+            }
+            match deps.gate.pod_expired(run_id, &request_id).await? {
+                PodCardStep::Ended(card) => Ok(Json(json!({
+                    "run_id": run_id,
+                    "sequences": [],
+                    "request_id": card.request_id,
+                    "state": card.state.as_str(),
+                    "resolved": true,
+                }))
+                .into_response()),
+                PodCardStep::Dropped { reason, state } => {
+                    Ok(dropped(run_id, &event_type, &request_id, reason, state))
+                }
+                PodCardStep::Appended(_) | PodCardStep::Unknown => Err(unknown()),
+            }
+        }
+    }
+}
