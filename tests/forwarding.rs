@@ -14,9 +14,10 @@ use axum::routing::post;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
-use tollgate_api::{GateConfig, Role};
+use tollgate_api::GateConfig;
 use tollgate_client::pod::{PodArm, PodDecision, PodGate};
 use tollgate_client::Scope;
+use tollgate_tests::pods::{decide, listen, policies, request_id, serve};
 use tollgate_tests::{store_for, Backend, TestServer};
 
 /// A server whose pods may live on loopback, forwarding with `timeout`.
@@ -30,19 +31,6 @@ async fn server(backend: Backend, timeout: Duration) -> TestServer {
         },
     ))
     .await
-}
-
-/// A loopback listener and the origin that names it.
-async fn listen() -> (TcpListener, String) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let origin = format!("http://{}", listener.local_addr().unwrap());
-    (listener, origin)
-}
-
-fn serve(listener: TcpListener, app: axum::Router) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    })
 }
 
 struct PodRun {
@@ -80,25 +68,6 @@ fn pod(listener: TcpListener, credential: &str) -> (PodGate, tokio::task::JoinHa
     (gate, task)
 }
 
-fn operator(srv: &TestServer, sub: &str) -> String {
-    srv.auth.mint_jwt(sub, Role::Operator, 600, None)
-}
-
-async fn decide(
-    srv: &TestServer,
-    verb: &str,
-    run_id: &str,
-    who: &str,
-    body: Value,
-) -> (StatusCode, Value) {
-    srv.post(
-        &format!("/api/runs/{run_id}/{verb}"),
-        &operator(srv, who),
-        &body,
-    )
-    .await
-}
-
 /// `who` approves card `rid` of `run_id` with `scope` through Tollgate.
 async fn approve(
     srv: &TestServer,
@@ -121,23 +90,6 @@ async fn resolved(srv: &TestServer, run_id: &str) -> Vec<Value> {
         .into_iter()
         .filter(|e| e["type"] == "tool.approval_resolved")
         .collect()
-}
-
-/// The policies whose origin is `run_id`.
-async fn policies(srv: &TestServer, run_id: &str) -> Vec<Value> {
-    let (status, v) = srv.get("/api/policies", &srv.operator_token).await;
-    assert_eq!(status, StatusCode::OK, "{v}");
-    v["policies"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["origin_run_id"] == json!(run_id))
-        .cloned()
-        .collect()
-}
-
-fn request_id() -> String {
-    uuid::Uuid::new_v4().to_string()
 }
 
 async fn decided(pending: tollgate_client::pod::PendingApproval) -> PodDecision {

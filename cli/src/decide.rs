@@ -85,7 +85,10 @@ fn table(cards: &[Value], has_more: bool, now: DateTime<Utc>) -> String {
             rows.push([
                 cell(card, "run_id").unwrap_or_else(|| "?".into()),
                 cell(card, "display_id").unwrap_or_else(|| "?".into()),
-                cell(card, "tool_name").unwrap_or_else(|| "?".into()),
+                match (cell(card, "tool_name"), cell(card, "held_by").as_deref()) {
+                    (Some(tool), Some("pod")) => format!("{tool} (pod)"),
+                    (tool, _) => tool.unwrap_or_else(|| "?".into()),
+                },
                 target,
                 expires,
                 cell(card, "request_id").unwrap_or_else(|| "?".into()),

@@ -530,7 +530,8 @@
       const hintId = 'card-' + n + '-scope-hint';
       this.title = el('h3', { id: titleId, tabindex: '-1' },
         el('span', { class: 'tool', text: data.toolName || 'tool' }),
-        el('span', { class: 'display-id', text: data.displayId || String(data.requestId).slice(0, 8) }));
+        el('span', { class: 'display-id', text: data.displayId || String(data.requestId).slice(0, 8) }),
+        data.heldBy === 'pod' ? el('span', { class: 'held-by', text: 'held by its pod' }) : null);
       this.owner = el('dd', { class: 'owner', text: '…' });
       this.time = el('time', { class: 'expires' });
       // The URL's host first (what the call would reach), then the URL itself.
@@ -776,6 +777,7 @@
           requestId: c.request_id,
           displayId: c.display_id,
           toolName: c.tool_name,
+          heldBy: c.held_by,
           url: c.url,
           intention: c.intention,
           message: c.message,

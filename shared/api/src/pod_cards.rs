@@ -69,7 +69,7 @@ pub enum PodCardStep {
     /// Appended at this sequence (heartbeats).
     Appended(u64),
     /// The card ended now (its `tool.approval_resolved` is on the run).
-    Ended(ApprovalRequest),
+    Ended(Box<ApprovalRequest>),
     /// Nothing written: why, and the card's state.
     Dropped {
         reason: &'static str,
@@ -154,7 +154,7 @@ impl Gate {
                 .resolve(run_id, request_id, Resolution::Expired, now_millis(), None)
                 .await?
             {
-                Resolved::Fresh(card) => PodCardStep::Ended(card),
+                Resolved::Fresh(card) => PodCardStep::Ended(Box::new(card)),
                 Resolved::Already(card) => PodCardStep::Dropped {
                     reason: "card_resolved",
                     state: card.state,
