@@ -85,8 +85,8 @@ enum Command {
         /// run (… and the owner's sibling runs), always (the owner's runs in the project).
         #[arg(long, default_value = "once", value_parser = ["once", "run", "tool", "always"])]
         scope: String,
-        /// The tool the card is for (refused if the card is for another). Needed for a
-        /// scope beyond once on a pod-per-run run, whose cards only its pod holds.
+        /// The tool the card is for (refused if the card is for another): a check, never
+        /// needed (on a pod run Tollgate knows the card's tool from its pod).
         #[arg(long)]
         tool: Option<String>,
         #[command(flatten)]

@@ -13,7 +13,9 @@
 //! ```
 //!
 //! `POD_CREDENTIAL` (default: a random one, printed), `POD_PORT` (default: any free
-//! port), `RUN_ID` (default `pod-demo-run`).
+//! port), `RUN_ID` (default `pod-demo-run`). With `TOLLGATE_URL` and `RUN_TOKEN` (the
+//! run's token) set too, the pod announces its cards on the run's stream, as a pod
+//! runtime does: operators then see them in `tollgate pending` and the console.
 
 use std::time::Duration;
 
@@ -68,6 +70,13 @@ async fn main() -> std::io::Result<()> {
     let origin = format!("http://{}", listener.local_addr()?);
     println!("pod serving on {origin}");
     let gate = PodGate::new(&credential);
+    if let (Some(url), Some(token)) = (env("TOLLGATE_URL"), env("RUN_TOKEN")) {
+        // Only the run token is used: the agent JWT is not needed to act for one run.
+        let client = tollgate_client::Client::new(&url, "-")
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        gate.announce_through(client.run(run_id.as_str(), token));
+        println!("announcing cards on {run_id} at {url}");
+    }
     tokio::spawn(serve(listener, gate.clone()));
     let (first, second) = demo(&gate, &run_id, Duration::from_secs(300), |request_id| {
         println!(
