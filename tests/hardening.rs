@@ -289,12 +289,25 @@ async fn small_input_gaps(backend: Backend) {
         json!({"budget": {"tools": (0..65).map(|i| (format!("t{i}"), json!(1))).collect::<Map<_, _>>()}}),
         json!({"budget": {"tools": {"t".repeat(200): 1}}}),
         json!({"owner": "o".repeat(257)}),
+        json!({"budget": {"tools": {"a": 1}, "call_ceiling": "5"}}),
+        json!({"budget": {"tools": {"a": -1}}}),
+        json!({"budget": []}),
     ];
     for body in creates {
         let (status, v) = srv.post("/api/runs", &srv.agent_token, &body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {v}");
         assert!(v["error"].is_string());
     }
+    // One budget parser for creation and admission: what admission reads as "no
+    // ceiling" (`call_ceiling: null`) is a budget creation takes.
+    let (status, v) = srv
+        .post(
+            "/api/runs",
+            &srv.agent_token,
+            &json!({"budget": {"tools": {"a": 1}, "call_ceiling": null}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
     for t in [
         "run_completed.x",
         "tool.approval_resolved_",

@@ -590,6 +590,177 @@ async fn coordinator_with_pod_children(backend: Backend) {
         .all(|c| !rids.contains(&c["request_id"].as_str().unwrap_or_default().to_owned())));
 }
 
+/// The pod's word alone approves nothing: an approval it reports but this forward did
+/// not apply is 409 `pending` and writes nothing, on an announced card and on one
+/// Tollgate never saw. A decision forwarded on a card Tollgate never saw keeps the card
+/// as it ended, so the pod's late announcement of it (and its heartbeats) write nothing.
+async fn the_pods_word_alone_approves_nothing(backend: Backend) {
+    let srv = server(backend, Duration::from_secs(20), Duration::from_secs(300)).await;
+    // A pod that answers every decision "approved earlier, not by you".
+    let (listener, origin) = listen().await;
+    let hits = Arc::new(AtomicUsize::new(0));
+    let app = {
+        let hits = hits.clone();
+        let answer = move || {
+            let hits = hits.clone();
+            async move {
+                hits.fetch_add(1, Ordering::SeqCst);
+                axum::Json(
+                    json!({"resolved": true, "applied": false, "state": "approved",
+                                  "toolName": "wire_transfer"}),
+                )
+            }
+        };
+        axum::Router::new()
+            .route("/tool-approvals", axum::routing::post(answer.clone()))
+            .route("/tool-denials", axum::routing::post(answer))
+    };
+    serve(listener, app);
+    let run = create(
+        &srv,
+        json!({"execution_mode": "pod", "agenthost_origin": origin, "owner": "alice"}),
+    )
+    .await;
+    let append = |event: Value| {
+        let (srv, run) = (&srv, &run);
+        async move {
+            srv.post(
+                &format!("/api/runs/{}/events", run.id),
+                &run.token,
+                &json!({"events": [event]}),
+            )
+            .await
+        }
+    };
+    // An announced card, denied by an operator: the pod says "approved" without having
+    // applied it — nothing is recorded, the card stays pending.
+    let rid = request_id();
+    let (status, v) = append(json!({"type": "tool.approval_required", "requestId": rid,
+                                    "toolName": "wire_transfer"}))
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    for verb in ["tool-denials", "tool-approvals"] {
+        let (status, v) = decide(&srv, verb, &run.id, "alice", json!({"request_id": rid})).await;
+        assert_eq!(
+            (status, v["state"].as_str()),
+            (StatusCode::CONFLICT, Some("pending")),
+            "{verb}: {v}"
+        );
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    let (status, card) = srv
+        .get(
+            &format!("/api/runs/{}/approval-requests/{rid}", run.id),
+            &run.token,
+        )
+        .await;
+    assert_eq!(
+        (status, card["state"].as_str()),
+        (StatusCode::OK, Some("pending")),
+        "{card}"
+    );
+    // A card Tollgate never saw: the same, and no card either.
+    let unseen = request_id();
+    let (status, v) = decide(
+        &srv,
+        "tool-approvals",
+        &run.id,
+        "alice",
+        json!({"request_id": unseen}),
+    )
+    .await;
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::CONFLICT, Some("pending")),
+        "{v}"
+    );
+    let (status, _) = srv
+        .get(
+            &format!("/api/runs/{}/approval-requests/{unseen}", run.id),
+            &run.token,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let seen = events(&srv, &run.id).await;
+    assert!(
+        of_type(&seen, "tool.approval_resolved").is_empty(),
+        "{:?}",
+        types(&seen)
+    );
+
+    // A real pod (the client's, not announcing): a denial forwarded on a card Tollgate
+    // never saw is kept as the card ended; the pod's late announcement of it, and a
+    // heartbeat, write nothing.
+    let (listener, origin) = listen().await;
+    let run = create(
+        &srv,
+        json!({"execution_mode": "pod", "agenthost_origin": origin, "owner": "alice"}),
+    )
+    .await;
+    let gate = PodGate::new(run.credential.as_deref().unwrap());
+    serve(listener, gate.routes());
+    let rid = request_id();
+    let waiting = gate.arm(PodArm::new(&rid, &run.id, "web_fetch"));
+    let (status, v) = decide(
+        &srv,
+        "tool-denials",
+        &run.id,
+        "bob",
+        json!({"request_id": rid}),
+    )
+    .await;
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::OK, Some("denied")),
+        "{v}"
+    );
+    assert_eq!(decided(waiting).await, PodDecision::Denied);
+    for (event, reason) in [
+        (
+            json!({"type": "tool.approval_required", "requestId": rid, "toolName": "web_fetch",
+                "url": "https://example.com"}),
+            "card_resolved",
+        ),
+        (
+            json!({"type": "tool.approval_pending", "requestId": rid}),
+            "card_resolved",
+        ),
+    ] {
+        let (status, v) = srv
+            .post(
+                &format!("/api/runs/{}/events", run.id),
+                &run.token,
+                &json!({"events": [event]}),
+            )
+            .await;
+        assert_eq!(
+            (
+                status,
+                v["dropped"][0]["reason"].as_str(),
+                v["state"].as_str()
+            ),
+            (StatusCode::OK, Some(reason), Some("denied")),
+            "{v}"
+        );
+    }
+    let seen = events(&srv, &run.id).await;
+    assert_eq!(
+        of_type(&seen, "tool.approval_resolved").len(),
+        1,
+        "{:?}",
+        types(&seen)
+    );
+    assert!(
+        of_type(&seen, "tool.approval_required").is_empty(),
+        "{:?}",
+        types(&seen)
+    );
+    assert!(pending(&srv)
+        .await
+        .iter()
+        .all(|c| c["request_id"] != json!(rid)));
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -597,6 +768,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn pod_gate_announces_its_cards() {
                 super::pod_gate_announces_its_cards($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn the_pods_word_alone_approves_nothing() {
+                super::the_pods_word_alone_approves_nothing($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn plain_agenthost() {

@@ -4,6 +4,8 @@
 //! an unknown request 404 `state: "unknown"`, a pending card on a run that is not running
 //! 409 `state: "pending"`.
 
+use std::time::Duration;
+
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -355,10 +357,11 @@ async fn decide(
         }
     };
     let card = &located.card;
+    // (A card recorded from a forwarded `once` decision may not know its tool.)
     if body
         .tool_name
         .as_ref()
-        .is_some_and(|t| *t != card.tool_name)
+        .is_some_and(|t| !card.tool_name.is_empty() && *t != card.tool_name)
     {
         return Err(ApiError::bad_request(format!(
             "tool_name does not match the card (it is for {})",
@@ -538,6 +541,42 @@ fn pod_reach(deps: &Deps) -> crate::forward::Reach {
     }
 }
 
+/// The card as the forward that applied an approval recorded it: when two decisions
+/// race to the pod, the one it did not apply waits (briefly, bounded) for the other's
+/// record and answers from it. `None`: nothing recorded it in that time.
+async fn recorded_by_the_applying_forward(
+    deps: &Deps,
+    run_id: &str,
+    request_id: &str,
+) -> Result<Option<ApprovalRequest>, ApiError> {
+    let wait = deps
+        .gate
+        .config()
+        .forward_timeout
+        .min(Duration::from_secs(2));
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        if let Some(l) = deps.gate.locate(run_id, request_id).await? {
+            if l.card.state != ApprovalState::Pending {
+                return Ok(Some(l.card));
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// 409 `pending` for an approval the pod reports but this forward did not apply.
+fn unapplied_approval() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "the agent host reports an approval this decision did not apply; it is recorded when the decision that applied it is sent again",
+    )
+    .with_state("pending")
+}
+
 /// Who decided, for a card a pod reports ended by something other than this forward:
 /// the pod's word about who decided is not evidence.
 const DECIDED_IN_POD: &str = "agenthost";
@@ -571,7 +610,7 @@ async fn decide_pod_card(
         .filter(|h| h.run_id == card.run_id && !h.status.is_terminal());
     let backstop_due =
         now_millis() + deps.gate.config().forward_timeout.as_millis() as i64 >= card.expires_at;
-    let ended = match head {
+    match head {
         Some(head) if !backstop_due => {
             let verdict = ask_pod(
                 deps,
@@ -583,46 +622,83 @@ async fn decide_pod_card(
                 &by,
             )
             .await?;
-            match verdict {
-                PodVerdict::Terminal { applied: true, .. } => {
-                    deps.gate.resolve(located, resolution).await?
-                }
-                PodVerdict::Terminal {
-                    state,
-                    scope: pod_scope,
-                    ..
-                } => {
-                    let earlier = match state {
-                        ApprovalState::Approved => Resolution::Approved {
-                            scope: pod_scope.unwrap_or(Scope::Once),
-                            by: DECIDED_IN_POD.into(),
-                        },
-                        ApprovalState::Denied => Resolution::Denied {
-                            by: DECIDED_IN_POD.into(),
-                        },
-                        _ => Resolution::Expired,
-                    };
-                    deps.gate.resolve_without_grant(located, earlier).await?
-                }
-                PodVerdict::Unknown => {
-                    deps.gate
-                        .resolve_without_grant(located, Resolution::Expired)
-                        .await?
-                }
-            }
+            record_verdict(deps, located, verdict, resolution, verb).await
         }
         // The run has ended (the store ends the card `run_ended`) or the backstop is due.
         _ => {
-            deps.gate
+            let ended = deps
+                .gate
                 .resolve_without_grant(located, Resolution::Expired)
-                .await?
-        }
-    };
-    match ended {
-        Resolved::Fresh(card) | Resolved::Already(card) => {
+                .await?;
+            let (Resolved::Fresh(card) | Resolved::Already(card)) = ended;
             Ok(Json(decision_answer(&card, verb)).into_response())
         }
     }
+}
+
+/// Records on a stored pod-held card what its pod did with a decision forwarded to it:
+/// - applied → the decision (`resolution`, with its scope's policy) — should the card
+///   have ended otherwise meanwhile (its run ended, the pod's expiry came first), the
+///   answer says so and adds `pod_applied: true`;
+/// - the pod had denied or expired it before → that, attributed to nobody, no policy;
+/// - the pod had **approved** it before, but not by this forward → nothing is written and
+///   the answer is 409 `pending`: an approval is recorded only from the forward that
+///   applied it (sent again, it answers `applied` again), never on the pod's word alone;
+/// - the pod knows no such card → `expired` (nothing can approve it any more).
+async fn record_verdict(
+    deps: &Deps,
+    located: Located,
+    verdict: PodVerdict,
+    resolution: Resolution,
+    verb: Verb,
+) -> Result<Response, ApiError> {
+    let asked = resolution.state();
+    let (ended, applied) = match verdict {
+        PodVerdict::Terminal { applied: true, .. } => {
+            (deps.gate.resolve(located, resolution).await?, true)
+        }
+        PodVerdict::Terminal {
+            state: ApprovalState::Approved,
+            ..
+        } => {
+            let card = &located.card;
+            return match recorded_by_the_applying_forward(deps, &card.run_id, &card.request_id)
+                .await?
+            {
+                Some(card) => Ok(Json(decision_answer(&card, verb)).into_response()),
+                None => Err(unapplied_approval()),
+            };
+        }
+        PodVerdict::Terminal {
+            state: ApprovalState::Denied,
+            ..
+        } => {
+            let earlier = Resolution::Denied {
+                by: DECIDED_IN_POD.into(),
+            };
+            (
+                deps.gate.resolve_without_grant(located, earlier).await?,
+                false,
+            )
+        }
+        PodVerdict::Terminal { .. } | PodVerdict::Unknown => (
+            deps.gate
+                .resolve_without_grant(located, Resolution::Expired)
+                .await?,
+            false,
+        ),
+    };
+    let (Resolved::Fresh(card) | Resolved::Already(card)) = ended;
+    let mut answer = decision_answer(&card, verb);
+    if applied && card.state != asked {
+        tracing::warn!(
+            request_id = %card.request_id,
+            state = card.state.as_str(),
+            "the pod applied a decision on a card that had ended otherwise meanwhile"
+        );
+        answer["pod_applied"] = true.into();
+    }
+    Ok(Json(answer).into_response())
 }
 
 /// A decision on a card the durable gate does not know, for a pod-per-run run: forwarded
@@ -646,7 +722,7 @@ async fn forward_decision(
         .read_head(run_id)
         .await?
         .filter(|h| in_project(claims, &h.project_id))
-        .filter(|h| h.execution_mode.as_deref() == Some("pod"))
+        .filter(RunHead::is_pod)
         .ok_or_else(unknown)?;
     if head.status.is_terminal() {
         return Err(ApiError::new(StatusCode::CONFLICT, "Run is not active.").with_state("pending"));
@@ -725,6 +801,16 @@ async fn forward_decision(
     else {
         return Err(unknown());
     };
+    // An approval this forward did not apply is recorded only from the forward that did
+    // (sent again, it answers `applied` again): a card recorded already answers as it
+    // stands; otherwise nothing is written (409 `pending`), never an approval on the
+    // pod's word alone.
+    if state == ApprovalState::Approved && !applied {
+        return match recorded_by_the_applying_forward(deps, &head.run_id, &body.request_id).await? {
+            Some(card) => Ok(Json(decision_answer(&card, verb)).into_response()),
+            None => Err(unapplied_approval()),
+        };
+    }
     let now = tollgate_domain::now_millis();
     let card = ApprovalRequest {
         run_id: head.run_id.clone(),
@@ -741,14 +827,10 @@ async fn forward_decision(
         message: None,
         arguments_hash: None,
         state,
-        // What this forward applied is what the operator asked; an earlier decision is
-        // told as the pod reports its scope, and attributed to nobody (the pod's word
-        // about who decided is not evidence).
-        scope: match (state, applied) {
-            (ApprovalState::Approved, true) => Some(scope),
-            (ApprovalState::Approved, false) => pod_scope,
-            _ => None,
-        },
+        // What this forward applied is what the operator asked; an earlier denial or
+        // expiry is attributed to nobody (the pod's word about who decided is not
+        // evidence).
+        scope: (state == ApprovalState::Approved).then_some(scope),
         decided_by: applied.then(|| claims.sub.clone()),
         decided_at: Some(now),
         created_at: now,
@@ -786,6 +868,31 @@ async fn forward_decision(
         .store()
         .record_forwarded(&head.run_id, &card, grant)
         .await?;
+    if recorded == tollgate_store::Forwarded::CardExists {
+        // Its pod announced the card while the decision was on its way: the decision is
+        // recorded on that card, as for any announced card.
+        let located = deps
+            .gate
+            .locate(&head.run_id, &body.request_id)
+            .await?
+            .ok_or_else(unknown)?;
+        let resolution = match verb {
+            Verb::Approve => Resolution::Approved {
+                scope,
+                by: claims.sub.clone(),
+            },
+            Verb::Deny => Resolution::Denied {
+                by: claims.sub.clone(),
+            },
+        };
+        let verdict = PodVerdict::Terminal {
+            state,
+            applied,
+            scope: pod_scope,
+            tool_name,
+        };
+        return record_verdict(deps, located, verdict, resolution, verb).await;
+    }
     tracing::info!(
         state = state.as_str(),
         applied,

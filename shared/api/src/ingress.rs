@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tollgate_domain::{
     delivery_run_id, event::validate_payload, run::DELIVERY_RUN_PREFIX, validate_producer_event,
-    validate_run_id, NewRun, RunHead, RunKind, TerminalKind, MAX_BATCH_EVENTS,
+    validate_run_id, ExecutionMode, NewRun, RunHead, RunKind, TerminalKind, MAX_BATCH_EVENTS,
 };
 use tollgate_store::{CreateOutcome, RunRef};
 use tracing::instrument;
@@ -46,11 +46,9 @@ struct CreateRunBody {
 
 /// Every field stored in the run head is bounded: the head is rewritten by every append,
 /// so its size is paid on each one (a 250 KB head would make every append cost ~500 WCU).
-const MAX_TEXT: usize = 256;
+const MAX_HEAD_TEXT: usize = 256;
 const MAX_ORIGIN: usize = 2048;
 const MAX_SUBTASK_ID_BYTES: usize = 256;
-const MAX_BUDGET_TOOLS: usize = 64;
-const MAX_TOOL_NAME: usize = 128;
 
 fn short_text(field: &str, value: &Option<String>, max: usize) -> Result<(), ApiError> {
     match value {
@@ -76,34 +74,12 @@ fn validate_subtask_id(subtask_id: &Value) -> Result<(), ApiError> {
     }
 }
 
+/// The domain's one parser decides what a budget is (the same one admission reads it
+/// with, so a budget accepted here is never refused there).
 fn validate_budget(budget: &Value) -> Result<(), ApiError> {
-    let bad = || {
-        ApiError::bad_request(format!(
-            "budget must be {{\"tools\": {{\"<tool>\": <max starts>}}, \"call_ceiling\": <n>}} \
-             with at most {MAX_BUDGET_TOOLS} tools named in 1 to {MAX_TOOL_NAME} characters"
-        ))
-    };
-    let obj = budget.as_object().ok_or_else(bad)?;
-    if obj.keys().any(|k| k != "tools" && k != "call_ceiling") {
-        return Err(bad());
-    }
-    if let Some(tools) = obj.get("tools") {
-        let tools = tools.as_object().ok_or_else(bad)?;
-        if tools.len() > MAX_BUDGET_TOOLS
-            || tools.iter().any(|(k, v)| {
-                k.is_empty() || k.chars().count() > MAX_TOOL_NAME || v.as_u64().is_none()
-            })
-        {
-            return Err(bad());
-        }
-    }
-    if obj
-        .get("call_ceiling")
-        .is_some_and(|v| v.as_u64().is_none())
-    {
-        return Err(bad());
-    }
-    Ok(())
+    tollgate_domain::execution::Budget::parse(budget)
+        .map(|_| ())
+        .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 /// The run's project is its creator's `project_id` claim: a body naming another (or
@@ -127,14 +103,14 @@ async fn create_run(
     let claims = deps.auth.require_role(&creds, Role::Agent)?;
     // Claims become head fields too (the creator, the project): bounded like the body's.
     if claims.sub.is_empty()
-        || claims.sub.chars().count() > MAX_TEXT
+        || claims.sub.chars().count() > MAX_HEAD_TEXT
         || claims
             .project_id
             .as_ref()
-            .is_some_and(|p| p.is_empty() || p.chars().count() > MAX_TEXT)
+            .is_some_and(|p| p.is_empty() || p.chars().count() > MAX_HEAD_TEXT)
     {
         return Err(ApiError::bad_request(format!(
-            "the token's sub and project_id must be 1 to {MAX_TEXT} characters"
+            "the token's sub and project_id must be 1 to {MAX_HEAD_TEXT} characters"
         )));
     }
     let body: CreateRunBody = serde_json::from_value(match body.value().await? {
@@ -150,7 +126,7 @@ async fn create_run(
         ("channel_id", &body.channel_id),
         ("execution_mode", &body.execution_mode),
     ] {
-        short_text(field, value, MAX_TEXT)?;
+        short_text(field, value, MAX_HEAD_TEXT)?;
     }
     short_text("agenthost_origin", &body.agenthost_origin, MAX_ORIGIN)?;
     if let Some(subtask_id) = &body.subtask_id {
@@ -186,24 +162,24 @@ async fn create_run(
             )));
         }
     }
-    match body.execution_mode.as_deref() {
-        None | Some("inline") if body.agenthost_origin.is_some() => {
+    let mode = match body.execution_mode.as_deref() {
+        None => ExecutionMode::Inline,
+        Some(given) => ExecutionMode::parse(given)
+            .ok_or_else(|| ApiError::bad_request("execution_mode must be inline or pod"))?,
+    };
+    match mode {
+        ExecutionMode::Inline if body.agenthost_origin.is_some() => {
             return Err(ApiError::bad_request(
                 "agenthost_origin is for execution_mode pod only",
             ))
         }
-        None | Some("inline") => {}
-        Some("pod") => {
+        ExecutionMode::Inline => {}
+        ExecutionMode::Pod => {
             let origin = body.agenthost_origin.as_deref().ok_or_else(|| {
                 ApiError::bad_request("execution_mode pod needs an agenthost_origin")
             })?;
             crate::forward::check_origin(origin, deps.gate.config().allow_loopback_origins)
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        }
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "execution_mode must be inline or pod",
-            ))
         }
     }
     if let Some(budget) = &body.budget {
@@ -294,7 +270,7 @@ pub(crate) fn run_receipt(deps: &Deps, head: &RunHead) -> Value {
         "run_token": deps.auth.run_token(&head.run_id, &head.incarnation),
         "sequence": 1,
     });
-    if head.execution_mode.as_deref() == Some("pod") {
+    if head.is_pod() {
         receipt["agenthost_credential"] = deps
             .auth
             .pod_credential(&head.run_id, &head.incarnation)

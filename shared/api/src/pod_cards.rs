@@ -11,11 +11,12 @@
 //!   cards, and the stall guard's reason to wait. No policy is looked up (the pod asks a
 //!   human only when its own bridges did not cover the call) and Tollgate sends no
 //!   heartbeats for it; its expiry is a backstop, [`pod_expiry_grace`] after the pod's own
-//!   timeout, for a pod that dies.
+//!   timeout (within the deployment's timeout cap), for a pod that dies.
 //! - `tool.approval_pending` `{requestId}` — a heartbeat for a card it announced, appended
 //!   while the card is pending; one for a card that has ended is **dropped** (nothing is
-//!   written; the answer says `dropped` with reason `card_resolved`), as is one within
-//!   half a heartbeat interval of the previous (`too_soon`).
+//!   written; the answer says `dropped` with reason `card_resolved`), as is a second one
+//!   in the same half heartbeat interval (time slots counted from the card's recording:
+//!   `too_soon`).
 //! - `tool.approval_resolved` `{requestId, expired: true}` — the pod's own timeout: the
 //!   card expires (one `tool.approval_resolved` on the run, one
 //!   `coordinator.child_approval_resolved`); for a card that has ended already it is
@@ -217,7 +218,9 @@ fn announced_card(
             })?,
     };
     let now = now_millis();
-    let grace = pod_expiry_grace(&deps.gate).as_millis() as i64;
+    // The backstop: the pod's timeout and a grace, within the deployment's cap.
+    let backstop = ((timeout * 1000) as i64 + pod_expiry_grace(&deps.gate).as_millis() as i64)
+        .min((max_timeout * 1000) as i64);
     Ok(ApprovalRequest {
         run_id: run_id.to_owned(),
         explicit_ids: tool_call_id.is_some() || approval_id.is_some(),
@@ -234,7 +237,7 @@ fn announced_card(
         decided_by: None,
         decided_at: None,
         created_at: now,
-        expires_at: now + (timeout as i64) * 1000 + grace,
+        expires_at: now + backstop,
         coordinator_run_id: None,
         subtask_id: None,
         project_id: None,
@@ -287,7 +290,7 @@ pub async fn append(
         .await?
         .filter(|h| h.incarnation == incarnation)
         .ok_or_else(|| ApiError::not_found("run not found"))?;
-    if head.execution_mode.as_deref() != Some("pod") {
+    if !head.is_pod() {
         return Err(bad(format!(
             "events[0]: {event_type} is written by the server; only an execution_mode pod run's pod appends it, for the cards it holds"
         )));
@@ -325,6 +328,19 @@ pub async fn append(
                         "expires_at": tollgate_domain::format_timestamp(card.expires_at),
                     }))
                     .into_response())
+                }
+                // Ended already (a decision forwarded before the announcement arrived, or
+                // the id reused after a pod restart): nothing more is written for it.
+                ArmOutcome::Card(Armed::Existing(card)) | ArmOutcome::OtherCall(card)
+                    if card.held_by_pod && card.state != ApprovalState::Pending =>
+                {
+                    Ok(dropped(
+                        run_id,
+                        &event_type,
+                        &card.request_id,
+                        "card_resolved",
+                        card.state,
+                    ))
                 }
                 ArmOutcome::Card(Armed::Existing(card)) if card.same_call_as(&asked) => {
                     Ok(dropped(

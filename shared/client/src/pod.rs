@@ -799,8 +799,30 @@ async fn announce(
             required[k] = v.clone().into();
         }
     }
-    if let Err(e) = post_card_event(&run, required).await {
-        tracing::warn!(error = %e, request_id = %arm.request_id, "pod card not announced");
+    // Tollgate refusing the card (its id taken by another call or an ended card, the run
+    // ended, a malformed field) means no operator can ever see it: it expires here at
+    // once rather than leave the call waiting for nobody (fail closed). An outage or a
+    // full project (429) the client's retries did not outlast leaves it waiting:
+    // decisions on it are still forwarded (as for a card Tollgate never saw).
+    let refused = match post_card_event(&run, required).await {
+        Ok(answer) => answer["state"].as_str().is_some_and(|s| s != "pending"),
+        Err(e) if e.is_transient() => {
+            tracing::warn!(error = %e, request_id = %arm.request_id, "pod card not announced: Tollgate unavailable");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, request_id = %arm.request_id, "pod card refused by Tollgate; it expires");
+            true
+        }
+    };
+    if refused {
+        if let Some(inner) = gate.upgrade() {
+            if let Some(card) = inner.lock().cards.get_mut(&arm.request_id) {
+                if card.state.is_none() {
+                    card.end(PodDecision::Expired);
+                }
+            }
+        }
         return;
     }
     let beat = json!({
@@ -852,8 +874,16 @@ async fn announce(
         "approved": false,
         "expired": true,
     });
-    if let Err(e) = post_card_event(&run, expired).await {
-        tracing::warn!(error = %e, request_id = %arm.request_id, "pod card expiry not appended; Tollgate's backstop expires it");
+    // Retried (the client already retries each request): Tollgate's backstop expires the
+    // card should every attempt fail.
+    for attempt in 0..3u32 {
+        match post_card_event(&run, expired.clone()).await {
+            Ok(_) => return,
+            Err(e) if attempt == 2 => {
+                tracing::warn!(error = %e, request_id = %arm.request_id, "pod card expiry not appended; Tollgate's backstop expires it");
+            }
+            Err(_) => tokio::time::sleep(Duration::from_secs(1 << attempt)).await,
+        }
     }
 }
 

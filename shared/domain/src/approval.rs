@@ -247,6 +247,14 @@ impl ApprovalRequest {
         draft
     }
 
+    /// The card Tollgate keeps for a decision its pod took on a card Tollgate never saw
+    /// (ended, pod-held, counted nowhere): a later announcement of it finds it ended.
+    pub fn forwarded_record(&self) -> Self {
+        let mut card = self.clone();
+        card.held_by_pod = true;
+        card
+    }
+
     /// `tool.approval_resolved` for a decision an AgentHost pod took on a card only it
     /// held, keyed per request (`tollgate:pod_resolved:<32 hex>`): repeated forwards of
     /// one decision append it once.

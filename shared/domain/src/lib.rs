@@ -19,8 +19,8 @@ pub use execution::{
 };
 pub use run::{
     delivery_run_id, is_heartbeat, is_stalled, last_real_type, stall_detected_event,
-    stall_failure_payload, validate_run_id, NewRun, RunHead, RunKind, RunStatus, StallAction,
-    StallCheck, TerminalKind, STALL_FAILURE_REASON,
+    stall_failure_payload, validate_run_id, ExecutionMode, NewRun, RunHead, RunKind, RunStatus,
+    StallAction, StallCheck, TerminalKind, STALL_FAILURE_REASON,
 };
 
 /// Milliseconds since the Unix epoch, the one clock representation stored on heads.

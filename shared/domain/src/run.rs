@@ -147,9 +147,53 @@ pub fn last_real_type<'a>(types: impl IntoIterator<Item = &'a str>) -> Option<&'
     types.into_iter().filter(|t| !is_heartbeat(t)).last()
 }
 
+/// Where a run's cards live (`execution_mode` at creation; stored as given).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecutionMode {
+    /// Tollgate holds the cards (the default).
+    Inline,
+    /// The run's AgentHost pod holds them (docs/architecture.md §8).
+    Pod,
+}
+
+impl ExecutionMode {
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "inline" => Some(ExecutionMode::Inline),
+            "pod" => Some(ExecutionMode::Pod),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecutionMode::Inline => "inline",
+            ExecutionMode::Pod => "pod",
+        }
+    }
+}
+
 impl RunHead {
     pub fn last_sequence(&self) -> u64 {
         self.next_seq.saturating_sub(1)
+    }
+
+    /// The run's execution mode (a run created without one, or with a value this build
+    /// does not know, is inline: its cards are Tollgate's).
+    pub fn execution_mode(&self) -> ExecutionMode {
+        match self
+            .execution_mode
+            .as_deref()
+            .and_then(ExecutionMode::parse)
+        {
+            Some(mode) => mode,
+            None => ExecutionMode::Inline,
+        }
+    }
+
+    /// Whether the run's AgentHost pod holds its cards.
+    pub fn is_pod(&self) -> bool {
+        self.execution_mode() == ExecutionMode::Pod
     }
 
     /// What appending events of `types` at `now` changes on the head besides `next_seq`.

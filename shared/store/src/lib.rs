@@ -273,6 +273,10 @@ pub enum Forwarded {
     Fresh(u64),
     Already(u64),
     RunEnded,
+    /// A card with that `request_id` is stored on the run (its pod announced it while
+    /// the decision was being forwarded): nothing was written; the decision is for that
+    /// card, through [`ApprovalStore::resolve_located`].
+    CardExists,
 }
 
 /// Approval cards (seed 003). Every transition writes the card and the events that

@@ -560,11 +560,20 @@ impl ApprovalStore for MemoryStore {
             // forward applied is still written (while the run runs).
             Some(seq) => Forwarded::Already(*seq),
             None if !running => return Ok(Forwarded::RunEnded),
+            // Its pod announced the card meanwhile: the decision is that card's.
+            None if record.cards.contains_key(&card.request_id) => {
+                return Ok(Forwarded::CardExists)
+            }
             None => {
                 let Some(seq) = record.push(&[draft], now_millis()) else {
                     return Ok(Forwarded::RunEnded);
                 };
                 record.event_ids.insert(id, seq);
+                // The card as it ended in the pod: a later announcement of it finds it
+                // ended, and nothing more is appended for it.
+                record
+                    .cards
+                    .insert(card.request_id.clone(), card.forwarded_record());
                 Forwarded::Fresh(seq)
             }
         };

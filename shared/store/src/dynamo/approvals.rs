@@ -879,6 +879,16 @@ impl ApprovalStore for DynamoStore {
             }
             let sequence = head.next_seq;
             let mut side = Vec::new();
+            // With the event, the card as it ended in the pod — only where no card is: one
+            // its pod announced meanwhile is the card this decision is for.
+            if written.is_none() {
+                side.push(self.card_put(
+                    &card.forwarded_record(),
+                    "attribute_not_exists(item_key)",
+                    now_millis(),
+                    None,
+                )?);
+            }
             // Once the event is there, a grant is written only where no policy is (granted
             // or revoked): the same decision sent again never undoes a revocation.
             if let (Some(seq), Some(policy)) = (written, &grant) {
@@ -895,7 +905,7 @@ impl ApprovalStore for DynamoStore {
                 policy.reached_runs = vec![card.run_id.clone()];
                 side.push(self.policy_grant(&policy)?);
             }
-            let has_grant = !side.is_empty();
+            let has_grant = grant.is_some() && card.state == ApprovalState::Approved;
             // Once another forward of this decision wrote the event, only this forward's
             // grant is left to write: with the run's head (still running) and no event.
             let events = match written {
@@ -923,6 +933,12 @@ impl ApprovalStore for DynamoStore {
                     }
                     written = Some(seq);
                     continue;
+                }
+                (None, Committed::Lost(lost))
+                    if lost.heads[0].is_none()
+                        && lost.side.first().is_some_and(Option::is_some) =>
+                {
+                    return Ok(Forwarded::CardExists)
                 }
                 (_, Committed::Lost(_)) => {}
                 (_, Committed::Busy(why)) => tracing::debug!(%why, "forwarded decision retry"),
