@@ -23,6 +23,7 @@ use tollgate_domain::{
 use tollgate_store::{Armed, Located, Resolved};
 
 use crate::gate::ArmOutcome;
+use tollgate_app::access;
 use tracing::instrument;
 
 use crate::auth::{Claims, Credentials, Role};
@@ -320,7 +321,7 @@ fn unknown() -> ApiError {
 
 /// An operator token with a `project_id` sees and decides only that project's runs.
 fn in_project(claims: &Claims, project_id: &Option<String>) -> bool {
-    claims.project_id.is_none() || claims.project_id == *project_id
+    access::in_project(claims.project_id.as_deref(), project_id.as_deref())
 }
 
 #[instrument(skip_all, fields(run_id = %run_id, request_id, verb = ?verb))]
@@ -731,12 +732,7 @@ async fn forward_decision(
         Verb::Approve => Scope::parse(body.scope.as_ref().and_then(Value::as_str)),
         Verb::Deny => Scope::Once,
     };
-    if scope != Scope::Once && head.owner.as_deref() != Some(claims.sub.as_str()) {
-        return Err(ApiError::forbidden(format!(
-            "scope {} needs the run's owner; the card stays pending",
-            scope.as_str()
-        )));
-    }
+    access::owners_scope(scope, head.owner.as_deref(), &claims.sub)?;
     bounded("tool_name", &body.tool_name, MAX_TOOL_NAME)?;
     // The tool a scoped grant is for: the card's, as its pod captured it — never one the
     // operator or the pod's decision answer merely names.
@@ -774,11 +770,7 @@ async fn forward_decision(
                     "tool_name does not match the card (it is for {tool})"
                 )));
             }
-            if scope == Scope::Always && !deps.gate.always_eligible(&tool) {
-                return Err(ApiError::forbidden(format!(
-                    "scope always is not allowed for {tool}; the card stays pending"
-                )));
-            }
+            access::eligible_scope(scope, &tool, &deps.gate.config().always_eligible)?;
             Some(tool)
         }
     };
@@ -916,19 +908,13 @@ fn check_scope(
         .as_ref()
         .filter(|h| h.run_id == card.run_id)
         .and_then(|h| h.owner.as_deref());
-    if owner != Some(claims.sub.as_str()) {
-        return Err(ApiError::forbidden(format!(
-            "scope {} needs the run's owner; the card stays pending",
-            scope.as_str()
-        )));
-    }
-    if scope == Scope::Always && !deps.gate.config().always_eligible.contains(&card.tool_name) {
-        return Err(ApiError::forbidden(format!(
-            "scope always is not allowed for {}; the card stays pending",
-            card.tool_name
-        )));
-    }
-    Ok(())
+    Ok(access::may_grant(
+        scope,
+        owner,
+        &claims.sub,
+        &card.tool_name,
+        &deps.gate.config().always_eligible,
+    )?)
 }
 
 /// Seed 003's answer: `run_id` is the owning (child) run; `approved` on the approval

@@ -22,13 +22,7 @@ impl TimerQueue for NoTimers {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{0}")]
-    Invalid(String),
-    #[error("storage: {0}")]
-    Store(#[from] tollgate_store::StoreError),
-}
+pub use tollgate_app::ConfigError;
 
 /// The signing secret. Its `Debug` never shows the value.
 #[derive(Clone)]

@@ -100,6 +100,32 @@ impl From<StoreError> for ApiError {
     }
 }
 
+/// Every use-case refusal as HTTP, in one place.
+impl From<tollgate_app::AppError> for ApiError {
+    fn from(err: tollgate_app::AppError) -> Self {
+        use tollgate_app::AppError;
+        match err {
+            AppError::NotFound { message, state } => {
+                let e = ApiError::not_found(message);
+                match state {
+                    Some(state) => e.with_state(state),
+                    None => e,
+                }
+            }
+            AppError::Forbidden(message) => ApiError::forbidden(message),
+            AppError::Invalid(message) => ApiError::bad_request(message),
+            AppError::Conflict { message, state } => {
+                let e = ApiError::new(StatusCode::CONFLICT, message);
+                match state {
+                    Some(state) => e.with_state(state),
+                    None => e,
+                }
+            }
+            AppError::Store(e) => e.into(),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut body = json!({ "error": self.error });

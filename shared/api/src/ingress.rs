@@ -311,7 +311,10 @@ async fn append_events(
     }
     // A pod's events for the cards it holds are recorded through the gate, one per
     // request (docs/architecture.md §8).
-    if let Some(i) = raw.iter().position(crate::pod_cards::is_pod_card_event) {
+    if let Some(i) = raw
+        .iter()
+        .position(|e| crate::pod_cards::is_pod_card_event(e.get("type").and_then(Value::as_str)))
+    {
         if raw.len() > 1 {
             return Err(ApiError::bad_request(format!(
                 "events[{i}]: {} is appended alone (one per request), and only by an execution_mode pod run's pod",

@@ -9,7 +9,6 @@ pub mod console;
 pub mod error;
 pub mod forward;
 pub mod functions;
-pub mod gate;
 pub mod ingress;
 pub mod jwt;
 #[cfg(feature = "lambda")]
@@ -30,7 +29,10 @@ use tollgate_timers::{sqs_client, EmbeddedTimers, SqsConsumer, SqsTimers, TimerL
 pub use auth::{Auth, Claims, Role};
 pub use config::{Backend, Config, ConfigError, ServeTimers};
 pub use error::ApiError;
-pub use gate::{Gate, GateConfig};
+/// The approval gate's use-cases (`tollgate_app::approvals`), under the name the
+/// handlers use.
+pub use tollgate_app::approvals as gate;
+pub use tollgate_app::{AppError, Gate, GateConfig};
 
 /// What every handler needs, built once at cold start.
 #[derive(Clone)]

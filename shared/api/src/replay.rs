@@ -108,7 +108,9 @@ async fn replay_events(
 /// operator — limited to one project when the token carries a `project_id`. A run
 /// outside the caller's project answers as if it did not exist.
 pub(crate) fn authorize_read(caller: &Caller, head: &RunHead) -> Result<(), ApiError> {
-    let in_project = |claim: &Option<String>| claim.is_none() || *claim == head.project_id;
+    let in_project = |claim: &Option<String>| {
+        tollgate_app::access::in_project(claim.as_deref(), head.project_id.as_deref())
+    };
     match caller {
         Caller::Run { incarnation, .. } if *incarnation == head.incarnation => Ok(()),
         Caller::Run { .. } => Err(ApiError::not_found("run not found")),

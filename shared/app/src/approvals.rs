@@ -1,4 +1,4 @@
-//! The approval gate's use-cases (seed 003), shared by every entry point: the HTTP
+//! The approval gate's use-cases (seed 003, docs/architecture.md §6), shared by every entry point: the HTTP
 //! handlers (arm, decide), the timer handler (expiry, heartbeats — SQS in AWS, the
 //! embedded queue in `tollgate serve`) and the sweeper. They take narrow ports — the
 //! [`Store`] and a [`TimerQueue`] — and no HTTP or AWS types.
@@ -283,7 +283,7 @@ impl Gate {
     }
 
     pub fn always_eligible(&self, tool_name: &str) -> bool {
-        self.config.always_eligible.iter().any(|t| t == tool_name)
+        crate::access::is_always_eligible(tool_name, &self.config.always_eligible)
     }
 
     /// The parent coordinator's head, for a child run.

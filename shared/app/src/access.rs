@@ -1,0 +1,92 @@
+//! Who may do what — each rule written once (docs/architecture.md §6): project scoping
+//! (a caller with a project sees and acts on its project's runs only), owner-only scopes
+//! (a grant beyond `once` is the run owner's) and the always-eligible tools.
+
+use tollgate_domain::Scope;
+
+use crate::AppError;
+
+/// Whether a caller whose token names `caller_project` (none: every project) may see
+/// or act on something of `project`.
+pub fn in_project(caller_project: Option<&str>, project: Option<&str>) -> bool {
+    caller_project.is_none() || caller_project == project
+}
+
+/// Whether an approval by `by` with `scope` may be granted on a card of `tool` whose run
+/// `owner` is: beyond `once` only by the run's owner, and `always` only for the
+/// `always_eligible` tools. Refused: 403, and the card stays pending.
+pub fn may_grant(
+    scope: Scope,
+    owner: Option<&str>,
+    by: &str,
+    tool: &str,
+    always_eligible: &[String],
+) -> Result<(), AppError> {
+    owners_scope(scope, owner, by)?;
+    eligible_scope(scope, tool, always_eligible)
+}
+
+/// The owner half of [`may_grant`] (for a card whose tool is not known yet).
+pub fn owners_scope(scope: Scope, owner: Option<&str>, by: &str) -> Result<(), AppError> {
+    if scope != Scope::Once && owner != Some(by) {
+        return Err(AppError::Forbidden(format!(
+            "scope {} needs the run's owner; the card stays pending",
+            scope.as_str()
+        )));
+    }
+    Ok(())
+}
+
+/// The tool half of [`may_grant`]: `always` only for the always-eligible tools.
+pub fn eligible_scope(
+    scope: Scope,
+    tool: &str,
+    always_eligible: &[String],
+) -> Result<(), AppError> {
+    if scope == Scope::Always && !is_always_eligible(tool, always_eligible) {
+        return Err(AppError::Forbidden(format!(
+            "scope always is not allowed for {tool}; the card stays pending"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `tool` may be granted `always` (`TOLLGATE_ALWAYS_ELIGIBLE_TOOLS`).
+pub fn is_always_eligible(tool: &str, always_eligible: &[String]) -> bool {
+    always_eligible.iter().any(|t| t == tool)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_beyond_once_are_the_owners_and_always_only_for_eligible_tools() {
+        let eligible = vec!["web_fetch".to_owned()];
+        assert!(may_grant(Scope::Once, None, "bob", "shell", &eligible).is_ok());
+        assert!(may_grant(Scope::Tool, Some("alice"), "alice", "shell", &eligible).is_ok());
+        assert!(may_grant(Scope::Run, Some("alice"), "bob", "web_fetch", &eligible).is_err());
+        assert!(may_grant(Scope::Tool, None, "bob", "web_fetch", &eligible).is_err());
+        assert!(may_grant(
+            Scope::Always,
+            Some("alice"),
+            "alice",
+            "web_fetch",
+            &eligible
+        )
+        .is_ok());
+        assert!(matches!(
+            may_grant(Scope::Always, Some("alice"), "alice", "shell", &eligible),
+            Err(AppError::Forbidden(_))
+        ));
+    }
+
+    #[test]
+    fn a_project_caller_sees_its_project_only() {
+        assert!(in_project(None, Some("p1")));
+        assert!(in_project(None, None));
+        assert!(in_project(Some("p1"), Some("p1")));
+        assert!(!in_project(Some("p1"), Some("p2")));
+        assert!(!in_project(Some("p1"), None));
+    }
+}
