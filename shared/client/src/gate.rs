@@ -22,7 +22,7 @@ use crate::client::object;
 use crate::execution::ApprovedCall;
 use crate::hash::arguments_hash;
 use crate::http::{describe, read};
-use crate::sse::{SseItem, SseParser};
+use crate::sse::{SseItem, SseParser, MAX_LINE};
 use crate::{Error, Run};
 
 /// The server's default card timeout.
@@ -589,7 +589,7 @@ impl Watch<'_> {
             if matches!(status, 404 | 405) {
                 return Ok(Step::Fallback);
             }
-            let answer = read(resp).await.map_err(Error::Transport)?;
+            let answer = read(resp).await.map_err(|lost| lost.into_error())?;
             let error = Error::from_answer(status, &answer.body, answer.retry_after);
             return if error.is_transient() {
                 Ok(Step::Failed {
@@ -610,6 +610,16 @@ impl Watch<'_> {
         }
         let mut parser = SseParser::new();
         loop {
+            if parser.overflowed() {
+                // A line or frame over its cap: the response is broken; resume.
+                return Ok(Step::Failed {
+                    error: Error::Transport(format!(
+                        "the live stream broke (a line over {} MiB)",
+                        MAX_LINE >> 20
+                    )),
+                    retry_after: None,
+                });
+            }
             let left = give_up_at.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Ok(Step::Again(Duration::ZERO));
