@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, RETRY_AFTER};
+use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{Method, Url};
 use serde_json::{json, Value};
 
@@ -197,6 +197,14 @@ pub(crate) fn bearer(token: &str) -> Result<HeaderValue, Error> {
         .map_err(|_| Error::Config("the token is not a valid HTTP header value".into()))?;
     value.set_sensitive(true);
     Ok(value)
+}
+
+/// Whether a response is `text/event-stream`.
+pub(crate) fn is_event_stream(resp: &reqwest::Response) -> bool {
+    resp.headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// `Retry-After` in seconds.

@@ -21,12 +21,12 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::Duration;
 
-use reqwest::header::CONTENT_TYPE;
 use reqwest::Method;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use crate::http::{describe, read, Answer, Http, Lost};
+use crate::http::{describe, is_event_stream, read, Answer, Http, Lost};
+use crate::retry::reconnect_backoff;
 use crate::sse::{SseItem, SseParser};
 use crate::{ClientConfig, Error, RetryPolicy, Scope};
 
@@ -37,7 +37,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// The longest wait after a window that ended at once with nothing new.
 const QUIET_MAX: Duration = Duration::from_secs(5);
 /// The shortest wait a server's `retry:` hint may ask for.
-const MIN_RETRY: Duration = Duration::from_millis(100);
+const MIN_RETRY: Duration = crate::retry::MIN_RECONNECT;
 /// The longest wait a server's `Retry-After` may ask for.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 /// A window that ends sooner than this without a new event counts as a failure.
@@ -718,12 +718,7 @@ impl Follow<'_> {
             Ok(Err(outcome)) => return outcome.map(Err),
             Ok(Ok(resp)) => resp,
         };
-        let is_stream = resp
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        if !is_stream {
+        if !is_event_stream(&resp) {
             return Err(OperatorError::NotAStream);
         }
         self.resp = Some(resp);
@@ -765,9 +760,7 @@ impl Follow<'_> {
 
 /// The wait before attempt `failures` (1, 2, …) after errors: the hint, doubling, ≤ 30 s.
 fn backoff(hint: Duration, failures: u32) -> Duration {
-    let base = hint.clamp(MIN_RETRY, MAX_BACKOFF);
-    base.saturating_mul(1u32 << failures.saturating_sub(1).min(16))
-        .min(MAX_BACKOFF)
+    reconnect_backoff(hint, failures, MAX_BACKOFF)
 }
 
 /// The wait after an error: the backoff, or the server's `Retry-After` when longer (at
