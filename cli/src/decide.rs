@@ -2,58 +2,42 @@
 //! `tollgate deny` (one decision, its answer in words).
 
 use chrono::{DateTime, Utc};
-use reqwest::StatusCode;
-use serde_json::{json, Value};
+use tollgate_client::operator::{Card, DecisionAnswer, Operator, OperatorError, Verb};
+use tollgate_client::Scope;
 
-use crate::remote::{describe, ApiRefusal, Failure, Remote};
+use crate::remote::{refusal, summary, Failure};
 use crate::render::{clean, truncate, url};
 
 /// Widest URL / intention cell.
 const TARGET_MAX: usize = 60;
 
-/// `GET /api/approvals?state=pending`, or a run's. Prints the table.
-pub async fn list(remote: &Remote, run: Option<&str>) -> Result<(), Failure> {
-    let mut url = match run {
-        Some(run) => remote.endpoint(&["api", "runs", run, "approvals"]),
-        None => remote.endpoint(&["api", "approvals"]),
-    };
-    url.query_pairs_mut().append_pair("state", "pending");
-    let resp =
-        remote.http.get(url).send().await.map_err(|e| {
-            Failure::unavailable(format!("cannot reach the server: {}", describe(e)))
-        })?;
-    if resp.status() != StatusCode::OK {
-        let refusal = ApiRefusal::read(resp).await;
-        return Err(match refusal.status {
-            StatusCode::NOT_FOUND => Failure::refused(format!(
-                "no such run, or not visible with this token ({})",
-                refusal.summary()
-            )),
-            _ => refusal.common().unwrap_or_else(|| refusal.unexpected()),
-        });
-    }
-    let body: Value = resp
-        .json()
-        .await
-        .map_err(|e| Failure::unavailable(format!("the answer is not JSON: {}", describe(e))))?;
-    let cards = body["approvals"].as_array().cloned().unwrap_or_default();
-    let has_more = body["has_more"].as_bool().unwrap_or(false);
-    print!("{}", table(&cards, has_more, Utc::now()));
+/// `GET /api/approvals?state=pending` (its first page), or a run's. Prints the table.
+pub async fn list(operator: &Operator, run: Option<&str>) -> Result<(), Failure> {
+    let page = operator.pending(run, None).await.map_err(|e| match e {
+        OperatorError::Unreachable(cause) | OperatorError::NoAnswer(cause) => {
+            Failure::unavailable(format!("cannot reach the server: {cause}"))
+        }
+        OperatorError::Unreadable { message, .. } => {
+            Failure::unavailable(format!("the answer is not JSON: {message}"))
+        }
+        OperatorError::Refused(r) if r.status == 404 => Failure::refused(format!(
+            "no such run, or not visible with this token ({})",
+            summary(&r)
+        )),
+        OperatorError::Refused(r) => refusal(&r),
+        other => Failure::unavailable(other.to_string()),
+    })?;
+    print!("{}", table(&page.cards, page.has_more, Utc::now()));
     Ok(())
 }
 
 /// The cards as an aligned table (or a sentence when there are none).
-fn table(cards: &[Value], has_more: bool, now: DateTime<Utc>) -> String {
+fn table(cards: &[Card], has_more: bool, now: DateTime<Utc>) -> String {
     let mut out = String::new();
     if cards.is_empty() {
         out.push_str("no pending approvals\n");
     } else {
-        let cell = |card: &Value, key: &str| {
-            card.get(key)
-                .and_then(Value::as_str)
-                .map(clean)
-                .filter(|s| !s.is_empty())
-        };
+        let cell = |field: &Option<String>| field.as_deref().map(clean).filter(|s| !s.is_empty());
         let mut rows = vec![[
             "RUN".to_owned(),
             "ID".to_owned(),
@@ -66,32 +50,32 @@ fn table(cards: &[Value], has_more: bool, now: DateTime<Utc>) -> String {
             // The URL parsed, its host and end always shown (never cut at the end);
             // free text shortened.
             let target = card
-                .get("url")
-                .and_then(Value::as_str)
+                .url
+                .as_deref()
                 .filter(|u| !u.trim().is_empty())
                 .map(|u| url(u, TARGET_MAX))
                 .or_else(|| {
-                    cell(card, "intention")
-                        .or_else(|| cell(card, "message"))
+                    cell(&card.intention)
+                        .or_else(|| cell(&card.message))
                         .map(|t| truncate(&t, TARGET_MAX))
                 })
                 .unwrap_or_else(|| "-".to_owned());
-            let expires = cell(card, "expires_at")
+            let expires = cell(&card.expires_at)
                 .and_then(|e| DateTime::parse_from_rfc3339(&e).ok())
                 .map_or_else(
                     || "?".to_owned(),
                     |at| expires_in(at.with_timezone(&Utc) - now),
                 );
             rows.push([
-                cell(card, "run_id").unwrap_or_else(|| "?".into()),
-                cell(card, "display_id").unwrap_or_else(|| "?".into()),
-                match (cell(card, "tool_name"), cell(card, "held_by").as_deref()) {
+                cell(&card.run_id).unwrap_or_else(|| "?".into()),
+                cell(&card.display_id).unwrap_or_else(|| "?".into()),
+                match (cell(&card.tool_name), cell(&card.held_by).as_deref()) {
                     (Some(tool), Some("pod")) => format!("{tool} (pod)"),
                     (tool, _) => tool.unwrap_or_else(|| "?".into()),
                 },
                 target,
                 expires,
-                cell(card, "request_id").unwrap_or_else(|| "?".into()),
+                cell(&card.request_id).unwrap_or_else(|| "?".into()),
             ]);
         }
         let mut widths = [0usize; 6];
@@ -136,22 +120,6 @@ fn expires_in(left: chrono::TimeDelta) -> String {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verb {
-    Approve,
-    Deny,
-}
-
-impl Verb {
-    /// The state this click asks for.
-    fn state(self) -> &'static str {
-        match self {
-            Verb::Approve => "approved",
-            Verb::Deny => "denied",
-        }
-    }
-}
-
 /// What a decision whose answer was lost may have done, and what to do about it.
 const MAY_HAVE_LANDED: &str = "the decision may have been recorded: running the same \
      command again is safe (the server answers with the card's real state)";
@@ -159,58 +127,39 @@ const MAY_HAVE_LANDED: &str = "the decision may have been recorded: running the 
 /// `POST /api/runs/RUN/tool-approvals` or `/tool-denials`. Prints the answer; `Ok(0)`
 /// when the card ended as this click asked, `Ok(1)` when it had already ended otherwise.
 pub async fn decide(
-    remote: &Remote,
+    operator: &Operator,
     run: &str,
     request: &str,
     verb: Verb,
     scope: &str,
     tool: Option<&str>,
 ) -> Result<i32, Failure> {
-    let (route, mut body) = match verb {
-        Verb::Approve => (
-            "tool-approvals",
-            json!({"request_id": request, "scope": scope}),
-        ),
-        Verb::Deny => ("tool-denials", json!({"request_id": request})),
-    };
-    if let Some(tool) = tool {
-        body["tool_name"] = tool.into();
-    }
-    let resp = remote
-        .http
-        .post(remote.endpoint(&["api", "runs", run, route]))
-        .json(&body)
-        .send()
+    let scope_asked = Scope::parse(Some(scope));
+    let answer = operator
+        .decide(run, request, verb, Some(scope_asked), tool)
         .await
-        .map_err(|e| {
-            if e.is_connect() {
-                // No connection: the decision was never sent.
-                Failure::unavailable(format!("cannot reach the server: {}", describe(e)))
-            } else {
-                // Sent, perhaps received and recorded, then no answer.
-                Failure::unavailable(format!(
-                    "no answer from the server ({}); {MAY_HAVE_LANDED}",
-                    describe(e)
-                ))
+        .map_err(|e| match e {
+            // No connection: the decision was never sent.
+            OperatorError::Unreachable(cause) => {
+                Failure::unavailable(format!("cannot reach the server: {cause}"))
             }
+            // Sent, perhaps received and recorded, then no answer.
+            OperatorError::NoAnswer(cause) => Failure::unavailable(format!(
+                "no answer from the server ({cause}); {MAY_HAVE_LANDED}"
+            )),
+            OperatorError::Unreadable { message, .. } => Failure::unavailable(format!(
+                "the answer could not be read ({message}); {MAY_HAVE_LANDED}"
+            )),
+            OperatorError::Refused(r) => match r.status {
+                404 => Failure::refused("no such pending request"),
+                // The card is pending where it cannot be decided now (an agent host
+                // that holds it busy): the click may be repeated.
+                409 => Failure::refused("the request cannot be decided now; retry"),
+                _ => refusal(&r),
+            },
+            other => Failure::unavailable(other.to_string()),
         })?;
-    if resp.status() != StatusCode::OK {
-        let refusal = ApiRefusal::read(resp).await;
-        return Err(match refusal.status {
-            StatusCode::NOT_FOUND => Failure::refused("no such pending request"),
-            // The card is pending where it cannot be decided now (an agent host that
-            // holds it busy): the click may be repeated.
-            StatusCode::CONFLICT => Failure::refused("the request cannot be decided now; retry"),
-            _ => refusal.common().unwrap_or_else(|| refusal.unexpected()),
-        });
-    }
-    let answer: Value = resp.json().await.map_err(|e| {
-        Failure::unavailable(format!(
-            "the answer could not be read ({}); {MAY_HAVE_LANDED}",
-            describe(e)
-        ))
-    })?;
-    let (line, as_asked) = answer_line(&answer, verb, scope, remote.me.as_deref());
+    let (line, as_asked) = answer_line(&answer, verb, scope, operator.me());
     println!("{line}");
     Ok(if as_asked { 0 } else { 1 })
 }
@@ -220,21 +169,26 @@ pub async fn decide(
 /// too, with the card's real state: one that differs from the ask (or `expired`), or
 /// that someone else (or nobody Tollgate can name) decided, means the card had already
 /// ended.
-fn answer_line(answer: &Value, verb: Verb, asked_scope: &str, me: Option<&str>) -> (String, bool) {
-    let text = |k: &str| answer.get(k).and_then(Value::as_str).map(clean);
-    let state = text("state").unwrap_or_else(|| "unknown".into());
-    let expired = answer["expired"].as_bool().unwrap_or(false) || state == "expired";
-    let by = text("decided_by")
+fn answer_line(
+    answer: &DecisionAnswer,
+    verb: Verb,
+    asked_scope: &str,
+    me: Option<&str>,
+) -> (String, bool) {
+    let text = |field: &Option<String>| field.as_deref().map(clean);
+    let state = text(&answer.state).unwrap_or_else(|| "unknown".into());
+    let expired = answer.expired || state == "expired";
+    let by = text(&answer.decided_by)
         .map(|b| format!(" by {b}"))
         .unwrap_or_default();
     if expired {
-        let line = match text("reason").as_deref() {
+        let line = match text(&answer.reason).as_deref() {
             Some("run_ended") => "already resolved: expired (the run ended)".into(),
             _ => "already resolved: expired".into(),
         };
         return (line, false);
     }
-    let decided_by = answer.get("decided_by").and_then(Value::as_str);
+    let decided_by = answer.decided_by.as_deref();
     let mine = match me {
         Some(me) => decided_by == Some(me),
         None => true,
@@ -244,14 +198,14 @@ fn answer_line(answer: &Value, verb: Verb, asked_scope: &str, me: Option<&str>) 
             // The scope the answer names, else the one this click asked for.
             Verb::Approve => format!(
                 "approved (scope {}){by}",
-                text("scope").unwrap_or_else(|| asked_scope.to_owned())
+                text(&answer.scope).unwrap_or_else(|| asked_scope.to_owned())
             ),
             Verb::Deny => format!("denied{by}"),
         };
         return (line, true);
     }
     let line = match state.as_str() {
-        "approved" => match text("scope") {
+        "approved" => match text(&answer.scope) {
             Some(scope) => format!("already resolved: approved (scope {scope}){by}"),
             None => format!("already resolved: approved{by}"),
         },
@@ -263,6 +217,16 @@ fn answer_line(answer: &Value, verb: Verb, asked_scope: &str, me: Option<&str>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
+
+    fn answer_line(v: &Value, verb: Verb, scope: &str, me: Option<&str>) -> (String, bool) {
+        super::answer_line(&DecisionAnswer::from_json(v.clone()), verb, scope, me)
+    }
+
+    fn table(cards: &[Value], has_more: bool, now: DateTime<Utc>) -> String {
+        let cards: Vec<Card> = cards.iter().cloned().map(Card::from_json).collect();
+        super::table(&cards, has_more, now)
+    }
 
     #[test]
     fn answers_in_words() {
@@ -338,17 +302,6 @@ mod tests {
             answer_line(&denied, Verb::Deny, "once", Some("alice")),
             ("already resolved: denied by bob".into(), false)
         );
-    }
-
-    #[test]
-    fn token_subjects_are_read_without_trusting_them() {
-        assert_eq!(
-            crate::remote::token_sub_for_tests(
-                "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbGljZSIsInJvbGUiOiJvcGVyYXRvciJ9.x"
-            ),
-            Some("alice".into())
-        );
-        assert_eq!(crate::remote::token_sub_for_tests("0123abcd"), None);
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use clap::{Parser, Subcommand};
 use tollgate_api::config::Secret;
 use tollgate_api::{Auth, Backend, Config, Deps, Role, ServeTimers};
+use tollgate_client::operator::Verb;
 
 #[derive(Parser)]
 #[command(
@@ -136,15 +137,20 @@ async fn main() {
             after,
             conn,
         } => exit_with(
-            match remote::Remote::new(conn, true) {
-                Ok(remote) => watch::watch(&remote, &watch::WatchArgs { run, json, after }).await,
-                Err(f) => Err(f),
+            async {
+                // The server's address and token are checked first, then the override.
+                let answer_timeout = watch::answer_timeout();
+                let operator =
+                    remote::connect(conn, answer_timeout.as_ref().ok().copied().flatten())?;
+                answer_timeout?;
+                watch::watch(&operator, &watch::WatchArgs { run, json, after }).await
             }
+            .await
             .map(|()| 0),
         ),
         Command::Approvals { run, conn } => exit_with(
-            match remote::Remote::new(conn, false) {
-                Ok(remote) => decide::list(&remote, run.as_deref()).await,
+            match remote::connect(conn, None) {
+                Ok(operator) => decide::list(&operator, run.as_deref()).await,
                 Err(f) => Err(f),
             }
             .map(|()| 0),
@@ -155,16 +161,16 @@ async fn main() {
             scope,
             tool,
             conn,
-        } => exit_with(match remote::Remote::new(conn, false) {
-            Ok(remote) => {
-                let verb = decide::Verb::Approve;
-                decide::decide(&remote, &run, &request, verb, &scope, tool.as_deref()).await
+        } => exit_with(match remote::connect(conn, None) {
+            Ok(operator) => {
+                let verb = Verb::Approve;
+                decide::decide(&operator, &run, &request, verb, &scope, tool.as_deref()).await
             }
             Err(f) => Err(f),
         }),
-        Command::Deny { run, request, conn } => exit_with(match remote::Remote::new(conn, false) {
-            Ok(remote) => {
-                decide::decide(&remote, &run, &request, decide::Verb::Deny, "once", None).await
+        Command::Deny { run, request, conn } => exit_with(match remote::connect(conn, None) {
+            Ok(operator) => {
+                decide::decide(&operator, &run, &request, Verb::Deny, "once", None).await
             }
             Err(f) => Err(f),
         }),

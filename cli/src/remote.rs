@@ -1,5 +1,7 @@
-//! Talking to a Tollgate server (`watch`, `approvals`, `approve`, `deny`): the base URL
-//! from `--url`/`TOLLGATE_URL`, the bearer token from `--token`/`TOLLGATE_TOKEN`.
+//! Talking to a Tollgate server (`watch`, `approvals`, `approve`, `deny`) through
+//! [`tollgate_client::operator`]: the base URL from `--url`/`TOLLGATE_URL`, the bearer
+//! token from `--token`/`TOLLGATE_TOKEN`. What is left here is the command's words for
+//! what the client reports, and its exit codes.
 //!
 //! The token goes only into the `Authorization` header (marked sensitive, never sent
 //! along a redirect) and never into any message: errors name what failed, not the
@@ -8,9 +10,10 @@
 use std::time::Duration;
 
 use clap::Args;
-use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, RETRY_AFTER};
-use reqwest::{StatusCode, Url};
-use serde_json::Value;
+use tollgate_client::operator::{Operator, OperatorConfig, OperatorError, Refusal};
+use tollgate_client::RetryPolicy;
+
+use crate::render::clean;
 
 /// Where the server is and who is asking. No `Debug`: it holds the token.
 #[derive(Args, Clone)]
@@ -55,189 +58,68 @@ impl Failure {
     }
 }
 
-/// A client bound to one server with one token.
-pub struct Remote {
-    base: Url,
-    pub http: reqwest::Client,
-    /// The `sub` the token names, read without verifying it (the server verifies): who
-    /// "me" is when an answer says who decided.
-    pub me: Option<String>,
-}
-
-#[cfg(test)]
-pub fn token_sub_for_tests(token: &str) -> Option<String> {
-    token_sub(token)
-}
-
-/// The `sub` claim of a JWT, unverified; `None` for anything else (a run token).
-fn token_sub(token: &str) -> Option<String> {
-    use base64::Engine;
-    let payload = token.split('.').nth(1)?;
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(payload.trim_end_matches('='))
-        .ok()?;
-    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    claims.get("sub")?.as_str().map(str::to_owned)
-}
-
-/// How long a plain (non-streaming) request may take.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-impl Remote {
-    /// `streaming`: no overall timeout (the live stream stays open for minutes).
-    pub fn new(conn: Conn, streaming: bool) -> Result<Self, Failure> {
-        let url = conn
-            .url
-            .filter(|u| !u.trim().is_empty())
-            .ok_or_else(|| Failure::unavailable("no server: set TOLLGATE_URL or pass --url"))?;
-        let token = conn
-            .token
-            .filter(|t| !t.trim().is_empty())
-            .ok_or_else(|| Failure::unavailable("no token: set TOLLGATE_TOKEN or pass --token"))?;
-        let mut base = Url::parse(url.trim())
-            .map_err(|e| Failure::unavailable(format!("the server URL is not a URL ({e})")))?;
-        if !matches!(base.scheme(), "http" | "https") {
-            return Err(Failure::unavailable(
-                "the server URL must start with http:// or https://",
-            ));
-        }
-        base.set_query(None);
-        base.set_fragment(None);
-        let mut auth = HeaderValue::from_str(&format!("Bearer {}", token.trim()))
-            .map_err(|_| Failure::unavailable("the token is not a valid HTTP header value"))?;
-        auth.set_sensitive(true);
-        let mut headers = HeaderMap::new();
-        headers.insert(AUTHORIZATION, auth);
-        let mut builder = reqwest::Client::builder()
-            .default_headers(headers)
-            .connect_timeout(CONNECT_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("tollgate-cli/", env!("CARGO_PKG_VERSION")));
-        if !streaming {
-            builder = builder.timeout(REQUEST_TIMEOUT);
-        }
-        let http = builder.build().map_err(|e| {
-            Failure::unavailable(format!("cannot start an HTTP client: {}", describe(e)))
-        })?;
-        Ok(Self {
-            base,
-            http,
-            me: token_sub(token.trim()),
-        })
-    }
-
-    /// `base/seg/seg/…`, every segment percent-encoded.
-    pub fn endpoint(&self, segments: &[&str]) -> Url {
-        let mut url = self.base.clone();
-        if let Ok(mut path) = url.path_segments_mut() {
-            path.pop_if_empty().extend(segments);
-        }
-        url
-    }
-}
-
-/// A transport error as one line, without the URL (which may carry user info).
-pub fn describe(err: reqwest::Error) -> String {
-    let err = err.without_url();
-    let what = if err.is_timeout() {
-        "timed out"
-    } else if err.is_connect() {
-        "cannot connect"
-    } else if err.is_body() || err.is_decode() {
-        "the answer broke off"
-    } else {
-        "request failed"
+/// The client for `conn`: one attempt per request (the command is run again, not
+/// retried behind the operator's back); `answer_timeout` bounds how long `watch` waits
+/// for each answer.
+pub fn connect(conn: Conn, answer_timeout: Option<Duration>) -> Result<Operator, Failure> {
+    let url = conn
+        .url
+        .filter(|u| !u.trim().is_empty())
+        .ok_or_else(|| Failure::unavailable("no server: set TOLLGATE_URL or pass --url"))?;
+    let token = conn
+        .token
+        .filter(|t| !t.trim().is_empty())
+        .ok_or_else(|| Failure::unavailable("no token: set TOLLGATE_TOKEN or pass --token"))?;
+    let mut config = OperatorConfig {
+        retry: RetryPolicy::none(),
+        user_agent: concat!("tollgate-cli/", env!("CARGO_PKG_VERSION")).to_owned(),
+        ..OperatorConfig::default()
     };
-    // The deepest cause says what happened ("Connection refused (os error 111)"); the
-    // layers above it name the client's internals.
-    let mut deepest = None;
-    let mut source = std::error::Error::source(&err);
-    while let Some(cause) = source {
-        deepest = Some(cause.to_string());
-        source = cause.source();
+    if let Some(timeout) = answer_timeout {
+        config.answer_timeout = timeout;
     }
-    match deepest.filter(|d| !d.is_empty()) {
-        Some(cause) => format!("{what}: {cause}"),
-        None => what.to_owned(),
+    Operator::with_config(&url, &token, config).map_err(|e| match e {
+        OperatorError::Config(message) => Failure::unavailable(message),
+        other => Failure::unavailable(other.to_string()),
+    })
+}
+
+/// `401 Unauthorized: <the server's error>`.
+pub fn summary(refusal: &Refusal) -> String {
+    match &refusal.error {
+        Some(e) => format!("{}: {}", refusal.status_text(), clean(e)),
+        None => refusal.status_text(),
     }
 }
 
-/// An answer that was not the one hoped for.
-#[derive(Debug, Clone)]
-pub struct ApiRefusal {
-    pub status: StatusCode,
-    /// The body's `error`, when it is JSON with one.
-    pub error: Option<String>,
-    /// The body's `state`.
-    pub state: Option<String>,
-    /// `Retry-After` in seconds, when given.
-    pub retry_after: Option<Duration>,
+/// The common cases: 401, 403, 400, 5xx; `None` for the ones the caller words itself.
+pub fn common(refusal: &Refusal) -> Option<Failure> {
+    match refusal.status {
+        401 => Some(Failure::refused(format!(
+            "the token was refused ({})",
+            summary(refusal)
+        ))),
+        403 => Some(Failure::refused(format!(
+            "not allowed ({})",
+            summary(refusal)
+        ))),
+        400 => Some(Failure::refused(format!(
+            "bad request ({})",
+            summary(refusal)
+        ))),
+        503 if refusal.state.as_deref() == Some("agenthost_unreachable") => {
+            Some(Failure::unavailable("the agent host is unreachable; retry"))
+        }
+        s if (500..=599).contains(&s) || s == 429 => Some(Failure::unavailable(format!(
+            "the server is unavailable ({}); retry",
+            summary(refusal)
+        ))),
+        _ => None,
+    }
 }
 
-impl ApiRefusal {
-    pub async fn read(resp: reqwest::Response) -> Self {
-        let status = resp.status();
-        let retry_after = resp
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        let body: Value = resp.json().await.unwrap_or(Value::Null);
-        let text = |k: &str| {
-            body.get(k)
-                .and_then(Value::as_str)
-                .map(crate::render::clean)
-        };
-        Self {
-            status,
-            error: text("error"),
-            state: text("state"),
-            retry_after,
-        }
-    }
-
-    /// `401 Unauthorized: <the server's error>`.
-    pub fn summary(&self) -> String {
-        match &self.error {
-            Some(e) => format!("{}: {e}", self.status),
-            None => self.status.to_string(),
-        }
-    }
-
-    /// The common cases: 401, 403, 400, 5xx; `None` for the ones the caller words itself.
-    pub fn common(&self) -> Option<Failure> {
-        match self.status {
-            StatusCode::UNAUTHORIZED => Some(Failure::refused(format!(
-                "the token was refused ({})",
-                self.summary()
-            ))),
-            StatusCode::FORBIDDEN => Some(Failure::refused(format!(
-                "not allowed ({})",
-                self.summary()
-            ))),
-            StatusCode::BAD_REQUEST => Some(Failure::refused(format!(
-                "bad request ({})",
-                self.summary()
-            ))),
-            s if s == StatusCode::SERVICE_UNAVAILABLE
-                && self.state.as_deref() == Some("agenthost_unreachable") =>
-            {
-                Some(Failure::unavailable("the agent host is unreachable; retry"))
-            }
-            s if s.is_server_error() || s == StatusCode::TOO_MANY_REQUESTS => {
-                Some(Failure::unavailable(format!(
-                    "the server is unavailable ({}); retry",
-                    self.summary()
-                )))
-            }
-            _ => None,
-        }
-    }
-
-    /// Anything else.
-    pub fn unexpected(&self) -> Failure {
-        Failure::refused(format!("unexpected answer ({})", self.summary()))
-    }
+/// A refusal: the common words, else `unexpected answer (…)`.
+pub fn refusal(refusal: &Refusal) -> Failure {
+    common(refusal)
+        .unwrap_or_else(|| Failure::refused(format!("unexpected answer ({})", summary(refusal))))
 }

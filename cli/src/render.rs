@@ -113,7 +113,7 @@ pub fn url(raw: &str, max: usize) -> String {
 
 /// `scheme://[…@]host[:port]` and the rest (`/path?query#fragment`).
 fn url_parts(raw: &str, max: usize) -> Option<(String, String)> {
-    let parsed = reqwest::Url::parse(raw.trim()).ok()?;
+    let parsed = ::url::Url::parse(raw.trim()).ok()?;
     let host = parsed.host_str().filter(|h| !h.is_empty())?;
     let host = if host.chars().count() > max {
         let keep = max.max(2) - 1;

@@ -88,7 +88,7 @@ pub enum RunKind {
 pub enum ExecutionMode {
     /// Cards live in Tollgate (the default).
     Inline,
-    /// Cards live in an AgentHost pod's memory ([`crate::pod`]); needs
+    /// Cards live in an AgentHost pod's memory (`tollgate_client::pod`, feature `pod`); needs
     /// `agenthost_origin`.
     Pod,
 }
@@ -221,7 +221,7 @@ impl Client {
         }
         Ok(Self {
             inner: Arc::new(Inner {
-                http: Http::new(base_url, config)?,
+                http: Http::new(base_url, config, crate::http::USER_AGENT)?,
                 agent_token: agent_jwt.trim().to_owned(),
             }),
         })
@@ -399,7 +399,7 @@ impl Run {
 
     /// For a pod-per-run run (`execution_mode: pod`): the credential its AgentHost pod
     /// checks on the decisions Tollgate forwards (`Authorization: Bearer`; give it to the
-    /// pod's [`crate::pod::PodGate::new`] and nobody else). `None` for inline runs and
+    /// pod's `pod::PodGate::new` and nobody else). `None` for inline runs and
     /// runs made with [`Client::run`].
     pub fn agenthost_credential(&self) -> Option<&str> {
         self.agenthost_credential.as_deref()

@@ -13,7 +13,6 @@
 
 use std::time::Duration;
 
-use reqwest::header::CONTENT_TYPE;
 use reqwest::Method;
 use serde_json::Value;
 use tokio::time::Instant;
@@ -21,8 +20,9 @@ use tokio::time::Instant;
 use crate::client::object;
 use crate::execution::ApprovedCall;
 use crate::hash::arguments_hash;
-use crate::http::{describe, read};
-use crate::sse::{SseItem, SseParser};
+use crate::http::{describe, is_event_stream, read};
+use crate::retry::reconnect_backoff;
+use crate::sse::{SseItem, SseParser, MAX_LINE};
 use crate::{Error, Run};
 
 /// The server's default card timeout.
@@ -589,7 +589,7 @@ impl Watch<'_> {
             if matches!(status, 404 | 405) {
                 return Ok(Step::Fallback);
             }
-            let answer = read(resp).await.map_err(Error::Transport)?;
+            let answer = read(resp).await.map_err(|lost| lost.into_error())?;
             let error = Error::from_answer(status, &answer.body, answer.retry_after);
             return if error.is_transient() {
                 Ok(Step::Failed {
@@ -600,16 +600,21 @@ impl Watch<'_> {
                 Err(error)
             };
         }
-        let is_stream = resp
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        if !is_stream {
+        if !is_event_stream(&resp) {
             return Ok(Step::Fallback);
         }
         let mut parser = SseParser::new();
         loop {
+            if parser.overflowed() {
+                // A line or frame over its cap: the response is broken; resume.
+                return Ok(Step::Failed {
+                    error: Error::Transport(format!(
+                        "the live stream broke (a line over {} MiB)",
+                        MAX_LINE >> 20
+                    )),
+                    retry_after: None,
+                });
+            }
             let left = give_up_at.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Ok(Step::Again(Duration::ZERO));
@@ -706,9 +711,7 @@ impl Watch<'_> {
 /// The wait before reconnect attempt `failures` (1, 2, …) after errors: the server's
 /// hint doubling, at most 30 s, at least its `Retry-After`.
 fn reconnect_delay(hint: Duration, failures: u32, retry_after: Option<Duration>) -> Duration {
-    let base = hint.clamp(Duration::from_millis(100), MAX_RECONNECT_DELAY);
-    base.saturating_mul(1u32 << failures.saturating_sub(1).min(16))
-        .min(MAX_RECONNECT_DELAY)
+    reconnect_backoff(hint, failures, MAX_RECONNECT_DELAY)
         .max(retry_after.unwrap_or_default().min(MAX_RECONNECT_DELAY))
 }
 

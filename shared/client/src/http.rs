@@ -6,12 +6,15 @@
 
 use std::time::Duration;
 
-use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, RETRY_AFTER};
+use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{Method, Url};
 use serde_json::{json, Value};
 
 use crate::retry::{Attempt, Next};
 use crate::{ClientConfig, Error};
+
+/// The `User-Agent` of an agent's [`crate::Client`].
+pub(crate) const USER_AGENT: &str = concat!("tollgate-client/", env!("CARGO_PKG_VERSION"));
 
 /// A server's answer: status, JSON body (`Null` when there was none), `Retry-After`.
 #[derive(Debug, Clone)]
@@ -19,6 +22,41 @@ pub(crate) struct Answer {
     pub status: u16,
     pub body: Value,
     pub retry_after: Option<Duration>,
+    /// Why the body is not JSON (`None` when it is): a refusal whose body is not JSON
+    /// says nothing more than its status; a success whose body is not JSON is unreadable.
+    pub not_json: Option<String>,
+}
+
+/// A request whose answer did not come, by how far it got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Lost {
+    /// No connection: nothing was sent.
+    Unreachable(String),
+    /// Sent (perhaps received and acted upon), then no answer.
+    NoAnswer(String),
+    /// A success answer whose body broke off: the request was carried out.
+    Unreadable { status: u16, message: String },
+}
+
+impl Lost {
+    /// What happened, in one line (no URL, no token).
+    pub fn message(&self) -> &str {
+        match self {
+            Lost::Unreachable(m) | Lost::NoAnswer(m) | Lost::Unreadable { message: m, .. } => m,
+        }
+    }
+
+    pub fn into_error(self) -> Error {
+        Error::Transport(self.message().to_owned())
+    }
+
+    fn of(err: reqwest::Error) -> Self {
+        if err.is_connect() {
+            Lost::Unreachable(describe(err))
+        } else {
+            Lost::NoAnswer(describe(err))
+        }
+    }
 }
 
 impl Answer {
@@ -45,12 +83,12 @@ pub(crate) struct Http {
 }
 
 impl Http {
-    pub fn new(base_url: &str, config: ClientConfig) -> Result<Self, Error> {
+    pub fn new(base_url: &str, config: ClientConfig, user_agent: &str) -> Result<Self, Error> {
         let mut base = Url::parse(base_url.trim())
-            .map_err(|e| Error::Config(format!("the base URL is not a URL ({e})")))?;
+            .map_err(|e| Error::Config(format!("the server URL is not a URL ({e})")))?;
         if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
             return Err(Error::Config(
-                "the base URL must be an http:// or https:// URL".into(),
+                "the server URL must start with http:// or https://".into(),
             ));
         }
         base.set_query(None);
@@ -58,7 +96,7 @@ impl Http {
         let client = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
             .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("tollgate-client/", env!("CARGO_PKG_VERSION")))
+            .user_agent(user_agent)
             .build()
             .map_err(|e| Error::Config(format!("cannot start an HTTP client: {}", describe(e))))?;
         Ok(Self {
@@ -87,6 +125,20 @@ impl Http {
         token: &str,
         body: Option<&Value>,
     ) -> Result<Answer, Error> {
+        match self.exchange(method, url, token, body).await? {
+            Ok(answer) => Ok(answer),
+            Err(lost) => Err(lost.into_error()),
+        }
+    }
+
+    /// [`Http::send`], telling how far a request whose answer was lost got.
+    pub async fn exchange(
+        &self,
+        method: Method,
+        url: Url,
+        token: &str,
+        body: Option<&Value>,
+    ) -> Result<Result<Answer, Lost>, Error> {
         let auth = bearer(token)?;
         let mut attempt = 1;
         loop {
@@ -101,14 +153,14 @@ impl Http {
             }
             let outcome = match req.send().await {
                 Ok(resp) => read(resp).await,
-                Err(e) => Err(describe(e)),
+                Err(e) => Err(Lost::of(e)),
             };
             let seen = match &outcome {
                 Ok(a) => Attempt::Answered(a.status, a.retry_after),
                 Err(_) => Attempt::TransportError,
             };
             match self.config.retry.next(attempt, seen) {
-                Next::Stop => return outcome.map_err(Error::Transport),
+                Next::Stop => return Ok(outcome),
                 Next::RetryAfter(wait) => {
                     tracing::debug!(
                         path = url.path(),
@@ -140,11 +192,19 @@ impl Http {
     }
 }
 
-fn bearer(token: &str) -> Result<HeaderValue, Error> {
+pub(crate) fn bearer(token: &str) -> Result<HeaderValue, Error> {
     let mut value = HeaderValue::from_str(&format!("Bearer {}", token.trim()))
         .map_err(|_| Error::Config("the token is not a valid HTTP header value".into()))?;
     value.set_sensitive(true);
     Ok(value)
+}
+
+/// Whether a response is `text/event-stream`.
+pub(crate) fn is_event_stream(resp: &reqwest::Response) -> bool {
+    resp.headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// `Retry-After` in seconds.
@@ -156,23 +216,41 @@ pub(crate) fn retry_after(resp: &reqwest::Response) -> Option<Duration> {
         .map(Duration::from_secs)
 }
 
-/// The whole answer; a body that is not JSON becomes `{"error": <its text>}`.
-pub(crate) async fn read(resp: reqwest::Response) -> Result<Answer, String> {
+/// The whole answer; a body that is not JSON becomes `{"error": <its text>}` (and
+/// [`Answer::not_json`] says why). A refusal whose body breaks off is the refusal with
+/// no body; a success whose body breaks off is [`Lost::Unreadable`].
+pub(crate) async fn read(resp: reqwest::Response) -> Result<Answer, Lost> {
     let status = resp.status().as_u16();
     let retry_after = retry_after(&resp);
-    let bytes = resp.bytes().await.map_err(describe)?;
-    let body = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes).unwrap_or_else(|_| {
-            let text = String::from_utf8_lossy(&bytes);
-            json!({"error": text.chars().take(200).collect::<String>()})
-        })
+    let bytes = match resp.bytes().await {
+        Ok(bytes) => bytes,
+        Err(e) if (200..300).contains(&status) => {
+            return Err(Lost::Unreadable {
+                status,
+                message: describe(e),
+            })
+        }
+        Err(_) => Default::default(),
+    };
+    let (body, not_json) = match serde_json::from_slice(&bytes) {
+        Ok(body) => (body, None),
+        // What a JSON reader says of it, as a transport error would read.
+        Err(e) => {
+            let why = format!("the answer broke off: {e}");
+            if bytes.is_empty() {
+                (Value::Null, Some(why))
+            } else {
+                let text = String::from_utf8_lossy(&bytes);
+                let text = text.chars().take(200).collect::<String>();
+                (json!({ "error": text }), Some(why))
+            }
+        }
     };
     Ok(Answer {
         status,
         body,
         retry_after,
+        not_json,
     })
 }
 
@@ -206,12 +284,17 @@ mod tests {
 
     #[test]
     fn endpoints_keep_a_base_prefix_and_encode_segments() {
-        let http = Http::new("https://api.example.com/prod/", ClientConfig::default()).unwrap();
+        let http = Http::new(
+            "https://api.example.com/prod/",
+            ClientConfig::default(),
+            "t",
+        )
+        .unwrap();
         assert_eq!(
             http.endpoint(&["api", "runs", "a b/c"]).as_str(),
             "https://api.example.com/prod/api/runs/a%20b%2Fc"
         );
-        let http = Http::new("http://127.0.0.1:8080?x=1", ClientConfig::default()).unwrap();
+        let http = Http::new("http://127.0.0.1:8080?x=1", ClientConfig::default(), "t").unwrap();
         assert_eq!(
             http.endpoint(&["api", "runs"]).as_str(),
             "http://127.0.0.1:8080/api/runs"
@@ -219,7 +302,7 @@ mod tests {
         for bad in ["", "ftp://x", "not a url", "mailto:a@b"] {
             assert!(
                 matches!(
-                    Http::new(bad, ClientConfig::default()),
+                    Http::new(bad, ClientConfig::default(), "t"),
                     Err(Error::Config(_))
                 ),
                 "{bad}"

@@ -6,7 +6,7 @@
 //! cards of pod-per-run runs and answers Tollgate's forwarded decisions.
 //!
 //! It speaks only HTTP (reqwest with rustls, tokio, serde_json): no AWS types, and no
-//! dependency on the server's crates.
+//! dependency on the server's crates (axum only with the `pod` feature).
 //!
 //! ## Quick start
 //!
@@ -61,8 +61,15 @@
 //!   ([`execution`]): the execution guard for approved mutations; evidence
 //!   `confirmed` / `ambiguous` / `not_sent` by what actually happened, and no way to
 //!   retry an ambiguous call.
-//! - [`pod`]: [`pod::PodGate`], the in-memory gate and the routes
-//!   (`/tool-approvals`, `/tool-denials`) of an AgentHost pod.
+//! - [`operator`]: [`operator::Operator`], the operator's side: the pending cards,
+//!   approve / deny, and a run's live stream followed with resume
+//!   ([`operator::Follow`]); what the `tollgate` command is built on.
+//! - `pod` (cargo feature `pod`, on by default): `pod::PodGate`, the in-memory gate
+//!   and the routes (`/tool-approvals`, `/tool-denials`) of an AgentHost pod. It pulls
+//!   in axum; a program that hosts no pod turns it off (`default-features = false`).
+//! - [`sse`]: the `text/event-stream` parser both sides read the live stream with; a
+//!   line or frame over its cap stops it, so a broken server cannot make a reader
+//!   buffer without bound.
 //! - [`RetryPolicy`]: every request is retried on transport errors, 5xx and 429 (with
 //!   `Retry-After`), boundedly; other 4xx never.
 //!
@@ -77,6 +84,8 @@ pub mod execution;
 pub mod gate;
 pub mod hash;
 mod http;
+pub mod operator;
+#[cfg(feature = "pod")]
 pub mod pod;
 mod retry;
 pub mod sse;

@@ -39,6 +39,17 @@ impl Default for RetryPolicy {
     }
 }
 
+/// The shortest wait before reopening a live stream, whatever the server's `retry:` hint.
+pub(crate) const MIN_RECONNECT: Duration = Duration::from_millis(100);
+
+/// The wait before reopening a live stream after `failures` (1, 2, …) failures in a row:
+/// the server's `retry:` hint (at least [`MIN_RECONNECT`]), doubling, at most `max`.
+pub(crate) fn reconnect_backoff(hint: Duration, failures: u32, max: Duration) -> Duration {
+    let base = hint.clamp(MIN_RECONNECT, max);
+    base.saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(max)
+}
+
 /// What one attempt came to, as far as retrying is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Attempt {
