@@ -36,6 +36,7 @@ use tollgate_app::ArmOutcome;
 use tollgate_domain::approval::{
     valid_id, DEFAULT_TIMEOUT_SECONDS, MAX_HASH, MAX_TEXT, MAX_TOOL_NAME, MAX_URL,
 };
+use tollgate_domain::event::types as ev;
 use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState};
 use tollgate_store::Armed;
 
@@ -174,7 +175,7 @@ pub async fn append(
         )));
     }
     match event_type.as_str() {
-        "tool.approval_required" => {
+        ev::APPROVAL_REQUIRED => {
             let card =
                 announced_card(&payload, run_id, deps).map_err(|e| e.prefixed("events[0]: "))?;
             let asked = card.clone();
@@ -244,7 +245,7 @@ pub async fn append(
                 .with_state("request_id_in_use")),
             }
         }
-        "tool.approval_pending" => {
+        ev::APPROVAL_PENDING => {
             let request_id = request_id(&payload).map_err(|e| e.prefixed("events[0]: "))?;
             match deps.gate.pod_heartbeat(run_id, &request_id).await? {
                 PodCardStep::Appended(sequence) => {

@@ -3,6 +3,7 @@
 //! expiry. `shared/api/src/pod_cards.rs` parses the pod's events and answers them.
 
 use std::time::Duration;
+use tollgate_domain::event::types as ev;
 
 use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState, Resolution, RunHead};
 use tollgate_store::{Beat, Resolved, StoreError};
@@ -11,9 +12,9 @@ use crate::approvals::{ArmOutcome, Gate};
 
 /// The event types a pod appends for the cards it holds.
 pub const POD_CARD_EVENTS: [&str; 3] = [
-    "tool.approval_required",
-    "tool.approval_pending",
-    "tool.approval_resolved",
+    ev::APPROVAL_REQUIRED,
+    ev::APPROVAL_PENDING,
+    ev::APPROVAL_RESOLVED,
 ];
 
 /// Whether an appended event's `type` is one of [`POD_CARD_EVENTS`].

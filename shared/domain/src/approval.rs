@@ -2,6 +2,7 @@
 //! payloads of the events that announce them. Pure values; the stores write them and
 //! the use-cases decide which transition applies.
 
+use crate::event::types as ev;
 use serde_json::{json, Map, Value};
 
 use crate::event::EventDraft;
@@ -215,7 +216,7 @@ impl ApprovalRequest {
                 p.insert(k.into(), v.clone().into());
             }
         }
-        EventDraft::server("tool.approval_required", self.with_ids(p))
+        EventDraft::server(ev::APPROVAL_REQUIRED, self.with_ids(p))
     }
 
     /// `coordinator.child_approval_required` on the coordinator's run.
@@ -231,7 +232,7 @@ impl ApprovalRequest {
         if let Some(url) = &self.url {
             p.insert("url".into(), url.clone().into());
         }
-        EventDraft::server("coordinator.child_approval_required", self.with_ids(p))
+        EventDraft::server(ev::CHILD_APPROVAL_REQUIRED, self.with_ids(p))
     }
 
     /// `tool.approval_pending`: heartbeat number `beat` while the card waits. Keyed
@@ -242,7 +243,7 @@ impl ApprovalRequest {
             "displayId": self.display_id(),
             "toolName": self.tool_name,
         });
-        let mut draft = EventDraft::server("tool.approval_pending", as_map(p));
+        let mut draft = EventDraft::server(ev::APPROVAL_PENDING, as_map(p));
         draft.event_id = Some(format!("approval_pending:{}:{beat}", self.request_id));
         draft
     }
@@ -283,7 +284,7 @@ impl ApprovalRequest {
             "expired": self.state == ApprovalState::Expired,
         }));
         self.decision_facts(&mut p);
-        EventDraft::server("tool.approval_resolved", self.with_ids(p))
+        EventDraft::server(ev::APPROVAL_RESOLVED, self.with_ids(p))
     }
 
     /// `coordinator.child_approval_resolved`, mirroring the resolution on the coordinator.
@@ -296,7 +297,7 @@ impl ApprovalRequest {
             "expired": self.state == ApprovalState::Expired,
         }));
         self.decision_facts(&mut p);
-        EventDraft::server("coordinator.child_approval_resolved", self.with_ids(p))
+        EventDraft::server(ev::CHILD_APPROVAL_RESOLVED, self.with_ids(p))
     }
 
     /// Who decided and with which scope (absent for an expiry): the audit trail.

@@ -23,25 +23,70 @@ pub const RESERVED_KEYS: &[&str] = &[
     "channel_id",
 ];
 
+/// The catalogue of the event types Tollgate writes itself — the one place their names
+/// are spelled. Constructors, the server-owned and terminal sets, the stall filter and
+/// the renderers use these names (README *Event catalogue* says what each carries).
+pub mod types {
+    /// Sequence 1 of every run.
+    pub const RUN_STARTED: &str = "run_started";
+    /// A card is armed (Tollgate's, or one a pod announced).
+    pub const APPROVAL_REQUIRED: &str = "tool.approval_required";
+    /// A heartbeat while a card waits.
+    pub const APPROVAL_PENDING: &str = "tool.approval_pending";
+    /// A card ended: approved, denied or expired.
+    pub const APPROVAL_RESOLVED: &str = "tool.approval_resolved";
+    /// A live policy approved a gate without a human.
+    pub const AUTO_APPROVED: &str = "tool.auto_approved";
+    /// A policy this run relied on was revoked.
+    pub const POLICY_REVOKED: &str = "tool.policy_revoked";
+    /// A child's card, mirrored on its coordinator.
+    pub const CHILD_APPROVAL_REQUIRED: &str = "coordinator.child_approval_required";
+    /// A child's card ended, told on its coordinator.
+    pub const CHILD_APPROVAL_RESOLVED: &str = "coordinator.child_approval_resolved";
+    /// A child went silent past the stall timeout.
+    pub const CHILD_STALL_DETECTED: &str = "coordinator.child_stall_detected";
+    /// Seed 000: an approved call's local execution (admission included) started.
+    pub const EXECUTION_STARTED: &str = "tool_execution_started";
+    /// The terminal execution decision (`execution_status` `executed` | `not_executed`).
+    pub const TOOL_EXECUTION: &str = "tool_execution";
+    /// An operator reconciled an `outcome_unknown` mutation.
+    pub const EXECUTION_RECONCILED: &str = "tool_execution_reconciled";
+    /// A mutation record changed after its terminal `tool_execution`.
+    pub const EXECUTION_UPDATED: &str = "tool_execution_updated";
+    /// A sequenced heartbeat while a dispatched mutation waits for its settlement.
+    pub const HEARTBEAT: &str = "heartbeat";
+    /// The terminal events.
+    pub const RUN_COMPLETED: &str = "run_completed";
+    pub const RUN_FAILED: &str = "run_failed";
+    pub const RUN_CANCELLED: &str = "run_cancelled";
+
+    /// The terminal events: nothing follows one.
+    pub const TERMINAL: &[&str] = &[RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED];
+
+    /// Events that say a run is alive without being news: a silence is measured past
+    /// them (the stall guard).
+    pub const HEARTBEATS: &[&str] = &[APPROVAL_PENDING, HEARTBEAT];
+}
+
 /// Types only Tollgate itself emits; a producer appending one gets 400.
 pub const SERVER_OWNED_TYPES: &[&str] = &[
-    "run_started",
-    "tool.approval_required",
-    "tool.approval_pending",
-    "tool.approval_resolved",
-    "tool.auto_approved",
-    "tool.policy_revoked",
-    "coordinator.child_approval_required",
-    "coordinator.child_approval_resolved",
-    "coordinator.child_stall_detected",
-    "tool_execution_started",
-    "tool_execution",
-    "tool_execution_reconciled",
-    "tool_execution_updated",
-    "heartbeat",
-    "run_completed",
-    "run_failed",
-    "run_cancelled",
+    types::RUN_STARTED,
+    types::APPROVAL_REQUIRED,
+    types::APPROVAL_PENDING,
+    types::APPROVAL_RESOLVED,
+    types::AUTO_APPROVED,
+    types::POLICY_REVOKED,
+    types::CHILD_APPROVAL_REQUIRED,
+    types::CHILD_APPROVAL_RESOLVED,
+    types::CHILD_STALL_DETECTED,
+    types::EXECUTION_STARTED,
+    types::TOOL_EXECUTION,
+    types::EXECUTION_RECONCILED,
+    types::EXECUTION_UPDATED,
+    types::HEARTBEAT,
+    types::RUN_COMPLETED,
+    types::RUN_FAILED,
+    types::RUN_CANCELLED,
 ];
 
 /// Event types the live stream (SSE) and its readers reserve; no run event has them.

@@ -34,19 +34,19 @@ pub const HUMAN_ASK_TOOL: &str = "human__ask";
 
 /// Seed 000: "A human-approved call emits tool_execution_started once after
 /// approval_resolved and before post-approval admission …".
-pub const EXECUTION_STARTED_TYPE: &str = "tool_execution_started";
+pub const EXECUTION_STARTED_TYPE: &str = crate::event::types::EXECUTION_STARTED;
 /// The terminal execution decision (`execution_status` `executed` | `not_executed`).
-pub const TOOL_EXECUTION_TYPE: &str = "tool_execution";
+pub const TOOL_EXECUTION_TYPE: &str = crate::event::types::TOOL_EXECUTION;
 /// A sequenced heartbeat while a dispatched mutation waits for its settlement.
-pub const HEARTBEAT_TYPE: &str = "heartbeat";
+pub const HEARTBEAT_TYPE: &str = crate::event::types::HEARTBEAT;
 /// An operator's reconciliation of an `outcome_unknown` mutation, announced on a running
 /// run's stream. Tollgate's own: seed 000 names no event for reconciliation.
-pub const EXECUTION_RECONCILED_TYPE: &str = "tool_execution_reconciled";
+pub const EXECUTION_RECONCILED_TYPE: &str = crate::event::types::EXECUTION_RECONCILED;
 /// A durable mutation record changed after its terminal `tool_execution` (a response
 /// that arrived after the settlement deadline, or after an operator found the change
 /// not applied): every change to a record is announced, so the stream and
 /// `mutation_outcome/v1` never disagree. Tollgate's own type.
-pub const EXECUTION_UPDATED_TYPE: &str = "tool_execution_updated";
+pub const EXECUTION_UPDATED_TYPE: &str = crate::event::types::EXECUTION_UPDATED;
 
 /// `TOLLGATE_SETTLEMENT_DEADLINE_SECONDS` when unset.
 pub const DEFAULT_SETTLEMENT_DEADLINE_SECONDS: u64 = 60;

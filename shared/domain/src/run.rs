@@ -1,6 +1,7 @@
 //! The run head: the one item whose `next_seq` and `status` every append and terminal
 //! transition is conditioned on.
 
+use crate::event::types as ev;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -87,9 +88,9 @@ impl TerminalKind {
 
     pub fn event_type(self) -> &'static str {
         match self {
-            TerminalKind::Complete => "run_completed",
-            TerminalKind::Fail => "run_failed",
-            TerminalKind::Cancel => "run_cancelled",
+            TerminalKind::Complete => ev::RUN_COMPLETED,
+            TerminalKind::Fail => ev::RUN_FAILED,
+            TerminalKind::Cancel => ev::RUN_CANCELLED,
         }
     }
 }
@@ -139,7 +140,7 @@ pub struct RunHead {
 
 /// Heartbeats keep a stream alive but are not "real" events to the stall guard.
 pub fn is_heartbeat(event_type: &str) -> bool {
-    matches!(event_type, "tool.approval_pending" | "heartbeat")
+    matches!(event_type, ev::APPROVAL_PENDING | ev::HEARTBEAT)
 }
 
 /// The type the head records after appending events of these types, in order.
@@ -272,7 +273,7 @@ impl NewRun {
             last_event_at: now_millis,
             terminal_seq: None,
             incarnation: hex::encode(rand::random::<[u8; 8]>()),
-            last_real_type: Some("run_started".into()),
+            last_real_type: Some(ev::RUN_STARTED.into()),
             stall_reported_seq: None,
             open_cards: 0,
             budget_used: None,
@@ -298,7 +299,7 @@ impl NewRun {
                 p.insert(k.into(), v);
             }
         }
-        EventDraft::server("run_started", p)
+        EventDraft::server(ev::RUN_STARTED, p)
     }
 }
 

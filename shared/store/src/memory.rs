@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
+use tollgate_domain::event::types as ev;
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
@@ -789,7 +790,7 @@ impl ApprovalStore for MemoryStore {
             .filter(|h| h.kind == tollgate_domain::RunKind::Child)
             .filter(|h| h.last_event_at <= silent_since)
             // Waiting on a card: never stalled (seed 003), so no candidate.
-            .filter(|h| h.last_real_type.as_deref() != Some("tool.approval_required"))
+            .filter(|h| h.last_real_type.as_deref() != Some(ev::APPROVAL_REQUIRED))
             .cloned()
             .collect();
         silent.sort_by_key(|h| h.last_event_at);

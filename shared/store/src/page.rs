@@ -16,6 +16,7 @@
 //! whose oldest events have expired would never progress.
 
 use std::time::Duration;
+use tollgate_domain::event::types as ev;
 
 use tollgate_domain::RunHead;
 
@@ -31,7 +32,7 @@ pub const MAX_RESPONSE_BYTES: usize = 5 * 1024 * 1024;
 pub const SETTLED_HOLE: Duration = Duration::from_secs(30);
 
 /// The terminal event types; a run's terminal event is always its last.
-pub const TERMINAL_TYPES: &[&str] = &["run_completed", "run_failed", "run_cancelled"];
+pub const TERMINAL_TYPES: &[&str] = ev::TERMINAL;
 
 /// One page of a run's stream as served to a client.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

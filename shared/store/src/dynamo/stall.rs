@@ -19,6 +19,7 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
+use tollgate_domain::event::types as ev;
 use tollgate_domain::{
     stall_detected_event, stall_failure_payload, EventDraft, RunHead, RunStatus, StallAction,
     StallCheck, TerminalKind,
@@ -83,7 +84,7 @@ impl DynamoStore {
                      AND (attribute_not_exists(open_cards) OR open_cards <= :none)",
                 )
                 .expression_attribute_values(":none", n(0))
-                .expression_attribute_values(":waiting", s("tool.approval_required"))
+                .expression_attribute_values(":waiting", s(ev::APPROVAL_REQUIRED))
                 .expression_attribute_values(":r", s(partition))
                 .expression_attribute_values(":t", AttributeValue::N(silent_since.to_string()))
                 .set_exclusive_start_key(start.take())
