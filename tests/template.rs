@@ -1003,3 +1003,68 @@ mod dynamo {
         }
     }
 }
+
+/// Routes the code serves only through a streaming Function URL (API Gateway buffers
+/// answers, so a live stream is never routed through the HTTP API).
+const FUNCTION_URL_ONLY: &[&str] = &["GET /api/runs/{run_id}/stream"];
+
+/// `METHOD path` of every route the HTTP layer's routers declare (`.route("path",
+/// method(handler))` in `shared/api/src`).
+fn code_routes() -> BTreeSet<String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/api/src");
+    let mut routes = BTreeSet::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        for (at, _) in text.match_indices(".route(") {
+            let rest = text[at + ".route(".len()..].trim_start();
+            let Some(rest) = rest.strip_prefix('"') else {
+                continue;
+            };
+            let path = &rest[..rest.find('"').unwrap()];
+            let after = rest[path.len() + 1..]
+                .trim_start()
+                .trim_start_matches(',')
+                .trim_start();
+            let call = after.trim_start_matches("axum::routing::");
+            let method = &call[..call.find('(').unwrap_or(0)];
+            assert!(
+                ["get", "post", "put", "patch", "delete"].contains(&method),
+                "route {path}: a method router other than one method ({method:?}) is not read here"
+            );
+            routes.insert(format!("{} {path}", method.to_ascii_uppercase()));
+        }
+    }
+    routes
+}
+
+/// The other direction of `every_api_route_is_served_by_the_function_it_invokes`: every
+/// route the code declares is deployed — on the HTTP API, or (a live stream) through a
+/// streaming Function URL — so a route added to a router but not to the template fails
+/// here, as does a template route no router declares.
+#[test]
+fn every_route_the_code_declares_is_in_the_template() {
+    let declared = code_routes();
+    assert!(declared.len() >= 20, "{declared:?}");
+    let deployed: BTreeSet<String> = api_routes(&template())
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    let expected: BTreeSet<String> = declared
+        .iter()
+        .filter(|r| !FUNCTION_URL_ONLY.contains(&r.as_str()))
+        .cloned()
+        .collect();
+    assert_eq!(
+        expected.difference(&deployed).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "routes the code declares that the template does not deploy"
+    );
+    assert_eq!(
+        deployed.difference(&expected).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "template routes no router declares"
+    );
+    for only in FUNCTION_URL_ONLY {
+        assert!(declared.contains(*only), "{only} is declared");
+    }
+}
