@@ -31,6 +31,7 @@ run:
 	./target/debug/tollgate serve --port $(PORT)
 
 test: lint
+	tests/harness/console.sh
 	tests/harness/cfn-lint.sh
 	cargo build -p tollgate
 	tests/readme_tour.sh

@@ -31,9 +31,9 @@ use crate::auth::{Credentials, Role};
 use crate::{ApiError, Deps};
 
 /// The page: markup and its one inline `<style>`.
-const PAGE: &str = include_str!("console.html");
+const PAGE: &str = include_str!("../assets/console/console.html");
 /// The page's script, served from the same origin.
-const SCRIPT: &str = include_str!("console.js");
+const SCRIPT: &str = include_str!("../assets/console/console.js");
 
 /// The console's routes (mounted in the `Replay` set).
 pub fn routes() -> Router<Deps> {

@@ -38,8 +38,12 @@
     always: "always — all the owner's runs",
   };
 
+  // Outside a browser (node's unit tests: console.test.js) the pure helpers are
+  // exported and nothing starts.
+  const inBrowser = typeof window !== 'undefined' && typeof document !== 'undefined';
+
   // The API lives beside the page: /console -> /, /stage/console -> /stage/.
-  const base = new URL('.', window.location.href);
+  const base = inBrowser ? new URL('.', window.location.href) : null;
   const $ = (id) => document.getElementById(id);
 
   const state = {
@@ -69,6 +73,8 @@
   // agents (tool names, URLs, intentions, messages, who decided) could use them to show
   // a URL in another order than the one it is used in, so every text the page shows
   // has each of them replaced by a visible marker such as <U+202E>.
+  // (Control and combining characters in the class are the point: they are what it finds.)
+  // eslint-disable-next-line no-control-regex, no-misleading-character-class
   const HIDDEN_CHARS = /[\u0000-\u0008\u000B\u000C\u000E-\u001F\u007F-\u009F\u00AD\u034F\u061C\u115F\u1160\u17B4\u17B5\u180E\u200B-\u200F\u2028-\u202E\u2060-\u2064\u2066-\u206F\u3164\uFEFF\uFFA0\uFFF9-\uFFFB\u{E0000}-\u{E007F}]/gu;
   const markerOf = (ch) => '<U+' + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, '0') + '>';
   const asText = (v) => (v === null || v === undefined ? '' : String(v));
@@ -144,7 +150,7 @@
       referrerPolicy: 'no-referrer',
       signal,
     });
-    let data = null;
+    let data;
     try { data = await resp.json(); } catch (_) { data = null; }
     if (generation !== state.generation) throw new DOMException('signed out', 'AbortError');
     if (resp.status === 401) { unauthorized(data && data.error); throw new Unauthorized(); }
@@ -477,7 +483,7 @@
   // their middle, the host never), with the whole of it one click away.
   function urlRows(value) {
     const raw = asText(value);
-    let parsed = null;
+    let parsed;
     try { parsed = new URL(raw); } catch (_) { parsed = null; }
     const host = el('dd', { class: 'host' });
     if (!parsed) {
@@ -948,7 +954,7 @@
     });
     setInterval(() => { for (const card of state.cards.values()) if (card.state === 'pending') card.tick(); }, 1000);
     renderCount();
-    let saved = null;
+    let saved;
     try { saved = sessionStorage.getItem(TOKEN_KEY); } catch (_) { saved = null; }
     if (saved) signIn(saved);
     else {
@@ -957,5 +963,9 @@
     }
   }
 
+  if (!inBrowser) {
+    module.exports = { readSse, BrokenStream, isEventStream, keyOf, markerOf, HIDDEN_CHARS, MAX_SSE_LINE };
+    return;
+  }
   init();
 })();

@@ -1,0 +1,84 @@
+// Unit tests of the operator console's pure helpers, with node's test runner:
+//   node --test shared/api/assets/console/
+// (The page itself is driven in a real browser by tests/browser.rs.)
+'use strict';
+
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const { readSse, BrokenStream, isEventStream, keyOf, markerOf, HIDDEN_CHARS, MAX_SSE_LINE } =
+  require('./console.js');
+
+// A response body that delivers `chunks` (strings) one read at a time.
+function body(chunks) {
+  const encoder = new TextEncoder();
+  let i = 0;
+  return new ReadableStream({
+    pull(controller) {
+      if (i < chunks.length) controller.enqueue(encoder.encode(chunks[i++]));
+      else controller.close();
+    },
+  });
+}
+
+async function frames(chunks) {
+  const seen = [];
+  await readSse(body(chunks), (f) => seen.push(f));
+  return seen;
+}
+
+test('frames are dispatched at a blank line, whatever the chunking', async () => {
+  const seen = await frames([
+    'retry: 2000\n\n',
+    ': keep-alive\n',
+    'id: 1\nevent: tool.approval_required\nda',
+    'ta: {"sequence":1}\r',
+    '\n\r\n',
+    'id: 2\ndata: a\ndata: b\n\n',
+    'event: done\ndata: {}\n\n',
+  ]);
+  assert.deepEqual(seen, [
+    { id: null, event: null, data: [], retry: 2000 },
+    { id: '1', event: 'tool.approval_required', data: ['{"sequence":1}'], retry: null },
+    { id: '2', event: null, data: ['a', 'b'], retry: null },
+    { id: null, event: 'done', data: ['{}'], retry: null },
+  ]);
+});
+
+test('a retry hint that is not a number is ignored', async () => {
+  const seen = await frames(['retry: soon\ndata: x\n\n']);
+  assert.equal(seen[0].retry, null);
+});
+
+test('a line over the limit is a broken stream, not unbounded memory', async () => {
+  const endless = 'data: ' + 'x'.repeat(MAX_SSE_LINE + 10);
+  await assert.rejects(frames([endless]), BrokenStream);
+  await assert.rejects(frames([endless + '\n\n']), BrokenStream);
+});
+
+test('a frame whose data adds up over the limit is a broken stream', async () => {
+  const line = 'data: ' + 'y'.repeat(MAX_SSE_LINE / 4) + '\n';
+  await assert.rejects(frames([line, line, line, line, line, '\n']), BrokenStream);
+});
+
+test('only text/event-stream answers are streams', () => {
+  const resp = (type) => ({ headers: { get: () => type } });
+  assert.ok(isEventStream(resp('text/event-stream')));
+  assert.ok(isEventStream(resp('text/event-stream; charset=utf-8')));
+  assert.ok(!isEventStream(resp('text/html')));
+  assert.ok(!isEventStream(resp('text/event-streamx')));
+  assert.ok(!isEventStream(resp(null)));
+});
+
+test('hidden characters are named, never shown as they act', () => {
+  const text = 'https://example.com/\u202Egnp.exe';
+  const found = [...text.matchAll(HIDDEN_CHARS)].map((m) => markerOf(m[0]));
+  assert.deepEqual(found, ['<U+202E>']);
+  assert.equal(markerOf('\u{E0041}'), '<U+E0041>');
+  assert.equal([...'plain text'.matchAll(HIDDEN_CHARS)].length, 0);
+});
+
+test('cards are keyed by run and request', () => {
+  // Run and request ids never hold a space ([A-Za-z0-9_.:-]), so the key is one pair's.
+  assert.equal(keyOf('run-1', 'req-1'), 'run-1 req-1');
+  assert.notEqual(keyOf('run-1', 'req-12'), keyOf('run-1r', 'eq-12'));
+});
