@@ -81,6 +81,7 @@ impl From<StoreError> for ApiError {
                 extra: Some(json!({"status": status.as_str(), "terminal_sequence": terminal_seq})),
             },
             StoreError::Conflict(msg) => ApiError::new(StatusCode::CONFLICT, msg),
+            StoreError::Invalid(msg) => ApiError::bad_request(msg),
             StoreError::InvalidCursor => {
                 ApiError::bad_request("cursor is not one this listing handed out")
             }

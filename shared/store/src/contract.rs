@@ -203,7 +203,7 @@ pub async fn event_ids_deduplicate(store: Store) {
             ],
         )
         .await;
-    assert!(matches!(twice_in_one, Err(StoreError::Conflict(_))));
+    assert!(matches!(twice_in_one, Err(StoreError::Invalid(_))));
     assert_eq!(
         all_events(&store, &run_id).await.len(),
         4,

@@ -70,9 +70,14 @@ pub enum StoreError {
         status: RunStatus,
         terminal_seq: u64,
     },
-    /// The request contradicts what is stored (e.g. a duplicate `event_id` in one batch).
+    /// The request contradicts what is stored (a run id already used, a revoked policy,
+    /// a run full of pending cards).
     #[error("{0}")]
     Conflict(String),
+    /// The request is malformed whatever is stored (an empty or oversized batch, an
+    /// `event_id` twice in one): nothing was read or written (HTTP 400).
+    #[error("{0}")]
+    Invalid(String),
     /// The backend could not be reached, throttled past our budget, or answered
     /// something we cannot interpret. Nothing is assumed to have happened.
     #[error("storage unavailable: {0}")]
@@ -802,7 +807,7 @@ impl<T: RunStore + ApprovalStore + MutationStore> Store for T {}
 /// Checks a batch before any adapter touches storage: 1..=99 events, no `event_id` twice.
 pub fn check_batch(events: &[EventDraft]) -> Result<(), StoreError> {
     if events.is_empty() || events.len() > tollgate_domain::MAX_BATCH_EVENTS {
-        return Err(StoreError::Conflict(format!(
+        return Err(StoreError::Invalid(format!(
             "a batch holds 1 to {} events, got {}",
             tollgate_domain::MAX_BATCH_EVENTS,
             events.len()
@@ -811,7 +816,7 @@ pub fn check_batch(events: &[EventDraft]) -> Result<(), StoreError> {
     let mut seen = std::collections::HashSet::new();
     for id in events.iter().filter_map(|e| e.event_id.as_deref()) {
         if !seen.insert(id) {
-            return Err(StoreError::Conflict(format!(
+            return Err(StoreError::Invalid(format!(
                 "event_id {id:?} appears twice in one batch"
             )));
         }
