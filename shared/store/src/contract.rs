@@ -156,7 +156,7 @@ pub async fn full_batch_of_keyed_events_fits_one_append(store: Store) {
         .collect();
     assert!(matches!(
         store.append_events(RunRef::any(&run_id), too_many).await,
-        Err(StoreError::Conflict(_))
+        Err(StoreError::Invalid(_))
     ));
 }
 
