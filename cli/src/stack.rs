@@ -143,7 +143,7 @@ pub fn export_lines(facts: &StackFacts, auth: &Auth, who: &Subjects) -> Result<S
 }
 
 fn hours(seconds: u64) -> String {
-    if seconds % 3600 == 0 {
+    if seconds.is_multiple_of(3600) {
         format!("{} h", seconds / 3600)
     } else {
         format!("{seconds} s")
