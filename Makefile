@@ -89,14 +89,16 @@ emulators-down:
 # Release bootstrap zips for Lambda (provided.al2023), one per function, sizes printed;
 # fails when one is larger than ZIP_LIMIT. Profile LAMBDA_PROFILE (Cargo.toml: release
 # optimised for size, panics unwind). The zips go to LAMBDA_DIR/<function>/ (named
-# explicitly: cargo-lambda's default, whatever the profile), with LAMBDA_DIR/ARCH saying
-# which architecture they are for. cargo-lambda and zig: pinned copies in .cache/lambda-tools.
+# explicitly: cargo-lambda's default, whatever the profile), recompressed with zopfli
+# (tests/harness/lambda-zip.py), with LAMBDA_DIR/ARCH saying which architecture they are
+# for. cargo-lambda, zig and zopfli: pinned copies in .cache/lambda-tools.
 # arm64 needs `rustup target add aarch64-unknown-linux-gnu` first.
 build:
 	rm -f $(foreach f,$(FUNCTIONS),$(LAMBDA_DIR)/$(f)/bootstrap.zip) $(LAMBDA_DIR)/ARCH
 	bin=$$(tests/harness/lambda-tools.sh) && PATH="$$bin:$$PATH" \
 	  cargo lambda build --profile $(LAMBDA_PROFILE) $(CARGO_LAMBDA_ARCH) --output-format zip \
-	    --lambda-dir $(LAMBDA_DIR) $(foreach f,$(FUNCTIONS),-p $(f))
+	    --lambda-dir $(LAMBDA_DIR) $(foreach f,$(FUNCTIONS),-p $(f)) && \
+	  "$$bin/../venv/bin/python" tests/harness/lambda-zip.py $(foreach f,$(FUNCTIONS),$(LAMBDA_DIR)/$(f)/bootstrap.zip)
 	@over=0; for f in $(FUNCTIONS); do \
 	  z=$(LAMBDA_DIR)/$$f/bootstrap.zip; size=$$(stat -c %s $$z) || exit 1; \
 	  printf '%-15s %s  %s bytes (%s)\n' "$$f" "$$z" "$$size" "$(ARCH)"; \
@@ -111,7 +113,8 @@ build:
 # guided (stack name `tollgate` offered) and saves its answers in SAMCONFIG; later ones
 # deploy with those answers and pass no parameter (so nothing saved is reset), building
 # for the saved Architecture. GUIDED=1 asks every question again, the saved answers as
-# defaults. A failed first create is deleted (--on-failure DELETE), so it can be retried.
+# defaults (GUIDED=1 ARCH=… first changes the saved Architecture). A failed first create
+# is deleted (--on-failure DELETE), so it can be retried.
 deploy:
 	@set -euo pipefail; \
 	sam=$$($(SAM)); echo "SAM CLI: $$sam ($$("$$sam" --version))"; \
@@ -120,7 +123,11 @@ deploy:
 	  if [ "$(origin ARCH)" = "command line" ] && [ "$(ARCH)" != "$$arch" ] && [ -z "$(GUIDED)" ]; then \
 	    echo "make deploy: $(SAMCONFIG) deploys Architecture=$$arch; to change it: make deploy GUIDED=1 ARCH=$(ARCH)" >&2; exit 2; \
 	  fi; \
-	  if [ -n "$(GUIDED)" ] && [ "$(origin ARCH)" = "command line" ]; then arch=$(ARCH); fi; \
+	  if [ -n "$(GUIDED)" ] && [ "$(origin ARCH)" = "command line" ] && [ "$(ARCH)" != "$$arch" ]; then \
+	    sed -i 's/Architecture=\\"'"$$arch"'\\"/Architecture=\\"$(ARCH)\\"/' $(SAMCONFIG); \
+	    arch=$$(tests/harness/samconfig.sh Architecture $(SAMCONFIG)); \
+	    [ "$$arch" = "$(ARCH)" ] || { echo "make deploy: cannot set Architecture in $(SAMCONFIG); edit it" >&2; exit 2; }; \
+	  fi; \
 	else arch=$(ARCH); fi; \
 	$(MAKE) --no-print-directory build ARCH=$$arch; \
 	if [ ! -f $(SAMCONFIG) ]; then \
@@ -128,10 +135,13 @@ deploy:
 	  "$$sam" deploy --guided --template-file infra/template.yaml --on-failure DELETE \
 	    --stack-name tollgate --parameter-overrides Architecture=$$arch; \
 	elif [ -n "$(GUIDED)" ]; then \
-	  "$$sam" deploy --guided --template-file infra/template.yaml --on-failure DELETE \
-	    $$([ "$(origin ARCH)" = "command line" ] && echo --parameter-overrides Architecture=$$arch); \
+	  "$$sam" deploy --guided --template-file infra/template.yaml --on-failure DELETE; \
 	else \
 	  "$$sam" deploy --template-file infra/template.yaml --on-failure DELETE; \
+	fi; \
+	saved=$$(tests/harness/samconfig.sh Architecture $(SAMCONFIG)); \
+	if [ -n "$$saved" ] && [ "$$saved" != "$$arch" ]; then \
+	  echo "make deploy: the zips are $$arch, the answer was Architecture=$$saved: run make deploy again (it builds for $$saved)" >&2; exit 1; \
 	fi
 
 # Ready `export` lines for the deployed stack (read with the AWS SDK: the stack's outputs
