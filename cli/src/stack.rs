@@ -153,7 +153,9 @@ fn hours(seconds: u64) -> String {
 /// An AWS call's failure, said shortly when it is the usual first-time one (no
 /// credentials), else with the SDK's whole error chain.
 fn aws_failure(what: &str, chain: String) -> String {
-    if chain.contains("loading credentials") || chain.contains("no credentials") {
+    if chain.contains("Stack with id") && chain.contains("does not exist") {
+        format!("{what}: no such stack there (deployed under another name or region? STACK=…, --region)")
+    } else if chain.contains("loading credentials") || chain.contains("no credentials") {
         format!(
             "{what}: no AWS credentials found (configure them as for the AWS CLI: \
              `aws configure`, AWS_PROFILE, SSO, or AWS_ACCESS_KEY_ID and \
