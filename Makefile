@@ -10,9 +10,23 @@ AWS_TESTS := binary(contract_dynamo) | binary(timers_sqs) | test(/^dynamo(::|_on
 # Every Lambda function binary (one crate each under functions/): the registry's names
 # (shared/api/src/functions.rs); tests/template.rs holds this list to it.
 FUNCTIONS := ingress approvals settlement timers stall-watch replay replay-stream operator-stream
-CARGO_LAMBDA_ARCH := $(if $(filter arm64,$(ARCH)),--arm64,$(if $(filter x86_64,$(ARCH)),--x86-64,$(error ARCH must be arm64 or x86_64)))
+CARGO_LAMBDA_ARCH = $(if $(filter arm64,$(ARCH)),--arm64,$(if $(filter x86_64,$(ARCH)),--x86-64,$(error ARCH must be arm64 or x86_64)))
+# What `make build` writes and infra/template.yaml deploys: LAMBDA_DIR/<function>/bootstrap.zip,
+# built with the Cargo profile LAMBDA_PROFILE (tests/template.rs holds the template's
+# CodeUri paths and the profile's `panic = "unwind"` to these lines).
+LAMBDA_DIR := target/lambda
+LAMBDA_PROFILE := lambda
+# The largest zip `make build` accepts, in bytes: 4 MiB. When it was set, the HTTP
+# functions' zips (each binary holds the whole registry, so they are within bytes of
+# each other) were 3.97 MB on arm64 and 4.08 MB on x86_64; timers and stall-watch 3.3 MB.
+ZIP_LIMIT := 4194304
+# `sam deploy --guided` saves its answers next to the template; later deploys use them.
+SAMCONFIG := infra/samconfig.toml
+SAM := tests/harness/sam-cli.sh
+# The stack `make tokens` / `make destroy` act on: STACK=…, else the saved deploy's.
+STACK ?= $(shell tests/harness/samconfig.sh stack_name $(SAMCONFIG) 2>/dev/null)
 
-.PHONY: help run test test-unit test-integration test-lambda cold-init lint lint-template emulators-up emulators-down bench build deploy
+.PHONY: help run test test-unit test-integration test-lambda cold-init lint lint-template emulators-up emulators-down bench build deploy tokens destroy
 
 help:
 	@echo "make run         build and start tollgate serve on 127.0.0.1:$(PORT) (embedded store)"
@@ -22,8 +36,10 @@ help:
 	@echo "make cold-init   cold init per function under the local Runtime API (release build)"
 	@echo "make lint        rustfmt check + clippy -D warnings"
 	@echo "make bench       append/replay benchmarks on the embedded store and DynamoDB Local"
-	@echo "make build       release bootstrap zips per function (ARCH=arm64|x86_64)"
-	@echo "make deploy      sam build + sam deploy --guided"
+	@echo "make build       release bootstrap zips per function (ARCH=arm64|x86_64), each at most $(ZIP_LIMIT) bytes"
+	@echo "make deploy      make build, then sam deploy of those zips (--guided the first time; GUIDED=1 asks again)"
+	@echo "make tokens      export lines for the deployed stack: URLs, an agent and an operator token (STACK=name)"
+	@echo "make destroy     delete the stack; its tables and signing secret are kept (STACK=name)"
 	@echo "make emulators-up / emulators-down   start/stop DynamoDB Local + LocalStack (SQS) by hand"
 
 run:
@@ -33,6 +49,7 @@ run:
 test: lint
 	tests/harness/console.sh
 	tests/harness/cfn-lint.sh
+	tests/harness/sam-validate.sh
 	cargo build -p tollgate
 	tests/readme_tour.sh
 	$(EMULATORS) with $(MAKE) --no-print-directory test-integration
@@ -63,6 +80,7 @@ lint:
 
 lint-template:
 	tests/harness/cfn-lint.sh
+	tests/harness/sam-validate.sh
 
 emulators-up:
 	$(EMULATORS) up
@@ -71,24 +89,83 @@ emulators-up:
 emulators-down:
 	$(EMULATORS) down
 
-# Release bootstrap zips for Lambda (provided.al2023), one per function, sizes printed.
-# Profile `lambda` (Cargo.toml: release optimised for size). The zips go to
-# target/lambda/<function>/ (named explicitly: cargo-lambda's default, whatever the profile).
+# Release bootstrap zips for Lambda (provided.al2023), one per function, sizes printed;
+# fails when one is larger than ZIP_LIMIT. Profile LAMBDA_PROFILE (Cargo.toml: release
+# optimised for size, panics unwind). The zips go to LAMBDA_DIR/<function>/ (named
+# explicitly: cargo-lambda's default, whatever the profile), recompressed with zopfli
+# (tests/harness/lambda-zip.py), with LAMBDA_DIR/ARCH saying which architecture they are
+# for. cargo-lambda, zig and zopfli: pinned copies in .cache/lambda-tools.
 # arm64 needs `rustup target add aarch64-unknown-linux-gnu` first.
 build:
-	rm -f $(foreach f,$(FUNCTIONS),target/lambda/$(f)/bootstrap.zip)
+	rm -f $(foreach f,$(FUNCTIONS),$(LAMBDA_DIR)/$(f)/bootstrap.zip) $(LAMBDA_DIR)/ARCH
 	bin=$$(tests/harness/lambda-tools.sh) && PATH="$$bin:$$PATH" \
-	  cargo lambda build --profile lambda $(CARGO_LAMBDA_ARCH) --output-format zip \
-	    --lambda-dir target/lambda $(foreach f,$(FUNCTIONS),-p $(f))
-	@for f in $(FUNCTIONS); do \
-	  z=target/lambda/$$f/bootstrap.zip; \
-	  printf '%-15s %s  %s bytes (%s)\n' "$$f" "$$z" "$$(stat -c %s $$z)" "$(ARCH)"; \
-	done
+	  cargo lambda build --profile $(LAMBDA_PROFILE) $(CARGO_LAMBDA_ARCH) --output-format zip \
+	    --lambda-dir $(LAMBDA_DIR) $(foreach f,$(FUNCTIONS),-p $(f)) && \
+	  "$$bin/../venv/bin/python" tests/harness/lambda-zip.py $(foreach f,$(FUNCTIONS),$(LAMBDA_DIR)/$(f)/bootstrap.zip)
+	@over=0; for f in $(FUNCTIONS); do \
+	  z=$(LAMBDA_DIR)/$$f/bootstrap.zip; size=$$(stat -c %s $$z) || exit 1; \
+	  printf '%-15s %s  %s bytes (%s)\n' "$$f" "$$z" "$$size" "$(ARCH)"; \
+	  if [ "$$size" -gt $(ZIP_LIMIT) ]; then echo "  ^ larger than $(ZIP_LIMIT) bytes" >&2; over=1; fi; \
+	done; \
+	if [ $$over = 1 ]; then echo "make build: a zip is larger than ZIP_LIMIT ($(ZIP_LIMIT) bytes)" >&2; exit 1; fi
+	echo $(ARCH) > $(LAMBDA_DIR)/ARCH
 
-# Needs the AWS SAM CLI and credentials; it cannot run on machines without AWS access.
+# Deploys exactly what `make build` makes: the template's CodeUri are the zips (no
+# `sam build`). Needs AWS credentials; the SAM CLI is PATH's if recent enough, else the
+# pinned copy tests/harness/sam-cli.sh installs into .cache/sam. The first deploy is
+# guided (stack name `tollgate` offered) and saves its answers in SAMCONFIG; later ones
+# deploy with those answers and pass no parameter (so nothing saved is reset), building
+# for the saved Architecture. GUIDED=1 asks every question again, the saved answers as
+# defaults (GUIDED=1 ARCH=… first changes the saved Architecture). A failed first create
+# is deleted (--on-failure DELETE), so it can be retried.
 deploy:
-	sam build --template-file infra/template.yaml --parameter-overrides Architecture=$(ARCH)
-	sam deploy --guided --parameter-overrides Architecture=$(ARCH)
+	@set -euo pipefail; \
+	sam=$$($(SAM)); echo "SAM CLI: $$sam ($$("$$sam" --version))"; \
+	if [ -f $(SAMCONFIG) ]; then \
+	  arch=$$(tests/harness/samconfig.sh Architecture $(SAMCONFIG)); arch=$${arch:-arm64}; \
+	  if [ "$(origin ARCH)" = "command line" ] && [ "$(ARCH)" != "$$arch" ] && [ -z "$(GUIDED)" ]; then \
+	    echo "make deploy: $(SAMCONFIG) deploys Architecture=$$arch; to change it: make deploy GUIDED=1 ARCH=$(ARCH)" >&2; exit 2; \
+	  fi; \
+	  if [ -n "$(GUIDED)" ] && [ "$(origin ARCH)" = "command line" ] && [ "$(ARCH)" != "$$arch" ]; then \
+	    sed -i 's/Architecture=\\"'"$$arch"'\\"/Architecture=\\"$(ARCH)\\"/' $(SAMCONFIG); \
+	    arch=$$(tests/harness/samconfig.sh Architecture $(SAMCONFIG)); \
+	    [ "$$arch" = "$(ARCH)" ] || { echo "make deploy: cannot set Architecture in $(SAMCONFIG); edit it" >&2; exit 2; }; \
+	  fi; \
+	else arch=$(ARCH); fi; \
+	$(MAKE) --no-print-directory build ARCH=$$arch; \
+	if [ ! -f $(SAMCONFIG) ]; then \
+	  echo "First deploy: answer the questions (README, Deploy on AWS). Enter accepts a default."; \
+	  "$$sam" deploy --guided --template-file infra/template.yaml --on-failure DELETE \
+	    --stack-name tollgate --parameter-overrides Architecture=$$arch; \
+	elif [ -n "$(GUIDED)" ]; then \
+	  "$$sam" deploy --guided --template-file infra/template.yaml --on-failure DELETE; \
+	else \
+	  "$$sam" deploy --template-file infra/template.yaml --on-failure DELETE; \
+	fi; \
+	saved=$$(tests/harness/samconfig.sh Architecture $(SAMCONFIG)); \
+	if [ -n "$$saved" ] && [ "$$saved" != "$$arch" ]; then \
+	  echo "make deploy: the zips are $$arch, the answer was Architecture=$$saved: run make deploy again (it builds for $$saved)" >&2; exit 1; \
+	fi
+
+# Ready `export` lines for the deployed stack (read with the AWS SDK: the stack's outputs
+# and its signing secret): TOLLGATE_URL, the stream URLs, AGENT_TOKEN and OPERATOR_TOKEN.
+#   eval "$$(make -s tokens)"
+tokens:
+	@cargo build -q -p tollgate
+	@./target/debug/tollgate token --stack "$(or $(STACK),tollgate)" \
+	  $$(r=$$(tests/harness/samconfig.sh region $(SAMCONFIG) 2>/dev/null) && [ -n "$$r" ] && echo --region "$$r")
+
+# Deletes the stack (sam delete asks first). Kept, on purpose: the five tables (runs,
+# events, approvals, policies, mutations) and the signing secret, which derives every
+# retained run's token; a stack of the same name cannot be created while they exist.
+destroy:
+	@set -euo pipefail; stack="$(or $(STACK),tollgate)"; sam=$$($(SAM)); \
+	echo "Deleting stack $$stack. Kept (DeletionPolicy RetainExceptOnCreate): the tables"; \
+	for t in runs events approvals policies mutations; do echo "  $$stack-$$t"; done; \
+	echo "and the secret $$stack-signing-secret (the retained runs' tokens derive from it)."; \
+	echo "See README, Deploy on AWS, to delete them too or deploy this stack name again."; \
+	region=$$(tests/harness/samconfig.sh region $(SAMCONFIG) 2>/dev/null || true); \
+	"$$sam" delete --stack-name "$$stack" $${region:+--region "$$region"}
 
 bench:
 	cargo build --release -p tollgate-tests --bin tollgate-bench

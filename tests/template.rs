@@ -599,17 +599,27 @@ fn secret_material_check_catches_dynamic_references_names_and_keys() {
     }
 }
 
-/// Each function reserves (and is capped at) its own concurrency, set by a parameter
-/// that `-1` turns off: the public streaming Function URL cannot take the account's
-/// concurrency from ingress.
+/// Each function may reserve (and be capped at) its own concurrency, set by a parameter
+/// that `-1` turns off; none reserves anything unless `ReserveConcurrency` is `true`
+/// (the default, `false`, deploys on an account with Lambda's smallest concurrency limit).
 #[test]
-fn every_function_reserves_concurrency_through_a_parameter() {
+fn every_function_reserves_concurrency_through_a_parameter_only_when_asked() {
     let doc = template();
     let tag = |v: &Value, name: &str| match v {
         Value::Tagged(t) if t.tag == name => Some(t.value.clone()),
         _ => None,
     };
     let ref_of = |v: &Value| tag(v, "!Ref").and_then(|t| t.as_str().map(str::to_owned));
+    let switch = &doc["Parameters"]["ReserveConcurrency"];
+    assert_eq!(switch["Default"].as_str(), Some("false"), "off by default");
+    assert_eq!(strings(&switch["AllowedValues"]), ["true", "false"]);
+    // ReservingConcurrency: !Equals [!Ref ReserveConcurrency, "true"]
+    let reserving = tag(&doc["Conditions"]["ReservingConcurrency"], "!Equals")
+        .and_then(|v| v.as_sequence().cloned())
+        .expect("ReservingConcurrency: !Equals [!Ref ReserveConcurrency, \"true\"]");
+    assert_eq!(ref_of(&reserving[0]).as_deref(), Some("ReserveConcurrency"));
+    assert_eq!(reserving[1].as_str(), Some("true"));
+    let mut total = 0;
     for (name, f) in of_type(&doc, "AWS::Serverless::Function") {
         let reserved = &f["Properties"]["ReservedConcurrentExecutions"];
         let branches = tag(reserved, "!If")
@@ -630,14 +640,28 @@ fn every_function_reserves_concurrency_through_a_parameter() {
         let default = p["Default"]
             .as_i64()
             .unwrap_or_else(|| panic!("{param}: Default"));
-        assert!(default >= 1, "{param}: reserves by default ({default})");
+        assert!(default >= 1, "{param}: a value to reserve ({default})");
+        total += default;
         assert_eq!(p["MinValue"].as_i64(), Some(-1), "{param}: -1 turns it off");
-        // The condition is `!Not [!Equals [!Ref P, "-1"]]`.
-        let equals = tag(&doc["Conditions"][condition], "!Not")
+        // The condition is
+        // `!And [!Condition ReservingConcurrency, !Not [!Equals [!Ref P, "-1"]]]`.
+        let shape = format!(
+            "{condition}: !And [!Condition ReservingConcurrency, !Not [!Equals [!Ref {param}, \"-1\"]]]"
+        );
+        let and = tag(&doc["Conditions"][condition], "!And")
+            .and_then(|v| v.as_sequence().cloned())
+            .unwrap_or_else(|| panic!("{shape}"));
+        assert_eq!(and.len(), 2, "{shape}");
+        assert_eq!(
+            tag(&and[0], "!Condition").and_then(|v| v.as_str().map(str::to_owned)),
+            Some("ReservingConcurrency".to_owned()),
+            "{shape}"
+        );
+        let equals = tag(&and[1], "!Not")
             .and_then(|v| v.as_sequence().and_then(|s| s.first().cloned()))
             .and_then(|v| tag(&v, "!Equals"))
             .and_then(|v| v.as_sequence().cloned())
-            .unwrap_or_else(|| panic!("{condition}: !Not [!Equals [!Ref {param}, \"-1\"]]"));
+            .unwrap_or_else(|| panic!("{shape}"));
         assert_eq!(
             ref_of(&equals[0]).as_deref(),
             Some(param.as_str()),
@@ -645,31 +669,174 @@ fn every_function_reserves_concurrency_through_a_parameter() {
         );
         assert_eq!(equals[1].as_str(), Some("-1"), "{condition}");
     }
+    // The switch's description tells the account limit the defaults need (Lambda keeps
+    // 100 unreserved).
+    let needs = format!("at least {}", total + 100);
+    assert!(
+        switch["Description"]
+            .as_str()
+            .is_some_and(|d| d.contains(&needs) && d.contains(&format!("{total} in all"))),
+        "ReserveConcurrency's Description: {total} in all, a limit of {needs}"
+    );
 }
 
+/// The value of a `NAME := value` line of the Makefile.
+fn makefile_var(name: &str) -> &'static str {
+    let makefile = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../Makefile"));
+    makefile
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim_start().strip_prefix(":="))
+        .unwrap_or_else(|| panic!("a `{name} :=` line in the Makefile"))
+        .trim()
+}
+
+/// Where `doc`'s functions' code differs from what `make build` writes: each function's
+/// `CodeUri` must be the zip `make build` writes for its binary (relative to infra/), and
+/// none may have a `BuildMethod` (which has `sam build` compile its own binary, with
+/// other settings).
+fn code_mismatches(doc: &Value, lambda_dir: &str) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for (name, f) in of_type(doc, "AWS::Serverless::Function") {
+        if !f["Metadata"]["BuildMethod"].is_null() {
+            wrong.push(format!(
+                "{name}: a BuildMethod (`sam build` would build it)"
+            ));
+        }
+        let Some(registered) = functions::by_logical_id(&name) else {
+            wrong.push(format!("{name} is not in the registry"));
+            continue;
+        };
+        let zip = format!("../{lambda_dir}/{}/bootstrap.zip", registered.name);
+        if f["Properties"]["CodeUri"].as_str() != Some(zip.as_str()) {
+            wrong.push(format!(
+                "{name}: CodeUri {:?}, not {zip}",
+                f["Properties"]["CodeUri"]
+            ));
+        }
+    }
+    wrong
+}
+
+/// `make deploy` ships exactly what `make build` built and the tests tested.
 #[test]
-fn every_function_builds_a_workspace_binary_for_the_chosen_architecture() {
+fn every_function_deploys_the_zip_make_build_writes() {
     let doc = template();
+    let wrong = code_mismatches(&doc, makefile_var("LAMBDA_DIR"));
+    assert!(wrong.is_empty(), "template vs `make build`: {wrong:#?}");
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    for (name, f) in of_type(&doc, "AWS::Serverless::Function") {
-        assert_eq!(
-            f["Metadata"]["BuildMethod"].as_str(),
-            Some("rust-cargolambda"),
-            "{name}"
-        );
-        let binary = f["Metadata"]["BuildProperties"]["Binary"]
-            .as_str()
-            .expect("Binary");
-        let main = format!("{root}/functions/{binary}/src/main.rs");
-        assert!(
-            std::path::Path::new(&main).exists(),
-            "{name}: {main} missing"
-        );
+    for f in FUNCTIONS {
+        let main = format!("{root}/functions/{}/src/main.rs", f.name);
+        assert!(std::path::Path::new(&main).exists(), "{main} missing");
     }
     let globals = &doc["Globals"]["Function"];
     assert_eq!(globals["Runtime"].as_str(), Some("provided.al2023"));
-    let arch = &doc["Parameters"]["Architecture"];
-    assert_eq!(arch["Default"].as_str(), Some("arm64"));
+    assert_eq!(globals["Handler"].as_str(), Some("bootstrap"));
+    // `make build`'s default architecture is the template's.
+    let makefile = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../Makefile"));
+    let arch = doc["Parameters"]["Architecture"]["Default"].as_str();
+    assert_eq!(arch, Some("arm64"));
+    assert!(makefile.lines().any(|l| l == "ARCH ?= arm64"));
+}
+
+/// `[profile.NAME]` tables of a Cargo manifest: each key and its raw value.
+fn cargo_profiles(manifest: &str) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut profiles = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in manifest.lines().map(str::trim) {
+        if let Some(section) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            current = section.strip_prefix("profile.").map(str::to_owned);
+            if let Some(p) = &current {
+                profiles.insert(p.clone(), BTreeMap::new());
+            }
+            continue;
+        }
+        if let (Some(p), Some((key, value))) = (&current, line.split_once('=')) {
+            if !line.starts_with('#') {
+                let value = value.split('#').next().unwrap_or_default();
+                profiles
+                    .get_mut(p)
+                    .unwrap()
+                    .insert(key.trim().to_owned(), value.trim().to_owned());
+            }
+        }
+    }
+    profiles
+}
+
+/// Every profile a deployed or measured binary is built with (`make build`'s, and
+/// `release` for `make bench` / `make cold-init` and what it inherits) says
+/// `panic = "unwind"` itself: a handler that panics answers an error and the instance
+/// keeps serving; with `abort` (cargo-lambda's `--release` default) the process dies.
+#[test]
+fn every_profile_a_lambda_is_built_with_unwinds() {
+    let cargo = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"));
+    let makefile = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../Makefile"));
+    check_profiles_unwind(cargo, makefile, makefile_var("LAMBDA_PROFILE")).unwrap();
+}
+
+fn check_profiles_unwind(cargo: &str, makefile: &str, lambda_profile: &str) -> Result<(), String> {
+    if !makefile.contains("cargo lambda build --profile $(LAMBDA_PROFILE) ")
+        || makefile.contains("cargo lambda build --release")
+    {
+        return Err("`make build` must build with `--profile $(LAMBDA_PROFILE)`".into());
+    }
+    let profiles = cargo_profiles(cargo);
+    let mut used = vec![lambda_profile.to_owned(), "release".to_owned()];
+    let mut i = 0;
+    while i < used.len() {
+        let name = used[i].clone();
+        let profile = profiles
+            .get(&name)
+            .ok_or_else(|| format!("[profile.{name}] missing from Cargo.toml"))?;
+        if profile.get("panic").map(String::as_str) != Some("\"unwind\"") {
+            return Err(format!(
+                "[profile.{name}] must say panic = \"unwind\" (has {:?})",
+                profile.get("panic")
+            ));
+        }
+        if let Some(parent) = profile.get("inherits") {
+            let parent = parent.trim_matches('"').to_owned();
+            if !used.contains(&parent) && parent != "dev" {
+                used.push(parent);
+            }
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
+/// What the two tests above refuse: a function pointed at another binary, a profile
+/// without unwind, `sam build`-style metadata.
+#[test]
+fn the_build_checks_refuse_what_they_guard_against() {
+    let cargo = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"));
+    let makefile = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../Makefile"));
+    let profile = makefile_var("LAMBDA_PROFILE");
+    assert_eq!(check_profiles_unwind(cargo, makefile, profile), Ok(()));
+    let abort = cargo.replace("panic = \"unwind\"", "panic = \"abort\"");
+    assert!(check_profiles_unwind(&abort, makefile, profile).is_err());
+    let unsaid = cargo.replace("panic = \"unwind\"\n", "");
+    assert!(check_profiles_unwind(&unsaid, makefile, profile).is_err());
+    let release = makefile.replace("--profile $(LAMBDA_PROFILE) ", "--release ");
+    assert!(check_profiles_unwind(cargo, &release, profile).is_err());
+
+    // The template check, on a template whose ingress ships the approvals binary, and
+    // on one that `sam build` would build.
+    let lambda_dir = makefile_var("LAMBDA_DIR");
+    let swapped = TEMPLATE.replace(
+        "CodeUri: ../target/lambda/ingress/bootstrap.zip",
+        "CodeUri: ../target/lambda/approvals/bootstrap.zip",
+    );
+    assert_ne!(swapped, TEMPLATE);
+    let doc: Value = serde_yaml_ng::from_str(&swapped).unwrap();
+    assert_eq!(code_mismatches(&doc, lambda_dir).len(), 1);
+    let built = TEMPLATE.replace(
+        "    Properties:\n      FunctionName: !Sub \"${AWS::StackName}-ingress\"",
+        "    Metadata:\n      BuildMethod: rust-cargolambda\n    Properties:\n      FunctionName: !Sub \"${AWS::StackName}-ingress\"",
+    );
+    assert_ne!(built, TEMPLATE);
+    let doc: Value = serde_yaml_ng::from_str(&built).unwrap();
+    assert_eq!(code_mismatches(&doc, lambda_dir).len(), 1);
 }
 
 /// The `AWS::Serverless::Function` an HTTP API route's integration invokes.
@@ -732,9 +899,9 @@ fn the_template_deploys_exactly_the_registry() {
     for f in FUNCTIONS {
         let res = &resources(&doc)[f.logical_id];
         assert_eq!(
-            res["Metadata"]["BuildProperties"]["Binary"].as_str(),
-            Some(f.name),
-            "{}: Binary",
+            res["Properties"]["CodeUri"].as_str(),
+            Some(format!("../target/lambda/{}/bootstrap.zip", f.name).as_str()),
+            "{}: CodeUri",
             f.logical_id
         );
         let routed = routes.iter().any(|(_, target)| target == f.logical_id);
@@ -1067,4 +1234,31 @@ fn every_route_the_code_declares_is_in_the_template() {
     for only in FUNCTION_URL_ONLY {
         assert!(declared.contains(*only), "{only} is declared");
     }
+}
+
+/// The README's deploy parameter table names exactly the template's parameters.
+#[test]
+fn the_readme_documents_every_template_parameter() {
+    let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"));
+    let section = readme
+        .split_once("\n### Parameters\n")
+        .expect("a ### Parameters section in the README")
+        .1;
+    let section = section.split("\n#").next().unwrap();
+    let documented: BTreeSet<String> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| "))
+        .filter_map(|l| l.split(" | ").next())
+        .flat_map(|cell| cell.split(", "))
+        .filter_map(|name| name.strip_prefix('`')?.strip_suffix('`'))
+        .map(str::to_owned)
+        .collect();
+    let doc = template();
+    let parameters: BTreeSet<String> = doc["Parameters"]
+        .as_mapping()
+        .expect("Parameters")
+        .keys()
+        .map(|k| k.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(documented, parameters, "README parameter table vs template");
 }

@@ -1,11 +1,13 @@
 //! `tollgate`: `serve` runs every HTTP route of every function in one process (the same
-//! handlers the Lambdas run); `token` mints a JWT for local use; `watch`, `approvals`,
+//! handlers the Lambdas run); `token` mints a JWT (with `--stack`, a deployed stack's URLs
+//! and tokens as `export` lines); `watch`, `approvals`,
 //! `approve` and `deny` are clients of a running server (`TOLLGATE_URL`,
 //! `TOLLGATE_TOKEN`).
 
 mod decide;
 mod remote;
 mod render;
+mod stack;
 mod watch;
 
 use std::net::SocketAddr;
@@ -43,16 +45,27 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
     },
-    /// Print a JWT signed with TOLLGATE_SECRET.
+    /// Print a JWT signed with TOLLGATE_SECRET. With --stack: the deployed stack's URLs
+    /// and an agent and an operator token as `export` lines (or, with --sub and --role,
+    /// one JWT), signed with the stack's own secret, read with the AWS SDK.
     Token {
+        #[arg(long, required_unless_present = "stack", requires = "role")]
+        sub: Option<String>,
+        #[arg(long, value_parser = ["agent", "operator"], required_unless_present = "stack", requires = "sub")]
+        role: Option<String>,
+        /// Seconds the token is valid [default: 3600; with --stack: agent 86400,
+        /// operator 28800].
         #[arg(long)]
-        sub: String,
-        #[arg(long, value_parser = ["agent", "operator"])]
-        role: String,
-        #[arg(long, default_value_t = 3600)]
-        ttl: u64,
+        ttl: Option<u64>,
         #[arg(long)]
         project_id: Option<String>,
+        /// A deployed Tollgate stack: read its outputs and signing secret (AWS
+        /// credentials and region as the AWS SDK finds them).
+        #[arg(long, value_name = "NAME")]
+        stack: Option<String>,
+        /// The stack's region (else AWS_REGION, or the profile's).
+        #[arg(long, requires = "stack")]
+        region: Option<String>,
     },
     /// Follow a run's live event stream, one line per event, until the run ends
     /// (resumes by itself after a dropped connection).
@@ -179,11 +192,51 @@ async fn main() {
             role,
             ttl,
             project_id,
+            stack,
+            region,
         } => {
-            let secret = secret_from_env().unwrap_or_else(|| {
-                fail("TOLLGATE_SECRET is not set (use the one `tollgate serve` runs with)")
-            });
             let max = Auth::max_token_lifetime_from_env().unwrap_or_else(|e| fail(e));
+            let (secret, stack) = match stack {
+                Some(name) => {
+                    let (facts, secret) = stack::read(&name, region.as_deref())
+                        .await
+                        .unwrap_or_else(|e| fail(e));
+                    (secret, Some(facts))
+                }
+                None => (
+                    secret_from_env().unwrap_or_else(|| {
+                        fail("TOLLGATE_SECRET is not set (use the one `tollgate serve` runs with, or --stack NAME)")
+                    }),
+                    None,
+                ),
+            };
+            let (Some(sub), Some(role)) = (sub, role) else {
+                // --stack without --sub/--role: the export lines.
+                let facts = stack.expect("clap requires --sub and --role without --stack");
+                if let Some(ttl) = ttl.filter(|ttl| *ttl > max) {
+                    fail(format!(
+                        "--ttl {ttl} is longer than the servers accept \
+                         (TOLLGATE_MAX_TOKEN_LIFETIME_SECONDS, here {max})"
+                    ));
+                }
+                let operator = std::env::var("USER")
+                    .ok()
+                    .filter(|u| !u.is_empty() && u != "root")
+                    .unwrap_or_else(|| "operator".into());
+                let who = stack::Subjects {
+                    agent: "agent".into(),
+                    operator,
+                    project_id,
+                    ttl,
+                };
+                let auth = Auth::new(secret.expose());
+                print!(
+                    "{}",
+                    stack::export_lines(&facts, &auth, &who).unwrap_or_else(|e| fail(e))
+                );
+                return;
+            };
+            let ttl = ttl.unwrap_or(3600);
             // A token the server would refuse is no use: say so instead of printing it.
             if ttl > max {
                 fail(format!(

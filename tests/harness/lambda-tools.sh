@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Local AWS Lambda tooling for the Lambda-runtime test tier: cargo-lambda (the local
-# Lambda Runtime API, `cargo lambda watch` / `invoke`) and zig (its cross-linker for
-# `cargo lambda build`), both pinned, from PyPI, into a venv in the cache dir.
+# Local AWS Lambda tooling for the Lambda-runtime test tier and `make build`: cargo-lambda
+# (the local Lambda Runtime API, `cargo lambda watch` / `invoke`), zig (its cross-linker
+# for `cargo lambda build`) and zopfli (`make build` recompresses the zips with it:
+# tests/harness/lambda-zip.py, run with the venv's python), all pinned, from PyPI, into
+# a venv in the cache dir.
 #
 #   lambda-tools.sh [install]   install (idempotent; ~0.1 s when already installed) and
 #                               print the bin dir to put on PATH
 #   lambda-tools.sh env         install, then print `export PATH=<bin dir>:$PATH`
 #
 # The bin dir ($CACHE/lambda-tools/bin) holds only `cargo-lambda` and `zig` (links into
-# the venv), so putting it on PATH does not shadow python3.
+# the venv), so putting it on PATH does not shadow python3; the venv's python is
+# <bin dir>/../venv/bin/python.
 # Cache dir: ${TOLLGATE_CACHE:-<repo>/.cache}. Needs python3 (3.11). Interpreter:
 # TOLLGATE_PYTHON, else python3.11, else python3.
 set -euo pipefail
@@ -18,7 +21,8 @@ REPO=$(cd "$HERE/../.." && pwd)
 CACHE=${TOLLGATE_CACHE:-$REPO/.cache}
 CARGO_LAMBDA_VERSION=1.9.2
 ZIGLANG_VERSION=0.17.1
-STAMP="cargo-lambda==$CARGO_LAMBDA_VERSION ziglang==$ZIGLANG_VERSION"
+ZOPFLI_VERSION=0.4.3
+STAMP="cargo-lambda==$CARGO_LAMBDA_VERSION ziglang==$ZIGLANG_VERSION zopfli==$ZOPFLI_VERSION"
 
 log() { printf 'lambda-tools: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -59,6 +63,7 @@ install() {
      ! PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1 timeout -k 10 1200 \
          "$venv/bin/python" -m pip install --no-compile --progress-bar off -q \
          "cargo-lambda==$CARGO_LAMBDA_VERSION" "ziglang==$ZIGLANG_VERSION" \
+         "zopfli==$ZOPFLI_VERSION" \
          </dev/null >>"$ilog" 2>&1; then
     tail -n 20 "$ilog" | sed 's/^/  | /' >&2
     mv "$ilog" "$CACHE/lambda-tools-install-failed.log" 2>/dev/null || true
@@ -76,8 +81,9 @@ print(os.path.relpath(os.path.join(os.path.dirname(ziglang.__file__), "zig"), sy
   [[ $got == "cargo-lambda $CARGO_LAMBDA_VERSION "* ]] || die "unexpected cargo-lambda version: $got"
   got=$("$dest/bin/zig" version 2>&1) || die "zig does not run: $got"
   [[ $got == "$ZIGLANG_VERSION" ]] || die "unexpected zig version: $got"
+  "$venv/bin/python" -c 'import zopfli.zopfli' 2>/dev/null || die "zopfli does not import"
   printf '%s\n' "$STAMP" >"$dest/.installed"
-  log "installed: cargo-lambda $CARGO_LAMBDA_VERSION, zig $ZIGLANG_VERSION"
+  log "installed: cargo-lambda $CARGO_LAMBDA_VERSION, zig $ZIGLANG_VERSION, zopfli $ZOPFLI_VERSION"
   echo "$dest/bin"
 }
 
