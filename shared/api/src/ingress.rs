@@ -8,15 +8,16 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tollgate_domain::{
-    delivery_run_id, event::validate_payload, run::DELIVERY_RUN_PREFIX, validate_producer_event,
-    validate_run_id, ExecutionMode, NewRun, RunHead, RunKind, TerminalKind, MAX_BATCH_EVENTS,
+    event::validate_payload, validate_producer_event, validate_run_id, RunHead, TerminalKind,
+    MAX_BATCH_EVENTS,
 };
-use tollgate_store::{CreateOutcome, RunRef};
+use tollgate_store::RunRef;
 use tracing::instrument;
 
-use crate::auth::{Claims, Credentials, Role};
+use crate::auth::{Credentials, Role};
 use crate::request::JsonBody;
 use crate::{ApiError, Deps};
+use tollgate_app::runs;
 
 pub fn routes() -> Router<Deps> {
     Router::new()
@@ -44,56 +45,6 @@ struct CreateRunBody {
     agenthost_origin: Option<String>,
 }
 
-/// Every field stored in the run head is bounded: the head is rewritten by every append,
-/// so its size is paid on each one (a 250 KB head would make every append cost ~500 WCU).
-const MAX_HEAD_TEXT: usize = 256;
-const MAX_ORIGIN: usize = 2048;
-const MAX_SUBTASK_ID_BYTES: usize = 256;
-
-fn short_text(field: &str, value: &Option<String>, max: usize) -> Result<(), ApiError> {
-    match value {
-        Some(v) if v.is_empty() || v.chars().count() > max => Err(ApiError::bad_request(format!(
-            "{field} must be 1 to {max} characters"
-        ))),
-        _ => Ok(()),
-    }
-}
-
-fn validate_subtask_id(subtask_id: &Value) -> Result<(), ApiError> {
-    let fits = match subtask_id {
-        Value::String(s) => !s.is_empty() && s.len() <= MAX_SUBTASK_ID_BYTES,
-        Value::Number(_) => true,
-        _ => false,
-    };
-    if fits {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(format!(
-            "subtask_id must be a number or a string of 1 to {MAX_SUBTASK_ID_BYTES} bytes"
-        )))
-    }
-}
-
-/// The domain's one parser decides what a budget is (the same one admission reads it
-/// with, so a budget accepted here is never refused there).
-fn validate_budget(budget: &Value) -> Result<(), ApiError> {
-    tollgate_domain::execution::Budget::parse(budget)
-        .map(|_| ())
-        .map_err(|e| ApiError::bad_request(e.to_string()))
-}
-
-/// The run's project is its creator's `project_id` claim: a body naming another (or
-/// any, when the token has none) is refused, so a token cannot place runs in a tenant
-/// it does not belong to.
-fn run_project(claims: &Claims, asked: Option<String>) -> Result<Option<String>, ApiError> {
-    match (&claims.project_id, asked) {
-        (claimed, Some(asked)) if claimed.as_deref() != Some(asked.as_str()) => Err(
-            ApiError::forbidden("project_id must be the token's project_id claim"),
-        ),
-        (claimed, _) => Ok(claimed.clone()),
-    }
-}
-
 #[instrument(skip_all, fields(run_id))]
 async fn create_run(
     State(deps): State<Deps>,
@@ -101,164 +52,43 @@ async fn create_run(
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Agent)?;
-    // Claims become head fields too (the creator, the project): bounded like the body's.
-    if claims.sub.is_empty()
-        || claims.sub.chars().count() > MAX_HEAD_TEXT
-        || claims
-            .project_id
-            .as_ref()
-            .is_some_and(|p| p.is_empty() || p.chars().count() > MAX_HEAD_TEXT)
-    {
-        return Err(ApiError::bad_request(format!(
-            "the token's sub and project_id must be 1 to {MAX_HEAD_TEXT} characters"
-        )));
-    }
     let body: CreateRunBody = serde_json::from_value(match body.value().await? {
         Value::Null => json!({}),
         other => other,
     })
     .map_err(|e| ApiError::bad_request(format!("invalid run: {e}")))?;
-
-    for (field, value) in [
-        ("delivery_id", &body.delivery_id),
-        ("owner", &body.owner),
-        ("project_id", &body.project_id),
-        ("channel_id", &body.channel_id),
-        ("execution_mode", &body.execution_mode),
-    ] {
-        short_text(field, value, MAX_HEAD_TEXT)?;
-    }
-    short_text("agenthost_origin", &body.agenthost_origin, MAX_ORIGIN)?;
-    if let Some(subtask_id) = &body.subtask_id {
-        validate_subtask_id(subtask_id)?;
-    }
-    let run_id = match (&body.run_id, &body.delivery_id) {
-        // The derived namespace is reserved, so nobody can take another agent's
-        // delivery id's run in advance.
-        (Some(id), _) if id.starts_with(DELIVERY_RUN_PREFIX) => {
-            return Err(ApiError::bad_request(format!(
-                "run ids starting with {DELIVERY_RUN_PREFIX:?} are reserved for delivery_id runs"
-            )))
-        }
-        (Some(id), _) => id.clone(),
-        (None, Some(delivery)) => {
-            delivery_run_id(&claims.sub, claims.project_id.as_deref(), delivery)
-        }
-        (None, None) => format!("run-{}", uuid::Uuid::new_v4().simple()),
+    let allow_loopback = deps.gate.config().allow_loopback_origins;
+    let created = runs::create(
+        deps.store.as_ref(),
+        runs::Creator {
+            sub: &claims.sub,
+            project_id: claims.project_id.as_deref(),
+        },
+        runs::CreateRun {
+            run_id: body.run_id,
+            kind: body.kind,
+            parent_run_id: body.parent_run_id,
+            subtask_id: body.subtask_id,
+            owner: body.owner,
+            project_id: body.project_id,
+            channel_id: body.channel_id,
+            delivery_id: body.delivery_id,
+            budget: body.budget,
+            execution_mode: body.execution_mode,
+            agenthost_origin: body.agenthost_origin,
+        },
+        |origin| {
+            crate::forward::check_origin(origin, allow_loopback)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await?;
+    let (status, head) = match created {
+        runs::Created::New(head) => (StatusCode::CREATED, head),
+        runs::Created::Existing(head) => (StatusCode::OK, head),
     };
-    if !validate_run_id(&run_id) {
-        return Err(ApiError::bad_request(RUN_ID_RULE));
-    }
-    tracing::Span::current().record("run_id", run_id.as_str());
-    let kind = match body.kind.as_deref() {
-        None => RunKind::Single,
-        Some(k) => RunKind::parse(k)
-            .ok_or_else(|| ApiError::bad_request("kind must be single, coordinator or child"))?,
-    };
-    if let Some(parent) = &body.parent_run_id {
-        if !validate_run_id(parent) {
-            return Err(ApiError::bad_request(format!(
-                "parent_run_id: {RUN_ID_RULE}"
-            )));
-        }
-    }
-    let mode = match body.execution_mode.as_deref() {
-        None => ExecutionMode::Inline,
-        Some(given) => ExecutionMode::parse(given)
-            .ok_or_else(|| ApiError::bad_request("execution_mode must be inline or pod"))?,
-    };
-    match mode {
-        ExecutionMode::Inline if body.agenthost_origin.is_some() => {
-            return Err(ApiError::bad_request(
-                "agenthost_origin is for execution_mode pod only",
-            ))
-        }
-        ExecutionMode::Inline => {}
-        ExecutionMode::Pod => {
-            let origin = body.agenthost_origin.as_deref().ok_or_else(|| {
-                ApiError::bad_request("execution_mode pod needs an agenthost_origin")
-            })?;
-            crate::forward::check_origin(origin, deps.gate.config().allow_loopback_origins)
-                .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        }
-    }
-    if let Some(budget) = &body.budget {
-        validate_budget(budget)?;
-    }
-    let project_id = run_project(&claims, body.project_id)?;
-    match (kind, &body.parent_run_id) {
-        (RunKind::Child, None) => {
-            return Err(ApiError::bad_request("a child run needs parent_run_id"))
-        }
-        (RunKind::Child, Some(parent)) => {
-            let parent_head = deps
-                .store
-                .read_head(parent)
-                .await?
-                .ok_or_else(|| ApiError::bad_request("parent_run_id names no run"))?;
-            if parent_head.kind != RunKind::Coordinator {
-                return Err(ApiError::bad_request(
-                    "parent_run_id must name a coordinator run",
-                ));
-            }
-            // A child lives in its coordinator's project and joins only a coordinator
-            // its own agent principal created: `run` grants reach siblings, so another
-            // agent of the project must not be able to place a run among them.
-            let joins =
-                parent_head.project_id == project_id && parent_head.created_by == claims.sub;
-            if !joins {
-                return Err(ApiError::forbidden(
-                    "a child run joins only a coordinator its own agent created, in its project",
-                ));
-            }
-        }
-        (_, Some(_)) => {
-            return Err(ApiError::bad_request(
-                "only a child run has a parent_run_id",
-            ))
-        }
-        _ => {}
-    }
-    let new = NewRun {
-        run_id: run_id.clone(),
-        kind,
-        parent_run_id: body.parent_run_id,
-        subtask_id: body.subtask_id,
-        owner: body.owner,
-        project_id,
-        channel_id: body.channel_id,
-        created_by: claims.sub.clone(),
-        delivery_id: body.delivery_id.clone(),
-        execution_mode: body.execution_mode,
-        agenthost_origin: body.agenthost_origin,
-        budget: body.budget,
-    };
-    let receipt = |status: StatusCode, head: &RunHead| {
-        (status, Json(run_receipt(&deps, head))).into_response()
-    };
-    match deps.store.create_run(new.clone()).await? {
-        CreateOutcome::Created(head) => {
-            tracing::info!("run created");
-            Ok(receipt(StatusCode::CREATED, &head))
-        }
-        // Same creator, same delivery: the receipt of the first create.
-        CreateOutcome::Existing(head)
-            if body.delivery_id.is_some()
-                && head.delivery_id == body.delivery_id
-                && head.created_by == claims.sub
-                && head.project_id == claims.project_id =>
-        {
-            Ok(receipt(StatusCode::OK, &head))
-        }
-        // The same agent retrying the same create (its first answer was lost): the run
-        // it made. Anyone else, or different fields, is a conflict.
-        CreateOutcome::Existing(head) if new.matches(&head) => Ok(receipt(StatusCode::OK, &head)),
-        CreateOutcome::Existing(_) => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "a run with this run_id already exists",
-        )
-        .with_state("run_exists")),
-    }
+    Ok((status, Json(run_receipt(&deps, &head))).into_response())
 }
 
 /// What the creating agent gets for a run (at creation and from its receipt): the run's
@@ -278,9 +108,6 @@ pub(crate) fn run_receipt(deps: &Deps, head: &RunHead) -> Value {
     }
     receipt
 }
-
-const RUN_ID_RULE: &str =
-    "run_id must be 1 to 128 characters of A-Z a-z 0-9 _ . : - (and not . or ..)";
 
 fn checked_run_id(run_id: &str) -> Result<(), ApiError> {
     if validate_run_id(run_id) {

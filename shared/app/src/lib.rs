@@ -9,6 +9,7 @@
 pub mod access;
 pub mod approvals;
 pub mod pod_cards;
+pub mod runs;
 pub mod settlement;
 
 pub use approvals::{ArmOutcome, Gate, GateConfig};
