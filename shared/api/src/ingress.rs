@@ -7,10 +7,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use tollgate_domain::{
-    event::validate_payload, validate_producer_event, validate_run_id, RunHead, TerminalKind,
-    MAX_BATCH_EVENTS,
-};
+use tollgate_domain::{validate_run_id, RunHead, TerminalKind, MAX_BATCH_EVENTS};
 use tollgate_store::RunRef;
 use tracing::instrument;
 
@@ -150,19 +147,12 @@ async fn append_events(
         }
         return crate::pod_cards::append(&deps, &run_id, &incarnation, raw.remove(0)).await;
     }
-    let drafts = raw
-        .into_iter()
-        .enumerate()
-        .map(|(i, v)| {
-            validate_producer_event(v)
-                .map_err(|e| ApiError::bad_request(format!("events[{i}]: {e}")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    tollgate_store::check_batch(&drafts).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let sequences = deps
-        .store
-        .append_events(RunRef::exact(&run_id, &incarnation), drafts)
-        .await?;
+    let sequences = runs::append(
+        deps.store.as_ref(),
+        RunRef::exact(&run_id, &incarnation),
+        raw,
+    )
+    .await?;
     Ok(Json(json!({ "run_id": run_id, "sequences": sequences })).into_response())
 }
 
@@ -176,31 +166,10 @@ async fn finish(
     checked_run_id(&run_id)?;
     let incarnation = deps.auth.require_run_token(&creds, &run_id)?;
     let payload: Map<String, Value> = body.object(true).await?;
-    // A terminal call is idempotent by itself; an `event_id` here would read as a
-    // producer idempotency key that nothing honours.
-    if payload.contains_key("event_id") {
-        return Err(ApiError::bad_request(
-            "a terminal body has no event_id (complete, fail and cancel are idempotent)",
-        ));
-    }
-    validate_payload(&payload).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let finished = deps
-        .store
+        .gate
         .finish_run(RunRef::exact(&run_id, &incarnation), kind, payload)
         .await?;
-    tracing::info!(
-        sequence = finished.sequence,
-        repeated = finished.already_finished,
-        "run ended"
-    );
-    // Its pending cards end with it (on a repeat too: it completes what a crash between
-    // the two steps left). The run has ended either way; a card left here cannot be
-    // approved, so a failure is logged, not answered.
-    if finished.open_cards > 0 {
-        if let Err(e) = deps.gate.end_cards_of(&run_id).await {
-            tracing::warn!(error = %e, "pending cards of the ended run not all ended");
-        }
-    }
     Ok(Json(json!({
         "run_id": run_id,
         "status": kind.status().as_str(),

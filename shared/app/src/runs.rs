@@ -4,13 +4,16 @@
 //! and what a repeated create answers. The HTTP handler parses the body and answers
 //! the receipt; the rules are here.
 
+use serde_json::Map;
 use serde_json::Value;
 use tollgate_domain::{
     delivery_run_id, run::DELIVERY_RUN_PREFIX, validate_run_id, ExecutionMode, NewRun, RunHead,
     RunKind,
 };
-use tollgate_store::{CreateOutcome, RunStore};
+use tollgate_domain::{event::validate_payload, validate_producer_event, TerminalKind};
+use tollgate_store::{CreateOutcome, Finished, RunRef, RunStore};
 
+use crate::approvals::Gate;
 use crate::AppError;
 
 /// Every field stored in the run head is bounded: the head is rewritten by every append,
@@ -241,5 +244,57 @@ pub async fn create(
             message: "a run with this run_id already exists".into(),
             state: Some("run_exists"),
         }),
+    }
+}
+
+/// Appends producer events (`raw`, as posted) to the run `run` names: each validated
+/// (`events[i]: why` → 400, nothing written), the batch checked, then appended in one
+/// step. Their sequences, in order.
+pub async fn append(
+    store: &dyn RunStore,
+    run: RunRef<'_>,
+    raw: Vec<Value>,
+) -> Result<Vec<u64>, AppError> {
+    let drafts = raw
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| validate_producer_event(v).map_err(|e| invalid(format!("events[{i}]: {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    tollgate_store::check_batch(&drafts)?;
+    Ok(store.append_events(run, drafts).await?)
+}
+
+impl Gate {
+    /// Ends the run `run` names as `kind` with `payload` (its terminal event's fields),
+    /// then ends its pending cards — on a repeat too: it completes what a crash between
+    /// the two steps left. The run has ended either way; a card left open cannot be
+    /// approved, so a failure to end one is logged, not answered.
+    pub async fn finish_run(
+        &self,
+        run: RunRef<'_>,
+        kind: TerminalKind,
+        payload: Map<String, Value>,
+    ) -> Result<Finished, AppError> {
+        // A terminal call is idempotent by itself; an `event_id` here would read as a
+        // producer idempotency key that nothing honours.
+        if payload.contains_key("event_id") {
+            return Err(invalid(
+                "a terminal body has no event_id (complete, fail and cancel are idempotent)",
+            ));
+        }
+        validate_payload(&payload).map_err(|e| invalid(e.to_string()))?;
+        let run_id = run.run_id.to_owned();
+        let finished = self.store.finish_run(run, kind, payload).await?;
+        tracing::info!(
+            sequence = finished.sequence,
+            repeated = finished.already_finished,
+            "run ended"
+        );
+        if finished.open_cards > 0 {
+            if let Err(e) = self.end_cards_of(&run_id).await {
+                tracing::warn!(error = %e, "pending cards of the ended run not all ended");
+            }
+        }
+        Ok(finished)
     }
 }
