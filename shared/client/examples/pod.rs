@@ -15,7 +15,7 @@
 //! `POD_CREDENTIAL` (default: a random one, printed), `POD_PORT` (default: any free
 //! port), `RUN_ID` (default `pod-demo-run`). With `TOLLGATE_URL` and `RUN_TOKEN` (the
 //! run's token) set too, the pod announces its cards on the run's stream, as a pod
-//! runtime does: operators then see them in `tollgate pending` and the console.
+//! runtime does: operators then see them in `tollgate approvals` and the console.
 
 use std::time::Duration;
 
