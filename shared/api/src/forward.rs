@@ -245,26 +245,10 @@ pub async fn forward(
         Ok(u) => u,
         Err(_) => return PodAnswer::Unreachable("invalid origin".into()),
     };
-    let response = match client
-        .post(url)
-        .bearer_auth(credential)
-        .json(&body)
-        .send()
-        .await
+    let (status, bytes) = match exchange(client.post(url).bearer_auth(credential).json(&body)).await
     {
-        Ok(r) => r,
-        Err(e) if e.is_timeout() => {
-            return PodAnswer::Unreachable("the pod did not answer in time".into())
-        }
-        Err(_) => return PodAnswer::Unreachable("the pod could not be reached".into()),
-    };
-    let status = response.status().as_u16();
-    // Bounded: a pod answer is small.
-    let bytes = match read_bounded(response, 64 * 1024).await {
-        Some(b) => b,
-        None => {
-            return PodAnswer::Unreachable("the pod's answer was unreadable or too large".into())
-        }
+        Ok(answer) => answer,
+        Err(why) => return PodAnswer::Unreachable(why),
     };
     match status {
         200 => parse_terminal(&bytes, run_id, request_id),
@@ -354,16 +338,9 @@ pub async fn card_context(
         }
         Err(()) => return CardContext::Unreachable("invalid origin".into()),
     }
-    let response = match client.get(url).bearer_auth(credential).send().await {
-        Ok(r) => r,
-        Err(e) if e.is_timeout() => {
-            return CardContext::Unreachable("the pod did not answer in time".into())
-        }
-        Err(_) => return CardContext::Unreachable("the pod could not be reached".into()),
-    };
-    let status = response.status().as_u16();
-    let Some(bytes) = read_bounded(response, 64 * 1024).await else {
-        return CardContext::Unreachable("the pod's answer was unreadable or too large".into());
+    let (status, bytes) = match exchange(client.get(url).bearer_auth(credential)).await {
+        Ok(answer) => answer,
+        Err(why) => return CardContext::Unreachable(why),
     };
     match status {
         200 => {}
@@ -374,15 +351,8 @@ pub async fn card_context(
         return CardContext::Unreachable("the pod's answer is not a JSON object".into());
     };
     // A card of another run is no context for this one.
-    match v.get("runId") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(r)) if r == run_id => {}
-        Some(_) => return CardContext::Unreachable("the pod answered for another run".into()),
-    }
-    match v.get("requestId") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(r)) if r == request_id => {}
-        Some(_) => return CardContext::Unreachable("the pod answered for another request".into()),
+    if names_other(&v, "runId", run_id) || names_other(&v, "requestId", request_id) {
+        return CardContext::Unreachable("the pod answered for another run or request".into());
     }
     CardContext::Known {
         tool_name: v
@@ -390,6 +360,31 @@ pub async fn card_context(
             .and_then(Value::as_str)
             .filter(|t| !t.is_empty())
             .map(str::to_owned),
+    }
+}
+
+/// Sends one request to a pod: its status and its (bounded: a pod answer is small)
+/// body, or why there is none.
+async fn exchange(request: reqwest::RequestBuilder) -> Result<(u16, Vec<u8>), String> {
+    let response = match request.send().await {
+        Ok(r) => r,
+        Err(e) if e.is_timeout() => return Err("the pod did not answer in time".into()),
+        Err(_) => return Err("the pod could not be reached".into()),
+    };
+    let status = response.status().as_u16();
+    let bytes = read_bounded(response, 64 * 1024)
+        .await
+        .ok_or_else(|| "the pod's answer was unreadable or too large".to_owned())?;
+    Ok((status, bytes))
+}
+
+/// Whether a pod's answer echoes `key` naming something other than `expected` (an
+/// AgentHost need not echo ids; one it echoes must be this card's).
+fn names_other(answer: &serde_json::Map<String, Value>, key: &str, expected: &str) -> bool {
+    match answer.get(key) {
+        None | Some(Value::Null) => false,
+        Some(Value::String(got)) => got != expected,
+        Some(_) => true,
     }
 }
 
@@ -413,12 +408,7 @@ fn parse_terminal(bytes: &[u8], run_id: &str, request_id: &str) -> PodAnswer {
     // An AgentHost answers `{resolved, applied, state, toolName?, url?}` without echoing
     // the ids (it answers the request it was sent). Ids it does echo must name this card:
     // an answer about another run or request decides nothing.
-    let echoed_other = |k: &str, expected: &str| match v.get(k) {
-        None | Some(Value::Null) => false,
-        Some(Value::String(got)) => got != expected,
-        Some(_) => true,
-    };
-    if echoed_other("runId", run_id) || echoed_other("requestId", request_id) {
+    if names_other(&v, "runId", run_id) || names_other(&v, "requestId", request_id) {
         return PodAnswer::Unreachable("the pod answered for another run or request".into());
     }
     if v.get("resolved").is_some_and(|r| r != &Value::Bool(true)) {
