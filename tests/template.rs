@@ -717,6 +717,41 @@ fn code_mismatches(doc: &Value, lambda_dir: &str) -> Vec<String> {
     wrong
 }
 
+/// A function's `main` starts from its own registry constant (`functions::APPROVALS` for
+/// `approvals`): it decides which routes the binary serves and links, so a `main`
+/// naming another function's constant would deploy that function's routes under this
+/// name.
+fn main_names_its_own_function(code: &str, name: &str) -> Result<(), String> {
+    let own = format!("functions::{}", name.to_uppercase().replace('-', "_"));
+    let named: Vec<String> = FUNCTIONS
+        .iter()
+        .map(|f| format!("functions::{}", f.name.to_uppercase().replace('-', "_")))
+        .filter(|c| {
+            code.match_indices(c.as_str()).any(|(i, _)| {
+                !code[i + c.len()..].starts_with(|ch: char| ch == '_' || ch.is_ascii_alphanumeric())
+            })
+        })
+        .collect();
+    match named.as_slice() {
+        [one] if *one == own => Ok(()),
+        _ => Err(format!(
+            "names {named:?}; it must name {own} and no other function"
+        )),
+    }
+}
+
+#[test]
+fn a_main_naming_another_function_is_refused() {
+    let approvals = "serve_function(&tollgate_api::functions::APPROVALS).await";
+    assert!(main_names_its_own_function(approvals, "approvals").is_ok());
+    assert!(main_names_its_own_function(approvals, "ingress").is_err());
+    let replay_stream = "serve_function(&tollgate_api::functions::REPLAY_STREAM).await";
+    assert!(main_names_its_own_function(replay_stream, "replay-stream").is_ok());
+    // REPLAY is a prefix of REPLAY_STREAM, not a mention of it.
+    assert!(main_names_its_own_function(replay_stream, "replay").is_err());
+    assert!(main_names_its_own_function("start(\"timers\")", "timers").is_err());
+}
+
 /// `make deploy` ships exactly what `make build` built and the tests tested.
 #[test]
 fn every_function_deploys_the_zip_make_build_writes() {
@@ -726,7 +761,10 @@ fn every_function_deploys_the_zip_make_build_writes() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     for f in FUNCTIONS {
         let main = format!("{root}/functions/{}/src/main.rs", f.name);
-        assert!(std::path::Path::new(&main).exists(), "{main} missing");
+        let code = std::fs::read_to_string(&main).unwrap_or_else(|e| panic!("{main}: {e}"));
+        if let Err(why) = main_names_its_own_function(&code, f.name) {
+            panic!("{main}: {why}");
+        }
     }
     let globals = &doc["Globals"]["Function"];
     assert_eq!(globals["Runtime"].as_str(), Some("provided.al2023"));

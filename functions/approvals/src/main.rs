@@ -3,5 +3,5 @@
 
 #[tokio::main]
 async fn main() -> Result<(), tollgate_api::lambda::Error> {
-    tollgate_api::lambda::serve_function("approvals").await
+    tollgate_api::lambda::serve_function(&tollgate_api::functions::APPROVALS).await
 }

@@ -5,5 +5,5 @@
 
 #[tokio::main]
 async fn main() -> Result<(), tollgate_api::lambda::Error> {
-    tollgate_api::lambda::serve_function("operator-stream").await
+    tollgate_api::lambda::serve_function(&tollgate_api::functions::OPERATOR_STREAM).await
 }

@@ -3,5 +3,5 @@
 
 #[tokio::main]
 async fn main() -> Result<(), tollgate_api::lambda::Error> {
-    tollgate_api::lambda::serve_function("replay-stream").await
+    tollgate_api::lambda::serve_function(&tollgate_api::functions::REPLAY_STREAM).await
 }

@@ -2,5 +2,5 @@
 
 #[tokio::main]
 async fn main() -> Result<(), tollgate_api::lambda::Error> {
-    tollgate_api::lambda::serve_function("replay").await
+    tollgate_api::lambda::serve_function(&tollgate_api::functions::REPLAY).await
 }

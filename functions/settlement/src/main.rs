@@ -4,5 +4,5 @@
 
 #[tokio::main]
 async fn main() -> Result<(), tollgate_api::lambda::Error> {
-    tollgate_api::lambda::serve_function("settlement").await
+    tollgate_api::lambda::serve_function(&tollgate_api::functions::SETTLEMENT).await
 }

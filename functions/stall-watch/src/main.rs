@@ -56,7 +56,7 @@ async fn tick(deps: &Deps, event: LambdaEvent<Value>) -> Result<Value, Error> {
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let (_, deps) = tollgate_api::functions::start("stall-watch").await?;
+    let deps = tollgate_api::functions::start(&tollgate_api::functions::STALL_WATCH).await?;
     let deps = &deps;
     lambda_runtime::run(service_fn(move |event| tick(deps, event))).await
 }

@@ -4,6 +4,6 @@
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    let (_, deps) = tollgate_api::functions::start("timers").await?;
+    let deps = tollgate_api::functions::start(&tollgate_api::functions::TIMERS).await?;
     tollgate_timers::lambda::run_sqs_function(deps.gate.clone()).await
 }

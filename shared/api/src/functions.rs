@@ -22,30 +22,68 @@ pub enum Trigger {
 /// A set of HTTP routes. Two functions may serve the same set (`replay` buffered behind
 /// the HTTP API, `replay-stream` streaming behind the Function URL); `tollgate serve`
 /// mounts each set once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Routes {
-    /// Create runs, append, end runs; arm and read approval cards; delivery receipts.
-    Ingress,
-    /// Operator decisions and pending listings.
-    Approvals,
-    /// Approved execution: start, dispatch, settle, mutation records, reconciliation.
-    Settlement,
-    /// Sequenced replay and the live stream; the operator console (`/console`, its
-    /// script and `/api/console/config`).
-    Replay,
+///
+/// A set is its name and the function that builds it — not a `match` over every set — so
+/// a function binary links only its own handlers: its `main` names its own [`Function`]
+/// constant, and the linker drops the other sets' code (each zip carries one set, not the
+/// whole API).
+#[derive(Clone, Copy)]
+pub struct Routes {
+    /// The set's name (for logs and comparisons).
+    pub name: &'static str,
+    build: fn() -> Router<Deps>,
+}
+
+impl PartialEq for Routes {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for Routes {}
+
+impl std::fmt::Debug for Routes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Routes").field(&self.name).finish()
+    }
+}
+
+fn ingress_routes() -> Router<Deps> {
+    ingress::routes()
+        .merge(approvals::arm_routes())
+        .merge(settlement::receipt_routes())
+}
+
+fn replay_routes() -> Router<Deps> {
+    replay::routes().merge(console::routes())
 }
 
 impl Routes {
+    /// Create runs, append, end runs; arm and read approval cards; delivery receipts.
+    pub const INGRESS: Routes = Routes {
+        name: "ingress",
+        build: ingress_routes,
+    };
+    /// Operator decisions and pending listings.
+    pub const APPROVALS: Routes = Routes {
+        name: "approvals",
+        build: approvals::decision_routes,
+    };
+    /// Approved execution: start, dispatch, settle, mutation records, reconciliation.
+    pub const SETTLEMENT: Routes = Routes {
+        name: "settlement",
+        build: settlement::routes,
+    };
+    /// Sequenced replay and the live stream; the operator console (`/console`, its
+    /// script and `/api/console/config`).
+    pub const REPLAY: Routes = Routes {
+        name: "replay",
+        build: replay_routes,
+    };
+
     /// The routes alone (no state, no fallbacks), for merging.
     pub fn routes(self) -> Router<Deps> {
-        match self {
-            Routes::Ingress => ingress::routes()
-                .merge(approvals::arm_routes())
-                .merge(settlement::receipt_routes()),
-            Routes::Approvals => approvals::decision_routes(),
-            Routes::Settlement => settlement::routes(),
-            Routes::Replay => replay::routes().merge(console::routes()),
-        }
+        (self.build)()
     }
 
     /// A whole function's router: these routes, JSON 404/405 for anything else, the
@@ -91,64 +129,89 @@ impl Function {
     }
 }
 
-/// Every function, in the order they are listed everywhere else.
+/// `ingress`: Runs, appends, arming, receipts (HTTP API).
+pub const INGRESS: Function = Function {
+    name: "ingress",
+    trigger: Trigger::Http { streaming: false },
+    logical_id: "IngressFunction",
+    routes: Some(Routes::INGRESS),
+    callers: Callers::Anyone,
+};
+
+/// `approvals`: Operator decisions and listings (HTTP API).
+pub const APPROVALS: Function = Function {
+    name: "approvals",
+    trigger: Trigger::Http { streaming: false },
+    logical_id: "ApprovalsFunction",
+    routes: Some(Routes::APPROVALS),
+    callers: Callers::Anyone,
+};
+
+/// `settlement`: Approved execution (HTTP API).
+pub const SETTLEMENT: Function = Function {
+    name: "settlement",
+    trigger: Trigger::Http { streaming: false },
+    logical_id: "SettlementFunction",
+    routes: Some(Routes::SETTLEMENT),
+    callers: Callers::Anyone,
+};
+
+/// `timers`: Timer messages from SQS.
+pub const TIMERS: Function = Function {
+    name: "timers",
+    trigger: Trigger::Sqs,
+    logical_id: "TimersFunction",
+    routes: None,
+    callers: Callers::Anyone,
+};
+
+/// `stall-watch`: The per-minute sweep (EventBridge schedule).
+pub const STALL_WATCH: Function = Function {
+    name: "stall-watch",
+    trigger: Trigger::Schedule,
+    logical_id: "StallWatchFunction",
+    routes: None,
+    callers: Callers::Anyone,
+};
+
+/// `replay`: Replay, buffered (HTTP API).
+pub const REPLAY: Function = Function {
+    name: "replay",
+    trigger: Trigger::Http { streaming: false },
+    logical_id: "ReplayFunction",
+    routes: Some(Routes::REPLAY),
+    callers: Callers::Anyone,
+};
+
+/// `replay-stream`: Replay and the live stream (streaming Function URL).
+pub const REPLAY_STREAM: Function = Function {
+    name: "replay-stream",
+    trigger: Trigger::Http { streaming: true },
+    logical_id: "ReplayStreamFunction",
+    routes: Some(Routes::REPLAY),
+    callers: Callers::Anyone,
+};
+
+/// `operator-stream`: Operators' live streams (streaming Function URL of its own).
+pub const OPERATOR_STREAM: Function = Function {
+    name: "operator-stream",
+    trigger: Trigger::Http { streaming: true },
+    logical_id: "OperatorStreamFunction",
+    routes: Some(Routes::REPLAY),
+    callers: Callers::Operators,
+};
+
+/// Every function, in the order they are listed everywhere else. A function's `main`
+/// names its own constant instead, so that it links only its own routes.
 pub static FUNCTIONS: &[Function] = &[
-    Function {
-        name: "ingress",
-        trigger: Trigger::Http { streaming: false },
-        logical_id: "IngressFunction",
-        routes: Some(Routes::Ingress),
-        callers: Callers::Anyone,
-    },
-    Function {
-        name: "approvals",
-        trigger: Trigger::Http { streaming: false },
-        logical_id: "ApprovalsFunction",
-        routes: Some(Routes::Approvals),
-        callers: Callers::Anyone,
-    },
-    Function {
-        name: "settlement",
-        trigger: Trigger::Http { streaming: false },
-        logical_id: "SettlementFunction",
-        routes: Some(Routes::Settlement),
-        callers: Callers::Anyone,
-    },
-    Function {
-        name: "timers",
-        trigger: Trigger::Sqs,
-        logical_id: "TimersFunction",
-        routes: None,
-        callers: Callers::Anyone,
-    },
-    Function {
-        name: "stall-watch",
-        trigger: Trigger::Schedule,
-        logical_id: "StallWatchFunction",
-        routes: None,
-        callers: Callers::Anyone,
-    },
-    Function {
-        name: "replay",
-        trigger: Trigger::Http { streaming: false },
-        logical_id: "ReplayFunction",
-        routes: Some(Routes::Replay),
-        callers: Callers::Anyone,
-    },
-    Function {
-        name: "replay-stream",
-        trigger: Trigger::Http { streaming: true },
-        logical_id: "ReplayStreamFunction",
-        routes: Some(Routes::Replay),
-        callers: Callers::Anyone,
-    },
-    Function {
-        name: "operator-stream",
-        trigger: Trigger::Http { streaming: true },
-        logical_id: "OperatorStreamFunction",
-        routes: Some(Routes::Replay),
-        callers: Callers::Operators,
-    },
+    INGRESS,
+    APPROVALS,
+    SETTLEMENT,
+    TIMERS,
+    STALL_WATCH,
+    REPLAY,
+    REPLAY_STREAM,
+    OPERATOR_STREAM,
 ];
 
 /// The function called `name`.
@@ -180,17 +243,12 @@ pub fn all_routes() -> Router<Deps> {
 }
 
 /// The one-time wiring every function `main` starts with: JSON logs, then [`Deps`] from
-/// the environment (`Deps::from_env`), failing start-up with a clear log line. `name`
-/// must be in [`FUNCTIONS`].
-pub async fn start(name: &str) -> Result<(&'static Function, Deps), ConfigError> {
+/// the environment (`Deps::from_env`), failing start-up with a clear log line.
+pub async fn start(function: &Function) -> Result<Deps, ConfigError> {
     crate::telemetry::init(true);
-    let result = match function(name) {
-        Some(f) => Deps::from_env().await.map(|deps| (f, deps)),
-        None => Err(ConfigError::Invalid(format!(
-            "{name} is not a Tollgate function (see tollgate_api::functions::FUNCTIONS)"
-        ))),
-    };
-    result.inspect_err(|e| tracing::error!(function = name, error = %e, "start-up failed"))
+    Deps::from_env()
+        .await
+        .inspect_err(|e| tracing::error!(function = function.name, error = %e, "start-up failed"))
 }
 
 #[cfg(test)]
@@ -216,10 +274,10 @@ mod tests {
         assert_eq!(
             route_sets(),
             [
-                Routes::Ingress,
-                Routes::Approvals,
-                Routes::Settlement,
-                Routes::Replay
+                Routes::INGRESS,
+                Routes::APPROVALS,
+                Routes::SETTLEMENT,
+                Routes::REPLAY
             ]
         );
     }

@@ -23,7 +23,7 @@ pub use lambda_http::Error;
 use std::time::Duration;
 
 use crate::auth::{claims_from_gateway, GatewayClaims};
-use crate::functions::Trigger;
+use crate::functions::{Function, Trigger};
 use crate::sse::ResponseBudget;
 
 fn flag(name: &str) -> bool {
@@ -61,10 +61,12 @@ fn with_gateway_claims(router: Router) -> Router {
 
 /// A whole HTTP function's `main`: [`crate::functions::start`] (JSON logs, configuration
 /// and store from the environment, failing start-up with a clear log line), then the
-/// function's router from the registry under the Runtime API, buffered or streaming as
-/// the registry says.
-pub async fn serve_function(name: &str) -> Result<(), lambda_http::Error> {
-    let (function, deps) = crate::functions::start(name).await?;
+/// function's router under the Runtime API, buffered or streaming as the registry says.
+/// `function` is the function's own constant (`functions::APPROVALS`, …), so that its
+/// binary links its own routes only.
+pub async fn serve_function(function: &Function) -> Result<(), lambda_http::Error> {
+    let deps = crate::functions::start(function).await?;
+    let name = function.name;
     let streaming = match function.trigger {
         Trigger::Http { streaming } => streaming,
         other => {

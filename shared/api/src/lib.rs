@@ -284,22 +284,22 @@ async fn access_log(
 
 /// The `ingress` function's routes.
 pub fn ingress_router(deps: Deps) -> Router {
-    functions::Routes::Ingress.router(deps)
+    functions::Routes::INGRESS.router(deps)
 }
 
 /// The `approvals` function's routes.
 pub fn approvals_router(deps: Deps) -> Router {
-    functions::Routes::Approvals.router(deps)
+    functions::Routes::APPROVALS.router(deps)
 }
 
 /// The `settlement` function's routes.
 pub fn settlement_router(deps: Deps) -> Router {
-    functions::Routes::Settlement.router(deps)
+    functions::Routes::SETTLEMENT.router(deps)
 }
 
 /// The `replay` (and `replay-stream`) function's routes.
 pub fn replay_router(deps: Deps) -> Router {
-    functions::Routes::Replay.router(deps)
+    functions::Routes::REPLAY.router(deps)
 }
 
 /// Every route of every HTTP function in [`functions::FUNCTIONS`], each set once, for

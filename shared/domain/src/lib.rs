@@ -3,6 +3,7 @@
 //! and every function shares exactly one definition of what a valid stream looks like.
 
 pub mod approval;
+pub mod card;
 pub mod event;
 pub mod execution;
 pub mod run;

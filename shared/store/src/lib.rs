@@ -130,6 +130,28 @@ pub(crate) fn too_many_open_cards() -> StoreError {
     ))
 }
 
+/// An adapter's reading of [`tollgate_domain::card::arm`]'s answer before it commits:
+/// `Ok(Ok(arming))` is to be committed, `Ok(Err(answer))` is the answer as it is (the
+/// stored card of a retried arm), `Err` refuses. `head` is the run's, as read.
+pub(crate) fn to_commit(
+    step: tollgate_domain::card::ArmStep,
+    head: Option<&RunHead>,
+) -> Result<Result<tollgate_domain::card::Arming, Armed>, StoreError> {
+    use tollgate_domain::card::ArmStep;
+    match step {
+        ArmStep::Existing(existing) => Ok(Err(Armed::Existing(existing))),
+        ArmStep::RunEnded => Err(match head {
+            Some(head) => StoreError::RunTerminal {
+                status: head.status,
+                terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
+            },
+            None => StoreError::NotFound,
+        }),
+        ArmStep::TooManyOpen => Err(too_many_open_cards()),
+        ArmStep::Create(arming) => Ok(Ok(arming)),
+    }
+}
+
 /// Arming in a project that holds `cap` pending cards.
 pub(crate) fn too_many_project_cards(cap: u64) -> StoreError {
     StoreError::Limit(format!(

@@ -13,6 +13,7 @@ use tollgate_domain::{
     Resolution, RunHead, TerminalKind,
 };
 
+use tollgate_domain::card::{self, BeatStep, EndStep};
 use tollgate_domain::execution::{self, Decision, MutationRecord, MutationState};
 
 use crate::{
@@ -366,24 +367,26 @@ impl ApprovalStore for MemoryStore {
     ) -> Result<Armed, StoreError> {
         let mut runs = self.lock();
         let record = live_head(&mut runs, run)?;
-        if let Some(existing) = record.cards.get(&card.request_id) {
-            return Ok(Armed::Existing(existing.clone()));
-        }
-        if let Some(head) = record.head.as_ref().filter(|h| h.status.is_terminal()) {
-            return Err(StoreError::RunTerminal {
-                status: head.status,
-                terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
-            });
-        }
+        let stored = record.cards.get(&card.request_id).cloned();
+        let head = record.head.clone();
         let open = record
             .cards
             .values()
             .filter(|c| c.state == ApprovalState::Pending)
             .count() as u64;
-        if open >= tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN {
-            return Err(crate::too_many_open_cards());
-        }
-        // One lock holds the whole step, so counting the project's pending cards is exact.
+        let coordinator_running = card
+            .coordinator_run_id
+            .as_ref()
+            .is_some_and(|c| runs.get(c).and_then(RunRecord::running_head).is_some());
+        let running = head.as_ref().is_some_and(|h| !h.status.is_terminal());
+        let step = card::arm(card, stored.as_ref(), running, open, coordinator_running);
+        let arming = match crate::to_commit(step, head.as_ref())? {
+            Ok(arming) => arming,
+            Err(answer) => return Ok(answer),
+        };
+        let card = arming.card;
+        // The commit's conditions. One lock holds the whole step, so counting the
+        // project's pending cards is exact.
         if project_cap < u64::MAX {
             let in_project = runs
                 .values()
@@ -394,35 +397,33 @@ impl ApprovalStore for MemoryStore {
                 return Err(crate::too_many_project_cards(project_cap));
             }
         }
-        let mut card = card;
-        let coordinator = card
-            .coordinator_run_id
-            .clone()
-            .filter(|c| runs.get(c).and_then(RunRecord::running_head).is_some());
-        match &coordinator {
-            Some(c) => match runs.get(c).and_then(|r| r.routes.get(&card.request_id)) {
+        let coordinator = card.coordinator_run_id.clone();
+        if let Some(c) = &coordinator {
+            match runs.get(c).and_then(|r| r.routes.get(&card.request_id)) {
                 Some(owner) if *owner != card.run_id => {
                     return Err(StoreError::Conflict(
                         "request_id is already in use under this coordinator".into(),
                     ))
                 }
                 _ => {}
-            },
-            None => card.coordinator_run_id = None,
+            }
         }
         let now = now_millis();
         let record = runs.get_mut(&card.run_id).ok_or(StoreError::NotFound)?;
         let sequence = record
-            .push(&[card.required_event()], now)
+            .push(&[arming.on_run], now)
             .ok_or(StoreError::NotFound)?;
         record.cards.insert(card.request_id.clone(), card.clone());
         // Arming sends the timers: a repeat within the window sends none.
         record.timers_sent.insert(card.request_id.clone(), now);
-        if let Some(coord) = coordinator.as_ref().and_then(|c| runs.get_mut(c)) {
+        if let (Some(coord), Some(mirror)) = (
+            coordinator.as_ref().and_then(|c| runs.get_mut(c)),
+            arming.on_coordinator,
+        ) {
             coord
                 .routes
                 .insert(card.request_id.clone(), card.run_id.clone());
-            coord.push(&[card.coordinator_required_event()], now);
+            coord.push(&[mirror], now);
         }
         Ok(Armed::Created { card, sequence })
     }
@@ -530,16 +531,10 @@ impl ApprovalStore for MemoryStore {
         let Some(record) = runs.get_mut(run_id) else {
             return Ok(Beat::Stopped);
         };
-        let pending = record
-            .cards
-            .get(request_id)
-            .filter(|c| c.state == ApprovalState::Pending)
-            .cloned();
-        match pending {
-            Some(card) if record.running_head().is_some() => {
-                Ok(beat_on(record, card.pending_event(beat)))
-            }
-            _ => Ok(Beat::Stopped),
+        let running = record.running_head().is_some();
+        match card::beat(record.cards.get(request_id), running, beat) {
+            BeatStep::Append(draft) => Ok(beat_on(record, draft)),
+            BeatStep::Stop => Ok(Beat::Stopped),
         }
     }
 
@@ -1106,37 +1101,42 @@ fn resolve_in(
     at: i64,
     grant: Option<Policy>,
 ) -> Result<Resolved, StoreError> {
-    let record = runs.get_mut(run_id).ok_or(StoreError::NotFound)?;
+    let record = runs.get(run_id).ok_or(StoreError::NotFound)?;
     let card = record
         .cards
         .get(request_id)
         .cloned()
         .ok_or(StoreError::NotFound)?;
-    if card.state != ApprovalState::Pending {
-        return Ok(Resolved::Already(card));
-    }
     let running = record.running_head().is_some();
-    // A decision at or after the deadline expires the card instead; on a run that
-    // has ended, every card ends as `run_ended`.
-    let resolution = resolution.effective(running, at, card.expires_at);
-    let ended = card.resolved(&resolution, at);
+    let coordinator_running = card
+        .coordinator_run_id
+        .as_ref()
+        .is_some_and(|c| runs.get(c).and_then(RunRecord::running_head).is_some());
+    let ending = match card::end(&card, resolution, running, coordinator_running, at, grant) {
+        EndStep::Already(card) => return Ok(Resolved::Already(card)),
+        EndStep::End(ending) => ending,
+    };
     let now = now_millis();
-    if running {
-        record.push(&[ended.resolved_event()], now);
+    let record = runs.get_mut(run_id).ok_or(StoreError::NotFound)?;
+    if let Some(event) = ending.on_run {
+        record.push(&[event], now);
     }
-    record.cards.insert(request_id.to_owned(), ended.clone());
-    if let (Some(mut policy), ApprovalState::Approved) = (grant, ended.state) {
-        policy.reached_runs = vec![ended.run_id.clone()];
+    record
+        .cards
+        .insert(request_id.to_owned(), ending.card.clone());
+    if let Some(policy) = ending.grant {
         runs.policies
             .insert((policy.scope_key.clone(), policy.tool_name.clone()), policy);
     }
-    if let Some(coord) = ended
-        .coordinator_run_id
-        .as_ref()
-        .and_then(|c| runs.get_mut(c))
-        .filter(|r| r.running_head().is_some())
-    {
-        coord.push(&[ended.coordinator_resolved_event()], now);
+    if let (Some(coord), Some(event)) = (
+        ending
+            .card
+            .coordinator_run_id
+            .as_ref()
+            .and_then(|c| runs.get_mut(c)),
+        ending.on_coordinator,
+    ) {
+        coord.push(&[event], now);
     }
-    Ok(Resolved::Fresh(ended))
+    Ok(Resolved::Fresh(ending.card))
 }

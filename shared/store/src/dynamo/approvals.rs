@@ -38,7 +38,7 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, KeysAndAttributes, Put, ReturnValuesOnConditionCheckFailure, Update,
 };
-use tollgate_domain::approval::MAX_OPEN_CARDS_PER_RUN;
+use tollgate_domain::card::{self, BeatStep, EndStep};
 use tollgate_domain::{
     now_millis, ApprovalRequest, ApprovalState, EventDraft, Policy, Resolution, RunHead,
 };
@@ -507,30 +507,30 @@ impl ApprovalStore for DynamoStore {
         let mut shard = first_count_shard(&card, project_cap);
         loop {
             let head = self.live_head(run).await?;
-            if let Some(existing) = self.read_card(run.run_id, &card.request_id).await? {
-                return Ok(Armed::Existing(existing));
-            }
-            if head.status.is_terminal() {
-                return Err(StoreError::RunTerminal {
-                    status: head.status,
-                    terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
-                });
-            }
-            // (The commit's condition holds the cap against concurrent arms; a lost one
-            // reads the head again and stops here.)
-            if head.open_cards >= MAX_OPEN_CARDS_PER_RUN {
-                return Err(crate::too_many_open_cards());
-            }
-            let mut card = card.clone();
+            let stored = self.read_card(run.run_id, &card.request_id).await?;
+            let running = !head.status.is_terminal();
+            // The coordinator's head, when the card may be armed and names one (a run is
+            // never its own coordinator: one transaction cannot write one head twice).
             let coordinator = match &card.coordinator_run_id {
-                // (A run is never its own coordinator: one transaction cannot write one
-                // head twice.)
-                Some(c) if *c != card.run_id => self.running_head(c).await?,
+                Some(c) if stored.is_none() && running && *c != card.run_id => {
+                    self.running_head(c).await?
+                }
                 _ => None,
             };
-            if coordinator.is_none() {
-                card.coordinator_run_id = None;
-            }
+            // (The commit's condition holds the per-run cap against concurrent arms; a
+            // lost one reads the head again and stops here.)
+            let step = card::arm(
+                card.clone(),
+                stored.as_ref(),
+                running,
+                head.open_cards,
+                coordinator.is_some(),
+            );
+            let arming = match crate::to_commit(step, Some(&head))? {
+                Ok(arming) => arming,
+                Err(answer) => return Ok(answer),
+            };
+            let card = arming.card;
             let now = now_millis();
             // Invariant: one card per (run, request_id); a retried arm finds the first.
             let mut side =
@@ -538,11 +538,11 @@ impl ApprovalStore for DynamoStore {
             let mut runs = vec![RunWrite {
                 head: head.clone(),
                 kind: WriteKind::Advance { end: None },
-                events: vec![card.required_event()],
+                events: vec![arming.on_run],
                 open_cards: 1,
                 budget_used: None,
             }];
-            if let Some(coord) = &coordinator {
+            if let (Some(coord), Some(mirror)) = (&coordinator, arming.on_coordinator) {
                 let route = Put::builder()
                     .table_name(&self.tables.approvals)
                     .item("run_id", s(&coord.run_id))
@@ -564,7 +564,7 @@ impl ApprovalStore for DynamoStore {
                 runs.push(RunWrite {
                     head: coord.clone(),
                     kind: WriteKind::Advance { end: None },
-                    events: vec![card.coordinator_required_event()],
+                    events: vec![mirror],
                     open_cards: 0,
                     budget_used: None,
                 });
@@ -711,19 +711,27 @@ impl ApprovalStore for DynamoStore {
         let mut budget = Budget::new(self.contention_budget, "resolving an approval");
         loop {
             let card = &located.card;
-            if card.state != ApprovalState::Pending {
-                return Ok(Resolved::Already(card.clone()));
-            }
             let head = located
                 .head
                 .clone()
                 .filter(|h| h.run_id == card.run_id && !h.status.is_terminal());
-            // A decision at or after the deadline expires the card instead; on a run
-            // that has ended, every card ends as `run_ended`.
-            let resolution = resolution
-                .clone()
-                .effective(head.is_some(), at, card.expires_at);
-            let ended = card.resolved(&resolution, at);
+            let coordinator = located.coordinator.clone().filter(|c| {
+                card.coordinator_run_id.as_deref() == Some(c.run_id.as_str())
+                    && !c.status.is_terminal()
+            });
+            let step = card::end(
+                card,
+                resolution.clone(),
+                head.is_some(),
+                coordinator.is_some(),
+                at,
+                grant.clone(),
+            );
+            let ending = match step {
+                EndStep::Already(card) => return Ok(Resolved::Already(card)),
+                EndStep::End(ending) => ending,
+            };
+            let ended = ending.card;
             let now = now_millis();
             // Invariant: a card ends once — exactly one resolution, one resolved event,
             // one policy; the losers of a race read the winner's state.
@@ -734,7 +742,7 @@ impl ApprovalStore for DynamoStore {
                 None,
             )?];
             // The scope's policy, only with the approval that won.
-            if let (Some(policy), ApprovalState::Approved) = (&grant, ended.state) {
+            if let Some(policy) = &ending.grant {
                 side.push(self.policy_grant(policy)?);
             }
             // The card leaves its project's open-card count with the transition that ends
@@ -746,27 +754,22 @@ impl ApprovalStore for DynamoStore {
             // (On an ended run the card expires without an event there: nothing may
             // follow its terminal event. Its running coordinator is still told, so no
             // console keeps live buttons for it.)
-            let on_run = head.is_some();
-            if let Some(head) = head {
+            let on_run = ending.on_run.is_some();
+            if let (Some(head), Some(event)) = (head, ending.on_run) {
                 runs.push(RunWrite {
                     head,
                     kind: WriteKind::Advance { end: None },
-                    events: vec![ended.resolved_event()],
+                    events: vec![event],
                     open_cards: -1,
                     budget_used: None,
                 });
             }
-            let coordinator = located.coordinator.clone().filter(|c| {
-                ended.coordinator_run_id.as_deref() == Some(c.run_id.as_str())
-                    && c.run_id != ended.run_id
-                    && !c.status.is_terminal()
-            });
-            let on_coordinator = coordinator.is_some();
-            if let Some(coord) = coordinator {
+            let on_coordinator = ending.on_coordinator.is_some();
+            if let (Some(coord), Some(event)) = (coordinator, ending.on_coordinator) {
                 runs.push(RunWrite {
                     head: coord,
                     kind: WriteKind::Advance { end: None },
-                    events: vec![ended.coordinator_resolved_event()],
+                    events: vec![event],
                     open_cards: 0,
                     budget_used: None,
                 });
@@ -839,13 +842,14 @@ impl ApprovalStore for DynamoStore {
                 budget.next().await?;
                 continue;
             };
-            let Some(head) = head.filter(|h| !h.status.is_terminal()) else {
+            let head = head.filter(|h| !h.status.is_terminal());
+            let (Some(head), BeatStep::Append(draft)) = (
+                head.clone(),
+                card::beat(card.as_ref(), head.is_some(), beat),
+            ) else {
                 return Ok(Beat::Stopped);
             };
-            let Some(card) = card.filter(|c| c.state == ApprovalState::Pending) else {
-                return Ok(Beat::Stopped);
-            };
-            let beat = self.beat_on(head, card.pending_event(beat)).await?;
+            let beat = self.beat_on(head, draft).await?;
             if let Some(beat) = beat {
                 return Ok(beat);
             }
