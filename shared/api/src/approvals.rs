@@ -18,16 +18,16 @@ use tollgate_domain::approval::{
     valid_id, DEFAULT_TIMEOUT_SECONDS, MAX_HASH, MAX_TEXT, MAX_TOOL_NAME, MAX_URL,
 };
 use tollgate_domain::{
-    now_millis, validate_run_id, ApprovalRequest, ApprovalState, Policy, Resolution, RunHead, Scope,
+    now_millis, ApprovalRequest, ApprovalState, Policy, Resolution, RunHead, Scope,
 };
 use tollgate_store::{Armed, Located, Resolved};
 
 use crate::gate::ArmOutcome;
-use tollgate_app::access;
+use tollgate_app::{access, ErrorState};
 use tracing::instrument;
 
 use crate::auth::{Claims, Credentials, Role};
-use crate::request::{query_param, JsonBody};
+use crate::request::{query_param, JsonBody, RunId};
 use crate::{ApiError, Deps};
 
 /// Routes of the `ingress` function: arm a gate, read a card.
@@ -87,22 +87,13 @@ fn checked_id(field: &str, id: &str) -> Result<(), ApiError> {
     }
 }
 
-fn checked_run(run_id: &str) -> Result<(), ApiError> {
-    if validate_run_id(run_id) {
-        Ok(())
-    } else {
-        Err(ApiError::not_found("run not found"))
-    }
-}
-
 #[instrument(skip_all, fields(run_id = %run_id, request_id))]
 async fn arm(
     State(deps): State<Deps>,
-    Path(run_id): Path<String>,
+    run_id: RunId,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    checked_run(&run_id)?;
     let incarnation = deps.auth.require_run_token(&creds, &run_id)?;
     let body: ArmBody = serde_json::from_value(body.value().await?)
         .map_err(|e| ApiError::bad_request(format!("invalid approval request: {e}")))?;
@@ -133,18 +124,13 @@ async fn arm(
         return Err(ApiError::bad_request(format!(
             "timeout_seconds must be 1 to {max_timeout} (TOLLGATE_MAX_CARD_TIMEOUT_SECONDS)"
         ))
-        .with_state("timeout_too_long"));
+        .with_state(ErrorState::TimeoutTooLong));
     }
-    let head = deps
-        .store
-        .read_head(&run_id)
-        .await?
-        .filter(|h| h.incarnation == incarnation)
-        .ok_or_else(|| ApiError::not_found("run not found"))?;
+    let head = deps.runs.own_head(&run_id, &incarnation).await?;
     let now = now_millis();
     let explicit_ids = body.tool_call_id.is_some() || body.approval_id.is_some();
     let card = ApprovalRequest {
-        run_id: run_id.clone(),
+        run_id: run_id.to_string(),
         tool_call_id: body.tool_call_id.unwrap_or_else(|| body.request_id.clone()),
         approval_id: body.approval_id.unwrap_or_else(|| body.request_id.clone()),
         request_id: body.request_id,
@@ -246,35 +232,23 @@ fn request_id_in_use() -> ApiError {
         StatusCode::CONFLICT,
         "request_id is taken by a card for another call (tool, ids, arguments, url or text differ); use a new request_id",
     )
-    .with_state("request_id_in_use")
+    .with_state(ErrorState::RequestIdInUse)
 }
 
 #[instrument(skip_all, fields(run_id = %run_id, request_id = %request_id))]
 async fn read_card(
     State(deps): State<Deps>,
-    Path((run_id, request_id)): Path<(String, String)>,
+    run_id: RunId,
+    Path((_, request_id)): Path<(String, String)>,
     creds: Credentials,
 ) -> Result<Response, ApiError> {
-    checked_run(&run_id)?;
     let incarnation = deps.auth.require_run_token(&creds, &run_id)?;
-    let head = deps
-        .store
-        .read_head(&run_id)
-        .await?
-        .filter(|h| h.incarnation == incarnation)
-        .ok_or_else(|| ApiError::not_found("run not found"))?;
-    let card = match valid_id(&request_id) {
-        true => {
-            deps.gate
-                .store()
-                .read_card(&head.run_id, &request_id)
-                .await?
-        }
-        false => None,
-    };
-    match card {
+    let head = deps.runs.own_head(&run_id, &incarnation).await?;
+    match deps.gate.card(&head.run_id, &request_id).await? {
         Some(card) => Ok(Json(card.to_json()).into_response()),
-        None => Err(ApiError::not_found("no such approval request").with_state("unknown")),
+        None => {
+            Err(ApiError::not_found("no such approval request").with_state(ErrorState::Unknown))
+        }
     }
 }
 
@@ -299,7 +273,7 @@ enum Verb {
 
 async fn approve(
     State(deps): State<Deps>,
-    Path(run_id): Path<String>,
+    run_id: Result<RunId, ApiError>,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
@@ -308,7 +282,7 @@ async fn approve(
 
 async fn deny(
     State(deps): State<Deps>,
-    Path(run_id): Path<String>,
+    run_id: Result<RunId, ApiError>,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
@@ -316,7 +290,7 @@ async fn deny(
 }
 
 fn unknown() -> ApiError {
-    ApiError::not_found("no such approval request").with_state("unknown")
+    ApiError::not_found("no such approval request").with_state(ErrorState::Unknown)
 }
 
 /// An operator token with a `project_id` sees and decides only that project's runs.
@@ -324,10 +298,10 @@ fn in_project(claims: &Claims, project_id: &Option<String>) -> bool {
     access::in_project(claims.project_id.as_deref(), project_id.as_deref())
 }
 
-#[instrument(skip_all, fields(run_id = %run_id, request_id, verb = ?verb))]
+#[instrument(skip_all, fields(run_id, request_id, verb = ?verb))]
 async fn decide(
     deps: Deps,
-    run_id: String,
+    run_id: Result<RunId, ApiError>,
     creds: Credentials,
     body: JsonBody,
     verb: Verb,
@@ -336,9 +310,11 @@ async fn decide(
     let body: DecisionBody = serde_json::from_value(body.value().await?)
         .map_err(|e| ApiError::bad_request(format!("invalid decision: {e}")))?;
     tracing::Span::current().record("request_id", body.request_id.as_str());
-    if !validate_run_id(&run_id) || !valid_id(&body.request_id) {
+    // A run id or request id the store keys nothing by names no card.
+    let (Ok(run_id), true) = (run_id, valid_id(&body.request_id)) else {
         return Err(unknown());
-    }
+    };
+    tracing::Span::current().record("run_id", run_id.as_str());
     // One read (the card with the heads the decision writes), then one write.
     let located = match deps.gate.locate(&run_id, &body.request_id).await? {
         Some(l) if in_project(&claims, &l.card.project_id) => l,
@@ -409,7 +385,7 @@ fn forward_permit(deps: &Deps) -> Result<tokio::sync::OwnedSemaphorePermit, ApiE
             StatusCode::SERVICE_UNAVAILABLE,
             "too many decisions are being forwarded; retry",
         )
-        .with_state("agenthost_unreachable")
+        .with_state(ErrorState::AgenthostUnreachable)
     })
 }
 
@@ -419,7 +395,7 @@ fn forward_task_failed(e: tokio::task::JoinError) -> ApiError {
         StatusCode::SERVICE_UNAVAILABLE,
         "the decision could not be forwarded; retry",
     )
-    .with_state("agenthost_unreachable")
+    .with_state(ErrorState::AgenthostUnreachable)
 }
 
 fn agenthost_unreachable(why: &str) -> ApiError {
@@ -428,7 +404,7 @@ fn agenthost_unreachable(why: &str) -> ApiError {
         StatusCode::SERVICE_UNAVAILABLE,
         "the run's agent host is unreachable; retry",
     )
-    .with_state("agenthost_unreachable")
+    .with_state(ErrorState::AgenthostUnreachable)
 }
 
 /// What a run's pod did with a forwarded decision, checked against what was sent.
@@ -501,7 +477,7 @@ async fn ask_pod(
                 StatusCode::CONFLICT,
                 "the agent host holds the request pending but cannot decide it now",
             )
-            .with_state("pending"))
+            .with_state(ErrorState::Pending))
         }
         crate::forward::PodAnswer::Unreachable(why) => return Err(agenthost_unreachable(&why)),
     };
@@ -575,7 +551,7 @@ fn unapplied_approval() -> ApiError {
         StatusCode::CONFLICT,
         "the agent host reports an approval this decision did not apply; it is recorded when the decision that applied it is sent again",
     )
-    .with_state("pending")
+    .with_state(ErrorState::Pending)
 }
 
 /// Who decided, for a card a pod reports ended by something other than this forward:
@@ -719,14 +695,14 @@ async fn forward_decision(
     verb: Verb,
 ) -> Result<Response, ApiError> {
     let head = deps
-        .store
-        .read_head(run_id)
+        .runs
+        .head_in_project(run_id, claims.project_id.as_deref())
         .await?
-        .filter(|h| in_project(claims, &h.project_id))
         .filter(RunHead::is_pod)
         .ok_or_else(unknown)?;
     if head.status.is_terminal() {
-        return Err(ApiError::new(StatusCode::CONFLICT, "Run is not active.").with_state("pending"));
+        return Err(ApiError::new(StatusCode::CONFLICT, "Run is not active.")
+            .with_state(ErrorState::Pending));
     }
     let scope = match verb {
         Verb::Approve => Scope::parse(body.scope.as_ref().and_then(Value::as_str)),
@@ -838,27 +814,13 @@ async fn forward_decision(
     // asked for, for the card's own tool (which the pod, when it names one, confirmed).
     let grant = match (&asked_tool, state, applied) {
         (Some(_), ApprovalState::Approved, true) if scope != Scope::Once => {
-            let coordinator = match &head.parent_run_id {
-                Some(parent) => deps.store.read_head(parent).await?,
-                None => None,
-            };
-            deps.gate.grant_for(
-                &Located {
-                    card: card.clone(),
-                    head: Some(head.clone()),
-                    coordinator,
-                    count_shard: None,
-                },
-                scope,
-                &claims.sub,
-            )
+            Some((scope, claims.sub.as_str()))
         }
         _ => None,
     };
     let recorded = deps
         .gate
-        .store()
-        .record_forwarded(&head.run_id, &card, grant)
+        .record_forwarded_decision(&head, &card, grant)
         .await?;
     if recorded == tollgate_store::Forwarded::CardExists {
         // Its pod announced the card while the decision was on its way: the decision is
@@ -950,29 +912,28 @@ fn pending_only(query: Option<&str>) -> Result<(), ApiError> {
     }
 }
 
-#[instrument(skip_all, fields(run_id = %run_id))]
+#[instrument(skip_all, fields(run_id))]
 async fn run_approvals(
     State(deps): State<Deps>,
-    Path(run_id): Path<String>,
+    run_id: Result<RunId, ApiError>,
     RawQuery(query): RawQuery,
     creds: Credentials,
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Operator)?;
     pending_only(query.as_deref())?;
-    checked_run(&run_id)?;
+    let run_id = run_id?;
+    tracing::Span::current().record("run_id", run_id.as_str());
     let head = deps
-        .store
-        .read_head(&run_id)
+        .runs
+        .head_in_project(&run_id, claims.project_id.as_deref())
         .await?
-        .filter(|h| in_project(&claims, &h.project_id))
         .ok_or_else(|| ApiError::not_found("run not found"))?;
-    let mut cards = deps.gate.store().pending_cards(&head.run_id).await?;
-    cards.sort_by_key(|c| c.expires_at);
-    let (approvals, has_more) = cards_within_limit(&cards);
+    let pending = deps.gate.pending_cards_of(&head.run_id).await?;
+    let (approvals, has_more) = cards_within_limit(&pending.cards);
     Ok(Json(json!({
         "run_id": head.run_id,
         "approvals": approvals,
-        "has_more": has_more || cards.len() >= tollgate_store::MAX_PENDING_LISTED,
+        "has_more": has_more || pending.capped,
     }))
     .into_response())
 }
@@ -1019,12 +980,10 @@ async fn all_approvals(
                 .ok_or_else(|| ApiError::bad_request("after must be a next_after of a listing"))
         })
         .transpose()?;
-    let store = deps.gate.store();
-    let project = claims.project_id.as_deref();
-    let cards = match &after {
-        None => store.open_cards(project, None, limit).await?,
-        Some(cursor) => store.open_cards_after(project, cursor, limit).await?,
-    };
+    let cards = deps
+        .gate
+        .open_cards(claims.project_id.as_deref(), after.as_ref(), limit)
+        .await?;
     let (approvals, cut) = cards_within_limit(&cards);
     let has_more = cut || cards.len() >= limit;
     let mut answer = json!({
@@ -1068,8 +1027,7 @@ async fn list_policies(
     let cursor = crate::request::query_param(query, "cursor");
     let page = deps
         .gate
-        .store()
-        .list_policies(claims.project_id.as_deref(), cursor, limit)
+        .policies(claims.project_id.as_deref(), cursor, limit)
         .await?;
     let mut body = json!({
         "policies": page.policies.iter().map(Policy::to_json).collect::<Vec<_>>(),
@@ -1091,12 +1049,11 @@ async fn revoke_policy(
     let claims = deps.auth.require_role(&creds, Role::Operator)?;
     let not_found = || ApiError::not_found("no such policy");
     let (scope_key, tool_name) = parse_policy_id(&policy_id).ok_or_else(not_found)?;
-    let store = deps.gate.store();
     // A project operator revokes only its project's grants (others do not exist for it).
-    match store.read_policy(&scope_key, &tool_name).await? {
-        Some(p) if in_project(&claims, &p.project_id) => {}
-        _ => return Err(not_found()),
-    }
+    deps.gate
+        .visible_policy(&scope_key, &tool_name, claims.project_id.as_deref())
+        .await?
+        .ok_or_else(not_found)?;
     let revoked = deps
         .gate
         .revoke(&scope_key, &tool_name, &claims.sub)

@@ -41,6 +41,23 @@ pub enum Caller {
     Jwt(Claims),
 }
 
+impl Caller {
+    /// The caller as the access rules see a reader (`tollgate_app::access::may_read`).
+    pub fn viewer(&self) -> tollgate_app::access::Viewer<'_> {
+        use tollgate_app::access::Viewer;
+        match self {
+            Caller::Run { incarnation, .. } => Viewer::RunToken { incarnation },
+            Caller::Jwt(c) if c.role == Role::Operator => Viewer::Operator {
+                project: c.project_id.as_deref(),
+            },
+            Caller::Jwt(c) => Viewer::Agent {
+                sub: &c.sub,
+                project: c.project_id.as_deref(),
+            },
+        }
+    }
+}
+
 /// Claims an API Gateway JWT authorizer already verified, placed in the request's
 /// extensions by the Lambda entry point (only when `TOLLGATE_TRUST_GATEWAY_CLAIMS=1`).
 #[derive(Debug, Clone, PartialEq, Eq)]

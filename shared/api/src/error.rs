@@ -1,17 +1,18 @@
 //! Every error leaves as JSON `{"error": "...", "state"?: "..."}` with the status the
 //! contract names. Nothing is written when a 4xx is returned: handlers validate fully
-//! before they call the store.
+//! before they call a use-case.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+use tollgate_app::ErrorState;
 use tollgate_store::StoreError;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
     pub status: StatusCode,
     pub error: String,
-    pub state: Option<&'static str>,
+    pub state: Option<ErrorState>,
     pub extra: Option<serde_json::Value>,
 }
 
@@ -25,7 +26,7 @@ impl ApiError {
         }
     }
 
-    pub fn with_state(mut self, state: &'static str) -> Self {
+    pub fn with_state(mut self, state: ErrorState) -> Self {
         self.state = Some(state);
         self
     }
@@ -77,7 +78,7 @@ impl From<StoreError> for ApiError {
             } => ApiError {
                 status: StatusCode::CONFLICT,
                 error: format!("run has ended ({})", status.as_str()),
-                state: Some("run_terminal"),
+                state: Some(ErrorState::RunTerminal),
                 extra: Some(json!({"status": status.as_str(), "terminal_sequence": terminal_seq})),
             },
             StoreError::Conflict(msg) => ApiError::new(StatusCode::CONFLICT, msg),
@@ -85,9 +86,8 @@ impl From<StoreError> for ApiError {
             StoreError::InvalidCursor => {
                 ApiError::bad_request("cursor is not one this listing handed out")
             }
-            StoreError::Limit(msg) => {
-                ApiError::new(StatusCode::TOO_MANY_REQUESTS, msg).with_state("limit_reached")
-            }
+            StoreError::Limit(msg) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, msg)
+                .with_state(ErrorState::LimitReached),
             StoreError::Unavailable(detail) => {
                 // The detail may name tables or SDK internals: log it, don't serve it.
                 tracing::error!(%detail, "storage unavailable");
@@ -95,7 +95,7 @@ impl From<StoreError> for ApiError {
                     StatusCode::SERVICE_UNAVAILABLE,
                     "storage is unavailable; retry",
                 )
-                .with_state("unavailable")
+                .with_state(ErrorState::Unavailable)
             }
         }
     }
@@ -131,7 +131,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut body = json!({ "error": self.error });
         if let Some(state) = self.state {
-            body["state"] = state.into();
+            body["state"] = state.as_str().into();
         }
         if let Some(serde_json::Value::Object(extra)) = self.extra {
             for (k, v) in extra {

@@ -1,18 +1,18 @@
 //! The `ingress` function: create runs, append producer events, end runs.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use tollgate_domain::{validate_run_id, RunHead, TerminalKind, MAX_BATCH_EVENTS};
+use tollgate_domain::{RunHead, TerminalKind, MAX_BATCH_EVENTS};
 use tollgate_store::RunRef;
 use tracing::instrument;
 
 use crate::auth::{Credentials, Role};
-use crate::request::JsonBody;
+use crate::request::{JsonBody, RunId};
 use crate::{ApiError, Deps};
 use tollgate_app::runs;
 
@@ -55,32 +55,33 @@ async fn create_run(
     })
     .map_err(|e| ApiError::bad_request(format!("invalid run: {e}")))?;
     let allow_loopback = deps.gate.config().allow_loopback_origins;
-    let created = runs::create(
-        deps.store.as_ref(),
-        runs::Creator {
-            sub: &claims.sub,
-            project_id: claims.project_id.as_deref(),
-        },
-        runs::CreateRun {
-            run_id: body.run_id,
-            kind: body.kind,
-            parent_run_id: body.parent_run_id,
-            subtask_id: body.subtask_id,
-            owner: body.owner,
-            project_id: body.project_id,
-            channel_id: body.channel_id,
-            delivery_id: body.delivery_id,
-            budget: body.budget,
-            execution_mode: body.execution_mode,
-            agenthost_origin: body.agenthost_origin,
-        },
-        |origin| {
-            crate::forward::check_origin(origin, allow_loopback)
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        },
-    )
-    .await?;
+    let created = deps
+        .runs
+        .create(
+            runs::Creator {
+                sub: &claims.sub,
+                project_id: claims.project_id.as_deref(),
+            },
+            runs::CreateRun {
+                run_id: body.run_id,
+                kind: body.kind,
+                parent_run_id: body.parent_run_id,
+                subtask_id: body.subtask_id,
+                owner: body.owner,
+                project_id: body.project_id,
+                channel_id: body.channel_id,
+                delivery_id: body.delivery_id,
+                budget: body.budget,
+                execution_mode: body.execution_mode,
+                agenthost_origin: body.agenthost_origin,
+            },
+            |origin| {
+                crate::forward::check_origin(origin, allow_loopback)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            },
+        )
+        .await?;
     let (status, head) = match created {
         runs::Created::New(head) => (StatusCode::CREATED, head),
         runs::Created::Existing(head) => (StatusCode::OK, head),
@@ -106,22 +107,13 @@ pub(crate) fn run_receipt(deps: &Deps, head: &RunHead) -> Value {
     receipt
 }
 
-fn checked_run_id(run_id: &str) -> Result<(), ApiError> {
-    if validate_run_id(run_id) {
-        Ok(())
-    } else {
-        Err(ApiError::not_found("run not found"))
-    }
-}
-
 #[instrument(skip_all, fields(run_id = %run_id))]
 async fn append_events(
     State(deps): State<Deps>,
-    Path(run_id): Path<String>,
+    run_id: RunId,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    checked_run_id(&run_id)?;
     let incarnation = deps.auth.require_run_token(&creds, &run_id)?;
     let mut body = body.object(false).await?;
     let Some(Value::Array(mut raw)) = body.remove("events") else {
@@ -147,23 +139,20 @@ async fn append_events(
         }
         return crate::pod_cards::append(&deps, &run_id, &incarnation, raw.remove(0)).await;
     }
-    let sequences = runs::append(
-        deps.store.as_ref(),
-        RunRef::exact(&run_id, &incarnation),
-        raw,
-    )
-    .await?;
-    Ok(Json(json!({ "run_id": run_id, "sequences": sequences })).into_response())
+    let sequences = deps
+        .runs
+        .append(RunRef::exact(&run_id, &incarnation), raw)
+        .await?;
+    Ok(Json(json!({ "run_id": run_id.as_str(), "sequences": sequences })).into_response())
 }
 
 async fn finish(
     deps: Deps,
-    run_id: String,
+    run_id: RunId,
     creds: Credentials,
     body: JsonBody,
     kind: TerminalKind,
 ) -> Result<Response, ApiError> {
-    checked_run_id(&run_id)?;
     let incarnation = deps.auth.require_run_token(&creds, &run_id)?;
     let payload: Map<String, Value> = body.object(true).await?;
     let finished = deps
@@ -171,7 +160,7 @@ async fn finish(
         .finish_run(RunRef::exact(&run_id, &incarnation), kind, payload)
         .await?;
     Ok(Json(json!({
-        "run_id": run_id,
+        "run_id": run_id.as_str(),
         "status": kind.status().as_str(),
         "sequence": finished.sequence,
     }))
@@ -181,7 +170,7 @@ async fn finish(
 #[instrument(skip_all, fields(run_id = %run_id))]
 async fn complete_run(
     State(deps): State<Deps>,
-    Path(run_id): Path<String>,
+    run_id: RunId,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
@@ -191,7 +180,7 @@ async fn complete_run(
 #[instrument(skip_all, fields(run_id = %run_id))]
 async fn fail_run(
     State(deps): State<Deps>,
-    Path(run_id): Path<String>,
+    run_id: RunId,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
@@ -201,7 +190,7 @@ async fn fail_run(
 #[instrument(skip_all, fields(run_id = %run_id))]
 async fn cancel_run(
     State(deps): State<Deps>,
-    Path(run_id): Path<String>,
+    run_id: RunId,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {

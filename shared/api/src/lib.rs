@@ -1,6 +1,7 @@
 //! Tollgate's HTTP surface. Each Lambda function mounts its own router from here, and
 //! `tollgate serve` mounts all of them on one port: the handlers are the same code in
-//! both places. Handlers are thin — parse, authorize, call the store, map the answer.
+//! both places. Handlers are thin — parse, authenticate, call a use-case
+//! (`tollgate_app`), render its answer; none reaches the store (docs/architecture.md §2).
 
 pub mod approvals;
 pub mod auth;
@@ -32,13 +33,14 @@ pub use error::ApiError;
 /// The approval gate's use-cases (`tollgate_app::approvals`), under the name the
 /// handlers use.
 pub use tollgate_app::approvals as gate;
-pub use tollgate_app::{AppError, Gate, GateConfig};
+pub use tollgate_app::runs::RunLog;
+pub use tollgate_app::{AppError, ErrorState, Gate, GateConfig};
 
 /// What every handler needs, built once at cold start.
 #[derive(Clone)]
 pub struct Deps {
-    /// The run log (replay and appends read and write here).
-    pub store: Arc<dyn RunStore>,
+    /// The run log (creates, appends and replay read and write here).
+    pub runs: RunLog,
     /// The approval gate (cards, decisions, timers) over the same backend.
     pub gate: Arc<Gate>,
     pub auth: Arc<Auth>,
@@ -85,7 +87,7 @@ impl Deps {
         auth: Auth,
     ) -> Self {
         Self {
-            store: store.clone(),
+            runs: RunLog::new(store.clone()),
             gate: Arc::new(Gate::new(store, timers, gate)),
             auth: Arc::new(auth),
             sse: sse::SseConfig::default(),
@@ -188,7 +190,7 @@ impl Deps {
 
     /// Serves the run log from `store` instead (a wrapper in tests).
     pub fn with_run_store(mut self, store: Arc<dyn RunStore>) -> Self {
-        self.store = store;
+        self.runs = RunLog::new(store);
         self
     }
 

@@ -41,6 +41,7 @@ use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState};
 use tollgate_store::Armed;
 
 use crate::{ApiError, Deps};
+use tollgate_app::ErrorState;
 
 pub use tollgate_app::pod_cards::{is_pod_card_event, POD_CARD_EVENTS};
 
@@ -93,7 +94,7 @@ fn announced_card(
                 bad(format!(
                     "timeoutSeconds must be 1 to {max_timeout} (TOLLGATE_MAX_CARD_TIMEOUT_SECONDS)"
                 ))
-                .with_state("timeout_too_long")
+                .with_state(ErrorState::TimeoutTooLong)
             })?,
     };
     let now = now_millis();
@@ -144,7 +145,8 @@ fn dropped(
 }
 
 fn unknown() -> ApiError {
-    ApiError::not_found("no card this run's pod announced has that requestId").with_state("unknown")
+    ApiError::not_found("no card this run's pod announced has that requestId")
+        .with_state(ErrorState::Unknown)
 }
 
 /// Appends one of [`POD_CARD_EVENTS`] (`event`, alone in its request) to a run, which the
@@ -163,12 +165,7 @@ pub async fn append(
         _ => return Err(bad("events[0]: type is required")),
     };
     payload.shift_remove("event_id");
-    let head = deps
-        .store
-        .read_head(run_id)
-        .await?
-        .filter(|h| h.incarnation == incarnation)
-        .ok_or_else(|| ApiError::not_found("run not found"))?;
+    let head = deps.runs.own_head(run_id, incarnation).await?;
     if !head.is_pod() {
         return Err(bad(format!(
             "events[0]: {event_type} is written by the server; only an execution_mode pod run's pod appends it, for the cards it holds"
@@ -235,14 +232,14 @@ pub async fn append(
                         StatusCode::CONFLICT,
                         "requestId is taken by a card for another call; use a new requestId",
                     )
-                    .with_state("request_id_in_use"))
+                    .with_state(ErrorState::RequestIdInUse))
                 }
                 // Not looked up for pod cards; should a store answer it, it is no pod card.
                 ArmOutcome::AutoApproved { .. } => Err(ApiError::new(
                     StatusCode::CONFLICT,
                     "requestId is taken by an approved card",
                 )
-                .with_state("request_id_in_use")),
+                .with_state(ErrorState::RequestIdInUse)),
             }
         }
         ev::APPROVAL_PENDING => {

@@ -1,17 +1,15 @@
 //! The `replay` function: sequenced replay of a run's stream as JSON pages, or as the
 //! live event stream ([`crate::sse`]) for `Accept: text/event-stream`.
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use tollgate_domain::{validate_run_id, RunHead};
-use tollgate_store::read_page;
 use tracing::instrument;
 
-use crate::auth::{Caller, Credentials, Role};
-use crate::request::query_param;
+use crate::auth::Credentials;
+use crate::request::{query_param, token_run_id, RunId};
 use crate::{ApiError, Deps};
 
 pub const DEFAULT_LIMIT: usize = 100;
@@ -44,10 +42,10 @@ fn parse_limit(query: Option<&str>) -> Result<usize, ApiError> {
     }
 }
 
-#[instrument(skip_all, fields(run_id = %run_id))]
+#[instrument(skip_all, fields(run_id))]
 async fn replay_events(
     State(deps): State<Deps>,
-    Path(run_id): Path<String>,
+    run_id: Result<RunId, ApiError>,
     RawQuery(query): RawQuery,
     headers: axum::http::HeaderMap,
     budget: Option<axum::Extension<crate::sse::ResponseBudget>>,
@@ -57,20 +55,14 @@ async fn replay_events(
         let budget = budget.map(|axum::Extension(b)| b);
         return crate::sse::open(deps, run_id, query.as_deref(), &headers, budget, &creds).await;
     }
-    let caller = deps.auth.caller(&creds, Some(&run_id))?;
+    let caller = deps.auth.caller(&creds, Some(token_run_id(&run_id)))?;
     let after = parse_after(query.as_deref())?;
     let limit = parse_limit(query.as_deref())?;
-    if !validate_run_id(&run_id) {
-        return Err(ApiError::not_found("run not found"));
-    }
+    let run_id = run_id?;
+    tracing::Span::current().record("run_id", run_id.as_str());
     // The head is read before the events (read_page's rules rely on that order).
-    let head = deps
-        .store
-        .read_head(&run_id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("run not found"))?;
-    authorize_read(&caller, &head)?;
-    let page = read_page(deps.store.as_ref(), &head, after, limit).await?;
+    let head = deps.runs.readable_head(&run_id, &caller.viewer()).await?;
+    let page = deps.runs.page(&head, after, limit).await?;
     // Bodies are served exactly as stored: assemble the page around them.
     let mut out =
         String::with_capacity(page.events.iter().map(|e| e.body.len() + 1).sum::<usize>() + 128);
@@ -102,25 +94,6 @@ async fn replay_events(
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     Ok(response)
-}
-
-/// Who may read a run: its own token (of this incarnation), the creating agent, an
-/// operator — limited to one project when the token carries a `project_id`. A run
-/// outside the caller's project answers as if it did not exist.
-pub(crate) fn authorize_read(caller: &Caller, head: &RunHead) -> Result<(), ApiError> {
-    let in_project = |claim: &Option<String>| {
-        tollgate_app::access::in_project(claim.as_deref(), head.project_id.as_deref())
-    };
-    match caller {
-        Caller::Run { incarnation, .. } if *incarnation == head.incarnation => Ok(()),
-        Caller::Run { .. } => Err(ApiError::not_found("run not found")),
-        Caller::Jwt(c) if !in_project(&c.project_id) => Err(ApiError::not_found("run not found")),
-        Caller::Jwt(c) if c.role == Role::Operator => Ok(()),
-        Caller::Jwt(c) if c.sub == head.created_by => Ok(()),
-        Caller::Jwt(_) => Err(ApiError::forbidden(
-            "an agent token reads only the runs it created",
-        )),
-    }
 }
 
 #[cfg(test)]

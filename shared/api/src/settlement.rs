@@ -18,15 +18,14 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tollgate_domain::approval::valid_id;
 use tollgate_domain::execution::{Answer, Observed, Settlement, StartRequest, Verdict};
-use tollgate_domain::{delivery_run_id, validate_run_id, RunHead};
+use tollgate_domain::RunHead;
 use tollgate_store::MAX_MUTATIONS_LISTED;
 use tracing::instrument;
 
 use crate::auth::{Credentials, Role};
-use crate::replay::authorize_read;
-use crate::request::{query_param, JsonBody};
+use crate::request::{query_param, JsonBody, RunId};
 use crate::{ApiError, Deps};
-use tollgate_app::access::in_project;
+use tollgate_app::ErrorState;
 
 /// Routes of the `settlement` function.
 pub fn routes() -> Router<Deps> {
@@ -66,7 +65,7 @@ const MAX_LISTING_BYTES: usize = 5 * 1024 * 1024;
 const DEFAULT_LISTED: usize = 100;
 
 fn unknown_attempt() -> ApiError {
-    ApiError::not_found("no such mutation attempt").with_state("unknown")
+    ApiError::not_found("no such mutation attempt").with_state(ErrorState::Unknown)
 }
 
 fn run_not_found() -> ApiError {
@@ -84,10 +83,7 @@ fn respond(answer: Answer) -> Response {
 }
 
 /// Path ids the store keys records by: anything else names no attempt (404).
-fn checked_ids(run_id: &str, ids: &[&str]) -> Result<(), ApiError> {
-    if !validate_run_id(run_id) {
-        return Err(run_not_found());
-    }
+fn checked_ids(ids: &[&str]) -> Result<(), ApiError> {
     if ids.iter().all(|id| valid_id(id)) {
         Ok(())
     } else {
@@ -99,18 +95,14 @@ fn parse<T: serde::de::DeserializeOwned>(value: Value, what: &str) -> Result<T, 
     serde_json::from_value(value).map_err(|e| ApiError::bad_request(format!("invalid {what}: {e}")))
 }
 
-/// An agent's call on its run: the run id checked, the run token's incarnation, the
-/// body parsed.
+/// An agent's call on its run: the run token's incarnation, the body parsed.
 async fn agent_call<T: serde::de::DeserializeOwned>(
     deps: &Deps,
-    run_id: &str,
+    run_id: &RunId,
     creds: &Credentials,
     body: JsonBody,
     what: &str,
 ) -> Result<(String, T), ApiError> {
-    if !validate_run_id(run_id) {
-        return Err(run_not_found());
-    }
     let incarnation = deps.auth.require_run_token(creds, run_id)?;
     Ok((incarnation, parse(body.value().await?, what)?))
 }
@@ -127,14 +119,15 @@ struct StartBody {
 #[instrument(skip_all, fields(run_id = %run_id, tool_call_id = %tool_call_id))]
 async fn start(
     State(deps): State<Deps>,
-    Path((run_id, tool_call_id)): Path<(String, String)>,
+    run_id: RunId,
+    Path((_, tool_call_id)): Path<(String, String)>,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     let (incarnation, body): (String, StartBody) =
         agent_call(&deps, &run_id, &creds, body, "start").await?;
     let req = StartRequest {
-        run_id,
+        run_id: run_id.into_string(),
         tool_call_id,
         request_id: body.request_id,
         approval_id: body.approval_id,
@@ -146,10 +139,11 @@ async fn start(
     }
     let card = deps
         .gate
-        .store()
-        .read_card(&req.run_id, &req.request_id)
+        .card(&req.run_id, &req.request_id)
         .await?
-        .ok_or_else(|| ApiError::not_found("no such approval request").with_state("unknown"))?;
+        .ok_or_else(|| {
+            ApiError::not_found("no such approval request").with_state(ErrorState::Unknown)
+        })?;
     Ok(respond(
         deps.gate.start_execution(&req, &card, &incarnation).await?,
     ))
@@ -164,13 +158,14 @@ struct DispatchBody {
 #[instrument(skip_all, fields(run_id = %run_id, tool_call_id = %tool_call_id))]
 async fn dispatch(
     State(deps): State<Deps>,
-    Path((run_id, tool_call_id)): Path<(String, String)>,
+    run_id: RunId,
+    Path((_, tool_call_id)): Path<(String, String)>,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     let (incarnation, body): (String, DispatchBody) =
         agent_call(&deps, &run_id, &creds, body, "dispatch").await?;
-    checked_ids(&run_id, &[&tool_call_id, &body.approval_id])?;
+    checked_ids(&[&tool_call_id, &body.approval_id])?;
     let answer = deps
         .gate
         .dispatch_execution(&run_id, &tool_call_id, &body.approval_id, &incarnation)
@@ -190,7 +185,8 @@ struct SettleBody {
 #[instrument(skip_all, fields(run_id = %run_id, tool_call_id = %tool_call_id))]
 async fn settle(
     State(deps): State<Deps>,
-    Path((run_id, tool_call_id)): Path<(String, String)>,
+    run_id: RunId,
+    Path((_, tool_call_id)): Path<(String, String)>,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
@@ -198,7 +194,7 @@ async fn settle(
         agent_call(&deps, &run_id, &creds, body, "settlement").await?;
     let settlement = Settlement::new(&body.evidence, body.result, body.error)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    checked_ids(&run_id, &[&tool_call_id, &body.approval_id])?;
+    checked_ids(&[&tool_call_id, &body.approval_id])?;
     let answer = deps
         .gate
         .settle_execution(
@@ -218,10 +214,11 @@ struct ReconcileBody {
     observed: String,
 }
 
-#[instrument(skip_all, fields(run_id = %run_id, tool_call_id = %tool_call_id, approval_id = %approval_id))]
+#[instrument(skip_all, fields(run_id, tool_call_id = %tool_call_id, approval_id = %approval_id))]
 async fn reconcile(
     State(deps): State<Deps>,
-    Path((run_id, tool_call_id, approval_id)): Path<(String, String, String)>,
+    run_id: Result<RunId, ApiError>,
+    Path((_, tool_call_id, approval_id)): Path<(String, String, String)>,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
@@ -229,13 +226,14 @@ async fn reconcile(
     let body: ReconcileBody = parse(body.value().await?, "reconciliation")?;
     let observed = Observed::parse(&body.observed)
         .ok_or_else(|| ApiError::bad_request("observed must be applied or not_applied"))?;
-    checked_ids(&run_id, &[&tool_call_id, &approval_id])?;
+    let run_id = run_id?;
+    tracing::Span::current().record("run_id", run_id.as_str());
+    checked_ids(&[&tool_call_id, &approval_id])?;
     // An operator of one project reconciles only that project's runs.
     let head = deps
-        .store
-        .read_head(&run_id)
+        .runs
+        .head_in_project(&run_id, claims.project_id.as_deref())
         .await?
-        .filter(|h| in_project(claims.project_id.as_deref(), h.project_id.as_deref()))
         .ok_or_else(run_not_found)?;
     let answer = deps
         .gate
@@ -254,25 +252,16 @@ async fn reconcile(
 async fn readable_head(
     deps: &Deps,
     creds: &Credentials,
-    run_id: &str,
+    run_id: &RunId,
 ) -> Result<RunHead, ApiError> {
-    if !validate_run_id(run_id) {
-        return Err(run_not_found());
-    }
     let caller = deps.auth.caller(creds, Some(run_id))?;
-    let head = deps
-        .store
-        .read_head(run_id)
-        .await?
-        .ok_or_else(run_not_found)?;
-    authorize_read(&caller, &head)?;
-    Ok(head)
+    Ok(deps.runs.readable_head(run_id, &caller.viewer()).await?)
 }
 
-#[instrument(skip_all, fields(run_id = %run_id))]
+#[instrument(skip_all, fields(run_id))]
 async fn list(
     State(deps): State<Deps>,
-    Path(run_id): Path<String>,
+    run_id: Result<RunId, ApiError>,
     RawQuery(query): RawQuery,
     creds: Credentials,
 ) -> Result<Response, ApiError> {
@@ -286,12 +275,10 @@ async fn list(
                 ApiError::bad_request(format!("limit must be 1 to {MAX_MUTATIONS_LISTED}"))
             })?,
     };
+    let run_id = run_id?;
+    tracing::Span::current().record("run_id", run_id.as_str());
     let head = readable_head(&deps, &creds, &run_id).await?;
-    let records = deps
-        .gate
-        .store()
-        .list_mutations(&head.run_id, limit + 1)
-        .await?;
+    let records = deps.gate.mutations(&head.run_id, limit + 1).await?;
     let mut has_more = records.len() > limit;
     let mut bytes = 0;
     let mut listed = Vec::new();
@@ -313,15 +300,15 @@ async fn list(
 #[instrument(skip_all, fields(run_id = %run_id, tool_call_id = %tool_call_id, approval_id = %approval_id))]
 async fn read_one(
     State(deps): State<Deps>,
-    Path((run_id, tool_call_id, approval_id)): Path<(String, String, String)>,
+    run_id: RunId,
+    Path((_, tool_call_id, approval_id)): Path<(String, String, String)>,
     creds: Credentials,
 ) -> Result<Response, ApiError> {
     let head = readable_head(&deps, &creds, &run_id).await?;
-    checked_ids(&run_id, &[&tool_call_id, &approval_id])?;
+    checked_ids(&[&tool_call_id, &approval_id])?;
     let record = deps
         .gate
-        .store()
-        .read_mutation(&head.run_id, &tool_call_id, &approval_id)
+        .mutation(&head.run_id, &tool_call_id, &approval_id)
         .await?
         .ok_or_else(unknown_attempt)?;
     Ok(Json(record.to_json()).into_response())
@@ -336,21 +323,18 @@ async fn receipt(
     creds: Credentials,
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Agent)?;
-    let none = || ApiError::not_found("no run was created for this delivery").with_state("unknown");
-    if delivery_id.is_empty() || delivery_id.chars().count() > tollgate_domain::approval::MAX_TEXT {
-        return Err(none());
-    }
-    let run_id = delivery_run_id(&claims.sub, claims.project_id.as_deref(), &delivery_id);
+    let creator = tollgate_app::runs::Creator {
+        sub: &claims.sub,
+        project_id: claims.project_id.as_deref(),
+    };
     let head = deps
-        .store
-        .read_head(&run_id)
+        .runs
+        .delivered(creator, &delivery_id)
         .await?
-        .filter(|h| {
-            h.delivery_id.as_deref() == Some(delivery_id.as_str())
-                && h.created_by == claims.sub
-                && h.project_id == claims.project_id
-        })
-        .ok_or_else(none)?;
+        .ok_or_else(|| {
+            ApiError::not_found("no run was created for this delivery")
+                .with_state(ErrorState::Unknown)
+        })?;
     let mut answer = crate::ingress::run_receipt(&deps, &head);
     answer["status"] = head.status.as_str().into();
     Ok(Json(answer).into_response())

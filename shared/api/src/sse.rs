@@ -8,11 +8,12 @@
 //! after a bounded window and the client resumes with `Last-Event-ID` (or `?after=`).
 //!
 //! The stream is the replay pages one after the other (the gap-safe
-//! [`read_page`]: a page ends at the first sequence not yet visible), so catch-up and
-//! live tail are the same loop and their boundary has no gap and no duplicate. Between
-//! pages it waits: on the embedded store for the store's write signal; on DynamoDB it
-//! polls the run's head (one `GetItem`), backing off from `poll_min` to `poll_max` while
-//! nothing arrives, and reads events only once the head moved.
+//! [`tollgate_store::read_page`], through [`RunLog::page`]: a page ends at the first
+//! sequence not yet visible), so catch-up and live tail are the same loop and their
+//! boundary has no gap and no duplicate. Between pages it waits: on the embedded store
+//! for the store's write signal ([`RunLog::appended`]); on DynamoDB it polls the run's
+//! head (one `GetItem`), backing off from `poll_min` to `poll_max` while nothing
+//! arrives, and reads events only once the head moved.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -20,19 +21,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tokio::sync::mpsc;
-use tollgate_domain::{validate_run_id, RunHead};
-use tollgate_store::{read_page, RunStore};
+use tollgate_app::runs::RunLog;
+use tollgate_domain::RunHead;
 use tracing::instrument;
 
 use crate::auth::Credentials;
-use crate::replay::authorize_read;
-use crate::request::query_param;
+use crate::request::{query_param, token_run_id, RunId};
 use crate::{ApiError, ConfigError, Deps};
+use tollgate_app::ErrorState;
 
 /// Live streams one process holds open at most for operators, and as many again for
 /// agents and run tokens; one more is 503 with `Retry-After`.
@@ -237,10 +238,10 @@ pub fn wants_stream(headers: &HeaderMap) -> bool {
 }
 
 /// `GET /api/runs/{id}/stream`.
-#[instrument(skip_all, fields(run_id = %run_id))]
+#[instrument(skip_all, fields(run_id))]
 pub async fn stream(
     State(deps): State<Deps>,
-    Path(run_id): Path<String>,
+    run_id: Result<RunId, ApiError>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
     budget: Option<axum::Extension<ResponseBudget>>,
@@ -255,23 +256,17 @@ pub async fn stream(
 /// resumes from its last id).
 pub(crate) async fn open(
     deps: Deps,
-    run_id: String,
+    run_id: Result<RunId, ApiError>,
     query: Option<&str>,
     headers: &HeaderMap,
     budget: Option<ResponseBudget>,
     creds: &Credentials,
 ) -> Result<Response, ApiError> {
-    let caller = deps.auth.caller(creds, Some(&run_id))?;
+    let caller = deps.auth.caller(creds, Some(token_run_id(&run_id)))?;
     let after = start_after(headers, query)?;
-    if !validate_run_id(&run_id) {
-        return Err(ApiError::not_found("run not found"));
-    }
-    let head = deps
-        .store
-        .read_head(&run_id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("run not found"))?;
-    authorize_read(&caller, &head)?;
+    let run_id = run_id?;
+    tracing::Span::current().record("run_id", run_id.as_str());
+    let head = deps.runs.readable_head(&run_id, &caller.viewer()).await?;
     // A client can only have seen sequences that exist (the head is read strongly
     // consistent and moves with the events): anything past it is not this run's stream.
     if after > head.last_sequence() {
@@ -309,7 +304,7 @@ pub(crate) async fn open(
                             "too many open live streams for this {what}; close one or retry later"
                         ),
                     )
-                    .with_state("too_many_streams")
+                    .with_state(ErrorState::TooManyStreams)
                 })?,
         ),
     };
@@ -325,14 +320,14 @@ pub(crate) async fn open(
         )
     })?;
     let (tx, rx) = mpsc::channel::<Bytes>(16);
-    let store = deps.store.clone();
+    let log = deps.runs.clone();
     let closing = deps.closing();
     tokio::spawn(async move {
         // Both given back when this task ends, however the stream ends.
         let _permit = permit;
         let _places = places;
         let tail = Tail {
-            store: store.as_ref(),
+            log: &log,
             tx,
             closing,
             config,
@@ -393,7 +388,7 @@ fn holder_keys(
 
 /// One response's loop: pages while there are events, waits while there are none.
 struct Tail<'a> {
-    store: &'a dyn RunStore,
+    log: &'a RunLog,
     tx: mpsc::Sender<Bytes>,
     /// True once the process shuts down: the stream ends as at the end of its window.
     closing: tokio::sync::watch::Receiver<bool>,
@@ -444,10 +439,12 @@ impl Tail<'_> {
 
     async fn follow(&mut self, mut head: RunHead, mut after: u64) -> Result<(), Stop> {
         let run_id = head.run_id.clone();
-        let mut signal = self.store.appended();
+        let mut signal = self.log.appended();
         let mut idle = self.config.poll_min;
         loop {
-            let page = read_page(self.store, &head, after, PAGE)
+            let page = self
+                .log
+                .page(&head, after, PAGE)
                 .await
                 .map_err(|_| Stop::Store)?;
             let progressed = !page.events.is_empty();
@@ -528,8 +525,8 @@ impl Tail<'_> {
     }
 
     async fn head(&self, run_id: &str) -> Result<RunHead, Stop> {
-        self.store
-            .read_head(run_id)
+        self.log
+            .head(run_id)
             .await
             .ok()
             .flatten()

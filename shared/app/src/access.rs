@@ -1,8 +1,9 @@
 //! Who may do what — each rule written once (docs/architecture.md §6): project scoping
-//! (a caller with a project sees and acts on its project's runs only), owner-only scopes
-//! (a grant beyond `once` is the run owner's) and the always-eligible tools.
+//! (a caller with a project sees and acts on its project's runs only), who may read a
+//! run, owner-only scopes (a grant beyond `once` is the run owner's) and the
+//! always-eligible tools.
 
-use tollgate_domain::Scope;
+use tollgate_domain::{RunHead, Scope};
 
 use crate::AppError;
 
@@ -10,6 +11,41 @@ use crate::AppError;
 /// or act on something of `project`.
 pub fn in_project(caller_project: Option<&str>, project: Option<&str>) -> bool {
     caller_project.is_none() || caller_project == project
+}
+
+/// Who reads a run, as its verified credentials say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Viewer<'a> {
+    /// A run token for the run, issued for `incarnation`.
+    RunToken { incarnation: &'a str },
+    /// An operator token (of `project`, when it names one).
+    Operator { project: Option<&'a str> },
+    /// An agent token: `sub`, of `project` when it names one.
+    Agent {
+        sub: &'a str,
+        project: Option<&'a str>,
+    },
+}
+
+/// Who may read a run (`head`): its own token (of this incarnation), the creating agent,
+/// an operator — limited to one project when the token names one. A run outside the
+/// viewer's reach answers as if it did not exist (404); another agent's run is 403.
+pub fn may_read(viewer: &Viewer<'_>, head: &RunHead) -> Result<(), AppError> {
+    let project = head.project_id.as_deref();
+    match *viewer {
+        Viewer::RunToken { incarnation } if incarnation == head.incarnation => Ok(()),
+        Viewer::RunToken { .. } => Err(AppError::run_not_found()),
+        Viewer::Operator { project: claim } | Viewer::Agent { project: claim, .. }
+            if !in_project(claim, project) =>
+        {
+            Err(AppError::run_not_found())
+        }
+        Viewer::Operator { .. } => Ok(()),
+        Viewer::Agent { sub, .. } if sub == head.created_by => Ok(()),
+        Viewer::Agent { .. } => Err(AppError::Forbidden(
+            "an agent token reads only the runs it created".into(),
+        )),
+    }
 }
 
 /// Whether an approval by `by` with `scope` may be granted on a card of `tool` whose run
@@ -78,6 +114,43 @@ mod tests {
         assert!(matches!(
             may_grant(Scope::Always, Some("alice"), "alice", "shell", &eligible),
             Err(AppError::Forbidden(_))
+        ));
+    }
+
+    #[test]
+    fn a_run_is_read_by_its_token_its_creator_and_its_projects_operators() {
+        let head: RunHead = serde_json::from_value(serde_json::json!({
+            "run_id": "r1", "status": "running", "next_seq": 2, "kind": "single",
+            "project_id": "p1", "created_by": "agent-a", "created_at": 0,
+            "last_event_at": 0, "incarnation": "i1",
+        }))
+        .unwrap();
+        let read = |v: Viewer<'_>| may_read(&v, &head);
+        assert!(read(Viewer::RunToken { incarnation: "i1" }).is_ok());
+        assert!(matches!(
+            read(Viewer::RunToken { incarnation: "i0" }),
+            Err(AppError::NotFound { .. })
+        ));
+        assert!(read(Viewer::Operator { project: None }).is_ok());
+        assert!(read(Viewer::Operator {
+            project: Some("p1")
+        })
+        .is_ok());
+        assert!(matches!(
+            read(Viewer::Operator {
+                project: Some("p2")
+            }),
+            Err(AppError::NotFound { .. })
+        ));
+        let agent = |sub, project| Viewer::Agent { sub, project };
+        assert!(read(agent("agent-a", Some("p1"))).is_ok());
+        assert!(matches!(
+            read(agent("agent-b", Some("p1"))),
+            Err(AppError::Forbidden(_))
+        ));
+        assert!(matches!(
+            read(agent("agent-a", Some("p2"))),
+            Err(AppError::NotFound { .. })
         ));
     }
 

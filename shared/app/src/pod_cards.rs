@@ -1,12 +1,13 @@
 //! The use-cases of cards an AgentHost pod holds and announces itself (seed 003,
 //! docs/architecture.md §8): recording an announcement, the pod's heartbeats and its own
-//! expiry. `shared/api/src/pod_cards.rs` parses the pod's events and answers them.
+//! expiry, and a decision forwarded on a card Tollgate never saw.
+//! `shared/api/src/pod_cards.rs` parses the pod's events and answers them.
 
 use std::time::Duration;
 use tollgate_domain::event::types as ev;
 
-use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState, Resolution, RunHead};
-use tollgate_store::{Beat, Resolved, StoreError};
+use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState, Resolution, RunHead, Scope};
+use tollgate_store::{Beat, Forwarded, Located, Resolved, StoreError};
 
 use crate::approvals::{ArmOutcome, Gate};
 
@@ -46,6 +47,38 @@ pub enum PodCardStep {
 }
 
 impl Gate {
+    /// Records a decision forwarded to `head`'s pod on a card the gate never saw
+    /// (`card`, as the pod answered it) — once, however often it is forwarded — with the
+    /// policy `grant` names (its scope and who approved) when this forward applied an
+    /// approval beyond `once` (`ApprovalStore::record_forwarded`).
+    pub async fn record_forwarded_decision(
+        &self,
+        head: &RunHead,
+        card: &ApprovalRequest,
+        grant: Option<(Scope, &str)>,
+    ) -> Result<Forwarded, crate::AppError> {
+        let policy = match grant {
+            Some((scope, by)) => {
+                let coordinator = match &head.parent_run_id {
+                    Some(parent) => self.store.read_head(parent).await?,
+                    None => None,
+                };
+                let located = Located {
+                    card: card.clone(),
+                    head: Some(head.clone()),
+                    coordinator,
+                    count_shard: None,
+                };
+                self.grant_for(&located, scope, by)
+            }
+            None => None,
+        };
+        Ok(self
+            .store
+            .record_forwarded(&head.run_id, card, policy)
+            .await?)
+    }
+
     /// Records a card the run's pod announced (`card.held_by_pod`): stored pending with
     /// its event (and its coordinator's mirror) in one transaction; only the backstop
     /// expiry is scheduled. A repeated announcement answers the card as it stands.

@@ -1,8 +1,11 @@
 //! The run log's use-cases (docs/architecture.md §2): creating a run with every rule a
 //! create obeys — bounded head fields, the run id (given, derived from a delivery id,
 //! or fresh), the kind and its parent, the execution mode, the budget, the project —
-//! and what a repeated create answers. The HTTP handler parses the body and answers
-//! the receipt; the rules are here.
+//! and what a repeated create answers; appending to one. The HTTP handler parses the
+//! body and answers the receipt; the rules are here. Reading a run back is
+//! [`crate::replay`].
+
+use std::sync::Arc;
 
 use serde_json::Map;
 use serde_json::Value;
@@ -101,9 +104,38 @@ fn run_project(creator: Creator<'_>, asked: Option<String>) -> Result<Option<Str
     }
 }
 
-/// Creates a run for `creator` as `asked`. `check_origin` judges a pod run's
-/// `agenthost_origin` (the HTTP layer's network rules); its refusal is a 400.
-pub async fn create(
+/// The run log as the routes reach it: created and appended here, read back in
+/// [`crate::replay`]. Cheap to clone.
+#[derive(Clone)]
+pub struct RunLog {
+    pub(crate) store: Arc<dyn RunStore>,
+}
+
+impl RunLog {
+    pub fn new(store: Arc<dyn RunStore>) -> Self {
+        Self { store }
+    }
+
+    /// Creates a run for `creator` as `asked`. `check_origin` judges a pod run's
+    /// `agenthost_origin` (the HTTP layer's network rules); its refusal is a 400.
+    pub async fn create(
+        &self,
+        creator: Creator<'_>,
+        asked: CreateRun,
+        check_origin: impl Fn(&str) -> Result<(), String>,
+    ) -> Result<Created, AppError> {
+        create(self.store.as_ref(), creator, asked, check_origin).await
+    }
+
+    /// Appends producer events (`raw`, as posted) to the run `run` names: each validated
+    /// (`events[i]: why` → 400, nothing written), the batch checked, then appended in one
+    /// step. Their sequences, in order.
+    pub async fn append(&self, run: RunRef<'_>, raw: Vec<Value>) -> Result<Vec<u64>, AppError> {
+        append(self.store.as_ref(), run, raw).await
+    }
+}
+
+async fn create(
     store: &dyn RunStore,
     creator: Creator<'_>,
     asked: CreateRun,
@@ -242,15 +274,12 @@ pub async fn create(
         CreateOutcome::Existing(head) if new.matches(&head) => Ok(Created::Existing(head)),
         CreateOutcome::Existing(_) => Err(AppError::Conflict {
             message: "a run with this run_id already exists".into(),
-            state: Some("run_exists"),
+            state: Some(crate::ErrorState::RunExists),
         }),
     }
 }
 
-/// Appends producer events (`raw`, as posted) to the run `run` names: each validated
-/// (`events[i]: why` → 400, nothing written), the batch checked, then appended in one
-/// step. Their sequences, in order.
-pub async fn append(
+async fn append(
     store: &dyn RunStore,
     run: RunRef<'_>,
     raw: Vec<Value>,
