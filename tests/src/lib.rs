@@ -31,6 +31,34 @@ pub async fn store_for(backend: Backend) -> Arc<dyn Store> {
     }
 }
 
+/// Instantiates test bodies `async fn(Backend, …)` once per store, at the top of a test
+/// binary: `mod memory` on the embedded store and `mod dynamo` on DynamoDB (the tests that
+/// need an endpoint are selected by that `dynamo::` prefix). Each entry
+/// `name => module::body, extra, args;` becomes `#[tokio::test] async fn name` in both,
+/// calling `module::body(backend, extra, args)`; the bodies are resolved from the
+/// invoking module.
+#[macro_export]
+macro_rules! for_each_backend {
+    (@tests $backend:expr; $($name:ident => $body:path $(, $arg:expr)*;)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                $body($backend $(, $arg)*).await
+            }
+        )*
+    };
+    ($($name:ident => $body:path $(, $arg:expr)*;)*) => {
+        mod memory {
+            use super::*;
+            $crate::for_each_backend!(@tests $crate::Backend::Memory; $($name => $body $(, $arg)*;)*);
+        }
+        mod dynamo {
+            use super::*;
+            $crate::for_each_backend!(@tests $crate::Backend::Dynamo; $($name => $body $(, $arg)*;)*);
+        }
+    };
+}
+
 /// A running server plus a client and the means to mint tokens.
 pub struct TestServer {
     pub base: String,

@@ -1,0 +1,545 @@
+//! The run log's contract: creation, gapless and deduplicated appends, terminal fencing,
+//! replay pages and incarnations.
+
+use super::*;
+
+/// GIVEN a new run WHEN it is created THEN `run_started` is sequence 1 and a second
+/// create with the same id finds the first without writing.
+pub async fn create_is_idempotent_and_starts_at_one(store: Store) {
+    let run_id = new_run(&store, "create").await;
+    let again = store
+        .create_run(NewRun {
+            run_id: run_id.clone(),
+            created_by: "someone-else".into(),
+            ..NewRun::default()
+        })
+        .await
+        .unwrap();
+    let CreateOutcome::Existing(head) = again else {
+        panic!("second create must find the run")
+    };
+    assert_eq!(head.created_by, "contract");
+    assert_eq!(head.status, RunStatus::Running);
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0]["type"], "run_started");
+    assert_eq!(events[0]["sequence"], 1);
+    assert_eq!(events[0]["run_id"], json!(run_id));
+    assert_eq!(events[0]["channel_id"], "C1");
+    assert_eq!(events[0]["protocol_version"], "v2");
+}
+
+/// Batches append gaplessly, in order, with payloads stored verbatim.
+pub async fn appends_are_gapless_and_verbatim(store: Store) {
+    let run_id = new_run(&store, "gapless").await;
+    let seqs = store
+        .append_events(
+            RunRef::any(&run_id),
+            vec![
+                producer("agent.message", None, json!({"text": "hi", "n": [1, 2]})),
+                producer("tool.call", Some("e-1"), json!({"tool": "x"})),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(seqs, vec![2, 3]);
+    let seqs = store
+        .append_events(
+            RunRef::any(&run_id),
+            vec![producer("agent.message", None, json!({}))],
+        )
+        .await
+        .unwrap();
+    assert_eq!(seqs, vec![4]);
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(sequences(&events), vec![1, 2, 3, 4]);
+    assert_eq!(events[1]["text"], "hi");
+    assert_eq!(events[1]["n"], json!([1, 2]));
+    assert_eq!(events[2]["event_id"], "e-1");
+    let head = store.read_head(&run_id).await.unwrap().unwrap();
+    assert_eq!(head.next_seq, 5);
+}
+
+/// A full batch of 99 keyed events is one atomic append.
+pub async fn full_batch_of_keyed_events_fits_one_append(store: Store) {
+    let run_id = new_run(&store, "batch99").await;
+    let batch: Vec<_> = (0..99)
+        .map(|i| producer("agent.message", Some(&format!("k{i}")), json!({"i": i})))
+        .collect();
+    let seqs = store
+        .append_events(RunRef::any(&run_id), batch.clone())
+        .await
+        .unwrap();
+    assert_eq!(seqs, (2..=100).collect::<Vec<_>>());
+    // The same batch again adds nothing and answers the same sequences.
+    assert_eq!(
+        store
+            .append_events(RunRef::any(&run_id), batch)
+            .await
+            .unwrap(),
+        seqs
+    );
+    assert_eq!(all_events(&store, &run_id).await.len(), 100);
+    let too_many: Vec<_> = (0..100)
+        .map(|_| producer("agent.message", None, json!({})))
+        .collect();
+    assert!(matches!(
+        store.append_events(RunRef::any(&run_id), too_many).await,
+        Err(StoreError::Invalid(_))
+    ));
+}
+
+/// A retried `event_id` returns its original sequence, alone or mixed with new events.
+pub async fn event_ids_deduplicate(store: Store) {
+    let run_id = new_run(&store, "dedupe").await;
+    let first = store
+        .append_events(
+            RunRef::any(&run_id),
+            vec![producer("tool.call", Some("a"), json!({"v": 1}))],
+        )
+        .await
+        .unwrap();
+    assert_eq!(first, vec![2]);
+    let retry = store
+        .append_events(
+            RunRef::any(&run_id),
+            vec![producer("tool.call", Some("a"), json!({"v": 2}))],
+        )
+        .await
+        .unwrap();
+    assert_eq!(retry, vec![2], "retry answers the original sequence");
+    let mixed = store
+        .append_events(
+            RunRef::any(&run_id),
+            vec![
+                producer("tool.call", Some("b"), json!({})),
+                producer("tool.call", Some("a"), json!({})),
+                producer("agent.message", None, json!({})),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(mixed, vec![3, 2, 4]);
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(sequences(&events), vec![1, 2, 3, 4]);
+    assert_eq!(events[1]["v"], 1, "the first write wins");
+    let twice_in_one = store
+        .append_events(
+            RunRef::any(&run_id),
+            vec![
+                producer("tool.call", Some("z"), json!({})),
+                producer("tool.call", Some("z"), json!({})),
+            ],
+        )
+        .await;
+    assert!(matches!(twice_in_one, Err(StoreError::Invalid(_))));
+    assert_eq!(
+        all_events(&store, &run_id).await.len(),
+        4,
+        "refused batch wrote nothing"
+    );
+}
+
+/// Concurrent writers on one run: every sequence handed out once, no gap.
+pub async fn concurrent_appends_are_gapless(store: Store, writers: usize, per_writer: usize) {
+    concurrent_appends_across_stores(vec![store], writers, per_writer).await
+}
+
+/// The same, with writers spread round-robin over several store instances that share
+/// one backend (several processes).
+pub async fn concurrent_appends_across_stores(
+    stores: Vec<Store>,
+    writers: usize,
+    per_writer: usize,
+) {
+    let store = stores[0].clone();
+    let run_id = new_run(&store, "concurrent").await;
+    let tasks: Vec<_> = (0..writers)
+        .map(|w| {
+            let store = stores[w % stores.len()].clone();
+            let run_id = run_id.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                for i in 0..per_writer {
+                    let id = format!("w{w}-{i}");
+                    // Every other append carries two events, so grouped requests of
+                    // different sizes must be split back correctly.
+                    let mut batch = vec![producer("agent.message", Some(&id), json!({}))];
+                    if i % 2 == 1 {
+                        batch.push(producer(
+                            "agent.message",
+                            Some(&format!("{id}-b")),
+                            json!({}),
+                        ));
+                    }
+                    let s = store
+                        .append_events(RunRef::any(&run_id), batch.clone())
+                        .await
+                        .expect("append under contention");
+                    assert_eq!(s.len(), batch.len());
+                    assert!(
+                        s.windows(2).all(|p| p[1] == p[0] + 1),
+                        "one request stays contiguous"
+                    );
+                    for (draft, seq) in batch.iter().zip(s) {
+                        got.push((draft.event_id.clone().unwrap(), seq));
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    let mut answered: Vec<(String, u64)> = Vec::new();
+    for t in futures::future::join_all(tasks).await {
+        answered.extend(t.expect("writer task"));
+    }
+    let total = answered.len() as u64;
+    let mut all: Vec<u64> = answered.iter().map(|(_, s)| *s).collect();
+    all.sort_unstable();
+    assert_eq!(
+        all,
+        (2..=total + 1).collect::<Vec<_>>(),
+        "distinct, gapless sequences"
+    );
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(sequences(&events), (1..=total + 1).collect::<Vec<_>>());
+    for (id, seq) in &answered {
+        assert_eq!(
+            events[(*seq - 1) as usize]["event_id"],
+            json!(id),
+            "the event stored at an answered sequence is the caller's"
+        );
+    }
+}
+
+/// A retry racing its original (same `event_id`, concurrently, many times over) lands
+/// once, and every caller gets that one sequence.
+pub async fn racing_retries_land_once(store: Store) {
+    let run_id = new_run(&store, "racing-retries").await;
+    let tasks: Vec<_> = (0..24)
+        .map(|i| {
+            let store = store.clone();
+            let run_id = run_id.clone();
+            tokio::spawn(async move {
+                let id = format!("same-{}", i % 3);
+                store
+                    .append_events(
+                        RunRef::any(&run_id),
+                        vec![producer("tool.call", Some(&id), json!({}))],
+                    )
+                    .await
+                    .expect("append")
+            })
+        })
+        .collect();
+    let mut by_id: std::collections::HashMap<usize, std::collections::HashSet<Vec<u64>>> =
+        std::collections::HashMap::new();
+    for (i, t) in futures::future::join_all(tasks)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        by_id.entry(i % 3).or_default().insert(t.expect("task"));
+    }
+    for answers in by_id.values() {
+        assert_eq!(
+            answers.len(),
+            1,
+            "every racer of one event_id got the same sequence"
+        );
+    }
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(
+        sequences(&events),
+        vec![1, 2, 3, 4],
+        "three ids, three events"
+    );
+}
+
+/// After the terminal event nothing lands; repeating the same end answers its sequence.
+pub async fn terminal_fencing(store: Store) {
+    let run_id = new_run(&store, "terminal").await;
+    store
+        .append_events(
+            RunRef::any(&run_id),
+            vec![producer("tool.call", Some("id#before"), json!({}))],
+        )
+        .await
+        .unwrap();
+    let done = store
+        .finish_run(RunRef::any(&run_id), TerminalKind::Complete, Map::new())
+        .await
+        .unwrap();
+    assert_eq!(done.sequence, 3);
+    assert!(!done.already_finished);
+    let again = store
+        .finish_run(RunRef::any(&run_id), TerminalKind::Complete, Map::new())
+        .await
+        .unwrap();
+    assert_eq!(again.sequence, 3);
+    assert!(again.already_finished);
+    let other = store
+        .finish_run(RunRef::any(&run_id), TerminalKind::Fail, Map::new())
+        .await;
+    assert_eq!(
+        other,
+        Err(StoreError::RunTerminal {
+            status: RunStatus::Completed,
+            terminal_seq: 3
+        })
+    );
+    let late = store
+        .append_events(
+            RunRef::any(&run_id),
+            vec![producer("agent.message", None, json!({}))],
+        )
+        .await;
+    assert!(matches!(
+        late,
+        Err(StoreError::RunTerminal {
+            terminal_seq: 3,
+            ..
+        })
+    ));
+    // A retry of an event that landed before the end still gets its answer.
+    let retry = store
+        .append_events(
+            RunRef::any(&run_id),
+            vec![producer("tool.call", Some("id#before"), json!({}))],
+        )
+        .await
+        .unwrap();
+    assert_eq!(retry, vec![2]);
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(sequences(&events), vec![1, 2, 3]);
+    assert_eq!(events[2]["type"], "run_completed");
+    let head = store.read_head(&run_id).await.unwrap().unwrap();
+    assert_eq!(head.status, RunStatus::Completed);
+    assert_eq!(head.terminal_seq, Some(3));
+}
+
+/// Appends racing a terminal transition never land after the terminal event.
+pub async fn appends_racing_terminal_never_follow_it(store: Store) {
+    let run_id = new_run(&store, "race").await;
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let store = store.clone();
+            let run_id = run_id.clone();
+            tokio::spawn(async move {
+                let mut landed = Vec::new();
+                for i in 0..20_000 {
+                    let id = format!("{w}-{i}");
+                    let r = store
+                        .append_events(
+                            RunRef::any(&run_id),
+                            vec![producer("agent.message", Some(&id), json!({}))],
+                        )
+                        .await;
+                    match r {
+                        Ok(seqs) => landed.push((id, seqs[0])),
+                        Err(StoreError::RunTerminal { .. }) => return (landed, true),
+                        Err(e) => panic!("unexpected {e}"),
+                    }
+                }
+                (landed, false)
+            })
+        })
+        .collect();
+    // End the run while the writers are mid-stream.
+    loop {
+        let head = store.read_head(&run_id).await.unwrap().unwrap();
+        if head.next_seq > 20 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let done = store
+        .finish_run(RunRef::any(&run_id), TerminalKind::Cancel, Map::new())
+        .await
+        .unwrap();
+    let mut landed = Vec::new();
+    let mut refused = 0;
+    for w in writers {
+        let (l, was_refused) = w.await.unwrap();
+        landed.extend(l);
+        refused += usize::from(was_refused);
+    }
+    assert!(refused > 0, "the end raced live writers");
+    let events = all_events(&store, &run_id).await;
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "run_cancelled");
+    assert_eq!(last["sequence"], json!(done.sequence));
+    assert_eq!(sequences(&events), (1..=done.sequence).collect::<Vec<_>>());
+    assert_eq!(
+        landed.len() as u64,
+        done.sequence - 2,
+        "every event before the end was answered"
+    );
+    for (id, seq) in landed {
+        assert!(
+            seq < done.sequence,
+            "an answered append precedes the terminal event"
+        );
+        assert_eq!(events[(seq - 1) as usize]["event_id"], json!(id));
+    }
+}
+
+/// Big events: a page stops at [`crate::MAX_PAGE_BYTES`] whatever the limit, and paging
+/// still covers the stream (on DynamoDB this also crosses its 1 MB query pages).
+pub async fn pages_stop_at_the_byte_cap(store: Store) {
+    let run_id = new_run(&store, "big").await;
+    let blob = "x".repeat(60 * 1024);
+    for _ in 0..24 {
+        let batch = (0..3)
+            .map(|_| producer("tool.result", None, json!({ "output": blob })))
+            .collect();
+        store
+            .append_events(RunRef::any(&run_id), batch)
+            .await
+            .unwrap();
+    }
+    let first = store.read_events(&run_id, 0, 1000).await.unwrap();
+    let bytes: usize = first.events.iter().map(|e| e.body.len()).sum();
+    assert!(first.has_more, "72 × 60 KiB does not fit one page");
+    assert!(bytes <= crate::MAX_PAGE_BYTES, "page of {bytes} bytes");
+    assert!(first.events.len() > 40, "the page is filled up to the cap");
+    let events = all_events(&store, &run_id).await;
+    assert_eq!(sequences(&events), (1..=73).collect::<Vec<_>>());
+}
+
+/// Pages cover the stream exactly; `after` past the end is empty; unknown runs are NotFound.
+pub async fn replay_pages(store: Store) {
+    let run_id = new_run(&store, "pages").await;
+    for chunk in 0..5 {
+        let batch = (0..50)
+            .map(|i| producer("agent.message", None, json!({"i": chunk * 50 + i})))
+            .collect();
+        store
+            .append_events(RunRef::any(&run_id), batch)
+            .await
+            .unwrap();
+    }
+    let page = store.read_events(&run_id, 10, 7).await.unwrap();
+    assert_eq!(
+        page.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+        (11..=17).collect::<Vec<_>>()
+    );
+    assert!(page.has_more);
+    let tail = store.read_events(&run_id, 245, 100).await.unwrap();
+    assert_eq!(
+        tail.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+        (246..=251).collect::<Vec<_>>()
+    );
+    assert!(!tail.has_more);
+    let exact = store.read_events(&run_id, 241, 10).await.unwrap();
+    assert_eq!(exact.events.len(), 10);
+    assert!(
+        !exact.has_more,
+        "a page ending at the last event has no more"
+    );
+    let past = store.read_events(&run_id, 10_000, 10).await.unwrap();
+    assert!(past.events.is_empty() && !past.has_more);
+    let mut seen = Vec::new();
+    let mut after = 0;
+    loop {
+        let p = store.read_events(&run_id, after, 33).await.unwrap();
+        seen.extend(p.events.iter().map(|e| e.sequence));
+        if !p.has_more {
+            break;
+        }
+        after = p.events.last().unwrap().sequence;
+    }
+    assert_eq!(seen, (1..=251).collect::<Vec<_>>());
+    let missing = fresh_id("missing");
+    assert_eq!(
+        store.read_events(&missing, 0, 10).await,
+        Err(StoreError::NotFound)
+    );
+    assert_eq!(store.read_head(&missing).await, Ok(None));
+    assert_eq!(
+        store
+            .append_events(
+                RunRef::any(&missing),
+                vec![producer("agent.message", None, json!({}))]
+            )
+            .await,
+        Err(StoreError::NotFound)
+    );
+    assert_eq!(
+        store
+            .finish_run(RunRef::any(&missing), TerminalKind::Complete, Map::new())
+            .await,
+        Err(StoreError::NotFound)
+    );
+}
+
+/// GIVEN a run WHEN a write names another incarnation of its id THEN it is NotFound and
+/// nothing is written; the run's own incarnation writes and ends it.
+pub async fn writes_name_one_incarnation(store: Store) {
+    let run_id = new_run(&store, "incarnation").await;
+    let head = store.read_head(&run_id).await.unwrap().unwrap();
+    assert_eq!(head.incarnation.len(), 16);
+    let stale = RunRef::exact(&run_id, "00000000deadbeef");
+    assert_eq!(
+        store
+            .append_events(stale, vec![producer("agent.message", None, json!({}))])
+            .await,
+        Err(StoreError::NotFound)
+    );
+    assert_eq!(
+        store
+            .finish_run(stale, TerminalKind::Complete, Map::new())
+            .await,
+        Err(StoreError::NotFound)
+    );
+    let own = RunRef::exact(&run_id, &head.incarnation);
+    let seqs = store
+        .append_events(own, vec![producer("agent.message", None, json!({}))])
+        .await
+        .unwrap();
+    assert_eq!(seqs, vec![2]);
+    let done = store
+        .finish_run(own, TerminalKind::Complete, Map::new())
+        .await
+        .unwrap();
+    assert_eq!(done.sequence, 3);
+    assert_eq!(sequences(&all_events(&store, &run_id).await), vec![1, 2, 3]);
+}
+
+/// Pages served through [`crate::read_page`] are gapless, end with `terminal` exactly
+/// when they hold the terminal event, and carry each event's type.
+pub async fn served_pages_end_at_the_terminal_event(store: Store) {
+    let run_id = new_run(&store, "served").await;
+    for _ in 0..3 {
+        store
+            .append_events(
+                RunRef::any(&run_id),
+                vec![producer("agent.message", None, json!({}))],
+            )
+            .await
+            .unwrap();
+    }
+    let head = store.read_head(&run_id).await.unwrap().unwrap();
+    let page = crate::read_page(store.as_ref(), &head, 0, 2).await.unwrap();
+    assert_eq!(page.events.len(), 2);
+    assert_eq!(page.events[0].event_type, "run_started");
+    assert!(page.has_more && !page.terminal);
+    store
+        .finish_run(RunRef::any(&run_id), TerminalKind::Fail, Map::new())
+        .await
+        .unwrap();
+    let head = store.read_head(&run_id).await.unwrap().unwrap();
+    let rest = crate::read_page(store.as_ref(), &head, page.next_after, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        rest.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+        vec![3, 4, 5]
+    );
+    assert_eq!(rest.events[2].event_type, "run_failed");
+    assert!(rest.terminal && !rest.has_more);
+    let past = crate::read_page(store.as_ref(), &head, 5, 100)
+        .await
+        .unwrap();
+    assert!(past.events.is_empty() && past.terminal && !past.has_more);
+}
