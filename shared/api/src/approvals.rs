@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -27,7 +27,7 @@ use tollgate_app::{access, ErrorState};
 use tracing::instrument;
 
 use crate::auth::{Claims, Credentials, Role};
-use crate::request::{query_param, JsonBody, RunId};
+use crate::request::{query_param, JsonBody, PathParams, RunId};
 use crate::{ApiError, Deps};
 
 /// Routes of the `ingress` function: arm a gate, read a card.
@@ -239,7 +239,7 @@ fn request_id_in_use() -> ApiError {
 async fn read_card(
     State(deps): State<Deps>,
     run_id: RunId,
-    Path((_, request_id)): Path<(String, String)>,
+    PathParams((_, request_id)): PathParams<(String, String)>,
     creds: Credentials,
 ) -> Result<Response, ApiError> {
     let incarnation = deps.auth.require_run_token(&creds, &run_id)?;
@@ -1043,7 +1043,7 @@ async fn list_policies(
 #[instrument(skip_all)]
 async fn revoke_policy(
     State(deps): State<Deps>,
-    Path(policy_id): Path<String>,
+    PathParams(policy_id): PathParams<String>,
     creds: Credentials,
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Operator)?;

@@ -9,7 +9,7 @@
 //!
 //! Receipts (`GET /api/receipts/{delivery_id}`) are here too, served by `ingress`.
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -23,7 +23,7 @@ use tollgate_store::MAX_MUTATIONS_LISTED;
 use tracing::instrument;
 
 use crate::auth::{Credentials, Role};
-use crate::request::{query_param, JsonBody, RunId};
+use crate::request::{query_param, JsonBody, PathParams, RunId};
 use crate::{ApiError, Deps};
 use tollgate_app::ErrorState;
 
@@ -120,7 +120,7 @@ struct StartBody {
 async fn start(
     State(deps): State<Deps>,
     run_id: RunId,
-    Path((_, tool_call_id)): Path<(String, String)>,
+    PathParams((_, tool_call_id)): PathParams<(String, String)>,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
@@ -159,7 +159,7 @@ struct DispatchBody {
 async fn dispatch(
     State(deps): State<Deps>,
     run_id: RunId,
-    Path((_, tool_call_id)): Path<(String, String)>,
+    PathParams((_, tool_call_id)): PathParams<(String, String)>,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
@@ -186,7 +186,7 @@ struct SettleBody {
 async fn settle(
     State(deps): State<Deps>,
     run_id: RunId,
-    Path((_, tool_call_id)): Path<(String, String)>,
+    PathParams((_, tool_call_id)): PathParams<(String, String)>,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
@@ -214,11 +214,11 @@ struct ReconcileBody {
     observed: String,
 }
 
-#[instrument(skip_all, fields(run_id, tool_call_id = %tool_call_id, approval_id = %approval_id))]
+#[instrument(skip_all, fields(run_id, tool_call_id, approval_id))]
 async fn reconcile(
     State(deps): State<Deps>,
     run_id: Result<RunId, ApiError>,
-    Path((_, tool_call_id, approval_id)): Path<(String, String, String)>,
+    ids: Result<PathParams<(String, String, String)>, ApiError>,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
@@ -227,8 +227,12 @@ async fn reconcile(
     let observed = Observed::parse(&body.observed)
         .ok_or_else(|| ApiError::bad_request("observed must be applied or not_applied"))?;
     let run_id = run_id?;
-    tracing::Span::current().record("run_id", run_id.as_str());
+    let PathParams((_, tool_call_id, approval_id)) = ids?;
+    let span = tracing::Span::current();
+    span.record("run_id", run_id.as_str());
     checked_ids(&[&tool_call_id, &approval_id])?;
+    span.record("tool_call_id", tool_call_id.as_str());
+    span.record("approval_id", approval_id.as_str());
     // An operator of one project reconciles only that project's runs.
     let head = deps
         .runs
@@ -301,7 +305,7 @@ async fn list(
 async fn read_one(
     State(deps): State<Deps>,
     run_id: RunId,
-    Path((_, tool_call_id, approval_id)): Path<(String, String, String)>,
+    PathParams((_, tool_call_id, approval_id)): PathParams<(String, String, String)>,
     creds: Credentials,
 ) -> Result<Response, ApiError> {
     let head = readable_head(&deps, &creds, &run_id).await?;
@@ -319,10 +323,11 @@ async fn read_one(
 #[instrument(skip_all)]
 async fn receipt(
     State(deps): State<Deps>,
-    Path(delivery_id): Path<String>,
+    delivery_id: Result<PathParams<String>, ApiError>,
     creds: Credentials,
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Agent)?;
+    let PathParams(delivery_id) = delivery_id?;
     let creator = tollgate_app::runs::Creator {
         sub: &claims.sub,
         project_id: claims.project_id.as_deref(),
