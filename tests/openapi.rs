@@ -116,6 +116,7 @@ fn schemas_carry_the_field_names_the_types_serialize() {
         run_token: "t".into(),
         sequence: 1,
         agenthost_credential: s(),
+        status: s(),
     };
     assert_eq!(schema_keys(&doc, "RunReceipt"), wire_keys(json!(receipt)));
     // Required is what a client may count on.

@@ -14,7 +14,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tollgate_domain::approval::valid_id;
 use tollgate_domain::execution::{Answer, Observed, Settlement, StartRequest, Verdict};
@@ -107,15 +106,6 @@ async fn agent_call<T: serde::de::DeserializeOwned>(
     Ok((incarnation, parse(body.value().await?, what)?))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StartBody {
-    request_id: String,
-    approval_id: String,
-    tool_name: String,
-    arguments_hash: Option<String>,
-}
-
 #[instrument(skip_all, fields(run_id = %run_id, tool_call_id = %tool_call_id))]
 async fn start(
     State(deps): State<Deps>,
@@ -124,7 +114,7 @@ async fn start(
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    let (incarnation, body): (String, StartBody) =
+    let (incarnation, body): (String, tollgate_protocol::execution::Start) =
         agent_call(&deps, &run_id, &creds, body, "start").await?;
     let req = StartRequest {
         run_id: run_id.into_string(),
@@ -149,12 +139,6 @@ async fn start(
     ))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DispatchBody {
-    approval_id: String,
-}
-
 #[instrument(skip_all, fields(run_id = %run_id, tool_call_id = %tool_call_id))]
 async fn dispatch(
     State(deps): State<Deps>,
@@ -163,7 +147,7 @@ async fn dispatch(
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    let (incarnation, body): (String, DispatchBody) =
+    let (incarnation, body): (String, tollgate_protocol::execution::Dispatch) =
         agent_call(&deps, &run_id, &creds, body, "dispatch").await?;
     checked_ids(&[&tool_call_id, &body.approval_id])?;
     let answer = deps
@@ -171,15 +155,6 @@ async fn dispatch(
         .dispatch_execution(&run_id, &tool_call_id, &body.approval_id, &incarnation)
         .await?;
     Ok(respond(answer))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SettleBody {
-    approval_id: String,
-    evidence: String,
-    result: Option<Value>,
-    error: Option<Value>,
 }
 
 #[instrument(skip_all, fields(run_id = %run_id, tool_call_id = %tool_call_id))]
@@ -190,7 +165,7 @@ async fn settle(
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    let (incarnation, body): (String, SettleBody) =
+    let (incarnation, body): (String, tollgate_protocol::execution::Settle) =
         agent_call(&deps, &run_id, &creds, body, "settlement").await?;
     let settlement = Settlement::new(&body.evidence, body.result, body.error)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -208,12 +183,6 @@ async fn settle(
     Ok(respond(answer))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReconcileBody {
-    observed: String,
-}
-
 #[instrument(skip_all, fields(run_id, tool_call_id, approval_id))]
 async fn reconcile(
     State(deps): State<Deps>,
@@ -223,7 +192,8 @@ async fn reconcile(
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Operator)?;
-    let body: ReconcileBody = parse(body.value().await?, "reconciliation")?;
+    let body: tollgate_protocol::execution::Reconcile =
+        parse(body.value().await?, "reconciliation")?;
     let observed = Observed::parse(&body.observed)
         .ok_or_else(|| ApiError::bad_request("observed must be applied or not_applied"))?;
     let run_id = run_id?;
@@ -341,6 +311,6 @@ async fn receipt(
                 .with_state(ErrorState::Unknown)
         })?;
     let mut answer = crate::ingress::run_receipt(&deps, &head);
-    answer["status"] = head.status.as_str().into();
+    answer.status = Some(head.status.as_str().into());
     Ok(Json(answer).into_response())
 }

@@ -90,6 +90,10 @@ pub struct Decided {
     /// `run_ended` when the card expired because its run ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// On a pod-held card: the pod applied this decision, though the card had ended
+    /// otherwise meanwhile (the answer's `state` is how it ended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_applied: Option<bool>,
 }
 
 /// An approval card as listed and read.

@@ -56,6 +56,9 @@ pub struct RunReceipt {
     /// For `execution_mode: pod`: what the pod presents to Tollgate. A secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agenthost_credential: Option<String>,
+    /// On `GET /api/receipts/{delivery_id}`: the run's status now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
 }
 
 /// The body of `POST /api/runs/{run_id}/events`.
