@@ -16,10 +16,8 @@ use tollgate_domain::approval::parse_policy_id;
 use tollgate_domain::approval::{
     valid_id, DEFAULT_TIMEOUT_SECONDS, MAX_HASH, MAX_TEXT, MAX_TOOL_NAME, MAX_URL,
 };
-use tollgate_domain::{
-    now_millis, ApprovalRequest, ApprovalState, Policy, Resolution, RunHead, Scope,
-};
-use tollgate_protocol::approvals::Decided;
+use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState, Resolution, RunHead, Scope};
+use tollgate_protocol::approvals::{Card, CardPage, Decided, PolicyPage, RunCards};
 use tollgate_store::{Armed, Located, Resolved};
 
 use crate::gate::ArmOutcome;
@@ -232,7 +230,7 @@ async fn read_card(
     let incarnation = deps.auth.require_run_token(&creds, &run_id)?;
     let head = deps.runs.own_head(&run_id, &incarnation).await?;
     match deps.gate.card(&head.run_id, &request_id).await? {
-        Some(card) => Ok(Json(card.to_json()).into_response()),
+        Some(card) => Ok(Json(crate::wire::card(&card)).into_response()),
         None => {
             Err(ApiError::not_found("no such approval request").with_state(ErrorState::Unknown))
         }
@@ -899,23 +897,24 @@ async fn run_approvals(
         .ok_or_else(|| ApiError::not_found("run not found"))?;
     let pending = deps.gate.pending_cards_of(&head.run_id).await?;
     let (approvals, has_more) = cards_within_limit(&pending.cards);
-    Ok(Json(json!({
-        "run_id": head.run_id,
-        "approvals": approvals,
-        "has_more": has_more || pending.capped,
-    }))
+    Ok(Json(RunCards {
+        run_id: head.run_id,
+        approvals,
+        has_more: has_more || pending.capped,
+    })
     .into_response())
 }
 
 /// The cards as JSON, soonest first, as many as fit in one answer under Lambda's 6 MB
 /// response limit (measured as Lambda sends them, escaped); `true` when some were left
 /// off (they are still pending: deciding or expiring the first ones makes room).
-fn cards_within_limit(cards: &[ApprovalRequest]) -> (Vec<Value>, bool) {
+fn cards_within_limit(cards: &[ApprovalRequest]) -> (Vec<Card>, bool) {
     let mut out = Vec::with_capacity(cards.len());
     let mut size = 0;
     for card in cards {
-        let json = card.to_json();
-        size += tollgate_store::page::lambda_escaped_len(&json.to_string()) + 1;
+        let json = crate::wire::card(card);
+        let text = serde_json::to_string(&json).unwrap_or_default();
+        size += tollgate_store::page::lambda_escaped_len(&text) + 1;
         if size > tollgate_store::page::MAX_RESPONSE_BYTES {
             return (out, true);
         }
@@ -955,18 +954,20 @@ async fn all_approvals(
         .await?;
     let (approvals, cut) = cards_within_limit(&cards);
     let has_more = cut || cards.len() >= limit;
-    let mut answer = json!({
-        "approvals": approvals,
-        "has_more": has_more,
-    });
     // Where the next page starts: just after the last card answered (soonest deadline
     // first, so cards armed meanwhile with a later deadline are still ahead).
-    if has_more {
-        if let Some(last) = cards.get(approvals.len().wrapping_sub(1)) {
-            answer["next_after"] = tollgate_store::ListingCursor::of(last).to_string().into();
-        }
-    }
-    Ok(Json(answer).into_response())
+    let next_after = match has_more {
+        true => cards
+            .get(approvals.len().wrapping_sub(1))
+            .map(|last| tollgate_store::ListingCursor::of(last).to_string()),
+        false => None,
+    };
+    Ok(Json(CardPage {
+        approvals,
+        has_more,
+        next_after,
+    })
+    .into_response())
 }
 
 /// Most policies one page of `GET /api/policies` holds (`limit`, also the default).
@@ -998,14 +999,12 @@ async fn list_policies(
         .gate
         .policies(claims.project_id.as_deref(), cursor, limit)
         .await?;
-    let mut body = json!({
-        "policies": page.policies.iter().map(Policy::to_json).collect::<Vec<_>>(),
-        "has_more": page.next_cursor.is_some(),
-    });
-    if let Some(next) = page.next_cursor {
-        body["next_cursor"] = next.into();
-    }
-    Ok(Json(body).into_response())
+    Ok(Json(PolicyPage {
+        policies: page.policies.iter().map(crate::wire::policy).collect(),
+        has_more: page.next_cursor.is_some(),
+        next_cursor: page.next_cursor,
+    })
+    .into_response())
 }
 
 /// Revokes a grant; the revocation is announced on the running streams it reached.
@@ -1028,5 +1027,5 @@ async fn revoke_policy(
         .revoke(&scope_key, &tool_name, &claims.sub)
         .await?
         .ok_or_else(not_found)?;
-    Ok(Json(revoked.to_json()).into_response())
+    Ok(Json(crate::wire::policy(&revoked)).into_response())
 }

@@ -20,6 +20,7 @@ pub mod request;
 pub mod settlement;
 pub mod sse;
 pub mod telemetry;
+pub mod wire;
 
 use std::sync::Arc;
 

@@ -360,41 +360,6 @@ impl ApprovalRequest {
         }
         card
     }
-
-    /// The card as the API shows it (an auto-approved card also names its policy).
-    pub fn to_json(&self) -> Value {
-        let mut card = json!({
-            "run_id": self.run_id,
-            "request_id": self.request_id,
-            "display_id": self.display_id(),
-            "tool_name": self.tool_name,
-            "tool_call_id": self.tool_call_id,
-            "approval_id": self.approval_id,
-            "url": self.url,
-            "intention": self.intention,
-            "message": self.message,
-            "arguments_hash": self.arguments_hash,
-            "state": self.state.as_str(),
-            "scope": self.scope.map(Scope::as_str),
-            "decided_by": self.decided_by,
-            "decided_at": self.decided_at.map(crate::format_timestamp),
-            "created_at": crate::format_timestamp(self.created_at),
-            "expires_at": crate::format_timestamp(self.expires_at),
-            "coordinator_run_id": self.coordinator_run_id,
-            "subtask_id": self.subtask_id,
-        });
-        if let Some(reason) = &self.end_reason {
-            card["reason"] = reason.clone().into();
-        }
-        if let Some(auto) = &self.auto_approval {
-            card["auto_approved"] = true.into();
-            card["policy_id"] = auto.policy_id.clone().into();
-        }
-        if self.held_by_pod {
-            card["held_by"] = "pod".into();
-        }
-        card
-    }
 }
 
 fn as_map(v: Value) -> Map<String, Value> {
@@ -663,23 +628,6 @@ impl Policy {
             .chain_update(self.granted_at.to_string().as_bytes())
             .finalize();
         format!("policy_revoked:{}", hex::encode(&digest[..16]))
-    }
-
-    pub fn to_json(&self) -> Value {
-        json!({
-            "policy_id": self.id(),
-            "scope": self.scope.as_str(),
-            "tool_name": self.tool_name,
-            "owner": self.owner,
-            "project_id": self.project_id,
-            "origin_run_id": self.origin_run_id,
-            "request_id": self.request_id,
-            "granted_by": self.granted_by,
-            "granted_at": crate::format_timestamp(self.granted_at),
-            "revoked_by": self.revoked_by,
-            "revoked_at": self.revoked_at.map(crate::format_timestamp),
-            "covers_nothing": self.is_legacy(),
-        })
     }
 }
 
