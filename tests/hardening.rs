@@ -509,3 +509,82 @@ async fn hung_storage_answers_503_within_seconds() {
         "the calls did reach the endpoint"
     );
 }
+
+/// A malformed path — an id outside the id rule, or percent-escapes that do not decode,
+/// in any segment — answers a JSON 4xx on every route and for every caller, never a 5xx
+/// or axum's plain text; on the routes that check their caller before the path
+/// (reconcile, receipts), a caller without a credential hears 401.
+#[tokio::test]
+async fn malformed_paths_answer_json_4xx_on_every_route() {
+    let s = TestServer::start(Backend::Memory).await;
+    let (run, run_token) = s.create_run(json!({})).await;
+    let long = "x".repeat(300);
+    let ids = [
+        run.as_str(),
+        "%FF",
+        "a%2Fb",
+        "%2E%2E",
+        "a%20b",
+        long.as_str(),
+    ];
+    let mut bad = Vec::new();
+    for rid in ids {
+        for sec in ["c1", "%FF"] {
+            let routes = [
+                ("POST", format!("/api/runs/{rid}/events")),
+                ("POST", format!("/api/runs/{rid}/complete")),
+                ("POST", format!("/api/runs/{rid}/approval-requests")),
+                ("GET", format!("/api/runs/{rid}/approval-requests/{sec}")),
+                ("POST", format!("/api/runs/{rid}/tool-approvals")),
+                ("GET", format!("/api/runs/{rid}/approvals")),
+                ("GET", format!("/api/runs/{rid}/events")),
+                ("POST", format!("/api/runs/{rid}/tool-calls/{sec}/start")),
+                ("POST", format!("/api/runs/{rid}/tool-calls/{sec}/settle")),
+                ("GET", format!("/api/runs/{rid}/mutations/{sec}/{sec}")),
+                (
+                    "POST",
+                    format!("/api/runs/{rid}/mutations/{sec}/{sec}/reconcile"),
+                ),
+                ("GET", format!("/api/receipts/{sec}")),
+            ];
+            for (method, path) in routes {
+                for token in [None, Some(&s.operator_token), Some(&run_token)] {
+                    let url = s.url(&path);
+                    let mut req = match method {
+                        "GET" => s.http.get(url),
+                        _ => s
+                            .http
+                            .post(url)
+                            .json(&json!({"request_id": "r1", "observed": "applied"})),
+                    };
+                    if let Some(t) = token {
+                        req = req.bearer_auth(t);
+                    }
+                    let resp = req.send().await.unwrap();
+                    let status = resp.status();
+                    let json = resp
+                        .headers()
+                        .get("content-type")
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|ct| ct.starts_with("application/json"));
+                    let body = resp.text().await.unwrap_or_default();
+                    // (A `..` segment is resolved by the client's URL parser: another route.)
+                    let caller_first = (path.ends_with("/reconcile") && rid != "%2E%2E")
+                        || path.starts_with("/api/receipts/");
+                    let unauthenticated_not_401 =
+                        caller_first && token.is_none() && status != StatusCode::UNAUTHORIZED;
+                    if status.is_server_error()
+                        || (!status.is_success() && !json)
+                        || unauthenticated_not_401
+                    {
+                        bad.push(format!(
+                            "{method} {path} [{}] -> {status} {body:.100}",
+                            token.is_some()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{} answers: {bad:#?}", bad.len());
+}

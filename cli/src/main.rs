@@ -67,6 +67,9 @@ enum Command {
         #[arg(long, requires = "stack")]
         region: Option<String>,
     },
+    /// Print the HTTP contract's OpenAPI 3.1 document, generated from its types
+    /// (`make openapi` writes it to openapi.json).
+    Openapi,
     /// Follow a run's live event stream, one line per event, until the run ends
     /// (resumes by itself after a dropped connection).
     Watch {
@@ -144,6 +147,13 @@ fn secret_from_env() -> Option<Secret> {
 async fn main() {
     let cli = Cli::parse();
     match cli.command {
+        Command::Openapi => {
+            let doc = tollgate_protocol::openapi::document();
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&doc).unwrap_or_else(|e| fail(e))
+            );
+        }
         Command::Watch {
             run,
             json,

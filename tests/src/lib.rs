@@ -4,6 +4,7 @@
 
 pub mod meter;
 pub mod pods;
+pub mod routes;
 pub mod serve;
 
 use std::sync::Arc;

@@ -6,12 +6,11 @@
 
 use std::time::Duration;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tollgate_domain::approval::parse_policy_id;
 use tollgate_domain::approval::{
@@ -20,6 +19,7 @@ use tollgate_domain::approval::{
 use tollgate_domain::{
     now_millis, ApprovalRequest, ApprovalState, Policy, Resolution, RunHead, Scope,
 };
+use tollgate_protocol::approvals::Decided;
 use tollgate_store::{Armed, Located, Resolved};
 
 use crate::gate::ArmOutcome;
@@ -27,7 +27,7 @@ use tollgate_app::{access, ErrorState};
 use tracing::instrument;
 
 use crate::auth::{Claims, Credentials, Role};
-use crate::request::{query_param, JsonBody, RunId};
+use crate::request::{query_param, JsonBody, PathParams, RunId};
 use crate::{ApiError, Deps};
 
 /// Routes of the `ingress` function: arm a gate, read a card.
@@ -52,20 +52,6 @@ pub fn decision_routes() -> Router<Deps> {
             "/api/policies/{policy_id}",
             axum::routing::delete(revoke_policy),
         )
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ArmBody {
-    request_id: String,
-    tool_name: String,
-    tool_call_id: Option<String>,
-    approval_id: Option<String>,
-    url: Option<String>,
-    intention: Option<String>,
-    message: Option<String>,
-    arguments_hash: Option<String>,
-    timeout_seconds: Option<u64>,
 }
 
 fn bounded(field: &str, value: &Option<String>, max: usize) -> Result<(), ApiError> {
@@ -95,8 +81,9 @@ async fn arm(
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     let incarnation = deps.auth.require_run_token(&creds, &run_id)?;
-    let body: ArmBody = serde_json::from_value(body.value().await?)
-        .map_err(|e| ApiError::bad_request(format!("invalid approval request: {e}")))?;
+    let body: tollgate_protocol::approvals::ArmApproval =
+        serde_json::from_value(body.value().await?)
+            .map_err(|e| ApiError::bad_request(format!("invalid approval request: {e}")))?;
     checked_id("request_id", &body.request_id)?;
     tracing::Span::current().record("request_id", body.request_id.as_str());
     for (field, id) in [
@@ -239,7 +226,7 @@ fn request_id_in_use() -> ApiError {
 async fn read_card(
     State(deps): State<Deps>,
     run_id: RunId,
-    Path((_, request_id)): Path<(String, String)>,
+    PathParams((_, request_id)): PathParams<(String, String)>,
     creds: Credentials,
 ) -> Result<Response, ApiError> {
     let incarnation = deps.auth.require_run_token(&creds, &run_id)?;
@@ -250,19 +237,6 @@ async fn read_card(
             Err(ApiError::not_found("no such approval request").with_state(ErrorState::Unknown))
         }
     }
-}
-
-#[derive(Debug, Deserialize)]
-struct DecisionBody {
-    request_id: String,
-    /// Kept as raw JSON: any value other than the exact scope strings means `once`.
-    #[serde(default)]
-    scope: Option<Value>,
-    /// The tool the operator means to decide. Optional on durable cards (a mismatch is
-    /// refused); needed for a scope beyond `once` on a pod-per-run card, which Tollgate
-    /// cannot see: the policy is for this tool, never for one the pod names.
-    #[serde(default)]
-    tool_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,7 +281,7 @@ async fn decide(
     verb: Verb,
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Operator)?;
-    let body: DecisionBody = serde_json::from_value(body.value().await?)
+    let body: tollgate_protocol::approvals::Decide = serde_json::from_value(body.value().await?)
         .map_err(|e| ApiError::bad_request(format!("invalid decision: {e}")))?;
     tracing::Span::current().record("request_id", body.request_id.as_str());
     // A run id or request id the store keys nothing by names no card.
@@ -673,7 +647,7 @@ async fn record_verdict(
             state = card.state.as_str(),
             "the pod applied a decision on a card that had ended otherwise meanwhile"
         );
-        answer["pod_applied"] = true.into();
+        answer.pod_applied = Some(true);
     }
     Ok(Json(answer).into_response())
 }
@@ -691,7 +665,7 @@ async fn forward_decision(
     deps: &Deps,
     claims: &Claims,
     run_id: &str,
-    body: &DecisionBody,
+    body: &tollgate_protocol::approvals::Decide,
     verb: Verb,
 ) -> Result<Response, ApiError> {
     let head = deps
@@ -881,28 +855,23 @@ fn check_scope(
 
 /// Seed 003's answer: `run_id` is the owning (child) run; `approved` on the approval
 /// route, `denied` on the denial route, reporting the card's real state.
-fn decision_answer(card: &ApprovalRequest, verb: Verb) -> Value {
-    let (key, value) = match verb {
-        Verb::Approve => ("approved", card.state == ApprovalState::Approved),
-        Verb::Deny => ("denied", card.state == ApprovalState::Denied),
+fn decision_answer(card: &ApprovalRequest, verb: Verb) -> Decided {
+    let (approved, denied) = match verb {
+        Verb::Approve => (Some(card.state == ApprovalState::Approved), None),
+        Verb::Deny => (None, Some(card.state == ApprovalState::Denied)),
     };
-    let mut answer = serde_json::Map::new();
-    answer.insert("run_id".into(), card.run_id.clone().into());
-    answer.insert("request_id".into(), card.request_id.clone().into());
-    answer.insert(key.into(), value.into());
-    answer.insert("resolved".into(), true.into());
-    answer.insert("state".into(), card.state.as_str().into());
-    answer.insert(
-        "expired".into(),
-        (card.state == ApprovalState::Expired).into(),
-    );
-    if let Some(by) = &card.decided_by {
-        answer.insert("decided_by".into(), by.clone().into());
+    Decided {
+        run_id: card.run_id.clone(),
+        request_id: card.request_id.clone(),
+        approved,
+        denied,
+        resolved: true,
+        state: card.state.as_str().into(),
+        expired: card.state == ApprovalState::Expired,
+        decided_by: card.decided_by.clone(),
+        reason: card.end_reason.clone(),
+        pod_applied: None,
     }
-    if let Some(reason) = &card.end_reason {
-        answer.insert("reason".into(), reason.clone().into());
-    }
-    Value::Object(answer)
 }
 
 fn pending_only(query: Option<&str>) -> Result<(), ApiError> {
@@ -1043,7 +1012,7 @@ async fn list_policies(
 #[instrument(skip_all)]
 async fn revoke_policy(
     State(deps): State<Deps>,
-    Path(policy_id): Path<String>,
+    PathParams(policy_id): PathParams<String>,
     creds: Credentials,
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Operator)?;

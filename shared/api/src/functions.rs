@@ -283,6 +283,18 @@ mod tests {
     }
 
     #[test]
+    fn only_the_operator_stream_is_for_operators_only() {
+        for f in FUNCTIONS {
+            let expected = match f.name {
+                "operator-stream" => Callers::Operators,
+                _ => Callers::Anyone,
+            };
+            assert_eq!(f.callers, expected, "{}", f.name);
+        }
+        assert_eq!(OPERATOR_STREAM.callers, Callers::Operators);
+    }
+
+    #[test]
     fn every_route_set_merges_into_one_app() {
         // Merging panics on a route mounted twice.
         let _ = all_routes();

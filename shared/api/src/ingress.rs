@@ -5,9 +5,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tollgate_domain::{RunHead, TerminalKind, MAX_BATCH_EVENTS};
+use tollgate_protocol::runs::{Appended, RunEnded, RunReceipt};
 use tollgate_store::RunRef;
 use tracing::instrument;
 
@@ -25,23 +25,6 @@ pub fn routes() -> Router<Deps> {
         .route("/api/runs/{run_id}/cancel", post(cancel_run))
 }
 
-/// The body of `POST /api/runs`. Unknown fields are refused so typos surface as 400s.
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct CreateRunBody {
-    run_id: Option<String>,
-    kind: Option<String>,
-    parent_run_id: Option<String>,
-    subtask_id: Option<Value>,
-    owner: Option<String>,
-    project_id: Option<String>,
-    channel_id: Option<String>,
-    delivery_id: Option<String>,
-    budget: Option<Value>,
-    execution_mode: Option<String>,
-    agenthost_origin: Option<String>,
-}
-
 #[instrument(skip_all, fields(run_id))]
 async fn create_run(
     State(deps): State<Deps>,
@@ -49,11 +32,12 @@ async fn create_run(
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Agent)?;
-    let body: CreateRunBody = serde_json::from_value(match body.value().await? {
-        Value::Null => json!({}),
-        other => other,
-    })
-    .map_err(|e| ApiError::bad_request(format!("invalid run: {e}")))?;
+    let body: tollgate_protocol::runs::CreateRun =
+        serde_json::from_value(match body.value().await? {
+            Value::Null => json!({}),
+            other => other,
+        })
+        .map_err(|e| ApiError::bad_request(format!("invalid run: {e}")))?;
     let allow_loopback = deps.gate.config().allow_loopback_origins;
     let created = deps
         .runs
@@ -92,19 +76,16 @@ async fn create_run(
 /// What the creating agent gets for a run (at creation and from its receipt): the run's
 /// token and, for a pod-per-run run, the credential its AgentHost checks on forwarded
 /// decisions.
-pub(crate) fn run_receipt(deps: &Deps, head: &RunHead) -> Value {
-    let mut receipt = json!({
-        "run_id": head.run_id,
-        "run_token": deps.auth.run_token(&head.run_id, &head.incarnation),
-        "sequence": 1,
-    });
-    if head.is_pod() {
-        receipt["agenthost_credential"] = deps
-            .auth
-            .pod_credential(&head.run_id, &head.incarnation)
-            .into();
+pub(crate) fn run_receipt(deps: &Deps, head: &RunHead) -> RunReceipt {
+    RunReceipt {
+        run_id: head.run_id.clone(),
+        run_token: deps.auth.run_token(&head.run_id, &head.incarnation),
+        sequence: 1,
+        agenthost_credential: head
+            .is_pod()
+            .then(|| deps.auth.pod_credential(&head.run_id, &head.incarnation)),
+        status: None,
     }
-    receipt
 }
 
 #[instrument(skip_all, fields(run_id = %run_id))]
@@ -143,7 +124,11 @@ async fn append_events(
         .runs
         .append(RunRef::exact(&run_id, &incarnation), raw)
         .await?;
-    Ok(Json(json!({ "run_id": run_id.as_str(), "sequences": sequences })).into_response())
+    Ok(Json(Appended {
+        run_id: run_id.into_string(),
+        sequences,
+    })
+    .into_response())
 }
 
 async fn finish(
@@ -159,11 +144,11 @@ async fn finish(
         .gate
         .finish_run(RunRef::exact(&run_id, &incarnation), kind, payload)
         .await?;
-    Ok(Json(json!({
-        "run_id": run_id.as_str(),
-        "status": kind.status().as_str(),
-        "sequence": finished.sequence,
-    }))
+    Ok(Json(RunEnded {
+        run_id: run_id.into_string(),
+        status: kind.status().as_str().into(),
+        sequence: finished.sequence,
+    })
     .into_response())
 }
 

@@ -284,7 +284,22 @@ pub fn replay_router(deps: Deps) -> Router {
 }
 
 /// Every route of every HTTP function in [`functions::FUNCTIONS`], each set once, for
-/// `tollgate serve`.
+/// `tollgate serve` — and the contract's OpenAPI document at `GET /api/openapi.json`
+/// (the committed `openapi.json`, which `tests/openapi.rs` holds equal to the one
+/// `tollgate-protocol` generates; the deployed functions do not serve it).
 pub fn app(deps: Deps) -> Router {
-    with_fallbacks(functions::all_routes().with_state(deps.clone()), &deps)
+    let routes = functions::all_routes().route("/api/openapi.json", axum::routing::get(openapi));
+    with_fallbacks(routes.with_state(deps.clone()), &deps)
+}
+
+/// The OpenAPI 3.1 document of the HTTP contract.
+pub const OPENAPI_JSON: &str = include_str!("../../../openapi.json");
+
+async fn openapi() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        OPENAPI_JSON,
+    )
+        .into_response()
 }

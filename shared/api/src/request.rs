@@ -104,7 +104,7 @@ impl<S: Send + Sync> FromRequestParts<S> for RunId {
         let not_found = || ApiError::not_found("run not found");
         let params = RawPathParams::from_request_parts(parts, state)
             .await
-            .map_err(|_| not_found())?;
+            .map_err(|_| undecodable_path())?;
         params
             .iter()
             .find(|(name, _)| *name == "run_id")
@@ -112,6 +112,29 @@ impl<S: Send + Sync> FromRequestParts<S> for RunId {
             .filter(|id| validate_run_id(id))
             .map(|id| RunId(id.to_owned()))
             .ok_or_else(not_found)
+    }
+}
+
+/// A path whose segments do not decode (percent-escapes that are not UTF-8): 400, JSON.
+fn undecodable_path() -> ApiError {
+    ApiError::bad_request("the path does not decode (percent-escapes must be UTF-8)")
+}
+
+/// The route's parameters after `{run_id}` (`axum::extract::Path`, the same
+/// deserialisation), answering a path that does not decode with our JSON 400 instead of
+/// axum's plain text. A handler that checks its caller first takes
+/// `Result<PathParams<T>, ApiError>` and answers the refusal after that check.
+#[derive(Debug, Clone)]
+pub struct PathParams<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> for PathParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(t)| PathParams(t))
+            .map_err(|_| undecodable_path())
     }
 }
 
@@ -155,7 +178,6 @@ mod tests {
             "/runs/a%2Fb/calls/c1",
             "/runs/%2E%2E/calls/c1",
             "/runs/a%20b/calls/c1",
-            "/runs/%FF/calls/c1",
         ] {
             assert_eq!(
                 answer(bad).await,
@@ -165,6 +187,13 @@ mod tests {
                 ),
                 "{bad}"
             );
+        }
+        // A path that does not decode (here or in a later segment) is a bad request, not
+        // a missing run.
+        for bad in ["/runs/%FF/calls/c1", "/runs/a:b/calls/%FF"] {
+            let (status, body) = answer(bad).await;
+            assert_eq!(status, 400, "{bad}");
+            assert!(body.contains("does not decode"), "{bad}: {body}");
         }
     }
 }

@@ -9,12 +9,11 @@
 //!
 //! Receipts (`GET /api/receipts/{delivery_id}`) are here too, served by `ingress`.
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tollgate_domain::approval::valid_id;
 use tollgate_domain::execution::{Answer, Observed, Settlement, StartRequest, Verdict};
@@ -24,7 +23,7 @@ use tracing::instrument;
 
 use crate::auth::{Credentials, Role};
 use crate::error::ErrorCode;
-use crate::request::{query_param, JsonBody, RunId};
+use crate::request::{query_param, JsonBody, PathParams, RunId};
 use crate::{ApiError, Deps};
 use tollgate_app::ErrorState;
 
@@ -127,24 +126,15 @@ async fn agent_call<T: serde::de::DeserializeOwned>(
     Ok((incarnation, parse(body.value().await?, what)?))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StartBody {
-    request_id: String,
-    approval_id: String,
-    tool_name: String,
-    arguments_hash: Option<String>,
-}
-
 #[instrument(skip_all, fields(run_id = %run_id, tool_call_id = %tool_call_id))]
 async fn start(
     State(deps): State<Deps>,
     run_id: RunId,
-    Path((_, tool_call_id)): Path<(String, String)>,
+    PathParams((_, tool_call_id)): PathParams<(String, String)>,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    let (incarnation, body): (String, StartBody) =
+    let (incarnation, body): (String, tollgate_protocol::execution::Start) =
         agent_call(&deps, &run_id, &creds, body, "start").await?;
     let req = StartRequest {
         run_id: run_id.into_string(),
@@ -169,21 +159,15 @@ async fn start(
     ))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DispatchBody {
-    approval_id: String,
-}
-
 #[instrument(skip_all, fields(run_id = %run_id, tool_call_id = %tool_call_id))]
 async fn dispatch(
     State(deps): State<Deps>,
     run_id: RunId,
-    Path((_, tool_call_id)): Path<(String, String)>,
+    PathParams((_, tool_call_id)): PathParams<(String, String)>,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    let (incarnation, body): (String, DispatchBody) =
+    let (incarnation, body): (String, tollgate_protocol::execution::Dispatch) =
         agent_call(&deps, &run_id, &creds, body, "dispatch").await?;
     checked_ids(&[&tool_call_id, &body.approval_id])?;
     let answer = deps
@@ -193,24 +177,15 @@ async fn dispatch(
     Ok(respond(answer))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SettleBody {
-    approval_id: String,
-    evidence: String,
-    result: Option<Value>,
-    error: Option<Value>,
-}
-
 #[instrument(skip_all, fields(run_id = %run_id, tool_call_id = %tool_call_id))]
 async fn settle(
     State(deps): State<Deps>,
     run_id: RunId,
-    Path((_, tool_call_id)): Path<(String, String)>,
+    PathParams((_, tool_call_id)): PathParams<(String, String)>,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    let (incarnation, body): (String, SettleBody) =
+    let (incarnation, body): (String, tollgate_protocol::execution::Settle) =
         agent_call(&deps, &run_id, &creds, body, "settlement").await?;
     let settlement = Settlement::new(&body.evidence, body.result, body.error)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -228,27 +203,26 @@ async fn settle(
     Ok(respond(answer))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReconcileBody {
-    observed: String,
-}
-
-#[instrument(skip_all, fields(run_id, tool_call_id = %tool_call_id, approval_id = %approval_id))]
+#[instrument(skip_all, fields(run_id, tool_call_id, approval_id))]
 async fn reconcile(
     State(deps): State<Deps>,
     run_id: Result<RunId, ApiError>,
-    Path((_, tool_call_id, approval_id)): Path<(String, String, String)>,
+    ids: Result<PathParams<(String, String, String)>, ApiError>,
     creds: Credentials,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Operator)?;
-    let body: ReconcileBody = parse(body.value().await?, "reconciliation")?;
+    let body: tollgate_protocol::execution::Reconcile =
+        parse(body.value().await?, "reconciliation")?;
     let observed = Observed::parse(&body.observed)
         .ok_or_else(|| ApiError::bad_request("observed must be applied or not_applied"))?;
     let run_id = run_id?;
-    tracing::Span::current().record("run_id", run_id.as_str());
+    let PathParams((_, tool_call_id, approval_id)) = ids?;
+    let span = tracing::Span::current();
+    span.record("run_id", run_id.as_str());
     checked_ids(&[&tool_call_id, &approval_id])?;
+    span.record("tool_call_id", tool_call_id.as_str());
+    span.record("approval_id", approval_id.as_str());
     // An operator of one project reconciles only that project's runs.
     let head = deps
         .runs
@@ -321,7 +295,7 @@ async fn list(
 async fn read_one(
     State(deps): State<Deps>,
     run_id: RunId,
-    Path((_, tool_call_id, approval_id)): Path<(String, String, String)>,
+    PathParams((_, tool_call_id, approval_id)): PathParams<(String, String, String)>,
     creds: Credentials,
 ) -> Result<Response, ApiError> {
     let head = readable_head(&deps, &creds, &run_id).await?;
@@ -339,10 +313,11 @@ async fn read_one(
 #[instrument(skip_all)]
 async fn receipt(
     State(deps): State<Deps>,
-    Path(delivery_id): Path<String>,
+    delivery_id: Result<PathParams<String>, ApiError>,
     creds: Credentials,
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Agent)?;
+    let PathParams(delivery_id) = delivery_id?;
     let creator = tollgate_app::runs::Creator {
         sub: &claims.sub,
         project_id: claims.project_id.as_deref(),
@@ -356,6 +331,6 @@ async fn receipt(
                 .with_state(ErrorState::Unknown)
         })?;
     let mut answer = crate::ingress::run_receipt(&deps, &head);
-    answer["status"] = head.status.as_str().into();
+    answer.status = Some(head.status.as_str().into());
     Ok(Json(answer).into_response())
 }

@@ -1,0 +1,181 @@
+//! Approval cards: arming one, deciding one, listing them, and the policies approvals grant.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The body of `POST /api/runs/{run_id}/approval-requests` (run token). Unknown fields
+/// are refused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ArmApproval {
+    /// The card's id on the run (an id: `[A-Za-z0-9_.:-]`, 1–128); a retry with the same
+    /// id and the same call answers the same card.
+    pub request_id: String,
+    pub tool_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intention: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Hex SHA-256 of the call's canonical arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_hash: Option<String>,
+    /// Seconds until the card expires (default 300, at most the deployment's cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// What arming answers: 201 a new card, 200 the card a retry names (or one a live policy
+/// approved at once: `auto_approved`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Armed {
+    pub run_id: String,
+    pub request_id: String,
+    pub display_id: String,
+    /// `pending`, or where the card stands on a retry.
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// The sequence of `tool.approval_required` (or `tool.auto_approved`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_approved: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_id: Option<String>,
+}
+
+/// The body of `POST /api/runs/{run_id}/tool-approvals` and `…/tool-denials` (operator).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Decide {
+    pub request_id: String,
+    /// `once` (default), `run`, `tool` or `always` (approvals only); any other value
+    /// means `once`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Value>,
+    /// The tool the operator means to decide (a mismatch is refused; needed for a scope
+    /// beyond `once` on a pod-held card).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_name: Option<String>,
+}
+
+/// What a decision answers: the card's real state after it (a late click reads
+/// `expired`). `approved` on the approval route, `denied` on the denial route.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Decided {
+    /// The run that owns the card (a child, when decided through its coordinator).
+    pub run_id: String,
+    pub request_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub denied: Option<bool>,
+    pub resolved: bool,
+    /// `approved`, `denied` or `expired`.
+    pub state: String,
+    pub expired: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    /// `run_ended` when the card expired because its run ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// On a pod-held card: the pod applied this decision, though the card had ended
+    /// otherwise meanwhile (the answer's `state` is how it ended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_applied: Option<bool>,
+}
+
+/// An approval card as listed and read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Card {
+    pub run_id: String,
+    pub request_id: String,
+    /// The first 8 characters of `request_id`.
+    pub display_id: String,
+    pub tool_name: String,
+    pub tool_call_id: String,
+    pub approval_id: String,
+    pub url: Option<String>,
+    pub intention: Option<String>,
+    pub message: Option<String>,
+    pub arguments_hash: Option<String>,
+    /// `pending`, `approved`, `denied` or `expired`.
+    pub state: String,
+    pub scope: Option<String>,
+    pub decided_by: Option<String>,
+    pub decided_at: Option<String>,
+    pub created_at: String,
+    pub expires_at: String,
+    pub coordinator_run_id: Option<String>,
+    pub subtask_id: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_approved: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_id: Option<String>,
+    /// `pod` when the run's AgentHost pod holds the card.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
+}
+
+/// `GET /api/approvals?state=pending`: the project's open cards, soonest deadline first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct CardPage {
+    pub approvals: Vec<Card>,
+    pub has_more: bool,
+    /// The `after` of the next page, when `has_more`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
+}
+
+/// `GET /api/runs/{run_id}/approvals?state=pending`: one run's open cards.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct RunCards {
+    pub run_id: String,
+    pub approvals: Vec<Card>,
+    pub has_more: bool,
+}
+
+/// A standing grant an approval with scope `run`, `tool` or `always` made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Policy {
+    pub policy_id: String,
+    pub scope: String,
+    pub tool_name: String,
+    pub owner: Option<String>,
+    pub project_id: Option<String>,
+    pub origin_run_id: String,
+    pub request_id: String,
+    pub granted_by: String,
+    pub granted_at: String,
+    pub revoked_by: Option<String>,
+    pub revoked_at: Option<String>,
+    /// A grant of an older key form, which covers nothing.
+    pub covers_nothing: bool,
+}
+
+/// `GET /api/policies`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct PolicyPage {
+    pub policies: Vec<Policy>,
+    pub has_more: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}

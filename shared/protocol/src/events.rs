@@ -1,0 +1,39 @@
+//! The event envelope: one event of a run as replay and the live stream carry it.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// A run's event: the envelope's fields, then the event's payload keys at the top level
+/// (flat, as seed 000 has it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Event {
+    /// `v2`.
+    pub protocol_version: String,
+    pub run_id: String,
+    /// 1, 2, 3, … per run, with no gap; the live stream's `id:`.
+    pub sequence: u64,
+    /// `run_started`, `tool.approval_required`, … (the README's event catalogue).
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// RFC 3339, milliseconds, `Z`.
+    pub timestamp_utc: String,
+    /// The payload's keys, beside the envelope's.
+    #[serde(flatten)]
+    pub payload: Map<String, Value>,
+}
+
+/// A page of `GET /api/runs/{run_id}/events` (JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct EventPage {
+    pub run_id: String,
+    /// In sequence order, from `after + 1`, with no gap.
+    pub events: Vec<Event>,
+    /// The `after` of the next page.
+    pub next_after: u64,
+    /// More events are stored after this page.
+    pub has_more: bool,
+    /// The run has ended and this page holds its terminal event (nothing follows).
+    pub terminal: bool,
+}

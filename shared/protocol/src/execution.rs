@@ -1,0 +1,75 @@
+//! Approved execution: start, dispatch and settle an approved call; read and reconcile
+//! its durable record.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The body of `POST /api/runs/{run_id}/tool-calls/{tool_call_id}/start` (run token).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Start {
+    /// The approved card.
+    pub request_id: String,
+    pub approval_id: String,
+    pub tool_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_hash: Option<String>,
+}
+
+/// The body of `…/dispatch`: the call is about to leave for its transport.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Dispatch {
+    pub approval_id: String,
+}
+
+/// The body of `…/settle`: what happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Settle {
+    pub approval_id: String,
+    /// `confirmed` (a response came), `not_sent` (it never left) or `ambiguous` (sent,
+    /// no answer: recorded `outcome_unknown`, never retried).
+    pub evidence: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Value>,
+}
+
+/// The body of `POST /api/runs/{run_id}/mutations/{tool_call_id}/{approval_id}/reconcile`
+/// (operator): what the operator observed of an unknown outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Reconcile {
+    /// `applied` or `not_applied`.
+    pub observed: String,
+}
+
+/// A mutation record (the durable outcome of one approved call), as start, dispatch,
+/// settle, reconcile and the record routes answer it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct MutationRecord {
+    pub run_id: String,
+    pub tool_call_id: String,
+    pub approval_id: String,
+    /// `started`, `dispatched`, `succeeded`, `failed`, `not_applied`, `outcome_unknown`, …
+    pub state: String,
+    /// The record's other fields (tool, evidence, result, error, times, …).
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, Value>,
+}
+
+/// `GET /api/runs/{run_id}/mutations`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct MutationList {
+    pub run_id: String,
+    pub mutations: Vec<MutationRecord>,
+    pub has_more: bool,
+}

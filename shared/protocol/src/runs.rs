@@ -1,0 +1,90 @@
+//! Runs: creating one, appending to it, ending it, and its delivery receipt.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The body of `POST /api/runs` (every field optional). Unknown fields are refused.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateRun {
+    /// The run's id (`[A-Za-z0-9_.:-]`, 1–128); generated when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// `single` (default), `coordinator` or `child`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// A child's coordinator (a run its own agent created).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<String>,
+    /// A child's subtask, as the coordinator names it (any JSON value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subtask_id: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The tenant; must equal the agent token's `project_id` when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project_id: Option<String>,
+    /// The Slack channel the run reports to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel_id: Option<String>,
+    /// Makes the create idempotent: the same `delivery_id` answers the same run
+    /// (`GET /api/receipts/{delivery_id}` reads it back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery_id: Option<String>,
+    /// Approved execution's budget: `{call_ceiling?, ...}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Value>,
+    /// `durable` (default) or `pod` (an AgentHost pod holds the run's cards).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_mode: Option<String>,
+    /// For `execution_mode: pod`: the pod's HTTPS origin, where decisions are forwarded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agenthost_origin: Option<String>,
+}
+
+/// What `POST /api/runs` answers (201 created, 200 the run a retry names) and
+/// `GET /api/receipts/{delivery_id}` reads back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct RunReceipt {
+    pub run_id: String,
+    /// The run's bearer token: appends, arms, ending the run. A secret.
+    pub run_token: String,
+    /// The sequence of `run_started`.
+    pub sequence: u64,
+    /// For `execution_mode: pod`: what the pod presents to Tollgate. A secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agenthost_credential: Option<String>,
+    /// On `GET /api/receipts/{delivery_id}`: the run's status now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+/// The body of `POST /api/runs/{run_id}/events`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct AppendEvents {
+    /// 1 to 99 events, each `{type, event_id?, ...payload}`; server-owned types are refused.
+    pub events: Vec<Map<String, Value>>,
+}
+
+/// What an append answers: the sequence each event got, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Appended {
+    pub run_id: String,
+    pub sequences: Vec<u64>,
+}
+
+/// What `complete`, `fail` and `cancel` answer (their body is the terminal event's payload,
+/// any JSON object).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct RunEnded {
+    pub run_id: String,
+    /// `completed`, `failed` or `cancelled`.
+    pub status: String,
+    /// The terminal event's sequence.
+    pub sequence: u64,
+}
