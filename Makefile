@@ -54,6 +54,8 @@ test: lint
 	tests/harness/sam-validate.sh
 	cargo build -p tollgate
 	tests/readme_tour.sh
+	tests/harness/openapi.sh validate
+	tests/harness/openapi.sh fuzz
 	$(EMULATORS) with $(MAKE) --no-print-directory test-integration
 
 # Runs every test; the AWS-backed ones use whatever AWS_ENDPOINT_URL* is set. Then the

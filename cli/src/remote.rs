@@ -84,11 +84,16 @@ pub fn connect(conn: Conn, answer_timeout: Option<Duration>) -> Result<Operator,
     })
 }
 
-/// `401 Unauthorized: <the server's error>`.
+/// `401 Unauthorized: <the server's error>; request <id>` (the id when the server sent
+/// one, to quote when asking about the failure).
 pub fn summary(refusal: &Refusal) -> String {
-    match &refusal.error {
+    let said = match &refusal.error {
         Some(e) => format!("{}: {}", refusal.status_text(), clean(e)),
         None => refusal.status_text(),
+    };
+    match &refusal.request_id {
+        Some(id) => format!("{said}; request {}", clean(id)),
+        None => said,
     }
 }
 

@@ -157,20 +157,26 @@ impl TestServer {
             .await
     }
 
+    /// Sends `req`: every answer is JSON and carries `x-request-id`; an error's body
+    /// names the same id as `request_id`, which is taken out of the body returned (each
+    /// request has its own, so that repeated answers compare equal).
     pub async fn send(&self, req: reqwest::RequestBuilder) -> (StatusCode, Value) {
-        let resp = req.send().await.expect("request reaches the server");
-        let status = resp.status();
-        let is_json = resp
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/json"));
-        let text = resp.text().await.unwrap();
-        assert!(is_json, "every answer is JSON; got {status} {text:?}");
-        (
-            status,
-            serde_json::from_str(&text).expect("body parses as JSON"),
-        )
+        let (status, request_id, body) = exchange(req).await;
+        let mut body =
+            body.unwrap_or_else(|text| panic!("every answer is JSON; got {status} {text:?}"));
+        if status.is_client_error() || status.is_server_error() {
+            assert!(
+                body["code"].is_string(),
+                "an error carries its code: {body}"
+            );
+            assert_eq!(
+                body["request_id"].as_str(),
+                Some(request_id.as_str()),
+                "an error names its request id: {body}"
+            );
+            body.as_object_mut().unwrap().remove("request_id");
+        }
+        (status, body)
     }
 
     /// Appends events, returning their sequences (asserting 200).
@@ -220,6 +226,32 @@ impl TestServer {
             after = next;
         }
     }
+}
+
+/// Sends `req` and reads the whole answer: its status, its `x-request-id` (asserted
+/// present: every answer carries one) and its body, parsed when the answer says JSON
+/// (else its text).
+pub async fn exchange(req: reqwest::RequestBuilder) -> (StatusCode, String, Result<Value, String>) {
+    let resp = req.send().await.expect("request reaches the server");
+    let status = resp.status();
+    let request_id = resp
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("every answer carries x-request-id ({status})"));
+    let is_json = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let text = resp.text().await.unwrap();
+    let body = if is_json {
+        Ok(serde_json::from_str(&text).expect("a JSON answer parses"))
+    } else {
+        Err(text)
+    };
+    (status, request_id, body)
 }
 
 pub fn sequences(events: &[Value]) -> Vec<u64> {

@@ -1,6 +1,8 @@
-//! Every error leaves as JSON `{"error": "...", "state"?: "..."}` with the status the
-//! contract names. Nothing is written when a 4xx is returned: handlers validate fully
-//! before they call a use-case.
+//! Every error leaves as JSON `{"error": "...", "code": "...", "state"?: "...",
+//! "request_id": "..."}` with the status the contract names: `error` is for people,
+//! `code` ([`ErrorCode`]) for programs, `state` ([`ErrorState`]) says what stands, and
+//! `request_id` is added on the way out ([`crate::request_id`]). Nothing is written when
+//! a 4xx is returned: handlers validate fully before they call a use-case.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -8,10 +10,171 @@ use serde_json::json;
 use tollgate_app::ErrorState;
 use tollgate_store::StoreError;
 
+/// What an error means, for a program: the `code` of every error body. A closed set,
+/// spelled in snake_case; a code keeps its meaning once published (a new meaning is a
+/// new code). Where a [`ErrorState`] applies, the code follows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// 400: the request is malformed (JSON, a field, a query parameter, a cursor) or
+    /// names something the target does not match; the same request never succeeds.
+    InvalidRequest,
+    /// 400: a card's `timeout_seconds` is over the deployment's cap.
+    TimeoutTooLong,
+    /// 401: no token, or one that is not valid (signature, expiry, lifetime).
+    Unauthorized,
+    /// 403: a valid token that may not do this (role, another run, another project).
+    Forbidden,
+    /// 404: no such route, run, card, attempt, policy or receipt (for the caller).
+    NotFound,
+    /// 405: the route exists, the method does not.
+    MethodNotAllowed,
+    /// 409: what stands refuses the request (`state` says what stands: a mutation
+    /// attempt's state, a run holding too many pending cards, …).
+    Conflict,
+    /// 409: a create named a run id another run holds.
+    RunExists,
+    /// 409: the run has ended (`status`, `terminal_sequence` say how).
+    RunTerminal,
+    /// 409: an arm's `request_id` names a card for another call.
+    RequestIdInUse,
+    /// 409: the card is still pending and the request needs it decided (a start
+    /// before the approval, a decision its pod or ended run cannot take now).
+    ApprovalPending,
+    /// 413: the request body is over 256 KiB.
+    PayloadTooLarge,
+    /// 429: a tenant's cap is reached (open cards per project); retry after some end.
+    LimitReached,
+    /// 429: the holder has as many live streams open as it may.
+    TooManyStreams,
+    /// 500: the server failed; nothing is known to be written.
+    Internal,
+    /// 503: storage, or this process's capacity, cannot answer now; retry
+    /// (`Retry-After`).
+    Unavailable,
+    /// 503: the run's agent host did not answer a forwarded decision; retry.
+    AgenthostUnreachable,
+}
+
+impl ErrorCode {
+    /// Every code, in the order the README lists them.
+    pub const ALL: [ErrorCode; 17] = [
+        ErrorCode::InvalidRequest,
+        ErrorCode::TimeoutTooLong,
+        ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
+        ErrorCode::NotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::Conflict,
+        ErrorCode::RunExists,
+        ErrorCode::RunTerminal,
+        ErrorCode::RequestIdInUse,
+        ErrorCode::ApprovalPending,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::LimitReached,
+        ErrorCode::TooManyStreams,
+        ErrorCode::Internal,
+        ErrorCode::Unavailable,
+        ErrorCode::AgenthostUnreachable,
+    ];
+
+    /// As the wire spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidRequest => "invalid_request",
+            ErrorCode::TimeoutTooLong => "timeout_too_long",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::RunExists => "run_exists",
+            ErrorCode::RunTerminal => "run_terminal",
+            ErrorCode::RequestIdInUse => "request_id_in_use",
+            ErrorCode::ApprovalPending => "approval_pending",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::LimitReached => "limit_reached",
+            ErrorCode::TooManyStreams => "too_many_streams",
+            ErrorCode::Internal => "internal",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::AgenthostUnreachable => "agenthost_unreachable",
+        }
+    }
+
+    /// The code of an error that says no more than its status.
+    pub fn for_status(status: StatusCode) -> Self {
+        match status {
+            StatusCode::BAD_REQUEST => ErrorCode::InvalidRequest,
+            StatusCode::UNAUTHORIZED => ErrorCode::Unauthorized,
+            StatusCode::FORBIDDEN => ErrorCode::Forbidden,
+            StatusCode::NOT_FOUND => ErrorCode::NotFound,
+            StatusCode::METHOD_NOT_ALLOWED => ErrorCode::MethodNotAllowed,
+            StatusCode::CONFLICT => ErrorCode::Conflict,
+            StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
+            StatusCode::TOO_MANY_REQUESTS => ErrorCode::LimitReached,
+            StatusCode::SERVICE_UNAVAILABLE => ErrorCode::Unavailable,
+            s if s.is_client_error() => ErrorCode::InvalidRequest,
+            _ => ErrorCode::Internal,
+        }
+    }
+
+    /// The code of an error whose `state` is `state` (at `status`).
+    pub fn for_state(state: ErrorState, status: StatusCode) -> Self {
+        match state {
+            ErrorState::Unknown => ErrorCode::NotFound,
+            ErrorState::Pending => ErrorCode::ApprovalPending,
+            ErrorState::RunExists => ErrorCode::RunExists,
+            ErrorState::RunTerminal => ErrorCode::RunTerminal,
+            ErrorState::LimitReached => ErrorCode::LimitReached,
+            ErrorState::Unavailable => ErrorCode::Unavailable,
+            ErrorState::TimeoutTooLong => ErrorCode::TimeoutTooLong,
+            ErrorState::RequestIdInUse => ErrorCode::RequestIdInUse,
+            ErrorState::AgenthostUnreachable => ErrorCode::AgenthostUnreachable,
+            ErrorState::TooManyStreams => ErrorCode::TooManyStreams,
+        }
+        .or_status(status)
+    }
+
+    /// Itself when it fits `status`'s class, else the status's own code (a state used
+    /// at an unexpected status never makes the code contradict the status).
+    fn or_status(self, status: StatusCode) -> Self {
+        let fits = match self {
+            ErrorCode::InvalidRequest | ErrorCode::TimeoutTooLong => {
+                status == StatusCode::BAD_REQUEST
+            }
+            ErrorCode::NotFound => status == StatusCode::NOT_FOUND,
+            ErrorCode::Conflict
+            | ErrorCode::RunExists
+            | ErrorCode::RunTerminal
+            | ErrorCode::RequestIdInUse
+            | ErrorCode::ApprovalPending => status == StatusCode::CONFLICT,
+            ErrorCode::LimitReached | ErrorCode::TooManyStreams => {
+                status == StatusCode::TOO_MANY_REQUESTS
+            }
+            ErrorCode::Unavailable | ErrorCode::AgenthostUnreachable => {
+                status == StatusCode::SERVICE_UNAVAILABLE
+            }
+            _ => ErrorCode::for_status(status) == self,
+        };
+        if fits {
+            self
+        } else {
+            ErrorCode::for_status(status)
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
     pub status: StatusCode,
     pub error: String,
+    /// What the error means, for a program (follows `state` when there is one).
+    pub code: ErrorCode,
     pub state: Option<ErrorState>,
     pub extra: Option<serde_json::Value>,
 }
@@ -21,13 +184,16 @@ impl ApiError {
         Self {
             status,
             error: error.into(),
+            code: ErrorCode::for_status(status),
             state: None,
             extra: None,
         }
     }
 
+    /// The state that stands; the code follows it.
     pub fn with_state(mut self, state: ErrorState) -> Self {
         self.state = Some(state);
+        self.code = ErrorCode::for_state(state, self.status);
         self
     }
 
@@ -76,10 +242,12 @@ impl From<StoreError> for ApiError {
                 status,
                 terminal_seq,
             } => ApiError {
-                status: StatusCode::CONFLICT,
-                error: format!("run has ended ({})", status.as_str()),
-                state: Some(ErrorState::RunTerminal),
                 extra: Some(json!({"status": status.as_str(), "terminal_sequence": terminal_seq})),
+                ..ApiError::new(
+                    StatusCode::CONFLICT,
+                    format!("run has ended ({})", status.as_str()),
+                )
+                .with_state(ErrorState::RunTerminal)
             },
             StoreError::Conflict(msg) => ApiError::new(StatusCode::CONFLICT, msg),
             StoreError::Invalid(msg) => ApiError::bad_request(msg),
@@ -129,7 +297,7 @@ impl From<tollgate_app::AppError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut body = json!({ "error": self.error });
+        let mut body = json!({ "error": self.error, "code": self.code.as_str() });
         if let Some(state) = self.state {
             body["state"] = state.as_str().into();
         }

@@ -51,7 +51,25 @@ async fn insert_gateway_claims(mut req: Request) -> Request {
     req
 }
 
-fn with_gateway_claims(router: Router) -> Router {
+/// The platform's id for the request — API Gateway's (`requestContext.requestId`, also a
+/// Function URL's), else the invocation's — for the request id when the caller sent no
+/// acceptable one ([`crate::request_id`]).
+async fn insert_platform_request_id(mut req: Request) -> Request {
+    let gateway = match req.request_context_ref() {
+        Some(RequestContext::ApiGatewayV2(ctx)) => ctx.request_id.clone(),
+        _ => None,
+    };
+    let id = gateway.or_else(|| req.lambda_context_ref().map(|ctx| ctx.request_id.clone()));
+    if let Some(id) = id.filter(|id| crate::request_id::is_acceptable(id)) {
+        req.extensions_mut()
+            .insert(crate::request_id::PlatformRequestId(id));
+    }
+    req
+}
+
+/// The platform's request id always; the gateway's claims when trusted.
+fn with_lambda_context(router: Router) -> Router {
+    let router = router.layer(axum::middleware::map_request(insert_platform_request_id));
     if flag("TOLLGATE_TRUST_GATEWAY_CLAIMS") {
         router.layer(axum::middleware::map_request(insert_gateway_claims))
     } else {
@@ -89,7 +107,7 @@ pub async fn run(router: Router) -> Result<(), lambda_http::Error> {
     // A buffered answer is sent when it is complete: a live stream answers what is
     // there now and ends (the client resumes from its last id).
     let router = router.layer(axum::Extension(ResponseBudget(Duration::ZERO)));
-    lambda_http::run(with_gateway_claims(router)).await
+    lambda_http::run(with_lambda_context(router)).await
 }
 
 pub async fn run_streaming(router: Router) -> Result<(), lambda_http::Error> {
@@ -102,7 +120,7 @@ pub async fn run_streaming(router: Router) -> Result<(), lambda_http::Error> {
     let mut quick_failures = 0u32;
     loop {
         let started = std::time::Instant::now();
-        match lambda_http::run_with_streaming_response(with_gateway_claims(router.clone())).await {
+        match lambda_http::run_with_streaming_response(with_lambda_context(router.clone())).await {
             Ok(()) => return Ok(()),
             Err(e) => {
                 quick_failures = if started.elapsed() < Duration::from_secs(1) {

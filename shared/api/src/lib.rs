@@ -17,6 +17,7 @@ pub mod lambda;
 pub mod pod_cards;
 pub mod replay;
 pub mod request;
+pub mod request_id;
 pub mod settlement;
 pub mod sse;
 pub mod telemetry;
@@ -30,7 +31,7 @@ use tollgate_timers::{sqs_client, EmbeddedTimers, SqsConsumer, SqsTimers, TimerL
 
 pub use auth::{Auth, Claims, Role};
 pub use config::{Backend, Config, ConfigError, ServeTimers};
-pub use error::ApiError;
+pub use error::{ApiError, ErrorCode};
 /// The approval gate's use-cases (`tollgate_app::approvals`), under the name the
 /// handlers use.
 pub use tollgate_app::approvals as gate;
@@ -254,35 +255,13 @@ async fn operators_only(
 }
 
 /// JSON 404/405 for anything no route claims, so every answer is JSON; the callers'
-/// check ([`with_callers`]); one access-log line per request.
+/// check ([`with_callers`]); the request id and one access-log line per request
+/// ([`request_id::middleware`]), outermost so that every answer carries the id.
 fn with_fallbacks(router: Router, deps: &Deps) -> Router {
     let router = router
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
-    with_callers(router, deps).layer(axum::middleware::from_fn(access_log))
-}
-
-/// Method, route template (never the raw path's query or any header), status, latency.
-async fn access_log(
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let method = req.method().clone();
-    let route = req
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".into());
-    let started = std::time::Instant::now();
-    let response = next.run(req).await;
-    tracing::info!(
-        %method,
-        route,
-        status = response.status().as_u16(),
-        latency_ms = started.elapsed().as_secs_f64() * 1e3,
-        "request"
-    );
-    response
+    with_callers(router, deps).layer(axum::middleware::from_fn(request_id::middleware))
 }
 
 /// The `ingress` function's routes.

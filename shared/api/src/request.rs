@@ -181,7 +181,10 @@ mod tests {
         ] {
             assert_eq!(
                 answer(bad).await,
-                (404, r#"{"error":"run not found"}"#.to_owned()),
+                (
+                    404,
+                    r#"{"error":"run not found","code":"not_found"}"#.to_owned()
+                ),
                 "{bad}"
             );
         }

@@ -22,6 +22,7 @@ use tollgate_store::MAX_MUTATIONS_LISTED;
 use tracing::instrument;
 
 use crate::auth::{Credentials, Role};
+use crate::error::ErrorCode;
 use crate::request::{query_param, JsonBody, PathParams, RunId};
 use crate::{ApiError, Deps};
 use tollgate_app::ErrorState;
@@ -71,14 +72,33 @@ fn run_not_found() -> ApiError {
     ApiError::not_found("run not found")
 }
 
-/// A domain answer as HTTP: 200, 409 or 400 with its JSON body.
+/// A domain answer as HTTP: 200, 409 or 400 with its JSON body; a refusal also carries
+/// its `code` (`approval_pending` for a card still pending, else the status's).
 fn respond(answer: Answer) -> Response {
+    let mut body = answer.body;
     let status = match answer.verdict {
         Verdict::Ok => StatusCode::OK,
         Verdict::Conflict => StatusCode::CONFLICT,
         Verdict::Invalid => StatusCode::BAD_REQUEST,
     };
-    (status, Json(answer.body)).into_response()
+    if status != StatusCode::OK {
+        let code = match body.get("state").and_then(Value::as_str) {
+            Some("pending") => ErrorCode::ApprovalPending,
+            _ => ErrorCode::for_status(status),
+        };
+        if let Value::Object(map) = body {
+            // `{error, code, …}`, as every error body reads.
+            let mut ordered = serde_json::Map::new();
+            ordered.insert(
+                "error".into(),
+                map.get("error").cloned().unwrap_or_default(),
+            );
+            ordered.insert("code".into(), code.as_str().into());
+            ordered.extend(map);
+            body = Value::Object(ordered);
+        }
+    }
+    (status, Json(body)).into_response()
 }
 
 /// Path ids the store keys records by: anything else names no attempt (404).

@@ -31,6 +31,12 @@ pub enum Error {
         status: u16,
         /// The server's `error`.
         message: String,
+        /// The body's `code` (what the refusal means, for a program), when the server
+        /// sends one.
+        code: Option<String>,
+        /// The body's `request_id` (the server's id of the request, for its logs), when
+        /// the server sends one.
+        request_id: Option<String>,
     },
 
     /// 401: the token is missing, invalid or expired.
@@ -38,6 +44,12 @@ pub enum Error {
     Unauthorized {
         /// The server's `error`.
         message: String,
+        /// The body's `code` (what the refusal means, for a program), when the server
+        /// sends one.
+        code: Option<String>,
+        /// The body's `request_id` (the server's id of the request, for its logs), when
+        /// the server sends one.
+        request_id: Option<String>,
     },
 
     /// 403: wrong role, another run's token, another project.
@@ -45,6 +57,12 @@ pub enum Error {
     Forbidden {
         /// The server's `error`.
         message: String,
+        /// The body's `code` (what the refusal means, for a program), when the server
+        /// sends one.
+        code: Option<String>,
+        /// The body's `request_id` (the server's id of the request, for its logs), when
+        /// the server sends one.
+        request_id: Option<String>,
     },
 
     /// 404: no such run, card, receipt or mutation attempt (`state: "unknown"` when the
@@ -55,6 +73,12 @@ pub enum Error {
         state: Option<String>,
         /// The server's `error`.
         message: String,
+        /// The body's `code` (what the refusal means, for a program), when the server
+        /// sends one.
+        code: Option<String>,
+        /// The body's `request_id` (the server's id of the request, for its logs), when
+        /// the server sends one.
+        request_id: Option<String>,
     },
 
     /// 409 `run_terminal`: the run has ended; nothing more can be appended.
@@ -62,6 +86,12 @@ pub enum Error {
     RunTerminal {
         /// The server's `error`.
         message: String,
+        /// The body's `code` (what the refusal means, for a program), when the server
+        /// sends one.
+        code: Option<String>,
+        /// The body's `request_id` (the server's id of the request, for its logs), when
+        /// the server sends one.
+        request_id: Option<String>,
     },
 
     /// 409 `run_exists`: a run with this id exists with other fields or another creator.
@@ -69,6 +99,12 @@ pub enum Error {
     RunExists {
         /// The server's `error`.
         message: String,
+        /// The body's `code` (what the refusal means, for a program), when the server
+        /// sends one.
+        code: Option<String>,
+        /// The body's `request_id` (the server's id of the request, for its logs), when
+        /// the server sends one.
+        request_id: Option<String>,
     },
 
     /// 409 `pending`: the approval card still waits for a human (e.g. `start` before the
@@ -77,6 +113,12 @@ pub enum Error {
     ApprovalPending {
         /// The server's `error`.
         message: String,
+        /// The body's `code` (what the refusal means, for a program), when the server
+        /// sends one.
+        code: Option<String>,
+        /// The body's `request_id` (the server's id of the request, for its logs), when
+        /// the server sends one.
+        request_id: Option<String>,
     },
 
     /// 409 `not_executed`: the call was refused or settled as not executed (`reason`:
@@ -89,6 +131,12 @@ pub enum Error {
         reason: Option<String>,
         /// The server's `error`.
         message: String,
+        /// The body's `code` (what the refusal means, for a program), when the server
+        /// sends one.
+        code: Option<String>,
+        /// The body's `request_id` (the server's id of the request, for its logs), when
+        /// the server sends one.
+        request_id: Option<String>,
     },
 
     /// 409 `outcome_unknown`: an earlier attempt of this tool call was dispatched and its
@@ -99,6 +147,12 @@ pub enum Error {
         approval_id: Option<String>,
         /// The server's `error`.
         message: String,
+        /// The body's `code` (what the refusal means, for a program), when the server
+        /// sends one.
+        code: Option<String>,
+        /// The body's `request_id` (the server's id of the request, for its logs), when
+        /// the server sends one.
+        request_id: Option<String>,
     },
 
     /// 409 `dispatched` (or a repeated `start` answering `dispatched`): the attempt was
@@ -110,6 +164,12 @@ pub enum Error {
         approval_id: Option<String>,
         /// The server's `error`.
         message: String,
+        /// The body's `code` (what the refusal means, for a program), when the server
+        /// sends one.
+        code: Option<String>,
+        /// The body's `request_id` (the server's id of the request, for its logs), when
+        /// the server sends one.
+        request_id: Option<String>,
     },
 
     /// Any other 409 (e.g. another attempt `intent` or `completed`, a contradicting
@@ -122,6 +182,12 @@ pub enum Error {
         approval_id: Option<String>,
         /// The server's `error`.
         message: String,
+        /// The body's `code` (what the refusal means, for a program), when the server
+        /// sends one.
+        code: Option<String>,
+        /// The body's `request_id` (the server's id of the request, for its logs), when
+        /// the server sends one.
+        request_id: Option<String>,
     },
 
     /// 5xx or 429 on every attempt the retry policy allowed.
@@ -133,6 +199,12 @@ pub enum Error {
         message: String,
         /// The last `Retry-After`.
         retry_after: Option<Duration>,
+        /// The body's `code` (what the refusal means, for a program), when the server
+        /// sends one.
+        code: Option<String>,
+        /// The body's `request_id` (the server's id of the request, for its logs), when
+        /// the server sends one.
+        request_id: Option<String>,
     },
 
     /// An answer this client does not expect (status, or a body without the fields the
@@ -191,19 +263,102 @@ impl Error {
         let message = text("error").unwrap_or_else(|| format!("HTTP {status}"));
         let state = text("state");
         let approval_id = text("approval_id");
+        let (code, request_id) = (text("code"), text("request_id"));
         match status {
-            400 | 413 => Error::BadRequest { status, message },
-            401 => Error::Unauthorized { message },
-            403 => Error::Forbidden { message },
-            404 => Error::NotFound { state, message },
-            409 => Self::conflict(state, approval_id, text("reason"), message),
+            400 | 413 => Error::BadRequest {
+                status,
+                message,
+                code,
+                request_id,
+            },
+            401 => Error::Unauthorized {
+                message,
+                code,
+                request_id,
+            },
+            403 => Error::Forbidden {
+                message,
+                code,
+                request_id,
+            },
+            404 => Error::NotFound {
+                state,
+                message,
+                code,
+                request_id,
+            },
+            409 => Self::refused(
+                state,
+                approval_id,
+                text("reason"),
+                message,
+                code,
+                request_id,
+            ),
             429 | 500..=599 => Error::Unavailable {
                 status,
                 message,
                 retry_after,
+                code,
+                request_id,
             },
             _ => Error::Unexpected { status, message },
         }
+    }
+
+    /// The body's `code` and `request_id`, for a refusal the server answered.
+    fn said(&self) -> Option<(&Option<String>, &Option<String>)> {
+        match self {
+            Error::BadRequest {
+                code, request_id, ..
+            }
+            | Error::Unauthorized {
+                code, request_id, ..
+            }
+            | Error::Forbidden {
+                code, request_id, ..
+            }
+            | Error::NotFound {
+                code, request_id, ..
+            }
+            | Error::RunTerminal {
+                code, request_id, ..
+            }
+            | Error::RunExists {
+                code, request_id, ..
+            }
+            | Error::ApprovalPending {
+                code, request_id, ..
+            }
+            | Error::NotExecuted {
+                code, request_id, ..
+            }
+            | Error::OutcomeUnknown {
+                code, request_id, ..
+            }
+            | Error::Dispatched {
+                code, request_id, ..
+            }
+            | Error::Conflict {
+                code, request_id, ..
+            }
+            | Error::Unavailable {
+                code, request_id, ..
+            } => Some((code, request_id)),
+            _ => None,
+        }
+    }
+
+    /// The server's `code` for a refusal (`not_found`, `run_terminal`, …; see the
+    /// README's *HTTP API*), when it sent one.
+    pub fn code(&self) -> Option<&str> {
+        self.said().and_then(|(code, _)| code.as_deref())
+    }
+
+    /// The server's id of the request that was refused (`x-request-id`; quote it when
+    /// asking about a failure), when it sent one.
+    pub fn request_id(&self) -> Option<&str> {
+        self.said().and_then(|(_, id)| id.as_deref())
     }
 
     /// A 409 (or a 200 naming a state the caller cannot go on from) by its `state`.
@@ -213,23 +368,58 @@ impl Error {
         reason: Option<String>,
         message: String,
     ) -> Self {
+        Self::refused(state, approval_id, reason, message, None, None)
+    }
+
+    /// [`Error::conflict`] with what the server said of it.
+    fn refused(
+        state: Option<String>,
+        approval_id: Option<String>,
+        reason: Option<String>,
+        message: String,
+        code: Option<String>,
+        request_id: Option<String>,
+    ) -> Self {
         match state.as_deref() {
-            Some("run_terminal") => Error::RunTerminal { message },
-            Some("run_exists") => Error::RunExists { message },
-            Some("pending") => Error::ApprovalPending { message },
-            Some("not_executed") => Error::NotExecuted { reason, message },
+            Some("run_terminal") => Error::RunTerminal {
+                message,
+                code,
+                request_id,
+            },
+            Some("run_exists") => Error::RunExists {
+                message,
+                code,
+                request_id,
+            },
+            Some("pending") => Error::ApprovalPending {
+                message,
+                code,
+                request_id,
+            },
+            Some("not_executed") => Error::NotExecuted {
+                reason,
+                message,
+                code,
+                request_id,
+            },
             Some("outcome_unknown") => Error::OutcomeUnknown {
                 approval_id,
                 message,
+                code,
+                request_id,
             },
             Some("dispatched") => Error::Dispatched {
                 approval_id,
                 message,
+                code,
+                request_id,
             },
             _ => Error::Conflict {
                 state,
                 approval_id,
                 message,
+                code,
+                request_id,
             },
         }
     }
@@ -297,6 +487,20 @@ mod tests {
                 ..
             }
         ));
+        let e = Error::from_answer(
+            409,
+            &json!({"error": "x", "code": "run_terminal", "state": "run_terminal",
+                    "request_id": "r-1"}),
+            None,
+        );
+        assert!(matches!(e, Error::RunTerminal { .. }));
+        assert_eq!(
+            (e.code(), e.request_id()),
+            (Some("run_terminal"), Some("r-1"))
+        );
+        // A server that sends neither (before both existed) still reads.
+        let e = Error::from_answer(404, &json!({"error": "x"}), None);
+        assert_eq!((e.code(), e.request_id()), (None, None));
         assert!(matches!(
             Error::from_answer(302, &Value::Null, None),
             Error::Unexpected { status: 302, .. }

@@ -25,6 +25,8 @@ pub(crate) struct Answer {
     /// Why the body is not JSON (`None` when it is): a refusal whose body is not JSON
     /// says nothing more than its status; a success whose body is not JSON is unreadable.
     pub not_json: Option<String>,
+    /// The `x-request-id` header, when the server sent one.
+    pub request_id: Option<String>,
 }
 
 /// A request whose answer did not come, by how far it got.
@@ -222,6 +224,11 @@ pub(crate) fn retry_after(resp: &reqwest::Response) -> Option<Duration> {
 pub(crate) async fn read(resp: reqwest::Response) -> Result<Answer, Lost> {
     let status = resp.status().as_u16();
     let retry_after = retry_after(&resp);
+    let request_id = resp
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let bytes = match resp.bytes().await {
         Ok(bytes) => bytes,
         Err(e) if (200..300).contains(&status) => {
@@ -251,6 +258,7 @@ pub(crate) async fn read(resp: reqwest::Response) -> Result<Answer, Lost> {
         body,
         retry_after,
         not_json,
+        request_id,
     })
 }
 

@@ -77,16 +77,22 @@ impl Default for OperatorConfig {
     }
 }
 
-/// A refusal as the server answered it: the status, and the body's `error` and `state`
-/// when it is JSON with them.
+/// A refusal as the server answered it: the status, and the body's `error`, `code`,
+/// `state` and `request_id` when it is JSON with them (servers before `code` and
+/// `request_id` send neither).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refusal {
     /// The HTTP status.
     pub status: u16,
     /// The body's `error`.
     pub error: Option<String>,
+    /// The body's `code`: what the refusal means, for a program (`not_found`,
+    /// `run_terminal`, …).
+    pub code: Option<String>,
     /// The body's `state`.
     pub state: Option<String>,
+    /// The request's id: the body's `request_id`, else the `x-request-id` header.
+    pub request_id: Option<String>,
     /// `Retry-After` in seconds, when given.
     pub retry_after: Option<Duration>,
     /// The body (`Null` when it was not JSON).
@@ -104,7 +110,9 @@ impl Refusal {
         Self {
             status: answer.status,
             error: text("error"),
+            code: text("code"),
             state: text("state"),
+            request_id: text("request_id").or(answer.request_id),
             retry_after: answer.retry_after,
             body,
         }
@@ -745,7 +753,9 @@ impl Follow<'_> {
             Err(_) => Refusal {
                 status,
                 error: None,
+                code: None,
                 state: None,
+                request_id: None,
                 retry_after: None,
                 body: Value::Null,
             },
@@ -832,9 +842,12 @@ mod tests {
             body: json!({"error": "bad token", "state": "x"}),
             retry_after: None,
             not_json: None,
+            request_id: Some("h-1".into()),
         });
         assert_eq!(r.to_string(), "401 Unauthorized: bad token");
         assert_eq!(r.state.as_deref(), Some("x"));
+        // No `request_id` in the body (an older server): the header's.
+        assert_eq!(r.request_id.as_deref(), Some("h-1"));
         assert!(matches!(r.to_error(), Error::Unauthorized { .. }));
         assert!(!r.is_transient());
         let r = Refusal::from_answer(Answer {
@@ -842,6 +855,7 @@ mod tests {
             body: json!({"error": "<html>"}),
             retry_after: Some(Duration::from_secs(2)),
             not_json: Some("the answer broke off: x".into()),
+            request_id: None,
         });
         assert_eq!(r.to_string(), "503 Service Unavailable");
         assert!(r.is_transient());
