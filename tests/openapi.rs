@@ -164,3 +164,22 @@ async fn tollgate_serve_serves_the_document() {
     let served: Value = answer.json().await.unwrap();
     assert_eq!(served, committed());
 }
+
+/// The document's error codes are the server's, each once.
+#[test]
+fn the_documented_error_codes_are_the_servers() {
+    let server: Vec<&str> = tollgate_api::ErrorCode::ALL
+        .iter()
+        .map(|c| c.as_str())
+        .collect();
+    assert_eq!(server, tollgate_protocol::errors::CODES);
+    let doc = tollgate_protocol::openapi::document();
+    let documented: Vec<&str> = doc["components"]["schemas"]["ErrorBody"]["properties"]["code"]
+        ["enum"]
+        .as_array()
+        .expect("code is an enum")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(documented, tollgate_protocol::errors::CODES);
+}

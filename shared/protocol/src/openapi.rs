@@ -89,9 +89,18 @@ fn content(body: Body) -> Value {
             json!({"application/json": {"schema": {"$ref": format!("#/components/schemas/{name}")}}})
         }
         Body::AnyObject => json!({"application/json": {"schema": {"type": "object"}}}),
-        Body::EventStream => {
-            json!({"text/event-stream": {"schema": {"type": "string", "description": SSE_GRAMMAR}}})
-        }
+        // Each event of the stream as an SSE reader parses it (its fields as strings;
+        // `data` is the event's JSON envelope, `Event`).
+        Body::EventStream => json!({"text/event-stream": {"schema": {
+            "type": "object",
+            "description": SSE_GRAMMAR,
+            "properties": {
+                "id": {"type": "string"},
+                "event": {"type": "string"},
+                "data": {"type": "string", "contentMediaType": "application/json"},
+                "retry": {"type": ["string", "integer"]},
+            },
+        }}}),
         Body::Html => json!({"text/html": {"schema": {"type": "string"}}}),
         Body::JavaScript => json!({"text/javascript": {"schema": {"type": "string"}}}),
     }
@@ -140,9 +149,11 @@ fn operation(op: &Operation) -> Value {
     let mut responses = Map::new();
     for (status, body) in op.responses {
         let mut r = json!({"description": status_text(*status), "content": content(*body)});
+        let mut headers = json!({"x-request-id": {"schema": {"type": "string"}, "description": "The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id."}});
         if *status == 429 || *status == 503 {
-            r["headers"] = json!({"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait before retrying."}});
+            headers["Retry-After"] = json!({"schema": {"type": "integer"}, "description": "Seconds to wait before retrying."});
         }
+        r["headers"] = headers;
         responses.insert(status.to_string(), r);
     }
     let mut o = json!({

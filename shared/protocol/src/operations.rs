@@ -356,11 +356,11 @@ pub const OPERATIONS: &[Operation] = &[
         method: "GET",
         path: "/api/console/config",
         id: "consoleConfig",
-        summary: "Where the console reaches the live stream.",
-        credentials: &[],
+        summary: "The console's settings for the signed-in operator (sub, project, always-eligible tools).",
+        credentials: &[Operator],
         query: &[],
         request: None,
-        responses: &[(200, AnyObject)],
+        responses: responses![200 => AnyObject],
     },
 ];
 
