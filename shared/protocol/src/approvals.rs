@@ -8,6 +8,7 @@ use serde_json::Value;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"request_id": "req-1", "tool_name": "web_fetch", "url": "https://example.com/docs", "intention": "read the docs", "timeout_seconds": 300})))]
 pub struct ArmApproval {
     /// The card's id on the run (an id: `[A-Za-z0-9_.:-]`, 1–128); a retry with the same
     /// id and the same call answers the same card.
@@ -57,6 +58,7 @@ pub struct Armed {
 /// The body of `POST /api/runs/{run_id}/tool-approvals` and `…/tool-denials` (operator).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"request_id": "req-1", "scope": "once"})))]
 pub struct Decide {
     pub request_id: String,
     /// `once` (default), `run`, `tool` or `always` (approvals only); any other value

@@ -8,6 +8,7 @@ use serde_json::Value;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"request_id": "req-1", "approval_id": "req-1", "tool_name": "send_email"})))]
 pub struct Start {
     /// The approved card.
     pub request_id: String,
@@ -21,6 +22,7 @@ pub struct Start {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"approval_id": "req-1"})))]
 pub struct Dispatch {
     pub approval_id: String,
 }
@@ -29,6 +31,7 @@ pub struct Dispatch {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"approval_id": "req-1", "evidence": "confirmed", "result": {"message_id": "m-1"}})))]
 pub struct Settle {
     pub approval_id: String,
     /// `confirmed` (a response came), `not_sent` (it never left) or `ambiguous` (sent,
@@ -45,6 +48,7 @@ pub struct Settle {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"observed": "applied"})))]
 pub struct Reconcile {
     /// `applied` or `not_applied`.
     pub observed: String,

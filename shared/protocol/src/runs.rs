@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"owner": "alice", "channel_id": "C0123", "budget": {"tools": {"send_email": 3}, "call_ceiling": 5}})))]
 pub struct CreateRun {
     /// The run's id (`[A-Za-z0-9_.:-]`, 1–128); generated when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -64,6 +65,7 @@ pub struct RunReceipt {
 /// The body of `POST /api/runs/{run_id}/events`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"events": [{"type": "agent.note", "event_id": "note-1", "text": "looking up the docs"}]})))]
 pub struct AppendEvents {
     /// 1 to 99 events, each `{type, event_id?, ...payload}`; server-owned types are refused.
     pub events: Vec<Map<String, Value>>,
