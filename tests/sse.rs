@@ -287,28 +287,39 @@ async fn keepalive_live_and_window(backend: Backend) {
     );
 }
 
-/// GIVEN 1,000 events appended in small batches WHEN a client is dropped 20 times at
-/// random points and resumes each time with `Last-Event-ID` THEN it receives every
-/// sequence exactly once, in order, and ends at `done`.
+/// GIVEN at least 1,000 events appended in small batches (more until the client has
+/// dropped 20 times) WHEN a client is dropped 20 times at random points and resumes each
+/// time with `Last-Event-ID` THEN it receives every sequence exactly once, in order, and
+/// ends at `done`.
 async fn dropped_twenty_times_misses_nothing(backend: Backend) {
     let srv = Arc::new(server(backend, SseConfig::default()).await);
     let (run_id, token) = srv.create_run(json!({})).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // The reader's drops so far: the writer goes on appending (past its 100 batches) until
+    // the reader has dropped 20 times, so a fast writer cannot end the run first.
+    let dropped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let writer = {
         let (srv, run_id, token) = (srv.clone(), run_id.clone(), token.clone());
+        let dropped = dropped.clone();
         tokio::spawn(async move {
-            for _ in 0..100 {
+            let mut batches = 0u64;
+            while batches < 100
+                || (dropped.load(std::sync::atomic::Ordering::SeqCst) < 20
+                    && Instant::now() < deadline)
+            {
                 append(&srv, &run_id, &token, 10).await;
+                batches += 1;
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             let (status, _) = srv
                 .post(&format!("/api/runs/{run_id}/complete"), &token, &json!({}))
                 .await;
             assert_eq!(status, StatusCode::OK);
+            batches
         })
     };
     let mut seen: Vec<u64> = Vec::new();
     let mut drops = 0;
-    let deadline = Instant::now() + Duration::from_secs(60);
     'outer: loop {
         assert!(
             Instant::now() < deadline,
@@ -338,17 +349,19 @@ async fn dropped_twenty_times_misses_nothing(backend: Backend) {
                 read += 1;
                 if read >= cut_after {
                     drops += 1;
+                    dropped.store(drops, std::sync::atomic::Ordering::SeqCst);
                     drop(s);
                     continue 'outer;
                 }
             }
         }
     }
-    writer.await.unwrap();
+    let batches = writer.await.unwrap();
     assert_eq!(drops, 20);
+    // run_started, the appended events, run_completed.
     assert_eq!(
         seen,
-        (1..=1002).collect::<Vec<u64>>(),
+        (1..=batches * 10 + 2).collect::<Vec<u64>>(),
         "every sequence once, in order"
     );
 }
