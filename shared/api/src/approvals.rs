@@ -869,6 +869,7 @@ fn decision_answer(card: &ApprovalRequest, verb: Verb) -> Decided {
         state: card.state.as_str().into(),
         expired: card.state == ApprovalState::Expired,
         decided_by: card.decided_by.clone(),
+        scope: card.scope.map(|s| s.as_str().into()),
         reason: card.end_reason.clone(),
         pod_applied: None,
     }

@@ -50,6 +50,8 @@ fn named(generator: &mut SchemaGenerator) -> Vec<(&'static str, Value)> {
         ("MutationList", of::<execution::MutationList>(generator)),
         ("ExecutionAnswer", of::<execution::ExecutionAnswer>(generator)),
         ("StreamEnd", of::<events::StreamEnd>(generator)),
+        ("ApprovalRequired", of::<events::ApprovalRequired>(generator)),
+        ("ApprovalResolved", of::<events::ApprovalResolved>(generator)),
         ("ConsoleConfig", of::<console::ConsoleConfig>(generator)),
     ]
 }
