@@ -39,7 +39,9 @@ echo "typescript-client.sh: src/openapi.d.ts matches openapi.json"
 timeout 120 ./node_modules/.bin/tsc -p tsconfig.json --noEmit
 echo "typescript-client.sh: tsc --noEmit (strict) clean"
 
-rm -rf build
+# dist/ (the examples import the package by its name, which resolves there), then the tests.
+rm -rf build dist
+timeout 120 npm run --silent build </dev/null
 timeout 120 ./node_modules/.bin/tsc -p tsconfig.json
 timeout 300 node --test --test-reporter=spec build/test/*.test.js </dev/null
 

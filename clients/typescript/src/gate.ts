@@ -58,6 +58,8 @@ export interface GateOptions {
   timeoutMs?: number;
   /** Aborts the wait (the card stays as it is on the server). */
   signal?: AbortSignal;
+  /** Called once the card is armed and waits for a human (not when a policy approved it at once). */
+  onArmed?: (card: { requestId: string; displayId: string; sequence: number | undefined; expiresAt: string | undefined }) => void;
   /** Every run event the wait reads after the card, once each, in sequence order. */
   onEvent?: (event: Event) => void;
   /** Called before each reopening of the live stream. */
@@ -173,6 +175,12 @@ export async function gateCall(run: Run, toolName: string, options: GateOptions)
     const verdict = verdictFromCard(await run.approval(requestId, { signal: options.signal }));
     if (verdict !== undefined) return new Decision(verdict, call);
   }
+  options.onArmed?.({
+    requestId,
+    displayId: armed.display_id,
+    sequence: armed.sequence ?? undefined,
+    expiresAt: armed.expires_at ?? undefined,
+  });
   // A fresh card's resolution follows its `tool.approval_required`; a repeated arm does
   // not say where that is, so the wait reads from the start.
   const watch = new Watch(run, requestId, armed.sequence ?? 0, options);
