@@ -34,7 +34,7 @@ describe("execution guard", () => {
   let sent: Sent[];
   let client: Client;
   /** Approves the card of the next gate as soon as it waits on the stream. */
-  let decideNext: { runId: string; requestId: string; verb: "approve" | "deny"; done?: Promise<unknown> } | undefined;
+  let decideNext: { runId: string; requestId: string; verb: "approve" | "deny"; scope?: string; done?: Promise<unknown> } | undefined;
 
   before(async () => {
     server = await startServer();
@@ -44,7 +44,7 @@ describe("execution guard", () => {
       fetch: recordingFetch(sent, (s) => {
         // The gate has armed its card when it opens the stream: decide it then.
         if (s.path.endsWith("/stream") && decideNext && decideNext.done === undefined) {
-          decideNext.done = decide(server, decideNext.runId, decideNext.requestId, decideNext.verb);
+          decideNext.done = decide(server, decideNext.runId, decideNext.requestId, decideNext.verb, decideNext.scope);
         }
       }),
     });
@@ -183,6 +183,31 @@ describe("execution guard", () => {
     assert.ok(err instanceof OutcomeUnknown);
     assert.equal(aborted, true);
     assert.equal((await run.mutation(decision.toolCallId, decision.approvalId)).state, "outcome_unknown");
+  });
+
+  test("a call a policy approved runs without the ledger", async () => {
+    const run = await newRun();
+    // The run's owner approves with scope `tool`: later gates of that tool on this run
+    // are approved at once by the policy.
+    const scoped = randomUUID();
+    decideNext = { runId: run.id, requestId: scoped, verb: "approve", scope: "tool" };
+    const grant = await run.gate("http_post", { requestId: scoped });
+    await decideNext.done;
+    decideNext = undefined;
+    assert.equal(grant.state, "approved");
+    assert.equal(grant.scope, "tool");
+    const before = sent.length;
+    const auto = await run.gate("http_post", { arguments: { n: 5 } });
+    assert.equal(auto.auto, true);
+    assert.equal(auto.approved, true);
+    assert.match(auto.decidedBy ?? "", /^policy:/);
+    assert.deepEqual(sent.slice(before).map((s) => s.path.split("/").pop()), ["approval-requests"], "no wait");
+    const executed = await run.execute(auto, async (ex) => {
+      await ex.dispatch();
+      return "sent";
+    });
+    assert.deepEqual(executed, { value: "sent", evidence: undefined, state: undefined });
+    assert.ok(!sent.slice(before).some((s) => s.path.includes("/tool-calls/")), "nothing on the ledger");
   });
 
   test("a denied decision sends nothing", async () => {
