@@ -37,3 +37,12 @@ pub struct EventPage {
     /// The run has ended and this page holds its terminal event (nothing follows).
     pub terminal: bool,
 }
+
+/// The data of the live stream's last frame, `event: done`: the run has ended and every
+/// event up to its terminal one was sent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct StreamEnd {
+    pub run_id: String,
+    pub terminal_sequence: u64,
+}
