@@ -18,7 +18,7 @@
 import { Conflict, OutcomeUnknown, TollgateError, conflict } from "./errors.js";
 import type { Run } from "./client.js";
 import type { Decision } from "./gate.js";
-import type { Evidence, MutationState } from "./types.js";
+import type { Evidence, ExecutionAnswer, MutationState } from "./types.js";
 
 /** The most bytes of result and error facts together the server keeps. */
 export const MAX_FACTS_BYTES = 32 * 1024;
@@ -118,7 +118,7 @@ export async function executeCall<T>(run: Run, decision: Decision, options: Exec
       tool_name: decision.toolName,
     };
     if (decision.argumentsHash !== undefined) startBody.arguments_hash = decision.argumentsHash;
-    const { body } = await run.call<Record<string, unknown>>("POST", ["tool-calls", toolCallId, "start"], [200], startBody);
+    const { body } = await run.call<ExecutionAnswer>("POST", ["tool-calls", toolCallId, "start"], [200], startBody);
     if (body.state !== "intent") {
       // A repeated start answers the attempt's later state: it is not ours to send.
       const state = typeof body.state === "string" ? body.state : undefined;
@@ -149,7 +149,7 @@ export async function executeCall<T>(run: Run, decision: Decision, options: Exec
           return;
         }
         try {
-          const { body } = await run.call<Record<string, unknown>>("POST", ["tool-calls", toolCallId, "dispatch"], [200], { approval_id: approvalId });
+          const { body } = await run.call<ExecutionAnswer>("POST", ["tool-calls", toolCallId, "dispatch"], [200], { approval_id: approvalId });
           if (body.state !== "dispatched") {
             throw conflict("dispatch did not answer dispatched; do not send", {
               status: 200,
@@ -223,7 +223,7 @@ export async function executeCall<T>(run: Run, decision: Decision, options: Exec
 /** Records evidence; the record's state, or the error (never thrown: the call's outcome matters more). */
 async function settle(run: Run, toolCallId: string, body: Record<string, unknown>): Promise<MutationState | TollgateError> {
   try {
-    const { body: answer } = await run.call<Record<string, unknown>>("POST", ["tool-calls", toolCallId, "settle"], [200], body);
+    const { body: answer } = await run.call<ExecutionAnswer>("POST", ["tool-calls", toolCallId, "settle"], [200], body);
     return String(answer.state) as MutationState;
   } catch (err) {
     if (err instanceof TollgateError) return err;

@@ -116,7 +116,7 @@ export interface paths {
         };
         /**
          * The live stream (Server-Sent Events) on a streaming endpoint.
-         * @description Server-Sent Events. The stream opens with `retry: 1000`; each event is a frame `id: <sequence>`, `event: <type>`, `data: <the event's JSON envelope>` and a blank line; `: keep-alive` comment lines come while nothing happens; when the run has ended the stream sends `event: done` with `data: {"run_id", "terminal_sequence"}` and closes. A client that drops resumes with `Last-Event-ID: <last id>` (or `?after=`) and gets every later event exactly once, in order. A stream also ends after its time window; resume the same way.
+         * @description Server-Sent Events. The stream opens with `retry: 1000`; each event is a frame `id: <sequence>`, `event: <type>`, `data: <the event's JSON envelope>` and a blank line; `: keep-alive` comment lines come while nothing happens; when the run has ended the stream sends `event: done` with `data: <StreamEnd>` (`{"run_id", "terminal_sequence"}`) and closes. A client that drops resumes with `Last-Event-ID: <last id>` (or `?after=`) and gets every later event exactly once, in order. A stream also ends after its time window; resume the same way.
          */
         get: operations["streamEvents"];
         put?: never;
@@ -439,7 +439,7 @@ export interface components {
     schemas: {
         /**
          * @description `{error, code, state?, request_id}` (and, for a run that has ended, its `status` and
-         *     `terminal_sequence`). `error` is for people; `code` and `state` are for programs.
+         *     `terminal_sequence`; for a refused execution step, `reason?` and `approval_id?`). `error` is for people; `code` and `state` are for programs.
          */
         ErrorBody: {
             /** @description What went wrong, in words. */
@@ -464,6 +464,13 @@ export interface components {
              * @description For `state: run_terminal`: the sequence of the run's terminal event.
              */
             terminal_sequence?: number | null;
+            /** @description A refused execution step on a `not_executed` attempt: why it did not execute. */
+            reason?: string | null;
+            /**
+             * @description A start refused because another attempt of the call blocks it: that attempt's
+             *     `approval_id`.
+             */
+            approval_id?: string | null;
         };
         /**
          * @description A run's event: the envelope's fields, then the event's payload keys at the top level
@@ -575,10 +582,27 @@ export interface components {
                 [key: string]: unknown;
             }[];
         };
-        /** @description What an append answers: the sequence each event got, in order. */
+        /**
+         * @description What an append answers: the sequence each event got, in order. A pod-per-run run's
+         *     card announcement (one `tool.approval_required`, `tool.approval_pending` or
+         *     `tool.approval_resolved {expired: true}`) also answers the card's `request_id` and
+         *     `state`, and lists in `dropped` an event that changed nothing (so `sequences` is empty).
+         */
         Appended: {
             run_id: string;
             sequences: number[];
+            /** @description A pod card's `requestId`. */
+            request_id?: string | null;
+            /** @description A pod card's state now (`pending`, `approved`, `denied`, `expired`). */
+            state?: string | null;
+            /** @description `pod` for a pod card just recorded. */
+            held_by?: string | null;
+            /** @description A pod card just recorded: when Tollgate expires it if the pod never reports back. */
+            expires_at?: string | null;
+            /** @description A pod's own expiry: the card is resolved now. */
+            resolved?: boolean | null;
+            /** @description Events written as nothing, and why. */
+            dropped?: components["schemas"]["Dropped"][] | null;
         };
         /**
          * @description What `complete`, `fail` and `cancel` answer (their body is the terminal event's payload,
@@ -807,23 +831,81 @@ export interface components {
             observed: string;
         };
         /**
-         * @description A mutation record (the durable outcome of one approved call), as start, dispatch,
-         *     settle, reconcile and the record routes answer it.
+         * @description A mutation record, `mutation_outcome/v1`: the durable outcome of one approved call,
+         *     as the record routes answer it. The optional fields are absent until known.
          */
         MutationRecord: {
+            /** @description `mutation_outcome/v1`. */
+            schema: string;
             run_id: string;
             tool_call_id: string;
             approval_id: string;
-            /** @description `started`, `dispatched`, `succeeded`, `failed`, `not_applied`, `outcome_unknown`, … */
+            tool_name: string;
+            /** @description `intent`, `dispatched`, `completed`, `not_executed` or `outcome_unknown`. */
             state: string;
-        } & {
-            [key: string]: unknown;
+            /** @description `executed` or `not_executed`, once the terminal decision is taken. */
+            execution_status?: string | null;
+            /** @description What the tool answered (confirmed outcomes). */
+            result?: unknown;
+            /** @description The tool's or the settlement's error facts. */
+            error?: unknown;
+            /** @description Why it ended as it did (`not_sent`, `settlement_deadline`, `reconciled_applied`, …). */
+            reason?: string | null;
         };
         /** @description `GET /api/runs/{run_id}/mutations`. */
         MutationList: {
             run_id: string;
             mutations: components["schemas"]["MutationRecord"][];
             has_more: boolean;
+        };
+        /**
+         * @description What `start`, `dispatch`, `settle` and `reconcile` answer when they are accepted (200):
+         *     where the attempt stands now. A refusal (400, 409) is an [`crate::ErrorBody`] whose
+         *     `state` is the attempt's (or, before any attempt, the card's), with `reason` for a
+         *     `not_executed` attempt and `approval_id` for the attempt that blocks a new start.
+         */
+        ExecutionAnswer: {
+            /** @description `intent`, `dispatched`, `completed`, `not_executed` or `outcome_unknown`. */
+            state: string;
+            /**
+             * Format: uint64
+             * @description Accepted starts: the sequence of `tool_execution_started`.
+             */
+            sequence?: number | null;
+            /** @description Why the attempt is `not_executed` (`not_sent`, `budget_exhausted`, …). */
+            reason?: string | null;
+        };
+        /**
+         * @description The data of the live stream's last frame, `event: done`: the run has ended and every
+         *     event up to its terminal one was sent.
+         */
+        StreamEnd: {
+            run_id: string;
+            /** Format: uint64 */
+            terminal_sequence: number;
+        };
+        /** @description `GET /api/console/config`: who the operator token is and what it may grant. */
+        ConsoleConfig: {
+            /**
+             * @description The token's subject (the console offers scopes beyond `once` only on runs whose
+             *     `owner` it is).
+             */
+            sub: string;
+            /** @description The token's project, if it is bound to one. */
+            project_id?: string | null;
+            /** @description The tools an `always` scope may be granted for. */
+            always_eligible: string[];
+        };
+        /** @description An event of an append that was written as nothing. */
+        Dropped: {
+            /**
+             * Format: uint
+             * @description Its index in `events`.
+             */
+            index: number;
+            type: string;
+            /** @description `card_resolved`, `already_announced` or `too_soon`. */
+            reason: string;
         };
     };
     responses: never;
@@ -2443,7 +2525,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": Record<string, never>;
+                    "application/json": components["schemas"]["ExecutionAnswer"];
                 };
             };
             /** @description Invalid request: the body, a parameter or an id (nothing written) */
@@ -2454,7 +2536,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": Record<string, never>;
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
             /** @description No credential, or one that does not verify */
@@ -2498,7 +2580,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": Record<string, never>;
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
             /** @description The body is over 256 KiB */
@@ -2564,7 +2646,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": Record<string, never>;
+                    "application/json": components["schemas"]["ExecutionAnswer"];
                 };
             };
             /** @description Invalid request: the body, a parameter or an id (nothing written) */
@@ -2575,7 +2657,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": Record<string, never>;
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
             /** @description No credential, or one that does not verify */
@@ -2619,7 +2701,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": Record<string, never>;
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
             /** @description The body is over 256 KiB */
@@ -2672,7 +2754,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": Record<string, never>;
+                    "application/json": components["schemas"]["ExecutionAnswer"];
                 };
             };
             /** @description Invalid request: the body, a parameter or an id (nothing written) */
@@ -2683,7 +2765,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": Record<string, never>;
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
             /** @description No credential, or one that does not verify */
@@ -2727,7 +2809,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": Record<string, never>;
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
             /** @description The body is over 256 KiB */
@@ -2937,7 +3019,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": Record<string, never>;
+                    "application/json": components["schemas"]["ExecutionAnswer"];
                 };
             };
             /** @description Invalid request: the body, a parameter or an id (nothing written) */
@@ -2992,7 +3074,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": Record<string, never>;
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
             /** @description The body is over 256 KiB */
@@ -3104,7 +3186,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": Record<string, never>;
+                    "application/json": components["schemas"]["ConsoleConfig"];
                 };
             };
             /** @description No credential, or one that does not verify */

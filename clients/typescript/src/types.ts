@@ -32,6 +32,10 @@ export type StartBody = Schemas["Start"];
 export type DispatchBody = Schemas["Dispatch"];
 /** The body of `POST …/tool-calls/{tool_call_id}/settle`. */
 export type SettleBody = Schemas["Settle"];
+/** What `start`, `dispatch`, `settle` and `reconcile` answer when accepted: where the attempt stands. */
+export type ExecutionAnswer = Schemas["ExecutionAnswer"];
+/** The data of the live stream's last frame (`event: done`). */
+export type StreamEnd = Schemas["StreamEnd"];
 /** A durable `mutation_outcome/v1` record. */
 export type MutationRecord = Schemas["MutationRecord"];
 /** A page of `GET /api/runs/{id}/mutations`. */
