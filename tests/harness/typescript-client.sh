@@ -5,7 +5,7 @@
 # (tsc --noEmit, strict), runs its tests with node's test runner against a real
 # `tollgate serve` the tests start (TOLLGATE_BIN, else target/debug/tollgate), then
 # builds and packs the package from a clean copy of its tracked files into a temporary
-# directory and imports the packed package from a fresh install. Needs node (>= 20)
+# directory, and imports and type-checks the packed package from a fresh install. Needs node (>= 20)
 # and npm. Every step is bounded by `timeout`.
 set -euo pipefail
 
@@ -72,5 +72,32 @@ import { Client, OutcomeUnknown, Conflict, argumentsHash } from "@tollgate/clien
 const c = new Client("http://127.0.0.1:1", { token: "t" });
 if (!(new OutcomeUnknown("x") instanceof Conflict) || typeof c.createRun !== "function" || !argumentsHash({}).startsWith("sha256:")) process.exit(1);
 '
-echo "typescript-client.sh: $tarball ($(tar -tzf "$work/pack/$tarball" | wc -l) files) packs and imports from a fresh install"
+# Its published types, as a strict TypeScript consumer uses them.
+cat > check.ts <<'TS'
+import { Client, OutcomeUnknown, type Decision, type ErrorCode, type Event } from "@tollgate/client";
+const client = new Client("http://127.0.0.1:1", { token: "t" });
+export async function agent(): Promise<number | undefined> {
+  const run = await client.createRun({ owner: "alice", budget: { tools: { web_fetch: 1 }, call_ceiling: 2 } });
+  await run.append({ type: "agent.message", text: "hi" });
+  const decision: Decision = await run.gate("web_fetch", { url: "https://example.com", timeoutMs: 1000, onEvent: (e: Event) => void e.sequence });
+  if (!decision.approved) return undefined;
+  try {
+    const done = await run.execute(decision, { toolCallId: decision.toolCallId }, async (ex) => {
+      await ex.dispatch();
+      ex.result({ http_status: 200 });
+      return 200;
+    });
+    return done.value;
+  } catch (err) {
+    if (err instanceof OutcomeUnknown) {
+      const code: ErrorCode | string | undefined = err.code;
+      return code === undefined ? -1 : -2;
+    }
+    throw err;
+  }
+}
+TS
+timeout 120 "$PKG/node_modules/.bin/tsc" --noEmit --strict --target es2022 --module nodenext --moduleResolution nodenext \
+  --types node --typeRoots "$PKG/node_modules/@types" check.ts
+echo "typescript-client.sh: $tarball ($(tar -tzf "$work/pack/$tarball" | wc -l) files) packs, imports and type-checks from a fresh install"
 echo "typescript-client.sh: passed in $((SECONDS - started)) s"
