@@ -101,6 +101,9 @@ export class TransportError extends Unavailable {}
 /** An answer this client does not expect (a status, or a body lacking promised fields). */
 export class UnexpectedResponse extends TollgateError {}
 
+/** A guarded call's function did not finish within `execute`'s `timeoutMs` (before dispatch: nothing was sent). */
+export class ExecutionTimeout extends TollgateError {}
+
 /** The run ended (its terminal event arrived) while a gate waited for its card. */
 export class RunEnded extends TollgateError {}
 

@@ -15,7 +15,7 @@
 // already, and its settlement deadline settles an undispatched intent `not_executed`
 // (a dispatch whose answer was lost, `outcome_unknown`: this process cannot tell
 // whether it was sent).
-import { Conflict, OutcomeUnknown, TollgateError, conflict } from "./errors.js";
+import { Conflict, ExecutionTimeout, OutcomeUnknown, TollgateError, conflict } from "./errors.js";
 import type { Run } from "./client.js";
 import type { Decision } from "./gate.js";
 import type { Evidence, ExecutionAnswer, MutationState } from "./types.js";
@@ -70,8 +70,6 @@ export interface Executed<T> {
 
 type Phase = "before" | "dispatching" | "dispatched" | "refused" | "closed";
 
-class Timeout extends Error {}
-
 function clip(s: string): string {
   return s.length > MAX_MESSAGE_CHARS ? s.slice(0, MAX_MESSAGE_CHARS) : s;
 }
@@ -105,7 +103,7 @@ export async function executeCall<T>(run: Run, decision: Decision, options: Exec
   const approvalId = decision.approvalId;
   const timeoutMs = options.timeoutMs ?? 30_000;
   const guard = new AbortController();
-  const st: { phase: Phase } = { phase: "before" };
+  const st: { phase: Phase; refusal?: unknown } = { phase: "before" };
   let dispatching: Promise<void> | undefined;
   let result: unknown;
   let errorFacts: unknown;
@@ -141,7 +139,11 @@ export async function executeCall<T>(run: Run, decision: Decision, options: Exec
     signal: guard.signal,
     dispatch() {
       if (dispatching !== undefined) return dispatching;
-      if (st.phase !== "before") return Promise.reject(new Error("too late to dispatch: the guarded call has ended"));
+      if (st.phase !== "before") {
+        const late = Promise.reject(new Error("too late to dispatch: the guarded call has ended"));
+        late.catch(() => undefined);
+        return late;
+      }
       st.phase = "dispatching";
       dispatching = (async () => {
         if (!ledgered) {
@@ -160,9 +162,12 @@ export async function executeCall<T>(run: Run, decision: Decision, options: Exec
           st.phase = "dispatched";
         } catch (err) {
           st.phase = "refused";
+          st.refusal = err;
           throw err;
         }
       })();
+      // Awaited by the function, or not: the guard reads the outcome from `st` either way.
+      dispatching.catch(() => undefined);
       return dispatching;
     },
     result(facts) {
@@ -175,14 +180,14 @@ export async function executeCall<T>(run: Run, decision: Decision, options: Exec
 
   let timer: NodeJS.Timeout | undefined;
   const timedOut = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Timeout(`no response within ${timeoutMs} ms`)), timeoutMs);
+    timer = setTimeout(() => reject(new ExecutionTimeout(`no response within ${timeoutMs} ms`)), timeoutMs);
   });
   let value: T;
   try {
     value = await Promise.race([fn(ex), timedOut]);
   } catch (err) {
     clearTimeout(timer);
-    const wasTimeout = err instanceof Timeout;
+    const wasTimeout = err instanceof ExecutionTimeout;
     if (wasTimeout) guard.abort(err);
     // A dispatch still in flight decides which side of the line this is.
     if (st.phase === "dispatching") await dispatching?.catch(() => undefined);
@@ -204,9 +209,14 @@ export async function executeCall<T>(run: Run, decision: Decision, options: Exec
     throw err;
   }
   clearTimeout(timer);
+  // A dispatch the function started but did not await decides which side of the line this is.
+  if (st.phase === "dispatching") await dispatching?.catch(() => undefined);
   const at = st.phase;
   st.phase = "closed";
   if (!ledgered) return { value, evidence: undefined, state: undefined };
+  // The dispatch was refused (or its answer lost): nothing may have been sent by this
+  // permit, and this process cannot say what was; the server's deadline settles it.
+  if (at === "refused") throw st.refusal;
   if (at === "dispatched") {
     const settled = await settle(run, toolCallId, settleBody(approvalId, "confirmed", result, errorFacts));
     return settled instanceof TollgateError

@@ -20,6 +20,7 @@ export {
   Unavailable,
   TransportError,
   UnexpectedResponse,
+  ExecutionTimeout,
   RunEnded,
   WaitTimedOut,
   type ErrorDetails,

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { createServer, type Server as HttpServer } from "node:http";
 import { after, before, describe, test } from "node:test";
-import { Client, Conflict, OutcomeUnknown, type Decision, type Run } from "../src/index.js";
+import { Client, Conflict, ExecutionTimeout, OutcomeUnknown, type Decision, type Run } from "../src/index.js";
 import { decide, recordingFetch, startServer, type Sent, type Server } from "./server.js";
 
 /** A tool on a loopback port: `ok` answers 200, `kill` destroys the connection once the request has arrived. */
@@ -183,6 +183,58 @@ describe("execution guard", () => {
     assert.ok(err instanceof OutcomeUnknown);
     assert.equal(aborted, true);
     assert.equal((await run.mutation(decision.toolCallId, decision.approvalId)).state, "outcome_unknown");
+  });
+
+  test("running past the timeout before dispatch is settled not_sent; a late dispatch is refused", async () => {
+    const run = await newRun();
+    const decision = await approved(run, "call-stuck", { n: 6 });
+    let late: Promise<string> | undefined;
+    await assert.rejects(
+      run.execute(decision, { timeoutMs: 200 }, async (ex) => {
+        await new Promise((resolve) => ex.signal.addEventListener("abort", resolve, { once: true }));
+        late = ex.dispatch().then(
+          () => "dispatched",
+          (e: Error) => e.message,
+        );
+      }),
+      ExecutionTimeout,
+    );
+    assert.equal((await run.mutation(decision.toolCallId, decision.approvalId)).state, "not_executed");
+    assert.match(await late!, /too late to dispatch/);
+    assert.ok(!sent.some((s) => s.path.endsWith("/tool-calls/call-stuck/dispatch")), "no dispatch was sent");
+  });
+
+  test("a dispatch refused (another holder dispatched the attempt) sends nothing and settles nothing", async () => {
+    const run = await newRun();
+    const decision = await approved(run, "call-twice", { n: 7 });
+    let sentByUs = 0;
+    const before = sent.length;
+    const err = await run
+      .execute(decision, async (ex) => {
+        // Another holder of the same attempt dispatches it first.
+        const other = await fetch(`${server.url}/api/runs/${run.id}/tool-calls/call-twice/dispatch`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${run.token}`, "content-type": "application/json" },
+          body: JSON.stringify({ approval_id: ex.approvalId }),
+        });
+        assert.equal(other.status, 200);
+        await ex.dispatch();
+        sentByUs += 1;
+      })
+      .then(
+        () => assert.fail("expected Conflict"),
+        (e: unknown) => e,
+      );
+    assert.ok(err instanceof Conflict && !(err instanceof OutcomeUnknown), String(err));
+    assert.equal(err.status, 409);
+    assert.equal(err.state, "dispatched");
+    assert.equal(sentByUs, 0);
+    assert.deepEqual(
+      sent.slice(before).map((s) => s.path.split("/").pop()),
+      ["start", "dispatch"],
+      "no settle: the deadline settles what this process cannot know",
+    );
+    assert.equal((await run.mutation("call-twice", decision.approvalId)).state, "dispatched");
   });
 
   test("a call a policy approved runs without the ledger", async () => {
