@@ -704,6 +704,8 @@ export interface components {
             state: string;
             expired: boolean;
             decided_by?: string | null;
+            /** @description An approved card's scope (this click's, or the earlier decision's). */
+            scope?: string | null;
             /** @description `run_ended` when the card expired because its run ended. */
             reason?: string | null;
             /**
@@ -883,6 +885,44 @@ export interface components {
             run_id: string;
             /** Format: uint64 */
             terminal_sequence: number;
+        };
+        /**
+         * @description The payload of `tool.approval_required` (and of the `tool.approval_pending`
+         *     heartbeats, which carry its first three keys): a card waits for a human.
+         */
+        ApprovalRequired: {
+            requestId: string;
+            displayId: string;
+            toolName: string;
+            url?: string | null;
+            intention?: string | null;
+            message?: string | null;
+            tool_call_id?: string | null;
+            approval_id?: string | null;
+        };
+        /**
+         * @description The payload of `tool.approval_resolved` (and, with `childRunId` and `subtaskId`, of
+         *     `coordinator.child_approval_resolved`): how a card ended. Keys in camelCase, as the
+         *     event catalogue has them; `tool_call_id` and `approval_id` when the card was armed
+         *     with them.
+         */
+        ApprovalResolved: {
+            requestId: string;
+            /** @description The card's run (`tool.approval_resolved`). */
+            runId?: string | null;
+            /** @description The child run (`coordinator.child_approval_resolved`). */
+            childRunId?: string | null;
+            subtaskId?: unknown;
+            approved: boolean;
+            expired: boolean;
+            /** @description Who decided (`policy:<id>` for a standing grant); absent for an expiry. */
+            decidedBy?: string | null;
+            /** @description An approval's scope: `once`, `run`, `tool` or `always`. */
+            scope?: string | null;
+            /** @description Why an expired card ended (`run_ended`, …). */
+            reason?: string | null;
+            tool_call_id?: string | null;
+            approval_id?: string | null;
         };
         /** @description `GET /api/console/config`: who the operator token is and what it may grant. */
         ConsoleConfig: {
