@@ -148,6 +148,187 @@ fn the_documented_bounds_are_the_servers() {
     assert!(!tollgate_domain::validate_run_id(
         &"x".repeat(limits::MAX_ID_BYTES + 1)
     ));
+    use tollgate_domain::approval as card;
+    assert_eq!(limits::MAX_ID_BYTES, card::MAX_REQUEST_ID);
+    assert_eq!(limits::MAX_TOOL_NAME, card::MAX_TOOL_NAME);
+    assert_eq!(limits::MAX_URL, card::MAX_URL);
+    assert_eq!(limits::MAX_TEXT, card::MAX_TEXT);
+    assert_eq!(limits::MAX_HASH, card::MAX_HASH);
+    assert_eq!(limits::MAX_TIMEOUT_SECONDS, card::MAX_TIMEOUT_SECONDS);
+    assert_eq!(limits::MAX_HEAD_TEXT, tollgate_app::runs::MAX_HEAD_TEXT);
+    assert_eq!(limits::MAX_ORIGIN, tollgate_app::runs::MAX_ORIGIN);
+    assert_eq!(
+        limits::MAX_BUDGET_TOOLS,
+        tollgate_domain::execution::MAX_BUDGET_TOOLS
+    );
+    assert_eq!(
+        limits::MAX_LISTED_CARDS,
+        tollgate_api::approvals::MAX_OPEN_CARDS
+    );
+    assert_eq!(
+        limits::MAX_LISTED_POLICIES,
+        tollgate_api::approvals::MAX_POLICIES
+    );
+    assert_eq!(
+        limits::MAX_LISTED_MUTATIONS,
+        tollgate_store::MAX_MUTATIONS_LISTED
+    );
+}
+
+/// The bounds the document states on an arm's fields are where the server draws the
+/// line: a value at the bound is armed, one past it is a 400 that writes nothing.
+#[tokio::test]
+async fn an_arm_at_its_documented_bounds_is_taken_and_past_them_refused() {
+    let doc = committed();
+    let props = &doc["components"]["schemas"]["ArmApproval"]["properties"];
+    let server = tollgate_tests::TestServer::start(tollgate_tests::Backend::Memory).await;
+    let (run_id, token) = server.create_run(json!({})).await;
+    let path = format!("/api/runs/{run_id}/approval-requests");
+    let n = std::cell::Cell::new(0);
+    let arm = |field: &str, value: Value| {
+        n.set(n.get() + 1);
+        let mut body =
+            json!({"request_id": format!("bounds-{}", n.get()), "tool_name": "web_fetch"});
+        body[field] = value;
+        body
+    };
+    for field in ["tool_name", "url", "intention", "message", "arguments_hash"] {
+        let max = props[field]["maxLength"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{field} has a documented maxLength"))
+            as usize;
+        assert_eq!(props[field]["minLength"], 1, "{field}");
+        let (status, answer) = server
+            .post(&path, &token, &arm(field, json!("a".repeat(max))))
+            .await;
+        assert_eq!(status, 201, "{field} at {max}: {answer}");
+        for past in [json!("a".repeat(max + 1)), json!("")] {
+            let (status, answer) = server.post(&path, &token, &arm(field, past)).await;
+            assert_eq!(status, 400, "{field} past its bound: {answer}");
+        }
+    }
+    for field in ["request_id", "tool_call_id", "approval_id"] {
+        assert_eq!(props[field]["pattern"], limits::ID_PATTERN, "{field}");
+        let (status, answer) = server
+            .post(
+                &path,
+                &token,
+                &arm(
+                    field,
+                    json!(format!(
+                        "{:03}{}",
+                        n.get(),
+                        "i".repeat(limits::MAX_ID_BYTES - 3)
+                    )),
+                ),
+            )
+            .await;
+        assert_eq!(status, 201, "{field} at its bound: {answer}");
+        for past in [
+            "x".repeat(limits::MAX_ID_BYTES + 1),
+            "a b".into(),
+            String::new(),
+        ] {
+            let (status, answer) = server.post(&path, &token, &arm(field, json!(past))).await;
+            assert_eq!(status, 400, "{field} {past:?}: {answer}");
+        }
+    }
+    let timeout = &props["timeout_seconds"];
+    assert_eq!(timeout["minimum"], 1);
+    assert_eq!(timeout["maximum"], limits::MAX_TIMEOUT_SECONDS);
+    let (status, answer) = server
+        .post(&path, &token, &arm("timeout_seconds", json!(0)))
+        .await;
+    assert_eq!(status, 400, "{answer}");
+    let (status, answer) = server
+        .post(
+            &path,
+            &token,
+            &arm("timeout_seconds", json!(limits::MAX_TIMEOUT_SECONDS + 1)),
+        )
+        .await;
+    assert_eq!(status, 400, "{answer}");
+    // Only the armed cards were written: every refusal left nothing.
+    let (status, page) = server
+        .get(
+            &format!("/api/runs/{run_id}/approvals?state=pending"),
+            &server.operator_token,
+        )
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["approvals"].as_array().unwrap().len(), 5 + 3);
+}
+
+/// Every link of the document leads somewhere real: from a status its operation answers,
+/// to an operation of the document, naming only that operation's parameters and (for a
+/// body) properties of its request body.
+#[test]
+fn the_documents_links_lead_to_real_operations() {
+    let doc = committed();
+    let ops: Vec<(&str, &Value)> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|item| item.as_object().unwrap().values())
+        .map(|op| (op["operationId"].as_str().unwrap(), op))
+        .collect();
+    let find = |id: &str| ops.iter().find(|(i, _)| *i == id).map(|(_, op)| *op);
+    let mut seen = 0;
+    for (id, op) in &ops {
+        for (status, response) in op["responses"].as_object().unwrap() {
+            let Some(links) = response.get("links").and_then(Value::as_object) else {
+                continue;
+            };
+            assert!(
+                status.starts_with('2'),
+                "{id} {status}: links follow a success"
+            );
+            for (name, link) in links {
+                seen += 1;
+                let to = link["operationId"].as_str().unwrap();
+                let target = find(to).unwrap_or_else(|| panic!("{id}.{name}: no operation {to}"));
+                let params: BTreeSet<&str> = target["parameters"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|p| p["name"].as_str().unwrap())
+                    .collect();
+                let required: BTreeSet<&str> = target["parameters"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|p| p["in"] == "path")
+                    .map(|p| p["name"].as_str().unwrap())
+                    .collect();
+                let given: BTreeSet<&str> = link["parameters"]
+                    .as_object()
+                    .unwrap()
+                    .keys()
+                    .map(String::as_str)
+                    .collect();
+                assert!(
+                    given.is_subset(&params),
+                    "{id}.{name}: {given:?} ⊄ {params:?}"
+                );
+                assert!(
+                    required.is_subset(&given),
+                    "{id}.{name}: path {required:?} not all given"
+                );
+                if let Some(body) = link.get("requestBody").and_then(Value::as_object) {
+                    let schema = target["requestBody"]["content"]["application/json"]["schema"]
+                        ["$ref"]
+                        .as_str()
+                        .and_then(|r| r.strip_prefix("#/components/schemas/"))
+                        .unwrap_or_else(|| panic!("{id}.{name}: {to} takes no typed body"));
+                    let props = &doc["components"]["schemas"][schema]["properties"];
+                    for k in body.keys() {
+                        assert!(props.get(k).is_some(), "{id}.{name}: {schema} has no {k}");
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(seen, tollgate_protocol::openapi::LINKS.len());
 }
 
 #[tokio::test]

@@ -226,7 +226,10 @@ mod tests {
     fn answer_line(v: &Value, verb: Verb, scope: &str, me: Option<&str>) -> (String, bool) {
         let mut answer = json!({"run_id": "run-1", "request_id": "req-1", "resolved": true,
                                 "state": "approved", "expired": false});
-        answer.as_object_mut().unwrap().extend(v.as_object().unwrap().clone());
+        answer
+            .as_object_mut()
+            .unwrap()
+            .extend(v.as_object().unwrap().clone());
         let answer: DecisionAnswer = serde_json::from_value(answer).unwrap();
         super::answer_line(&answer, verb, scope, me)
     }

@@ -8,9 +8,8 @@ the credential its operation's `security` names, on runs this process owns.
 - Otherwise the operator JWT where the operation admits it, else the agent JWT.
 - Operations without `security` are sent as generated.
 
-Links: when the document names none for an operation below, the stateful phase gets
-these (create run → append → arm → decide → replay; arm → read the card; start →
-dispatch → settle), so that it walks a run's life in order.
+Links: the document's own (create run → append / arm / replay / end; arm → decide →
+read the card; start → dispatch → settle → read the record) drive the stateful phase.
 
 Reads TOLLGATE_URL, AGENT_TOKEN and OPERATOR_TOKEN from the environment.
 """
@@ -113,92 +112,3 @@ def after_call(context, case, response):
     if isinstance(body, dict) and "run_id" in body and "run_token" in body:
         with _lock:
             _tokens[body["run_id"]] = body["run_token"]
-
-
-def _link(operation_id, parameters, body=None):
-    link = {"operationId": operation_id, "parameters": parameters}
-    if body is not None:
-        link["requestBody"] = body
-    return link
-
-
-RUN_FROM_BODY = {"run_id": "$response.body#/run_id"}
-RUN_FROM_PATH = {"run_id": "$request.path.run_id"}
-
-# operationId -> status -> {link name: link}
-LINKS = {
-    "createRun": {
-        "201": {
-            "AppendEvents": _link("appendEvents", RUN_FROM_BODY),
-            "ArmApproval": _link("armApproval", RUN_FROM_BODY),
-            "ReplayEvents": _link("replayEvents", RUN_FROM_BODY),
-            "CompleteRun": _link("completeRun", RUN_FROM_BODY),
-        }
-    },
-    "appendEvents": {
-        "200": {
-            "ArmApproval": _link("armApproval", RUN_FROM_PATH),
-            "ReplayEvents": _link("replayEvents", RUN_FROM_PATH),
-        }
-    },
-    "armApproval": {
-        "201": {
-            "Approve": _link(
-                "approve",
-                RUN_FROM_PATH,
-                {"request_id": "$response.body#/request_id", "scope": "once"},
-            ),
-            "Deny": _link("deny", RUN_FROM_PATH, {"request_id": "$response.body#/request_id"}),
-            "ReadCard": _link(
-                "readCard",
-                {"run_id": "$request.path.run_id", "request_id": "$response.body#/request_id"},
-            ),
-        }
-    },
-    "approve": {
-        "200": {
-            "ReplayEvents": _link("replayEvents", RUN_FROM_PATH),
-            "ListRunApprovals": _link("listRunApprovals", RUN_FROM_PATH),
-        }
-    },
-    "startExecution": {
-        "200": {
-            "Dispatch": _link(
-                "dispatchExecution",
-                {"run_id": "$request.path.run_id", "tool_call_id": "$request.path.tool_call_id"},
-                {"approval_id": "$request.body#/approval_id"},
-            ),
-        }
-    },
-    "dispatchExecution": {
-        "200": {
-            "Settle": _link(
-                "settleExecution",
-                {"run_id": "$request.path.run_id", "tool_call_id": "$request.path.tool_call_id"},
-                {"approval_id": "$request.body#/approval_id", "evidence": "confirmed"},
-            ),
-        }
-    },
-}
-
-
-@schemathesis.hook
-def before_load_schema(context, raw_schema):
-    """Adds the links above where the document names none for that answer."""
-    present = set()
-    for item in raw_schema.get("paths", {}).values():
-        for operation in item.values():
-            if isinstance(operation, dict) and "operationId" in operation:
-                present.add(operation["operationId"])
-    for item in raw_schema.get("paths", {}).values():
-        for operation in item.values():
-            if not isinstance(operation, dict):
-                continue
-            by_status = LINKS.get(operation.get("operationId"), {})
-            for status, links in by_status.items():
-                response = operation.get("responses", {}).get(status)
-                if response is None or "$ref" in response or response.get("links"):
-                    continue
-                usable = {n: l for n, l in links.items() if l["operationId"] in present}
-                if usable:
-                    response["links"] = usable

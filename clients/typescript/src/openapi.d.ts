@@ -523,8 +523,11 @@ export interface components {
         CreateRun: {
             /** @description The run's id (`[A-Za-z0-9_.:-]`, 1–128); generated when absent. */
             run_id?: string | null;
-            /** @description `single` (default), `coordinator` or `child`. */
-            kind?: string | null;
+            /**
+             * @description `single` (default), `coordinator` or `child`.
+             * @enum {string|null}
+             */
+            kind?: "single" | "coordinator" | "child" | null;
             /** @description A child's coordinator (a run its own agent created). */
             parent_run_id?: string | null;
             /** @description A child's subtask, as the coordinator names it (any JSON value). */
@@ -539,10 +542,22 @@ export interface components {
              *     (`GET /api/receipts/{delivery_id}` reads it back).
              */
             delivery_id?: string | null;
-            /** @description Approved execution's budget: `{call_ceiling?, ...}`. */
-            budget?: unknown;
-            /** @description `durable` (default) or `pod` (an AgentHost pod holds the run's cards). */
-            execution_mode?: string | null;
+            /**
+             * @description Approved execution's budget: `{tools: {<tool>: <most starts>}, call_ceiling?}`
+             *     (without one, the run admits no approved execution).
+             */
+            budget?: {
+                tools?: {
+                    [key: string]: number;
+                };
+                call_ceiling?: number | null;
+            } | null;
+            /**
+             * @description `inline` (default: Tollgate holds the run's cards) or `pod` (an AgentHost pod
+             *     holds them).
+             * @enum {string|null}
+             */
+            execution_mode?: "inline" | "pod" | null;
             /** @description For `execution_mode: pod`: the pod's HTTPS origin, where decisions are forwarded. */
             agenthost_origin?: string | null;
         };
@@ -578,9 +593,12 @@ export interface components {
          */
         AppendEvents: {
             /** @description 1 to 99 events, each `{type, event_id?, ...payload}`; server-owned types are refused. */
-            events: {
+            events: ({
+                type: string;
+                event_id?: string;
+            } & {
                 [key: string]: unknown;
-            }[];
+            })[];
         };
         /**
          * @description What an append answers: the sequence each event got, in order. A pod-per-run run's
@@ -816,8 +834,9 @@ export interface components {
             /**
              * @description `confirmed` (a response came), `not_sent` (it never left) or `ambiguous` (sent,
              *     no answer: recorded `outcome_unknown`, never retried).
+             * @enum {string}
              */
-            evidence: string;
+            evidence: "confirmed" | "not_sent" | "ambiguous";
             result?: unknown;
             error?: unknown;
         };
@@ -829,8 +848,11 @@ export interface components {
          *     }
          */
         Reconcile: {
-            /** @description `applied` or `not_applied`. */
-            observed: string;
+            /**
+             * @description `applied` or `not_applied`.
+             * @enum {string}
+             */
+            observed: "applied" | "not_applied";
         };
         /**
          * @description A mutation record, `mutation_outcome/v1`: the durable outcome of one approved call,
@@ -1149,7 +1171,7 @@ export interface operations {
             query?: {
                 /** @description Answer events after this sequence (default 0). */
                 after?: number;
-                /** @description Most items to answer. */
+                /** @description Most events to answer (default 100). */
                 limit?: number;
             };
             header?: never;
@@ -2232,7 +2254,7 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description `pending` (the only state listed). */
-                state?: string;
+                state?: "pending";
             };
             header?: never;
             path: {
@@ -2316,8 +2338,8 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description `pending` (the only state listed). */
-                state?: string;
-                /** @description Most items to answer. */
+                state?: "pending";
+                /** @description Most cards to answer (default and most 500). */
                 limit?: number;
                 /** @description The next_after of the previous page. */
                 after?: string;
@@ -2390,7 +2412,7 @@ export interface operations {
     listPolicies: {
         parameters: {
             query?: {
-                /** @description Most items to answer. */
+                /** @description Most grants to answer (default and most 500). */
                 limit?: number;
                 /** @description The next_cursor of the previous page. */
                 cursor?: string;
@@ -2881,7 +2903,7 @@ export interface operations {
     listMutations: {
         parameters: {
             query?: {
-                /** @description Most items to answer. */
+                /** @description Most records to answer (default 100). */
                 limit?: number;
             };
             header?: never;

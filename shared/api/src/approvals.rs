@@ -927,7 +927,7 @@ fn cards_within_limit(cards: &[ApprovalRequest]) -> (Vec<Card>, bool) {
 }
 
 /// Most cards `GET /api/approvals` answers with.
-const MAX_OPEN_CARDS: usize = 500;
+pub const MAX_OPEN_CARDS: usize = 500;
 
 #[instrument(skip_all)]
 async fn all_approvals(
@@ -974,7 +974,7 @@ async fn all_approvals(
 }
 
 /// Most policies one page of `GET /api/policies` holds (`limit`, also the default).
-const MAX_POLICIES: usize = 500;
+pub const MAX_POLICIES: usize = 500;
 const DEFAULT_POLICIES: usize = MAX_POLICIES;
 
 /// `GET /api/policies?cursor=…&limit=…`: a page of the grants the operator may see and

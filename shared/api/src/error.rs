@@ -6,8 +6,8 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use tollgate_protocol::ErrorBody;
 use tollgate_app::ErrorState;
+use tollgate_protocol::ErrorBody;
 use tollgate_store::StoreError;
 
 /// What an error means, for a program: the `code` of every error body. A closed set,

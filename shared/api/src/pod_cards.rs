@@ -31,7 +31,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{Map, Value};
-use tollgate_protocol::runs::{Appended, Dropped};
 use tollgate_app::pod_cards::{pod_expiry_grace, PodCardStep};
 use tollgate_app::ArmOutcome;
 use tollgate_domain::approval::{
@@ -39,6 +38,7 @@ use tollgate_domain::approval::{
 };
 use tollgate_domain::event::types as ev;
 use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState};
+use tollgate_protocol::runs::{Appended, Dropped};
 use tollgate_store::Armed;
 
 use crate::{ApiError, Deps};

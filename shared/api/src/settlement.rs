@@ -23,10 +23,10 @@ use tracing::instrument;
 
 use crate::auth::{Credentials, Role};
 use crate::error::{ErrorCode, ExecutionRefusal};
-use tollgate_protocol::execution::{ExecutionAnswer, MutationList};
 use crate::request::{query_param, JsonBody, PathParams, RunId};
 use crate::{ApiError, Deps};
 use tollgate_app::ErrorState;
+use tollgate_protocol::execution::{ExecutionAnswer, MutationList};
 
 /// Routes of the `settlement` function.
 pub fn routes() -> Router<Deps> {

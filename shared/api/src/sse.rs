@@ -24,10 +24,10 @@ use axum::body::{Body, Bytes};
 use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use tollgate_protocol::events::StreamEnd;
 use tokio::sync::mpsc;
 use tollgate_app::runs::RunLog;
 use tollgate_domain::RunHead;
+use tollgate_protocol::events::StreamEnd;
 use tracing::instrument;
 
 use crate::auth::Credentials;

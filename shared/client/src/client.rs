@@ -273,7 +273,8 @@ impl Client {
             // Our own id makes a retried create find the run the first attempt made.
             spec.run_id = Some(format!("run-{}", uuid::Uuid::new_v4().simple()));
         }
-        let body = serde_json::to_value(spec.into_wire()).map_err(|e| Error::Config(e.to_string()))?;
+        let body =
+            serde_json::to_value(spec.into_wire()).map_err(|e| Error::Config(e.to_string()))?;
         let http = self.http();
         let answer = http
             .send(

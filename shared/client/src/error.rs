@@ -305,14 +305,7 @@ impl Error {
                 code,
                 request_id,
             },
-            409 => Self::refused(
-                state,
-                approval_id,
-                reason,
-                message,
-                code,
-                request_id,
-            ),
+            409 => Self::refused(state, approval_id, reason, message, code, request_id),
             429 | 500..=599 => Error::Unavailable {
                 status,
                 message,

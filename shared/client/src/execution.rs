@@ -44,8 +44,8 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use tollgate_protocol::execution::{Dispatch, ExecutionAnswer, Settle, Start};
 use crate::{Error, Run};
+use tollgate_protocol::execution::{Dispatch, ExecutionAnswer, Settle, Start};
 
 /// Refusals of post-approval admission: the server announced the start before them.
 const ADMISSION_REFUSALS: &[&str] = &[

@@ -364,11 +364,13 @@ impl Run {
         };
         let display_id = Some(body.display_id);
         let state = match body.state.as_str() {
-            "approved" if body.auto_approved == Some(true) => ArmedState::Decided(Verdict::Approved {
-                scope: Scope::parse(body.scope.as_deref()),
-                decided_by: body.policy_id.map(|p| format!("policy:{p}")),
-                auto: true,
-            }),
+            "approved" if body.auto_approved == Some(true) => {
+                ArmedState::Decided(Verdict::Approved {
+                    scope: Scope::parse(body.scope.as_deref()),
+                    decided_by: body.policy_id.map(|p| format!("policy:{p}")),
+                    auto: true,
+                })
+            }
             "pending" => ArmedState::Pending {
                 // A fresh card's resolution follows its `tool.approval_required`; a repeated
                 // arm (200) does not say where that is, so the wait reads from the start.
@@ -711,8 +713,10 @@ mod tests {
 
     /// A `tool.approval_resolved` payload as the server writes it.
     fn resolved(request_id: &str, approved: bool, expired: bool) -> ApprovalResolved {
-        payload(json!({"requestId": request_id, "runId": "run-1", "approved": approved,
-               "expired": expired, "decidedBy": "alice", "scope": "tool"}))
+        payload(
+            json!({"requestId": request_id, "runId": "run-1", "approved": approved,
+               "expired": expired, "decidedBy": "alice", "scope": "tool"}),
+        )
     }
 
     fn payload(v: Value) -> ApprovalResolved {
@@ -761,9 +765,9 @@ mod tests {
             }
         );
         assert_eq!(
-            Verdict::from_resolved_event(
-                &payload(json!({"requestId": "r", "approved": false, "expired": true}))
-            ),
+            Verdict::from_resolved_event(&payload(
+                json!({"requestId": "r", "approved": false, "expired": true})
+            )),
             Verdict::Expired
         );
     }
@@ -772,7 +776,9 @@ mod tests {
     fn cards_read_as_verdicts_unless_pending() {
         assert_eq!(Verdict::from_card(&card(json!({"state": "pending"}))), None);
         assert_eq!(
-            Verdict::from_card(&card(json!({"state": "approved", "scope": "once", "decided_by": "bob"}))),
+            Verdict::from_card(&card(
+                json!({"state": "approved", "scope": "once", "decided_by": "bob"})
+            )),
             Some(Verdict::Approved {
                 scope: Scope::Once,
                 decided_by: Some("bob".into()),
@@ -780,7 +786,9 @@ mod tests {
             })
         );
         assert_eq!(
-            Verdict::from_card(&card(json!({"state": "approved", "scope": "tool", "decided_by": "policy:abc"}))),
+            Verdict::from_card(&card(
+                json!({"state": "approved", "scope": "tool", "decided_by": "policy:abc"})
+            )),
             Some(Verdict::Approved {
                 scope: Scope::Tool,
                 decided_by: Some("policy:abc".into()),

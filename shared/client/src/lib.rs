@@ -94,8 +94,6 @@ pub use client::{
     Budget, Client, ClientConfig, Ended, Event, EventPage, ExecutionMode, Receipt, Run, RunKind,
     RunSpec, SubtaskId, MAX_BATCH_EVENTS,
 };
-/// The HTTP contract's types (`tollgate-protocol`): what this client sends and parses.
-pub use tollgate_protocol as protocol;
 pub use error::Error;
 pub use execution::{
     ApprovedCall, CallOutcome, CallRef, Dispatched, Evidence, EvidenceKind, Executed,
@@ -104,3 +102,5 @@ pub use execution::{
 pub use gate::{Armed, Decision, GateRequest, Scope};
 pub use hash::arguments_hash;
 pub use retry::RetryPolicy;
+/// The HTTP contract's types (`tollgate-protocol`): what this client sends and parses.
+pub use tollgate_protocol as protocol;

@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::Value;
-use tollgate_protocol::approvals as wire;
 use tokio::time::Instant;
+use tollgate_protocol::approvals as wire;
 
 use crate::http::{describe, is_event_stream, read, Answer, Http, Lost};
 use crate::retry::reconnect_backoff;

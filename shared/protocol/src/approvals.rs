@@ -12,23 +12,32 @@ use serde_json::Value;
 pub struct ArmApproval {
     /// The card's id on the run (an id: `[A-Za-z0-9_.:-]`, 1–128); a retry with the same
     /// id and the same call answers the same card.
+    #[cfg_attr(feature = "schema", schemars(extend("pattern" = crate::limits::ID_PATTERN)))]
     pub request_id: String,
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = crate::limits::MAX_TOOL_NAME)))]
     pub tool_name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(extend("pattern" = crate::limits::ID_PATTERN)))]
     pub tool_call_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(extend("pattern" = crate::limits::ID_PATTERN)))]
     pub approval_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = crate::limits::MAX_URL)))]
     pub url: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = crate::limits::MAX_TEXT)))]
     pub intention: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = crate::limits::MAX_TEXT)))]
     pub message: Option<String>,
     /// Hex SHA-256 of the call's canonical arguments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = crate::limits::MAX_HASH)))]
     pub arguments_hash: Option<String>,
     /// Seconds until the card expires (default 300, at most the deployment's cap).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = crate::limits::MAX_TIMEOUT_SECONDS)))]
     pub timeout_seconds: Option<u64>,
 }
 
@@ -60,6 +69,7 @@ pub struct Armed {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"request_id": "req-1", "scope": "once"})))]
 pub struct Decide {
+    #[cfg_attr(feature = "schema", schemars(extend("pattern" = crate::limits::ID_PATTERN)))]
     pub request_id: String,
     /// `once` (default), `run`, `tool` or `always` (approvals only); any other value
     /// means `once`.
@@ -68,6 +78,7 @@ pub struct Decide {
     /// The tool the operator means to decide (a mismatch is refused; needed for a scope
     /// beyond `once` on a pod-held card).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = crate::limits::MAX_TOOL_NAME)))]
     pub tool_name: Option<String>,
 }
 

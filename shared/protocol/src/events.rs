@@ -59,9 +59,17 @@ pub struct ApprovalResolved {
     /// Why an expired card ended (`run_ended`, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    #[serde(default, rename = "tool_call_id", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "tool_call_id",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub tool_call_id: Option<String>,
-    #[serde(default, rename = "approval_id", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "approval_id",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub approval_id: Option<String>,
 }
 
@@ -80,9 +88,17 @@ pub struct ApprovalRequired {
     pub intention: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    #[serde(default, rename = "tool_call_id", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "tool_call_id",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub tool_call_id: Option<String>,
-    #[serde(default, rename = "approval_id", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "approval_id",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub approval_id: Option<String>,
 }
 

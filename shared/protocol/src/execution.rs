@@ -11,10 +11,14 @@ use serde_json::Value;
 #[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"request_id": "req-1", "approval_id": "req-1", "tool_name": "send_email"})))]
 pub struct Start {
     /// The approved card.
+    #[cfg_attr(feature = "schema", schemars(extend("pattern" = crate::limits::ID_PATTERN)))]
     pub request_id: String,
+    #[cfg_attr(feature = "schema", schemars(extend("pattern" = crate::limits::ID_PATTERN)))]
     pub approval_id: String,
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = crate::limits::MAX_TOOL_NAME)))]
     pub tool_name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = crate::limits::MAX_HASH)))]
     pub arguments_hash: Option<String>,
 }
 
@@ -24,6 +28,7 @@ pub struct Start {
 #[serde(deny_unknown_fields)]
 #[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"approval_id": "req-1"})))]
 pub struct Dispatch {
+    #[cfg_attr(feature = "schema", schemars(extend("pattern" = crate::limits::ID_PATTERN)))]
     pub approval_id: String,
 }
 
@@ -33,9 +38,11 @@ pub struct Dispatch {
 #[serde(deny_unknown_fields)]
 #[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"approval_id": "req-1", "evidence": "confirmed", "result": {"message_id": "m-1"}})))]
 pub struct Settle {
+    #[cfg_attr(feature = "schema", schemars(extend("pattern" = crate::limits::ID_PATTERN)))]
     pub approval_id: String,
     /// `confirmed` (a response came), `not_sent` (it never left) or `ambiguous` (sent,
     /// no answer: recorded `outcome_unknown`, never retried).
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["confirmed", "not_sent", "ambiguous"])))]
     pub evidence: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
@@ -51,6 +58,7 @@ pub struct Settle {
 #[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"observed": "applied"})))]
 pub struct Reconcile {
     /// `applied` or `not_applied`.
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["applied", "not_applied"])))]
     pub observed: String,
 }
 

@@ -12,3 +12,26 @@ pub const MAX_ID_BYTES: usize = 128;
 pub const ID_PATTERN: &str = "^[A-Za-z0-9_.:-]{1,128}$";
 /// Most events one replay page answers (`limit`).
 pub const MAX_PAGE_EVENTS: usize = 1000;
+/// Longest `tool_name`, in bytes.
+pub const MAX_TOOL_NAME: usize = 128;
+/// Longest `url`, in bytes.
+pub const MAX_URL: usize = 2048;
+/// Longest `intention` or `message`, in bytes.
+pub const MAX_TEXT: usize = 4096;
+/// Longest `arguments_hash`, in bytes.
+pub const MAX_HASH: usize = 256;
+/// Longest a card may wait (a deployment may cap it lower:
+/// `TOLLGATE_MAX_CARD_TIMEOUT_SECONDS`, 24 h unless set).
+pub const MAX_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
+/// Longest `owner`, `project_id`, `channel_id`, `delivery_id`, in characters.
+pub const MAX_HEAD_TEXT: usize = 256;
+/// Longest `agenthost_origin`, in characters.
+pub const MAX_ORIGIN: usize = 2048;
+/// Most tools a run's `budget.tools` may name.
+pub const MAX_BUDGET_TOOLS: usize = 64;
+/// Most cards one `GET /api/approvals` page answers (`limit`).
+pub const MAX_LISTED_CARDS: usize = 500;
+/// Most grants one `GET /api/policies` page answers (`limit`).
+pub const MAX_LISTED_POLICIES: usize = 500;
+/// Most records one `GET /api/runs/{run_id}/mutations` answers (`limit`).
+pub const MAX_LISTED_MUTATIONS: usize = 1000;

@@ -48,10 +48,19 @@ fn named(generator: &mut SchemaGenerator) -> Vec<(&'static str, Value)> {
         ("Reconcile", of::<execution::Reconcile>(generator)),
         ("MutationRecord", of::<execution::MutationRecord>(generator)),
         ("MutationList", of::<execution::MutationList>(generator)),
-        ("ExecutionAnswer", of::<execution::ExecutionAnswer>(generator)),
+        (
+            "ExecutionAnswer",
+            of::<execution::ExecutionAnswer>(generator),
+        ),
         ("StreamEnd", of::<events::StreamEnd>(generator)),
-        ("ApprovalRequired", of::<events::ApprovalRequired>(generator)),
-        ("ApprovalResolved", of::<events::ApprovalResolved>(generator)),
+        (
+            "ApprovalRequired",
+            of::<events::ApprovalRequired>(generator),
+        ),
+        (
+            "ApprovalResolved",
+            of::<events::ApprovalResolved>(generator),
+        ),
         ("ConsoleConfig", of::<console::ConsoleConfig>(generator)),
     ]
 }
@@ -111,6 +120,211 @@ fn content(body: Body) -> Value {
     }
 }
 
+/// The links of the document: how one answer's values feed the next operation (a
+/// run's life: create → append / arm / replay / end; arm → decide / read the card;
+/// start → dispatch → settle). Each: the operation and status it follows, its name,
+/// the operation it leads to, that operation's parameters and (a JSON object's fields)
+/// body, as runtime expressions.
+pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = &[
+    (
+        "createRun",
+        201,
+        "AppendEvents",
+        "appendEvents",
+        RUN_FROM_BODY,
+        &[],
+    ),
+    (
+        "createRun",
+        201,
+        "ArmApproval",
+        "armApproval",
+        RUN_FROM_BODY,
+        &[],
+    ),
+    (
+        "createRun",
+        201,
+        "ReplayEvents",
+        "replayEvents",
+        RUN_FROM_BODY,
+        &[],
+    ),
+    (
+        "createRun",
+        201,
+        "StreamEvents",
+        "streamEvents",
+        RUN_FROM_BODY,
+        &[],
+    ),
+    (
+        "createRun",
+        201,
+        "CompleteRun",
+        "completeRun",
+        RUN_FROM_BODY,
+        &[],
+    ),
+    (
+        "appendEvents",
+        200,
+        "ArmApproval",
+        "armApproval",
+        RUN_FROM_PATH,
+        &[],
+    ),
+    (
+        "appendEvents",
+        200,
+        "ReplayEvents",
+        "replayEvents",
+        RUN_FROM_PATH,
+        &[],
+    ),
+    (
+        "armApproval",
+        201,
+        "Approve",
+        "approve",
+        RUN_FROM_PATH,
+        &[
+            ("request_id", "$response.body#/request_id"),
+            ("scope", "once"),
+        ],
+    ),
+    (
+        "armApproval",
+        201,
+        "Deny",
+        "deny",
+        RUN_FROM_PATH,
+        &[("request_id", "$response.body#/request_id")],
+    ),
+    (
+        "armApproval",
+        201,
+        "ReadCard",
+        "readCard",
+        &[
+            ("run_id", "$request.path.run_id"),
+            ("request_id", "$response.body#/request_id"),
+        ],
+        &[],
+    ),
+    (
+        "approve",
+        200,
+        "ReadCard",
+        "readCard",
+        &[
+            ("run_id", "$response.body#/run_id"),
+            ("request_id", "$response.body#/request_id"),
+        ],
+        &[],
+    ),
+    (
+        "approve",
+        200,
+        "ReplayEvents",
+        "replayEvents",
+        &[("run_id", "$response.body#/run_id")],
+        &[],
+    ),
+    (
+        "approve",
+        200,
+        "ListRunApprovals",
+        "listRunApprovals",
+        RUN_FROM_PATH,
+        &[],
+    ),
+    (
+        "deny",
+        200,
+        "ReadCard",
+        "readCard",
+        &[
+            ("run_id", "$response.body#/run_id"),
+            ("request_id", "$response.body#/request_id"),
+        ],
+        &[],
+    ),
+    (
+        "startExecution",
+        200,
+        "Dispatch",
+        "dispatchExecution",
+        CALL_FROM_PATH,
+        &[("approval_id", "$request.body#/approval_id")],
+    ),
+    (
+        "startExecution",
+        200,
+        "NotSent",
+        "settleExecution",
+        CALL_FROM_PATH,
+        &[
+            ("approval_id", "$request.body#/approval_id"),
+            ("evidence", "not_sent"),
+        ],
+    ),
+    (
+        "dispatchExecution",
+        200,
+        "Settle",
+        "settleExecution",
+        CALL_FROM_PATH,
+        &[
+            ("approval_id", "$request.body#/approval_id"),
+            ("evidence", "confirmed"),
+        ],
+    ),
+    (
+        "settleExecution",
+        200,
+        "ReadMutation",
+        "readMutation",
+        &[
+            ("run_id", "$request.path.run_id"),
+            ("tool_call_id", "$request.path.tool_call_id"),
+            ("approval_id", "$request.body#/approval_id"),
+        ],
+        &[],
+    ),
+];
+
+const RUN_FROM_BODY: &[(&str, &str)] = &[("run_id", "$response.body#/run_id")];
+const RUN_FROM_PATH: &[(&str, &str)] = &[("run_id", "$request.path.run_id")];
+const CALL_FROM_PATH: &[(&str, &str)] = &[
+    ("run_id", "$request.path.run_id"),
+    ("tool_call_id", "$request.path.tool_call_id"),
+];
+
+/// The links that follow `op`'s answer `status`, as the document's `links` object.
+fn links(op: &Operation, status: u16) -> Option<Value> {
+    let mut out = Map::new();
+    for (from, at, name, to, parameters, body) in LINKS {
+        if *from != op.id || *at != status {
+            continue;
+        }
+        let parameters: Map<String, Value> = parameters
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), Value::from(*v)))
+            .collect();
+        let mut link = json!({"operationId": to, "parameters": parameters});
+        if !body.is_empty() {
+            let body: Map<String, Value> = body
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), Value::from(*v)))
+                .collect();
+            link["requestBody"] = Value::Object(body);
+        }
+        out.insert((*name).to_owned(), link);
+    }
+    (!out.is_empty()).then_some(Value::Object(out))
+}
+
 fn status_text(status: u16) -> &'static str {
     match status {
         200 => "OK",
@@ -142,10 +356,17 @@ fn operation(op: &Operation) -> Value {
         })
         .collect();
     for q in op.query {
-        let schema = match q.kind {
+        let mut schema = match q.kind {
             "integer" => json!({"type": "integer", "minimum": 0}),
             _ => json!({"type": "string"}),
         };
+        if let Some((min, max)) = q.range {
+            schema["minimum"] = min.into();
+            schema["maximum"] = max.into();
+        }
+        if !q.values.is_empty() {
+            schema["enum"] = json!(q.values);
+        }
         parameters.push(json!({
             "name": q.name, "in": "query", "required": false,
             "description": q.description, "schema": schema,
@@ -159,6 +380,9 @@ fn operation(op: &Operation) -> Value {
             headers["Retry-After"] = json!({"schema": {"type": "integer"}, "description": "Seconds to wait before retrying."});
         }
         r["headers"] = headers;
+        if let Some(links) = links(op, *status) {
+            r["links"] = links;
+        }
         responses.insert(status.to_string(), r);
     }
     let mut o = json!({

@@ -51,6 +51,30 @@ pub struct Query {
     /// `integer` or `string`.
     pub kind: &'static str,
     pub description: &'static str,
+    /// An integer's bounds (inclusive).
+    pub range: Option<(u64, u64)>,
+    /// A string's only values (empty: any).
+    pub values: &'static [&'static str],
+}
+
+const fn integer(name: &'static str, description: &'static str, range: (u64, u64)) -> Query {
+    Query {
+        name,
+        kind: "integer",
+        description,
+        range: Some(range),
+        values: &[],
+    }
+}
+
+const fn text(name: &'static str, description: &'static str) -> Query {
+    Query {
+        name,
+        kind: "string",
+        description,
+        range: None,
+        values: &[],
+    }
 }
 
 /// One operation of the contract.
@@ -82,20 +106,34 @@ macro_rules! responses {
     };
 }
 
-const AFTER_SEQ: Query = Query {
-    name: "after",
-    kind: "integer",
-    description: "Answer events after this sequence (default 0).",
-};
-const LIMIT: Query = Query {
-    name: "limit",
-    kind: "integer",
-    description: "Most items to answer.",
-};
+const AFTER_SEQ: Query = integer(
+    "after",
+    "Answer events after this sequence (default 0).",
+    (0, i64::MAX as u64),
+);
+const EVENT_LIMIT: Query = integer(
+    "limit",
+    "Most events to answer (default 100).",
+    (1, crate::limits::MAX_PAGE_EVENTS as u64),
+);
+const CARD_LIMIT: Query = integer(
+    "limit",
+    "Most cards to answer (default and most 500).",
+    (1, crate::limits::MAX_LISTED_CARDS as u64),
+);
+const POLICY_LIMIT: Query = integer(
+    "limit",
+    "Most grants to answer (default and most 500).",
+    (1, crate::limits::MAX_LISTED_POLICIES as u64),
+);
+const MUTATION_LIMIT: Query = integer(
+    "limit",
+    "Most records to answer (default 100).",
+    (1, crate::limits::MAX_LISTED_MUTATIONS as u64),
+);
 const PENDING: Query = Query {
-    name: "state",
-    kind: "string",
-    description: "`pending` (the only state listed).",
+    values: &["pending"],
+    ..text("state", "`pending` (the only state listed).")
 };
 
 /// `complete`, `fail` and `cancel`: the body is the terminal event's payload.
@@ -153,7 +191,7 @@ pub const OPERATIONS: &[Operation] = &[
         id: "replayEvents",
         summary: "Replay the run's events after a sequence (JSON pages), or follow them live with Accept: text/event-stream.",
         credentials: &[RunToken, Operator, Agent],
-        query: &[AFTER_SEQ, LIMIT],
+        query: &[AFTER_SEQ, EVENT_LIMIT],
         request: None,
         responses: responses![200 => Json("EventPage"), 400 => ERR, 404 => ERR, 429 => ERR],
     },
@@ -225,12 +263,8 @@ pub const OPERATIONS: &[Operation] = &[
         credentials: &[Operator],
         query: &[
             PENDING,
-            LIMIT,
-            Query {
-                name: "after",
-                kind: "string",
-                description: "The next_after of the previous page.",
-            },
+            CARD_LIMIT,
+            text("after", "The next_after of the previous page."),
         ],
         request: None,
         responses: responses![200 => Json("CardPage"), 400 => ERR],
@@ -242,12 +276,8 @@ pub const OPERATIONS: &[Operation] = &[
         summary: "The project's standing grants.",
         credentials: &[Operator],
         query: &[
-            LIMIT,
-            Query {
-                name: "cursor",
-                kind: "string",
-                description: "The next_cursor of the previous page.",
-            },
+            POLICY_LIMIT,
+            text("cursor", "The next_cursor of the previous page."),
         ],
         request: None,
         responses: responses![200 => Json("PolicyPage"), 400 => ERR],
@@ -298,7 +328,7 @@ pub const OPERATIONS: &[Operation] = &[
         id: "listMutations",
         summary: "The run's mutation records.",
         credentials: &[Operator, RunToken],
-        query: &[LIMIT],
+        query: &[MUTATION_LIMIT],
         request: None,
         responses: responses![200 => Json("MutationList"), 400 => ERR, 404 => ERR],
     },

@@ -11,37 +11,84 @@ use serde_json::{Map, Value};
 pub struct CreateRun {
     /// The run's id (`[A-Za-z0-9_.:-]`, 1–128); generated when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(extend("pattern" = crate::limits::ID_PATTERN)))]
     pub run_id: Option<String>,
     /// `single` (default), `coordinator` or `child`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["single", "coordinator", "child", null])))]
     pub kind: Option<String>,
     /// A child's coordinator (a run its own agent created).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(extend("pattern" = crate::limits::ID_PATTERN)))]
     pub parent_run_id: Option<String>,
     /// A child's subtask, as the coordinator names it (any JSON value).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subtask_id: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = crate::limits::MAX_HEAD_TEXT)))]
     pub owner: Option<String>,
     /// The tenant; must equal the agent token's `project_id` when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = crate::limits::MAX_HEAD_TEXT)))]
     pub project_id: Option<String>,
     /// The Slack channel the run reports to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = crate::limits::MAX_HEAD_TEXT)))]
     pub channel_id: Option<String>,
     /// Makes the create idempotent: the same `delivery_id` answers the same run
     /// (`GET /api/receipts/{delivery_id}` reads it back).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = crate::limits::MAX_HEAD_TEXT)))]
     pub delivery_id: Option<String>,
-    /// Approved execution's budget: `{call_ceiling?, ...}`.
+    /// Approved execution's budget: `{tools: {<tool>: <most starts>}, call_ceiling?}`
+    /// (without one, the run admits no approved execution).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "budget_schema"))]
     pub budget: Option<Value>,
-    /// `durable` (default) or `pod` (an AgentHost pod holds the run's cards).
+    /// `inline` (default: Tollgate holds the run's cards) or `pod` (an AgentHost pod
+    /// holds them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["inline", "pod", null])))]
     pub execution_mode: Option<String>,
     /// For `execution_mode: pod`: the pod's HTTPS origin, where decisions are forwarded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = crate::limits::MAX_ORIGIN)))]
     pub agenthost_origin: Option<String>,
+}
+
+#[cfg(feature = "schema")]
+fn budget_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": ["object", "null"],
+        "properties": {
+            "tools": {
+                "type": "object",
+                "maxProperties": crate::limits::MAX_BUDGET_TOOLS,
+                "propertyNames": {"minLength": 1, "maxLength": crate::limits::MAX_TOOL_NAME},
+                "additionalProperties": {"type": "integer", "minimum": 0},
+            },
+            "call_ceiling": {"type": ["integer", "null"], "minimum": 0},
+        },
+        "additionalProperties": false,
+    })
+}
+
+#[cfg(feature = "schema")]
+fn events_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "minItems": 1,
+        "maxItems": crate::limits::MAX_BATCH_EVENTS,
+        "items": {
+            "type": "object",
+            "required": ["type"],
+            "properties": {
+                "type": {"type": "string", "minLength": 1},
+                "event_id": {"type": "string", "minLength": 1},
+            },
+            "additionalProperties": true,
+        },
+    })
 }
 
 /// What `POST /api/runs` answers (201 created, 200 the run a retry names) and
@@ -68,6 +115,7 @@ pub struct RunReceipt {
 #[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"events": [{"type": "agent.note", "event_id": "note-1", "text": "looking up the docs"}]})))]
 pub struct AppendEvents {
     /// 1 to 99 events, each `{type, event_id?, ...payload}`; server-owned types are refused.
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = crate::limits::MAX_BATCH_EVENTS), schema_with = "events_schema"))]
     pub events: Vec<Map<String, Value>>,
 }
 

@@ -1,7 +1,6 @@
 //! `start` of an approved call (docs/architecture.md §7): the request, its refusals and
 //! the admission that records the intent and announces `tool_execution_started`.
 
-
 use super::*;
 use crate::approval::POLICY_DECIDER_PREFIX;
 use crate::approval::{valid_id, ApprovalRequest, ApprovalState, MAX_HASH, MAX_TOOL_NAME};
