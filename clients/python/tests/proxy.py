@@ -11,6 +11,7 @@ request itself with that status instead (a gateway without the streaming route).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import threading
 from dataclasses import dataclass, field
@@ -71,9 +72,7 @@ class CuttingProxy:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        server = self._loop.run_until_complete(
-            asyncio.start_server(self._handle, "127.0.0.1", 0)
-        )
+        server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
@@ -156,7 +155,5 @@ class CuttingProxy:
         await down
         up.cancel()
         for w in (client_w, up_w):
-            try:
+            with contextlib.suppress(ConnectionError, OSError):
                 w.close()
-            except (ConnectionError, OSError):
-                pass

@@ -133,7 +133,11 @@ def test_an_ambiguous_outcome_is_never_retried(server: Server, operator: Operato
             run = client.create_run(owner="alice", budget={"tools": {"charge_card": 3}})
             args = {"amount": 42}
             decision = approved(
-                run, operator, "charge_card", arguments=args, tool_call_id="call-7",
+                run,
+                operator,
+                "charge_card",
+                arguments=args,
+                tool_call_id="call-7",
                 approval_id="approval-1",
             )
             with pytest.raises(httpx.RemoteProtocolError), run.execute(decision) as ex:
@@ -154,7 +158,11 @@ def test_an_ambiguous_outcome_is_never_retried(server: Server, operator: Operato
 
             # A fresh approval of the same tool call: the server refuses it (409).
             fresh = approved(
-                run, operator, "charge_card", arguments=args, tool_call_id="call-7",
+                run,
+                operator,
+                "charge_card",
+                arguments=args,
+                tool_call_id="call-7",
                 approval_id="approval-2",
             )
             before = len(recorder.sent)

@@ -3,6 +3,7 @@ the live stream, across twenty cuts of it, or by polling where there is no strea
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -144,9 +145,7 @@ def test_twenty_cuts_resume_with_last_event_id(
             deadline = time.monotonic() + 90
             while proxy.cut_count() < 20:
                 assert time.monotonic() < deadline, f"only {proxy.cut_count()} cuts"
-                writer.append(
-                    {"type": "agent.message", "text": f"step {written} " + "x" * 100}
-                )
+                writer.append({"type": "agent.message", "text": f"step {written} " + "x" * 100})
                 written += 1
                 time.sleep(0.01)
             # Decided once the gate listens again after the last cut, so the decision
@@ -164,7 +163,7 @@ def test_twenty_cuts_resume_with_last_event_id(
     assert len(streams) == 21
     assert not streams[-1].cut
     assert sum(1 for s in streams if s.cut) == 20
-    for before, after in zip(streams, streams[1:]):
+    for before, after in itertools.pairwise(streams):
         if before.cut:
             assert before.last_whole_id is not None
             assert after.last_event_id == before.last_whole_id, (before, after)

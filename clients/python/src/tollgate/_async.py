@@ -35,17 +35,19 @@ from ._hash import arguments_hash
 from ._http import ClientConfig, Http, describe, is_event_stream, read
 from ._models import (
     Appended,
-    Armed,
     ArmApproval,
+    Armed,
     Budget,
     Card,
     CreateRun,
     EventPage,
     MutationRecord,
-    RunEnded as RunEndedBody,
     RunReceipt,
     Settle,
     Start,
+)
+from ._models import (
+    RunEnded as RunEndedBody,
 )
 from ._retry import MIN_RECONNECT, reconnect_backoff
 
@@ -638,7 +640,9 @@ class AsyncRun:
         w.connections += 1
         progressed = False
         try:
-            async with http.stream(["api", "runs", self.run_id, "stream"], self._token, w.after) as resp:
+            async with http.stream(
+                ["api", "runs", self.run_id, "stream"], self._token, w.after
+            ) as resp:
                 if resp.status_code != 200:
                     if resp.status_code in (404, 405):
                         return _Step(_Step.FALLBACK)
@@ -674,7 +678,7 @@ class AsyncRun:
                             return _Step(
                                 _Step.FAILED,
                                 error=TransportError(
-                                    f"nothing received on the live stream for {config.stream_stall} s"
+                                    f"the live stream was silent for {config.stream_stall} s"
                                 ),
                                 progressed=progressed,
                             )
@@ -702,9 +706,7 @@ class AsyncRun:
                 finally:
                     await frames.aclose()
         except httpx.TransportError as e:
-            return _Step(
-                _Step.FAILED, error=TransportError(describe(e)), progressed=progressed
-            )
+            return _Step(_Step.FAILED, error=TransportError(describe(e)), progressed=progressed)
 
     async def _poll_once(self, w: _Watch) -> _Step:
         poll = self.client.config.poll_interval
@@ -787,8 +789,8 @@ def _keyed(index: int, event: Mapping[str, Any]) -> dict[str, Any]:
 class AsyncClient:
     """A connection to one Tollgate server as one agent (its JWT)::
 
-        async with AsyncClient("http://127.0.0.1:8080", token=agent_jwt) as client:
-            run = await client.create_run(owner="alice", budget={"tools": {"web_fetch": 1}})
+    async with AsyncClient("http://127.0.0.1:8080", token=agent_jwt) as client:
+        run = await client.create_run(owner="alice", budget={"tools": {"web_fetch": 1}})
     """
 
     def __init__(
@@ -846,9 +848,9 @@ class AsyncClient:
             project_id=project_id,
             channel_id=channel_id,
             delivery_id=delivery_id,
-            budget=budget.to_json() if isinstance(budget, Budget) else (
-                dict(budget) if budget is not None else None
-            ),
+            budget=budget.to_json()
+            if isinstance(budget, Budget)
+            else (dict(budget) if budget is not None else None),
             execution_mode=execution_mode,
             agenthost_origin=agenthost_origin,
         )

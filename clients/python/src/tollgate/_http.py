@@ -96,7 +96,7 @@ def describe(err: BaseException) -> str:
 
 
 def is_event_stream(response: httpx.Response) -> bool:
-    return response.headers.get("content-type", "").startswith("text/event-stream")
+    return str(response.headers.get("content-type", "")).startswith("text/event-stream")
 
 
 def _bearer(token: str) -> str:
@@ -187,9 +187,7 @@ class Http:
         timeout = httpx.Timeout(
             self.config.request_timeout, connect=self.config.connect_timeout, read=None
         )
-        return self._client.stream(
-            "GET", self.url(segments), headers=headers, timeout=timeout
-        )
+        return self._client.stream("GET", self.url(segments), headers=headers, timeout=timeout)
 
 
 def read(response: httpx.Response) -> Answer:

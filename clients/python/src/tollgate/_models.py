@@ -43,7 +43,7 @@ class Model:
         extra = {k: v for k, v in body.items() if k not in known}
         obj = cls(**known)
         if hasattr(obj, "extra"):
-            obj.extra = extra  # type: ignore[attr-defined]
+            obj.extra = extra
         return obj
 
     def to_json(self) -> dict[str, Any]:

@@ -52,7 +52,9 @@ class RetryPolicy:
             return max(jittered, min(retry_after, self.max_retry_after))
         return jittered
 
-    def next_delay(self, attempt: int, status: int | None, retry_after: float | None) -> float | None:
+    def next_delay(
+        self, attempt: int, status: int | None, retry_after: float | None
+    ) -> float | None:
         """After attempt ``attempt`` (1 for the first) answered ``status`` (``None``: a
         transport error): the wait before the next, or ``None`` to stop."""
         if status is not None and not self.retryable_status(status):

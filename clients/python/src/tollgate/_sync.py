@@ -36,10 +36,10 @@ class _Loop:
 class Execution:
     """The execution guard of one approved call, blocking (see :class:`AsyncExecution`)::
 
-        with run.execute(decision) as ex:
-            ex.dispatch()                 # right before the request goes out
-            response = httpx.post(...)
-            ex.record({"http_status": response.status_code})
+    with run.execute(decision) as ex:
+        ex.dispatch()                 # right before the request goes out
+        response = httpx.post(...)
+        ex.record({"http_status": response.status_code})
     """
 
     def __init__(self, loop: _Loop, inner: AsyncExecution) -> None:
@@ -219,9 +219,9 @@ class Run:
 class Client:
     """A connection to one Tollgate server as one agent (its JWT), blocking::
 
-        with Client("http://127.0.0.1:8080", token=agent_jwt) as client:
-            run = client.create_run(owner="alice", budget={"tools": {"web_fetch": 1}})
-            decision = run.gate("web_fetch", url="https://example.com", message="…")
+    with Client("http://127.0.0.1:8080", token=agent_jwt) as client:
+        run = client.create_run(owner="alice", budget={"tools": {"web_fetch": 1}})
+        decision = run.gate("web_fetch", url="https://example.com", message="…")
     """
 
     def __init__(

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 
 from ._http import ClientConfig, Http
-from ._models import CardPage, Decided, Decide, Reconcile, RunCards
+from ._models import CardPage, Decide, Decided, Reconcile, RunCards
 from ._sync import _Loop
 
 
@@ -78,9 +78,7 @@ class AsyncOperator:
 class Operator:
     """:class:`AsyncOperator`, blocking."""
 
-    def __init__(
-        self, base_url: str, token: str, *, config: ClientConfig | None = None
-    ) -> None:
+    def __init__(self, base_url: str, token: str, *, config: ClientConfig | None = None) -> None:
         self.inner = AsyncOperator(base_url, token, config=config)
         self._loop = _Loop()
 

@@ -262,7 +262,14 @@ class PodGate:
         it approves it at once. Arming a ``request_id`` the pod holds for the same run
         and tool waits on that card; for another run or tool it is expired at once."""
         arm = PodArm(
-            request_id, run_id, tool_name, tool_call_id, approval_id, url, intention, message,
+            request_id,
+            run_id,
+            tool_name,
+            tool_call_id,
+            approval_id,
+            url,
+            intention,
+            message,
             timeout,
         )
         now = time.monotonic()
@@ -339,8 +346,10 @@ class PodGate:
                 decision_id is not None
                 and card.decided_by_id == decision_id
                 and not d.auto
-                and ((approve and d.approved and d.scope == scope) or
-                     (not approve and d.state == "denied"))
+                and (
+                    (approve and d.approved and d.scope == scope)
+                    or (not approve and d.state == "denied")
+                )
             )
             return _ended_answer(run_id, request_id, name, d, applied=same)
         if run_id in self._ended_runs:
