@@ -500,6 +500,7 @@ class AsyncRun:
         tool_call_id: str | None = None,
         approval_id: str | None = None,
         on_event: EventHook | None = None,
+        on_pending: Callable[[str], None] | None = None,
     ) -> Decision:
         """Arms a card and waits for its decision.
 
@@ -509,8 +510,9 @@ class AsyncRun:
         once. Otherwise the gate waits for the card's ``tool.approval_resolved`` on the
         run's live stream, resuming with ``Last-Event-ID`` after every window or drop
         (and reading the card itself after each reconnect), or polls the event pages
-        where the stream is unavailable. ``on_event`` sees each event read meanwhile,
-        once, in order. The run ending first raises :class:`~tollgate.RunEnded`; a card
+        where the stream is unavailable. ``on_pending`` is called with the card's
+        ``request_id`` once it waits for a human; ``on_event`` sees each event read
+        meanwhile, once, in order. The run ending first raises :class:`~tollgate.RunEnded`; a card
         neither decided nor expired ``expiry_grace`` after its deadline raises
         :class:`~tollgate.WaitTimedOut`.
         """
@@ -559,6 +561,8 @@ class AsyncRun:
         if armed.state != "pending":
             raise UnexpectedAnswer(f"the card's state {armed.state!r}", status=answer.status)
         log.info("waiting for approval: run %s request %s", self.run_id, rid)
+        if on_pending is not None:
+            on_pending(rid)
         # A fresh card's resolution follows its `tool.approval_required`; a repeated arm
         # does not say where that is, so the wait reads from the start.
         watch = _Watch(rid, armed.sequence or 0, on_event)

@@ -167,6 +167,7 @@ class Run:
         tool_call_id: str | None = None,
         approval_id: str | None = None,
         on_event: EventHook | None = None,
+        on_pending: Callable[[str], None] | None = None,
     ) -> Decision:
         """Arms a card and waits for its decision (see :meth:`AsyncRun.gate`)."""
         result: Decision = self._loop.call(
@@ -181,6 +182,7 @@ class Run:
             tool_call_id=tool_call_id,
             approval_id=approval_id,
             on_event=on_event,
+            on_pending=on_pending,
         )
         return result
 
