@@ -16,13 +16,13 @@ import os
 import sys
 
 import httpx
-from _stub import hits, serve_page
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
+from _stub import hits, serve_page
 from tollgate import Client
 from tollgate.adapters.langgraph import gate_tools
 

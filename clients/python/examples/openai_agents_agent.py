@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-from _stub import hits, serve_page
 from agents import Agent, ModelResponse, Runner, Usage, set_tracing_disabled
 from agents.models.interface import Model
 from openai.types.responses import (
@@ -30,6 +29,7 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
+from _stub import hits, serve_page
 from tollgate import AsyncClient
 from tollgate.adapters.openai_agents import gated_function_tool
 

@@ -117,9 +117,10 @@ def test_gated_decorator(server: Server) -> None:
         calls.append(url)
         return f"fetched {url}"
 
-    with Client(server.url, token=server.agent_token) as client, Operator(
-        server.url, server.operator_token
-    ) as op:
+    with (
+        Client(server.url, token=server.agent_token) as client,
+        Operator(server.url, server.operator_token) as op,
+    ):
         run = client.create_run(owner="alice", budget={"tools": {"web_fetch": 2}})
 
         def decide(verdict: str) -> None:

@@ -38,7 +38,9 @@ async def test_forwarded_decisions_reach_the_pod(server: Server) -> None:
         run = await client.create_run(owner="alice", execution_mode="pod", agenthost_origin=origin)
         assert run.agenthost_credential
         gate = PodGate(run.agenthost_credential).announce_through(run)
-        pod = uvicorn.Server(uvicorn.Config(gate.app(), host="127.0.0.1", port=port, log_level="warning"))
+        pod = uvicorn.Server(
+            uvicorn.Config(gate.app(), host="127.0.0.1", port=port, log_level="warning")
+        )
         serving = asyncio.create_task(pod.serve())
         try:
             await eventually("the pod", lambda: asyncio.sleep(0, pod.started))
@@ -96,7 +98,8 @@ async def test_forwarded_decisions_reach_the_pod(server: Server) -> None:
                 )
                 assert (unknown.status_code, unknown.json()["state"]) == (404, "unknown")
                 other = await raw.post(
-                    "/tool-denials", json={**body, "requestId": "req-1", "toolName": "x"},
+                    "/tool-denials",
+                    json={**body, "requestId": "req-1", "toolName": "x"},
                     headers=auth,
                 )
                 assert other.status_code == 409
