@@ -66,7 +66,7 @@ def server() -> Iterator[Server]:
         os.environ,
         TOLLGATE_SECRET=secret,
         TOLLGATE_ALLOW_LOOPBACK_ORIGINS="1",
-        TOLLGATE_SSE_WINDOW_SECONDS="5",
+        TOLLGATE_SSE_WINDOW_SECONDS="2",
         TOLLGATE_HEARTBEAT_SECONDS="2",
         RUST_LOG="warn",
     )
