@@ -5,6 +5,7 @@ execution guard, and ends.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -298,10 +299,13 @@ class AsyncExecution:
             return "not_sent", None, {"code": "not_sent", "message": _clip(why)}
         if exc is None:
             return "confirmed", self._result, self._error
-        if isinstance(exc, TimeoutError | anyio.get_cancelled_exc_class()):
-            code = "timeout"
-        else:
-            code = "transport"
+        timeouts = (
+            TimeoutError,
+            asyncio.TimeoutError,
+            httpx.TimeoutException,
+            anyio.get_cancelled_exc_class(),
+        )
+        code = "timeout" if isinstance(exc, timeouts) else "transport"
         return "ambiguous", None, {"code": code, "message": _clip(f"{type(exc).__name__}: {exc}")}
 
     async def finish(self, exc: BaseException | None) -> None:

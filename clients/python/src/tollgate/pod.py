@@ -204,14 +204,16 @@ class PendingApproval:
         if self._decision is not None:
             return self._decision
         assert self._future is not None
-        left = self._expires_at - time.monotonic()
         try:
-            self._decision = await asyncio.wait_for(asyncio.shield(self._future), max(left, 0))
-        except asyncio.TimeoutError:
-            self._decision = self._gate._settled(self.request_id)
+            while (left := self._expires_at - time.monotonic()) > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    self._decision = await asyncio.wait_for(asyncio.shield(self._future), left)
+                    return self._decision
         except asyncio.CancelledError:
             self.cancel()
             raise
+        # Due: the card expires now unless a decision won just before.
+        self._decision = self._gate._settled(self.request_id)
         return self._decision
 
     def cancel(self) -> None:
@@ -227,7 +229,8 @@ class PendingApproval:
 
 
 class PodGate:
-    """The in-memory gate of one AgentHost pod (use it from one event loop)."""
+    """The in-memory gate of one AgentHost pod. Use it from the event loop that serves
+    its routes (:meth:`arm` needs a running loop)."""
 
     def __init__(self, credential: str) -> None:
         self._credential = hashlib.sha256(credential.encode()).digest()
@@ -292,7 +295,7 @@ class PodGate:
         held.expire_if_due(now)
         if held.state is not None:
             return PendingApproval(self, request_id, waiter, held.expires_at, held.state, None)
-        fut: asyncio.Future[PodDecision] = asyncio.get_event_loop().create_future()
+        fut: asyncio.Future[PodDecision] = asyncio.get_running_loop().create_future()
         held.waiters[waiter] = fut
         return PendingApproval(self, request_id, waiter, held.expires_at, None, fut)
 
