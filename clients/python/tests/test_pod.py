@@ -114,3 +114,42 @@ async def test_forwarded_decisions_reach_the_pod(server: Server) -> None:
         finally:
             pod.should_exit = True
             await asyncio.wait_for(serving, 10)
+
+
+async def test_a_waiting_pod_card_beats_until_decided(server: Server) -> None:
+    """While a pod card waits, its heartbeats reach the run's stream; none after the
+    decision (the announcer stops once Tollgate recorded it)."""
+    port = free_port()
+    origin = f"http://127.0.0.1:{port}"
+    async with (
+        AsyncClient(server.url, token=server.agent_token) as client,
+        AsyncOperator(server.url, server.operator_token) as op,
+    ):
+        run = await client.create_run(owner="alice", execution_mode="pod", agenthost_origin=origin)
+        assert run.agenthost_credential
+        gate = PodGate(run.agenthost_credential).announce_through(run).heartbeat_every(0.3)
+        pod = uvicorn.Server(
+            uvicorn.Config(gate.app(), host="127.0.0.1", port=port, log_level="warning")
+        )
+        serving = asyncio.create_task(pod.serve())
+        try:
+            await eventually("the pod", lambda: asyncio.sleep(0, pod.started))
+            pending = gate.arm("beat-1", run.run_id, "web_fetch")
+
+            async def types() -> list[str]:
+                return [e["type"] for e in (await run.events(0, 1000)).events]
+
+            async def beating() -> bool:
+                return "tool.approval_pending" in await types()
+
+            await eventually("a heartbeat", beating)
+            assert (await op.approve(run.run_id, "beat-1")).state == "approved"
+            assert (await asyncio.wait_for(pending.wait(), 10)).approved
+            await eventually("the announcer to stop", lambda: asyncio.sleep(0, not gate._tasks))
+            seen = await types()
+            resolved = seen.index("tool.approval_resolved")
+            assert "tool.approval_pending" not in seen[resolved:]
+            assert seen.count("tool.approval_resolved") == 1
+        finally:
+            pod.should_exit = True
+            await asyncio.wait_for(serving, 10)
