@@ -153,3 +153,37 @@ async def test_a_waiting_pod_card_beats_until_decided(server: Server) -> None:
         finally:
             pod.should_exit = True
             await asyncio.wait_for(serving, 10)
+
+
+async def test_pod_gate_rules() -> None:
+    """The gate's own rules, as the Rust PodGate has them: a repeated decision with the
+    same decisionId is applied again, another tool or an ended run applies nothing,
+    `always` bridges reach every run of the pod, an abandoned card expires."""
+    gate = PodGate("s3cret")
+    assert gate.is_authorized("Bearer s3cret")
+    for bad in (None, "", "Bearer ", "Bearer s3cre", "Basic s3cret", "s3cret"):
+        assert not gate.is_authorized(bad)
+    assert not PodGate("").is_authorized("Bearer ")
+
+    first = gate.arm("r1", "run-1", "web_fetch")
+    applied = gate.decide("run-1", "r1", approve=True, scope="always", decision_id="d-1")
+    assert applied.status == 200 and applied.applied
+    assert applied.body["scope"] == "always" and applied.body["expired"] is False
+    assert (await first).state == "approved"
+    repeat = gate.decide("run-1", "r1", approve=True, scope="always", decision_id="d-1")
+    assert repeat.applied  # its first answer was lost: applied again
+    other = gate.decide("run-1", "r1", approve=True, scope="always", decision_id="d-2")
+    assert not other.applied and other.body["state"] == "approved"
+    assert gate.deny("run-2", "r1").status == 404
+    bridged = gate.arm("r2", "run-9", "web_fetch")  # `always`: any run of the pod
+    assert bridged.decided is not None and bridged.decided.auto
+
+    shell = gate.arm("r3", "run-1", "shell")
+    assert gate.decide("run-1", "r3", approve=False, tool_name="web_fetch").status == 409
+    gate.end_run("run-1")
+    ended = gate.deny("run-1", "r3")
+    assert (ended.status, ended.body["state"]) == (409, "pending")
+    shell.cancel()  # nobody waits any more: it expires, no decision can apply
+    card = gate.card("r3")
+    assert card is not None and card["state"] == "expired"
+    assert (await shell).state == "expired"

@@ -221,11 +221,14 @@ class PendingApproval:
         if self._decision is not None:
             return
         card = self._gate._cards.get(self.request_id)
-        if card is None:
-            return
-        card.waiters.pop(self._waiter, None)
-        if card.state is None and not card.waiters:
-            card.end(EXPIRED)
+        if card is not None:
+            card.waiters.pop(self._waiter, None)
+            if card.state is None and not card.waiters:
+                card.end(EXPIRED)
+        # This waiter gave up: for it the call will not run.
+        self._decision = EXPIRED
+        if self._future is not None and not self._future.done():
+            self._future.cancel()
 
 
 class PodGate:
