@@ -57,6 +57,7 @@ test: lint
 	tests/harness/openapi.sh validate
 	tests/harness/openapi.sh fuzz
 	tests/harness/python-client.sh
+	tests/harness/typescript-client.sh
 	$(EMULATORS) with $(MAKE) --no-print-directory test-integration
 
 # Runs every test; the AWS-backed ones use whatever AWS_ENDPOINT_URL* is set. Then the

@@ -111,7 +111,7 @@ async fn approve_transcript(backend: Backend) {
     assert_eq!(
         answer,
         json!({"run_id": f.child, "request_id": rid, "approved": true, "resolved": true,
-               "state": "approved", "expired": false, "decided_by": "op-1"})
+               "state": "approved", "expired": false, "decided_by": "op-1", "scope": "once"})
     );
     let child = srv.replay_all(&f.child, &srv.operator_token, 100).await;
     assert_eq!(

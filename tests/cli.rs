@@ -676,7 +676,7 @@ async fn approve_and_deny_answer_in_words() {
     let out = click(vec!["deny", &run_id, "card-one"]).await;
     assert_eq!(
         (out.code, out.stdout.as_str()),
-        (1, "already resolved: approved by test-operator\n"),
+        (1, "already resolved: approved (scope once) by test-operator\n"),
         "{out:?}"
     );
 

@@ -113,7 +113,7 @@ async fn applied_approval(backend: Backend) {
     assert_eq!(
         answer,
         json!({"run_id": run.run_id, "request_id": rid, "approved": true, "resolved": true,
-               "state": "approved", "expired": false, "decided_by": "alice"})
+               "state": "approved", "expired": false, "decided_by": "alice", "scope": "tool"})
     );
     assert_eq!(
         decided(pending).await,

@@ -38,6 +38,7 @@ fn table(cards: &[Card], has_more: bool, now: DateTime<Utc>) -> String {
         out.push_str("no pending approvals\n");
     } else {
         let cell = |field: &Option<String>| field.as_deref().map(clean).filter(|s| !s.is_empty());
+        let text = |field: &str| Some(clean(field)).filter(|s| !s.is_empty());
         let mut rows = vec![[
             "RUN".to_owned(),
             "ID".to_owned(),
@@ -60,22 +61,22 @@ fn table(cards: &[Card], has_more: bool, now: DateTime<Utc>) -> String {
                         .map(|t| truncate(&t, TARGET_MAX))
                 })
                 .unwrap_or_else(|| "-".to_owned());
-            let expires = cell(&card.expires_at)
+            let expires = text(&card.expires_at)
                 .and_then(|e| DateTime::parse_from_rfc3339(&e).ok())
                 .map_or_else(
                     || "?".to_owned(),
                     |at| expires_in(at.with_timezone(&Utc) - now),
                 );
             rows.push([
-                cell(&card.run_id).unwrap_or_else(|| "?".into()),
-                cell(&card.display_id).unwrap_or_else(|| "?".into()),
-                match (cell(&card.tool_name), cell(&card.held_by).as_deref()) {
+                text(&card.run_id).unwrap_or_else(|| "?".into()),
+                text(&card.display_id).unwrap_or_else(|| "?".into()),
+                match (text(&card.tool_name), cell(&card.held_by).as_deref()) {
                     (Some(tool), Some("pod")) => format!("{tool} (pod)"),
                     (tool, _) => tool.unwrap_or_else(|| "?".into()),
                 },
                 target,
                 expires,
-                cell(&card.request_id).unwrap_or_else(|| "?".into()),
+                text(&card.request_id).unwrap_or_else(|| "?".into()),
             ]);
         }
         let mut widths = [0usize; 6];
@@ -176,7 +177,9 @@ fn answer_line(
     me: Option<&str>,
 ) -> (String, bool) {
     let text = |field: &Option<String>| field.as_deref().map(clean);
-    let state = text(&answer.state).unwrap_or_else(|| "unknown".into());
+    let state = Some(clean(&answer.state))
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".into());
     let expired = answer.expired || state == "expired";
     let by = text(&answer.decided_by)
         .map(|b| format!(" by {b}"))
@@ -219,12 +222,33 @@ mod tests {
     use super::*;
     use serde_json::{json, Value};
 
+    /// `fields` over a decision answer's required ones.
     fn answer_line(v: &Value, verb: Verb, scope: &str, me: Option<&str>) -> (String, bool) {
-        super::answer_line(&DecisionAnswer::from_json(v.clone()), verb, scope, me)
+        let mut answer = json!({"run_id": "run-1", "request_id": "req-1", "resolved": true,
+                                "state": "approved", "expired": false});
+        answer.as_object_mut().unwrap().extend(v.as_object().unwrap().clone());
+        let answer: DecisionAnswer = serde_json::from_value(answer).unwrap();
+        super::answer_line(&answer, verb, scope, me)
     }
 
+    /// Cards from `fields` over a card's required ones.
     fn table(cards: &[Value], has_more: bool, now: DateTime<Utc>) -> String {
-        let cards: Vec<Card> = cards.iter().cloned().map(Card::from_json).collect();
+        let cards: Vec<Card> = cards
+            .iter()
+            .map(|fields| {
+                let mut card = json!({"run_id": "r", "request_id": "q", "display_id": "d",
+                    "tool_name": "t", "tool_call_id": "q", "approval_id": "q", "url": null,
+                    "intention": null, "message": null, "arguments_hash": null,
+                    "state": "pending", "scope": null, "decided_by": null, "decided_at": null,
+                    "created_at": "2026-11-30T11:00:00.000Z",
+                    "expires_at": "2026-11-30T12:05:00.000Z", "coordinator_run_id": null,
+                    "subtask_id": null});
+                card.as_object_mut()
+                    .unwrap()
+                    .extend(fields.as_object().unwrap().clone());
+                serde_json::from_value(card).unwrap()
+            })
+            .collect();
         super::table(&cards, has_more, now)
     }
 

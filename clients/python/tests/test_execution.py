@@ -80,7 +80,8 @@ def test_a_response_is_confirmed_and_the_hook_runs(server: Server, operator: Ope
         assert (ex.evidence, ex.state) == ("confirmed", "completed")
         record = run.mutation(decision.tool_call_id, decision.approval_id)
         assert record.state == "completed"
-        assert record.extra.get("result") == {"http_status": 200}
+        assert record.result == {"http_status": 200}
+        assert (record.schema, record.tool_name) == ("mutation_outcome/v1", "web_fetch")
         types = [e["type"] for e in run.events(0, 1000).events]
         assert types.count("tool_execution_started") == 1
         assert types.count("tool_execution") == 1
@@ -147,7 +148,7 @@ def test_an_ambiguous_outcome_is_never_retried(server: Server, operator: Operato
             assert len(target.received) == 1
             record = run.mutation("call-7", "approval-1")
             assert record.state == "outcome_unknown"
-            assert record.extra["error"]["code"] == "transport"
+            assert record.error["code"] == "transport"
 
             # The same attempt again: refused, never sent.
             before = len(recorder.paths("POST", "/tool-calls/call-7/start"))

@@ -11,13 +11,13 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tollgate_domain::approval::parse_policy_id;
 use tollgate_domain::approval::{
     valid_id, DEFAULT_TIMEOUT_SECONDS, MAX_HASH, MAX_TEXT, MAX_TOOL_NAME, MAX_URL,
 };
 use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState, Resolution, RunHead, Scope};
-use tollgate_protocol::approvals::{Card, CardPage, Decided, PolicyPage, RunCards};
+use tollgate_protocol::approvals::{self as wire, Card, CardPage, Decided, PolicyPage, RunCards};
 use tollgate_store::{Armed, Located, Resolved};
 
 use crate::gate::ArmOutcome;
@@ -141,16 +141,17 @@ async fn arm(
     // A gate a live policy covered: `tool.auto_approved` on the stream and its card stored
     // `approved`. The first answer and a retry's (from the stored card) are the same.
     let auto_approved = |scope: Option<Scope>, policy_id: &str, sequence: u64| {
-        Json(json!({
-            "run_id": head.run_id,
-            "request_id": card.request_id,
-            "display_id": card.display_id(),
-            "state": ApprovalState::Approved.as_str(),
-            "auto_approved": true,
-            "scope": scope.map(Scope::as_str),
-            "policy_id": policy_id,
-            "sequence": sequence,
-        }))
+        Json(wire::Armed {
+            run_id: head.run_id.clone(),
+            request_id: card.request_id.clone(),
+            display_id: card.display_id().into(),
+            state: ApprovalState::Approved.as_str().into(),
+            expires_at: None,
+            sequence: Some(sequence),
+            auto_approved: Some(true),
+            scope: scope.map(|s| s.as_str().into()),
+            policy_id: Some(policy_id.into()),
+        })
         .into_response()
     };
     // Armed in a task of its own: a client that hangs up after the card is committed
@@ -198,16 +199,17 @@ async fn arm(
             return Ok(auto_approved(Some(policy.scope), &policy.id(), sequence))
         }
     };
-    let mut answer = json!({
-        "run_id": card.run_id,
-        "request_id": card.request_id,
-        "display_id": card.display_id(),
-        "state": card.state.as_str(),
-        "expires_at": tollgate_domain::format_timestamp(card.expires_at),
-    });
-    if let Some(sequence) = sequence {
-        answer["sequence"] = sequence.into();
-    }
+    let answer = wire::Armed {
+        run_id: card.run_id.clone(),
+        request_id: card.request_id.clone(),
+        display_id: card.display_id().into(),
+        state: card.state.as_str().into(),
+        expires_at: Some(tollgate_domain::format_timestamp(card.expires_at)),
+        sequence,
+        auto_approved: None,
+        scope: None,
+        policy_id: None,
+    };
     Ok((status, Json(answer)).into_response())
 }
 
@@ -867,6 +869,7 @@ fn decision_answer(card: &ApprovalRequest, verb: Verb) -> Decided {
         state: card.state.as_str().into(),
         expired: card.state == ApprovalState::Expired,
         decided_by: card.decided_by.clone(),
+        scope: card.scope.map(|s| s.as_str().into()),
         reason: card.end_reason.clone(),
         pod_applied: None,
     }

@@ -24,7 +24,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use base64::Engine;
-use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::auth::{Credentials, Role};
@@ -125,11 +124,11 @@ async fn script() -> Response {
 /// console offers a scope beyond `once` only on runs whose `owner` is `sub`.
 async fn config(State(deps): State<Deps>, creds: Credentials) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Operator)?;
-    let mut response = Json(json!({
-        "sub": claims.sub,
-        "project_id": claims.project_id,
-        "always_eligible": deps.gate.config().always_eligible,
-    }))
+    let mut response = Json(tollgate_protocol::console::ConsoleConfig {
+        sub: claims.sub,
+        project_id: claims.project_id,
+        always_eligible: deps.gate.config().always_eligible.clone(),
+    })
     .into_response();
     response
         .headers_mut()

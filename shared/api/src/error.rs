@@ -6,7 +6,7 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use tollgate_protocol::ErrorBody;
 use tollgate_app::ErrorState;
 use tollgate_store::StoreError;
 
@@ -176,7 +176,21 @@ pub struct ApiError {
     /// What the error means, for a program (follows `state` when there is one).
     pub code: ErrorCode,
     pub state: Option<ErrorState>,
-    pub extra: Option<serde_json::Value>,
+    /// A run that has ended: its status and the sequence of its terminal event.
+    pub run_ended: Option<(&'static str, u64)>,
+    /// A refused execution step: the attempt's (or card's) state and facts.
+    pub execution: Option<ExecutionRefusal>,
+}
+
+/// What a refused execution step answers beside `error` (docs/architecture.md §7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutionRefusal {
+    /// The attempt's state (or, before any attempt, the card's).
+    pub state: &'static str,
+    /// Why a `not_executed` attempt did not execute.
+    pub reason: Option<&'static str>,
+    /// The attempt that blocks a new start.
+    pub approval_id: Option<String>,
 }
 
 impl ApiError {
@@ -186,7 +200,8 @@ impl ApiError {
             error: error.into(),
             code: ErrorCode::for_status(status),
             state: None,
-            extra: None,
+            run_ended: None,
+            execution: None,
         }
     }
 
@@ -242,7 +257,7 @@ impl From<StoreError> for ApiError {
                 status,
                 terminal_seq,
             } => ApiError {
-                extra: Some(json!({"status": status.as_str(), "terminal_sequence": terminal_seq})),
+                run_ended: Some((status.as_str(), terminal_seq)),
                 ..ApiError::new(
                     StatusCode::CONFLICT,
                     format!("run has ended ({})", status.as_str()),
@@ -297,15 +312,21 @@ impl From<tollgate_app::AppError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut body = json!({ "error": self.error, "code": self.code.as_str() });
-        if let Some(state) = self.state {
-            body["state"] = state.as_str().into();
-        }
-        if let Some(serde_json::Value::Object(extra)) = self.extra {
-            for (k, v) in extra {
-                body[k] = v;
-            }
-        }
+        let (state, reason, approval_id) = match self.execution {
+            Some(x) => (Some(x.state), x.reason, x.approval_id),
+            None => (self.state.map(ErrorState::as_str), None, None),
+        };
+        let body = ErrorBody {
+            error: self.error,
+            code: self.code.as_str().into(),
+            state: state.map(Into::into),
+            // Filled in by the request-id layer, which knows the request (request_id.rs).
+            request_id: String::new(),
+            status: self.run_ended.map(|(status, _)| status.into()),
+            terminal_sequence: self.run_ended.map(|(_, sequence)| sequence),
+            reason: reason.map(Into::into),
+            approval_id,
+        };
         let mut response = (self.status, axum::Json(body)).into_response();
         // Both ask the client to come back: say when (a client backs off from here).
         if self.status == StatusCode::SERVICE_UNAVAILABLE

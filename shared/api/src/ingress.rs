@@ -124,11 +124,7 @@ async fn append_events(
         .runs
         .append(RunRef::exact(&run_id, &incarnation), raw)
         .await?;
-    Ok(Json(Appended {
-        run_id: run_id.into_string(),
-        sequences,
-    })
-    .into_response())
+    Ok(Json(Appended::sequences(run_id.into_string(), sequences)).into_response())
 }
 
 async fn finish(

@@ -30,7 +30,8 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
+use tollgate_protocol::runs::{Appended, Dropped};
 use tollgate_app::pod_cards::{pod_expiry_grace, PodCardStep};
 use tollgate_app::ArmOutcome;
 use tollgate_domain::approval::{
@@ -134,13 +135,16 @@ fn dropped(
     reason: &str,
     state: ApprovalState,
 ) -> Response {
-    Json(json!({
-        "run_id": run_id,
-        "sequences": [],
-        "request_id": request_id,
-        "state": state.as_str(),
-        "dropped": [{"index": 0, "type": event_type, "reason": reason}],
-    }))
+    Json(Appended {
+        request_id: Some(request_id.into()),
+        state: Some(state.as_str().into()),
+        dropped: Some(vec![Dropped {
+            index: 0,
+            event_type: event_type.into(),
+            reason: reason.into(),
+        }]),
+        ..Appended::sequences(run_id, Vec::new())
+    })
     .into_response()
 }
 
@@ -195,14 +199,13 @@ pub async fn append(
             match outcome {
                 ArmOutcome::Card(Armed::Created { card, sequence }) => {
                     tracing::info!(request_id = %card.request_id, "pod card recorded");
-                    Ok(Json(json!({
-                        "run_id": run_id,
-                        "sequences": [sequence],
-                        "request_id": card.request_id,
-                        "state": card.state.as_str(),
-                        "held_by": "pod",
-                        "expires_at": tollgate_domain::format_timestamp(card.expires_at),
-                    }))
+                    Ok(Json(Appended {
+                        request_id: Some(card.request_id.clone()),
+                        state: Some(card.state.as_str().into()),
+                        held_by: Some("pod".into()),
+                        expires_at: Some(tollgate_domain::format_timestamp(card.expires_at)),
+                        ..Appended::sequences(run_id, vec![sequence])
+                    })
                     .into_response())
                 }
                 // Ended already (a decision forwarded before the announcement arrived, or
@@ -246,7 +249,7 @@ pub async fn append(
             let request_id = request_id(&payload).map_err(|e| e.prefixed("events[0]: "))?;
             match deps.gate.pod_heartbeat(run_id, &request_id).await? {
                 PodCardStep::Appended(sequence) => {
-                    Ok(Json(json!({"run_id": run_id, "sequences": [sequence]})).into_response())
+                    Ok(Json(Appended::sequences(run_id, vec![sequence])).into_response())
                 }
                 PodCardStep::Dropped { reason, state } => {
                     Ok(dropped(run_id, &event_type, &request_id, reason, state))
@@ -262,13 +265,12 @@ pub async fn append(
                 ));
             }
             match deps.gate.pod_expired(run_id, &request_id).await? {
-                PodCardStep::Ended(card) => Ok(Json(json!({
-                    "run_id": run_id,
-                    "sequences": [],
-                    "request_id": card.request_id,
-                    "state": card.state.as_str(),
-                    "resolved": true,
-                }))
+                PodCardStep::Ended(card) => Ok(Json(Appended {
+                    request_id: Some(card.request_id.clone()),
+                    state: Some(card.state.as_str().into()),
+                    resolved: Some(true),
+                    ..Appended::sequences(run_id, Vec::new())
+                })
                 .into_response()),
                 PodCardStep::Dropped { reason, state } => {
                     Ok(dropped(run_id, &event_type, &request_id, reason, state))

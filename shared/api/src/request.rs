@@ -183,7 +183,8 @@ mod tests {
                 answer(bad).await,
                 (
                     404,
-                    r#"{"error":"run not found","code":"not_found"}"#.to_owned()
+                    // (The request-id layer, not mounted here, fills in `request_id`.)
+                    r#"{"error":"run not found","code":"not_found","request_id":""}"#.to_owned()
                 ),
                 "{bad}"
             );

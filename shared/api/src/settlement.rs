@@ -14,7 +14,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tollgate_domain::approval::valid_id;
 use tollgate_domain::execution::{Answer, Observed, Settlement, StartRequest, Verdict};
 use tollgate_domain::RunHead;
@@ -22,7 +22,8 @@ use tollgate_store::MAX_MUTATIONS_LISTED;
 use tracing::instrument;
 
 use crate::auth::{Credentials, Role};
-use crate::error::ErrorCode;
+use crate::error::{ErrorCode, ExecutionRefusal};
+use tollgate_protocol::execution::{ExecutionAnswer, MutationList};
 use crate::request::{query_param, JsonBody, PathParams, RunId};
 use crate::{ApiError, Deps};
 use tollgate_app::ErrorState;
@@ -72,33 +73,34 @@ fn run_not_found() -> ApiError {
     ApiError::not_found("run not found")
 }
 
-/// A domain answer as HTTP: 200, 409 or 400 with its JSON body; a refusal also carries
-/// its `code` (`approval_pending` for a card still pending, else the status's).
-fn respond(answer: Answer) -> Response {
-    let mut body = answer.body;
+/// A domain answer as HTTP: 200 `ExecutionAnswer`, or a 409 or 400 error body with the
+/// attempt's state (its `code` is `approval_pending` for a card still pending, else the
+/// status's).
+fn respond(answer: Answer) -> Result<Response, ApiError> {
     let status = match answer.verdict {
-        Verdict::Ok => StatusCode::OK,
+        Verdict::Ok => {
+            let body = ExecutionAnswer {
+                state: answer.state.unwrap_or_default().into(),
+                sequence: answer.sequence,
+                reason: answer.reason.map(Into::into),
+            };
+            return Ok(Json(body).into_response());
+        }
         Verdict::Conflict => StatusCode::CONFLICT,
         Verdict::Invalid => StatusCode::BAD_REQUEST,
     };
-    if status != StatusCode::OK {
-        let code = match body.get("state").and_then(Value::as_str) {
-            Some("pending") => ErrorCode::ApprovalPending,
-            _ => ErrorCode::for_status(status),
-        };
-        if let Value::Object(map) = body {
-            // `{error, code, …}`, as every error body reads.
-            let mut ordered = serde_json::Map::new();
-            ordered.insert(
-                "error".into(),
-                map.get("error").cloned().unwrap_or_default(),
-            );
-            ordered.insert("code".into(), code.as_str().into());
-            ordered.extend(map);
-            body = Value::Object(ordered);
+    let mut refusal = ApiError::new(status, answer.error.unwrap_or_default());
+    if let Some(state) = answer.state {
+        if state == "pending" {
+            refusal.code = ErrorCode::ApprovalPending;
         }
+        refusal.execution = Some(ExecutionRefusal {
+            state,
+            reason: answer.reason,
+            approval_id: answer.approval_id,
+        });
     }
-    (status, Json(body)).into_response()
+    Err(refusal)
 }
 
 /// Path ids the store keys records by: anything else names no attempt (404).
@@ -145,7 +147,7 @@ async fn start(
         arguments_hash: body.arguments_hash,
     };
     if let Err(refusal) = req.validate() {
-        return Ok(respond(refusal.answer()));
+        return respond(refusal.answer());
     }
     let card = deps
         .gate
@@ -154,9 +156,7 @@ async fn start(
         .ok_or_else(|| {
             ApiError::not_found("no such approval request").with_state(ErrorState::Unknown)
         })?;
-    Ok(respond(
-        deps.gate.start_execution(&req, &card, &incarnation).await?,
-    ))
+    respond(deps.gate.start_execution(&req, &card, &incarnation).await?)
 }
 
 #[instrument(skip_all, fields(run_id = %run_id, tool_call_id = %tool_call_id))]
@@ -174,7 +174,7 @@ async fn dispatch(
         .gate
         .dispatch_execution(&run_id, &tool_call_id, &body.approval_id, &incarnation)
         .await?;
-    Ok(respond(answer))
+    respond(answer)
 }
 
 #[instrument(skip_all, fields(run_id = %run_id, tool_call_id = %tool_call_id))]
@@ -200,7 +200,7 @@ async fn settle(
             &settlement,
         )
         .await?;
-    Ok(respond(answer))
+    respond(answer)
 }
 
 #[instrument(skip_all, fields(run_id, tool_call_id, approval_id))]
@@ -239,7 +239,7 @@ async fn reconcile(
             &claims.sub,
         )
         .await?;
-    Ok(respond(answer))
+    respond(answer)
 }
 
 /// The head of a run the caller may read (404 otherwise, as replay answers).
@@ -277,18 +277,20 @@ async fn list(
     let mut bytes = 0;
     let mut listed = Vec::new();
     for record in records.iter().take(limit) {
-        let json = record.to_json();
-        bytes += json.to_string().len() + 1;
+        let record = crate::wire::mutation(record);
+        bytes += serde_json::to_vec(&record).map_or(0, |b| b.len()) + 1;
         if bytes > MAX_LISTING_BYTES {
             has_more = true;
             break;
         }
-        listed.push(json);
+        listed.push(record);
     }
-    Ok(
-        Json(json!({"run_id": head.run_id, "mutations": listed, "has_more": has_more}))
-            .into_response(),
-    )
+    Ok(Json(MutationList {
+        run_id: head.run_id,
+        mutations: listed,
+        has_more,
+    })
+    .into_response())
 }
 
 #[instrument(skip_all, fields(run_id = %run_id, tool_call_id = %tool_call_id, approval_id = %approval_id))]
@@ -305,7 +307,7 @@ async fn read_one(
         .mutation(&head.run_id, &tool_call_id, &approval_id)
         .await?
         .ok_or_else(unknown_attempt)?;
-    Ok(Json(record.to_json()).into_response())
+    Ok(Json(crate::wire::mutation(&record)).into_response())
 }
 
 /// The run a delivery created, for the agent that created it (seed 000: "use the

@@ -24,7 +24,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use tollgate_protocol::events::StreamEnd;
 use tokio::sync::mpsc;
 use tollgate_app::runs::RunLog;
 use tollgate_domain::RunHead;
@@ -457,7 +457,11 @@ impl Tail<'_> {
             }
             after = page.next_after;
             if page.terminal {
-                let done = json!({"run_id": run_id, "terminal_sequence": after});
+                let done = StreamEnd {
+                    run_id: run_id.to_string(),
+                    terminal_sequence: after,
+                };
+                let done = serde_json::to_string(&done).unwrap_or_default();
                 return self.send(format!("event: done\ndata: {done}\n\n")).await;
             }
             if progressed {

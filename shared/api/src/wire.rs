@@ -1,6 +1,7 @@
 //! Domain records as the contract's types (`tollgate-protocol`): what the handlers answer.
 
 use tollgate_domain::approval::{ApprovalRequest, Policy, Scope};
+use tollgate_domain::execution::{MutationRecord, MUTATION_OUTCOME_SCHEMA};
 use tollgate_domain::format_timestamp;
 use tollgate_protocol::approvals as wire;
 
@@ -47,5 +48,60 @@ pub fn policy(p: &Policy) -> wire::Policy {
         revoked_by: p.revoked_by.clone(),
         revoked_at: p.revoked_at.map(format_timestamp),
         covers_nothing: p.is_legacy(),
+    }
+}
+
+/// A mutation record, `mutation_outcome/v1` (the optional facts absent until known).
+pub fn mutation(r: &MutationRecord) -> tollgate_protocol::execution::MutationRecord {
+    tollgate_protocol::execution::MutationRecord {
+        schema: MUTATION_OUTCOME_SCHEMA.into(),
+        run_id: r.run_id.clone(),
+        tool_call_id: r.tool_call_id.clone(),
+        approval_id: r.approval_id.clone(),
+        tool_name: r.tool_name.clone(),
+        state: r.state.as_str().into(),
+        execution_status: r.execution_status.map(|s| s.as_str().into()),
+        result: r.result.clone(),
+        error: r.error.clone(),
+        reason: r.reason.map(|r| r.as_str().into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_domain::execution::{ExecutionStatus, MutationState, Reason};
+
+    /// The wire record says what the domain's `mutation_outcome/v1` projection says.
+    #[test]
+    fn a_mutation_record_is_its_projection() {
+        let mut r = MutationRecord {
+            run_id: "run-1".into(),
+            tool_call_id: "call-1".into(),
+            approval_id: "a-1".into(),
+            request_id: "req-1".into(),
+            tool_name: "send_email".into(),
+            arguments_hash: None,
+            state: MutationState::Intent,
+            execution_status: None,
+            result: None,
+            error: None,
+            reason: None,
+            evidence: None,
+            settled_by: None,
+            started_sequence: Some(4),
+            created_at: 0,
+            dispatched_at: None,
+            settled_at: None,
+            settlement_deadline_at: 60_000,
+            reconciliation: None,
+        };
+        assert_eq!(serde_json::to_value(mutation(&r)).unwrap(), r.to_json());
+        r.state = MutationState::NotExecuted;
+        r.execution_status = Some(ExecutionStatus::NotExecuted);
+        r.reason = Some(Reason::NotSent);
+        r.error = Some(serde_json::json!({"code": "refused"}));
+        r.result = Some(serde_json::json!({"id": 1}));
+        assert_eq!(serde_json::to_value(mutation(&r)).unwrap(), r.to_json());
     }
 }

@@ -10,6 +10,11 @@ use reqwest::Method;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
+use tollgate_protocol::execution::MutationRecord;
+use tollgate_protocol::runs::{AppendEvents, Appended, CreateRun, RunEnded, RunReceipt};
+
+pub use tollgate_protocol::events::{Event, EventPage};
+
 use crate::http::Http;
 use crate::{Error, RetryPolicy};
 
@@ -185,6 +190,31 @@ pub struct RunSpec {
     pub agenthost_origin: Option<String>,
 }
 
+impl RunSpec {
+    /// The body of `POST /api/runs` (the contract's `CreateRun`).
+    pub fn into_wire(self) -> CreateRun {
+        fn json<T: Serialize>(v: Option<T>) -> Option<Value> {
+            v.and_then(|v| serde_json::to_value(v).ok())
+        }
+        fn text<T: Serialize>(v: Option<T>) -> Option<String> {
+            json(v).and_then(|v| v.as_str().map(str::to_owned))
+        }
+        CreateRun {
+            run_id: self.run_id,
+            kind: text(self.kind),
+            parent_run_id: self.parent_run_id,
+            subtask_id: json(self.subtask_id),
+            owner: self.owner,
+            project_id: None,
+            channel_id: self.channel_id,
+            delivery_id: self.delivery_id,
+            budget: json(self.budget),
+            execution_mode: text(self.execution_mode),
+            agenthost_origin: self.agenthost_origin,
+        }
+    }
+}
+
 /// What `GET /api/receipts/{delivery_id}` answers: the run a delivery created.
 #[derive(Clone)]
 pub struct Receipt {
@@ -243,7 +273,7 @@ impl Client {
             // Our own id makes a retried create find the run the first attempt made.
             spec.run_id = Some(format!("run-{}", uuid::Uuid::new_v4().simple()));
         }
-        let body = serde_json::to_value(&spec).map_err(|e| Error::Config(e.to_string()))?;
+        let body = serde_json::to_value(spec.into_wire()).map_err(|e| Error::Config(e.to_string()))?;
         let http = self.http();
         let answer = http
             .send(
@@ -253,10 +283,10 @@ impl Client {
                 Some(&body),
             )
             .await?;
-        let status = answer.status;
-        let body = answer.expect(&[200, 201])?;
-        let mut run = self.run_from(status, &body)?;
-        run.created = status == 201;
+        let created = answer.status == 201;
+        let receipt: RunReceipt = answer.parse(&[200, 201])?;
+        let mut run = self.run_from(receipt);
+        run.created = created;
         Ok(run)
     }
 
@@ -273,15 +303,14 @@ impl Client {
             )
             .await?;
         let status = answer.status;
-        let body = answer.expect(&[200])?;
-        let run = self.run_from(status, &body)?;
-        let status_text = body
-            .get("status")
-            .and_then(Value::as_str)
+        let mut receipt: RunReceipt = answer.parse(&[200])?;
+        let run_status = receipt
+            .status
+            .take()
             .ok_or_else(|| Error::malformed(status, "status"))?;
         Ok(Receipt {
-            run,
-            status: status_text.to_owned(),
+            run: self.run_from(receipt),
+            status: run_status,
         })
     }
 
@@ -298,19 +327,10 @@ impl Client {
         }
     }
 
-    fn run_from(&self, status: u16, body: &Value) -> Result<Run, Error> {
-        let text = |k: &str| {
-            body.get(k)
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .ok_or_else(|| Error::malformed(status, k))
-        };
-        let mut run = self.run(text("run_id")?, text("run_token")?);
-        run.agenthost_credential = body
-            .get("agenthost_credential")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        Ok(run)
+    fn run_from(&self, receipt: RunReceipt) -> Run {
+        let mut run = self.run(receipt.run_id, receipt.run_token);
+        run.agenthost_credential = receipt.agenthost_credential;
+        run
     }
 }
 
@@ -338,27 +358,8 @@ impl fmt::Debug for Run {
     }
 }
 
-/// One page of `GET /api/runs/{id}/events?after=N`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EventPage {
-    /// The events, each the flat JSON object the server stores.
-    pub events: Vec<Value>,
-    /// Read the next page from here.
-    pub next_after: u64,
-    /// More events are (or are becoming) visible after `next_after`.
-    pub has_more: bool,
-    /// The page holds the run's terminal event (or `after` is past it).
-    pub terminal: bool,
-}
-
-/// How a run ended: `POST …/complete`, `/fail` or `/cancel`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ended {
-    /// `completed`, `failed` or `cancelled`.
-    pub status: String,
-    /// The terminal event's sequence.
-    pub sequence: u64,
-}
+/// How a run ended: what `POST …/complete`, `/fail` or `/cancel` answered.
+pub type Ended = RunEnded;
 
 impl Run {
     /// The run's id.
@@ -448,17 +449,17 @@ impl Run {
         }
         let mut sequences = Vec::with_capacity(events.len());
         for batch in events.chunks(MAX_BATCH_EVENTS) {
-            let body = json!({ "events": batch });
+            let body = AppendEvents {
+                events: batch.to_vec(),
+            };
+            let body = serde_json::to_value(body).map_err(|e| Error::Config(e.to_string()))?;
             let answer = self.call(Method::POST, &["events"], Some(&body)).await?;
             let status = answer.status;
-            let body = answer.expect(&[200])?;
-            let got = body
-                .get("sequences")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_u64).collect::<Vec<_>>())
-                .filter(|s| s.len() == batch.len())
-                .ok_or_else(|| Error::malformed(status, "one sequence per event"))?;
-            sequences.extend(got);
+            let appended: Appended = answer.parse(&[200])?;
+            if appended.sequences.len() != batch.len() {
+                return Err(Error::malformed(status, "one sequence per event"));
+            }
+            sequences.extend(appended.sequences);
         }
         Ok(sequences)
     }
@@ -477,23 +478,7 @@ impl Run {
             .http()
             .send(Method::GET, url, &self.run_token, None)
             .await?;
-        let status = answer.status;
-        let mut body = answer.expect(&[200])?;
-        let events = match body.get_mut("events").map(Value::take) {
-            Some(Value::Array(events)) => events,
-            _ => return Err(Error::malformed(status, "events")),
-        };
-        let next_after = body
-            .get("next_after")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| Error::malformed(status, "next_after"))?;
-        let flag = |k: &str| body.get(k).and_then(Value::as_bool).unwrap_or(false);
-        Ok(EventPage {
-            events,
-            next_after,
-            has_more: flag("has_more"),
-            terminal: flag("terminal"),
-        })
+        answer.parse(&[200])
     }
 
     /// Completes the run (`run_completed`, with `fields` in it). Repeating answers the
@@ -514,33 +499,26 @@ impl Run {
 
     async fn finish(&self, verb: &str, fields: Option<Value>) -> Result<Ended, Error> {
         let body = fields.unwrap_or_else(|| json!({}));
-        let answer = self.call(Method::POST, &[verb], Some(&body)).await?;
-        let status = answer.status;
-        let body = answer.expect(&[200])?;
-        Ok(Ended {
-            status: body
-                .get("status")
-                .and_then(Value::as_str)
-                .ok_or_else(|| Error::malformed(status, "status"))?
-                .to_owned(),
-            sequence: body
-                .get("sequence")
-                .and_then(Value::as_u64)
-                .ok_or_else(|| Error::malformed(status, "sequence"))?,
-        })
+        self.call(Method::POST, &[verb], Some(&body))
+            .await?
+            .parse(&[200])
     }
 
     /// A durable `mutation_outcome/v1` record
-    /// (`GET /api/runs/{id}/mutations/{tool_call_id}/{approval_id}`), as the server sends it.
-    pub async fn mutation(&self, tool_call_id: &str, approval_id: &str) -> Result<Value, Error> {
+    /// (`GET /api/runs/{id}/mutations/{tool_call_id}/{approval_id}`).
+    pub async fn mutation(
+        &self,
+        tool_call_id: &str,
+        approval_id: &str,
+    ) -> Result<MutationRecord, Error> {
         self.call(Method::GET, &["mutations", tool_call_id, approval_id], None)
             .await?
-            .expect(&[200])
+            .parse(&[200])
     }
 }
 
 /// An event for the wire: a JSON object with a `type`, keyed by an `event_id`.
-fn keyed_event(index: usize, event: Value) -> Result<Value, Error> {
+fn keyed_event(index: usize, event: Value) -> Result<Map<String, Value>, Error> {
     let Value::Object(mut map) = event else {
         return Err(Error::InvalidEvent(format!(
             "events[{index}] must be a JSON object"
@@ -554,18 +532,7 @@ fn keyed_event(index: usize, event: Value) -> Result<Value, Error> {
     if !map.contains_key("event_id") {
         map.insert("event_id".into(), uuid::Uuid::new_v4().to_string().into());
     }
-    Ok(Value::Object(map))
-}
-
-/// `fields` as a JSON object map (helper for bodies built from optional parts).
-pub(crate) fn object(pairs: Vec<(&str, Option<Value>)>) -> Value {
-    let mut map = Map::new();
-    for (k, v) in pairs {
-        if let Some(v) = v {
-            map.insert(k.into(), v);
-        }
-    }
-    Value::Object(map)
+    Ok(map)
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
+use serde::Deserialize;
 use serde_json::Value;
+use tollgate_protocol::ErrorBody;
 
 /// Everything a call of this crate can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -260,10 +262,26 @@ impl Error {
     /// A refusal answer as the error it means. `body` is the answer's JSON (or `Null`).
     pub(crate) fn from_answer(status: u16, body: &Value, retry_after: Option<Duration>) -> Self {
         let text = |k: &str| body.get(k).and_then(Value::as_str).map(str::to_owned);
-        let message = text("error").unwrap_or_else(|| format!("HTTP {status}"));
-        let state = text("state");
-        let approval_id = text("approval_id");
-        let (code, request_id) = (text("code"), text("request_id"));
+        let (message, state, approval_id, reason, code, request_id) =
+            match ErrorBody::deserialize(body) {
+                Ok(b) => (
+                    b.error,
+                    b.state,
+                    b.approval_id,
+                    b.reason,
+                    Some(b.code),
+                    Some(b.request_id),
+                ),
+                // Not Tollgate's error body (a proxy's, a gateway's): what can be read.
+                Err(_) => (
+                    text("error").unwrap_or_else(|| format!("HTTP {status}")),
+                    text("state"),
+                    text("approval_id"),
+                    text("reason"),
+                    text("code"),
+                    text("request_id"),
+                ),
+            };
         match status {
             400 | 413 => Error::BadRequest {
                 status,
@@ -290,7 +308,7 @@ impl Error {
             409 => Self::refused(
                 state,
                 approval_id,
-                text("reason"),
+                reason,
                 message,
                 code,
                 request_id,

@@ -44,7 +44,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::client::object;
+use tollgate_protocol::execution::{Dispatch, ExecutionAnswer, Settle, Start};
 use crate::{Error, Run};
 
 /// Refusals of post-approval admission: the server announced the start before them.
@@ -249,7 +249,7 @@ impl Evidence {
     /// The settle body: `{approval_id, evidence, result?, error?}`, facts bounded to
     /// what the server keeps (a fact too large is replaced by
     /// `{"code": "facts_too_large", "bytes": n}` so the settlement is still recorded).
-    fn body(&self, approval_id: &str) -> Value {
+    fn body(&self, approval_id: &str) -> Settle {
         let (result, error) = match self {
             Evidence::Confirmed { result, error } => (result.clone(), error.clone()),
             Evidence::Ambiguous { error } => (None, Some(error.clone())),
@@ -264,12 +264,12 @@ impl Evidence {
         } else {
             (result, error)
         };
-        object(vec![
-            ("approval_id", Some(approval_id.into())),
-            ("evidence", Some(self.kind().as_str().into())),
-            ("result", result),
-            ("error", error),
-        ])
+        Settle {
+            approval_id: approval_id.into(),
+            evidence: self.kind().as_str().into(),
+            result,
+            error,
+        }
     }
 }
 
@@ -496,7 +496,9 @@ impl Started {
     /// `200 {state: "dispatched"}` gives the [`Dispatched`] that permits sending;
     /// anything else is an error and nothing may be sent (see the module docs).
     pub async fn dispatch(self) -> Result<Dispatched, Error> {
-        let body = json!({"approval_id": self.call.approval_id});
+        let body = wire(Dispatch {
+            approval_id: self.call.approval_id.clone(),
+        })?;
         let answer = self
             .run
             .call(
@@ -505,14 +507,14 @@ impl Started {
                 Some(&body),
             )
             .await?;
-        let body = answer.expect(&[200])?;
-        match body.get("state").and_then(Value::as_str) {
-            Some("dispatched") => Ok(Dispatched {
+        let answer: ExecutionAnswer = answer.parse(&[200])?;
+        match answer.state.as_str() {
+            "dispatched" => Ok(Dispatched {
                 run: self.run,
                 call: self.call,
             }),
             other => Err(Error::conflict(
-                other.map(str::to_owned),
+                Some(other.to_owned()),
                 None,
                 None,
                 "dispatch did not answer dispatched; do not send".into(),
@@ -605,15 +607,12 @@ impl Run {
                     .into(),
             ));
         }
-        let body = object(vec![
-            ("request_id", Some(call.request_id.clone().into())),
-            ("approval_id", Some(call.approval_id.clone().into())),
-            ("tool_name", Some(call.tool_name.clone().into())),
-            (
-                "arguments_hash",
-                call.arguments_hash.clone().map(Value::from),
-            ),
-        ]);
+        let body = wire(Start {
+            request_id: call.request_id.clone(),
+            approval_id: call.approval_id.clone(),
+            tool_name: call.tool_name.clone(),
+            arguments_hash: call.arguments_hash.clone(),
+        })?;
         let answer = self
             .call(
                 Method::POST,
@@ -632,28 +631,25 @@ impl Run {
         {
             self.execution_started(&call.tool_name);
         }
-        let body = answer.expect(&[200])?;
-        let text = |k: &str| body.get(k).and_then(Value::as_str).map(str::to_owned);
-        if text("state").as_deref() == Some("intent") {
+        let answer: ExecutionAnswer = answer.parse(&[200])?;
+        if answer.state == "intent" {
             self.execution_started(&call.tool_name);
-        }
-        match text("state").as_deref() {
-            Some("intent") => Ok(Started {
+            return Ok(Started {
                 run: self.clone(),
-                sequence: body.get("sequence").and_then(Value::as_u64),
+                sequence: answer.sequence,
                 call,
-            }),
-            // A repeated start answers the attempt's later state: it is not ours to send.
-            state => Err(Error::conflict(
-                state.map(str::to_owned),
-                Some(call.approval_id),
-                text("reason"),
-                format!(
-                    "the attempt is already {}; it is not sent again",
-                    state.unwrap_or("in an unknown state")
-                ),
-            )),
+            });
         }
+        // A repeated start answers the attempt's later state: it is not ours to send.
+        Err(Error::conflict(
+            Some(answer.state.clone()),
+            Some(call.approval_id),
+            answer.reason,
+            format!(
+                "the attempt is already {}; it is not sent again",
+                answer.state
+            ),
+        ))
     }
 
     /// The whole guarded call: [`Run::start`], [`Started::dispatch`],
@@ -699,7 +695,7 @@ impl Run {
         call: &CallRef,
         evidence: &Evidence,
     ) -> Result<MutationState, Error> {
-        let body = evidence.body(&call.approval_id);
+        let body = wire(evidence.body(&call.approval_id))?;
         let answer = self
             .call(
                 Method::POST,
@@ -707,13 +703,14 @@ impl Run {
                 Some(&body),
             )
             .await?;
-        let status = answer.status;
-        let body = answer.expect(&[200])?;
-        body.get("state")
-            .and_then(Value::as_str)
-            .map(MutationState::parse)
-            .ok_or_else(|| Error::malformed(status, "state"))
+        let answer: ExecutionAnswer = answer.parse(&[200])?;
+        Ok(MutationState::parse(&answer.state))
     }
+}
+
+/// A request body of the contract as JSON.
+fn wire<T: serde::Serialize>(body: T) -> Result<Value, Error> {
+    serde_json::to_value(body).map_err(|e| Error::Config(e.to_string()))
 }
 
 #[cfg(test)]
@@ -782,10 +779,10 @@ mod tests {
         }
         .body("a-1");
         assert_eq!(
-            body,
+            wire(body).unwrap(),
             json!({"approval_id": "a-1", "evidence": "confirmed", "result": {"n": 1}})
         );
-        let body = Evidence::not_sent("why").body("a-1");
+        let body = wire(Evidence::not_sent("why").body("a-1")).unwrap();
         assert_eq!(body["evidence"], "not_sent");
         assert!(body.get("result").is_none());
         let huge = "x".repeat(MAX_FACTS_BYTES);
@@ -794,6 +791,7 @@ mod tests {
             error: None,
         }
         .body("a-1");
+        let body = wire(body).unwrap();
         assert_eq!(body["result"]["code"], "facts_too_large");
         assert!(body.to_string().len() < 1024);
         // Messages are clipped.

@@ -17,7 +17,9 @@ use reqwest::Method;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::client::object;
+use tollgate_protocol::approvals::{self as wire, ArmApproval, Card};
+use tollgate_protocol::events::{ApprovalResolved, Event};
+
 use crate::execution::ApprovedCall;
 use crate::hash::arguments_hash;
 use crate::http::{describe, is_event_stream, read};
@@ -238,19 +240,15 @@ impl Verdict {
 
     /// From a `tool.approval_resolved` payload (`approved`, `expired`, `decidedBy`,
     /// `scope`).
-    pub(crate) fn from_resolved_event(data: &Value) -> Self {
-        let flag = |k: &str| data.get(k).and_then(Value::as_bool).unwrap_or(false);
-        let decided_by = data
-            .get("decidedBy")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        if flag("approved") {
+    pub(crate) fn from_resolved_event(data: &ApprovalResolved) -> Self {
+        let decided_by = data.decided_by.clone();
+        if data.approved {
             Verdict::Approved {
-                scope: Scope::parse(data.get("scope").and_then(Value::as_str)),
+                scope: Scope::parse(data.scope.as_deref()),
                 decided_by,
                 auto: false,
             }
-        } else if flag("expired") {
+        } else if data.expired {
             Verdict::Expired
         } else {
             Verdict::Denied { decided_by }
@@ -259,13 +257,12 @@ impl Verdict {
 
     /// From a card as `GET …/approval-requests/{request_id}` answers it; `None` while it
     /// is pending.
-    pub(crate) fn from_card(card: &Value) -> Option<Self> {
-        let text = |k: &str| card.get(k).and_then(Value::as_str).map(str::to_owned);
-        let decided_by = text("decided_by");
-        match card.get("state").and_then(Value::as_str)? {
+    pub(crate) fn from_card(card: &Card) -> Option<Self> {
+        let decided_by = card.decided_by.clone();
+        match card.state.as_str() {
             "approved" => Some(Verdict::Approved {
-                scope: Scope::parse(card.get("scope").and_then(Value::as_str)),
-                auto: card.get("auto_approved").and_then(Value::as_bool) == Some(true)
+                scope: Scope::parse(card.scope.as_deref()),
+                auto: card.auto_approved == Some(true)
                     || decided_by
                         .as_deref()
                         .is_some_and(|d| d.starts_with("policy:")),
@@ -334,23 +331,23 @@ impl Run {
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let hash = arguments_hash(&request.arguments);
-        let text = |v: &Option<String>| v.clone().map(Value::from);
-        let body = object(vec![
-            ("request_id", Some(request_id.clone().into())),
-            ("tool_name", Some(request.tool_name.clone().into())),
-            ("tool_call_id", text(&request.tool_call_id)),
-            ("approval_id", text(&request.approval_id)),
-            ("url", text(&request.url)),
-            ("intention", text(&request.intention)),
-            ("message", text(&request.message)),
-            ("arguments_hash", Some(hash.clone().into())),
-            ("timeout_seconds", Some(timeout_seconds.into())),
-        ]);
+        let body = ArmApproval {
+            request_id: request_id.clone(),
+            tool_name: request.tool_name.clone(),
+            tool_call_id: request.tool_call_id.clone(),
+            approval_id: request.approval_id.clone(),
+            url: request.url.clone(),
+            intention: request.intention.clone(),
+            message: request.message.clone(),
+            arguments_hash: Some(hash.clone()),
+            timeout_seconds: Some(timeout_seconds),
+        };
+        let body = serde_json::to_value(body).map_err(|e| Error::Config(e.to_string()))?;
         let answer = self
             .call(Method::POST, &["approval-requests"], Some(&body))
             .await?;
         let status = answer.status;
-        let body = answer.expect(&[200, 201])?;
+        let body: wire::Armed = answer.parse(&[200, 201])?;
         let call = ApprovedCall {
             tool_call_id: request
                 .tool_call_id
@@ -365,31 +362,21 @@ impl Run {
             arguments_hash: Some(hash),
             auto: false,
         };
-        let display_id = body
-            .get("display_id")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        let state = match body.get("state").and_then(Value::as_str) {
-            Some("approved")
-                if body.get("auto_approved").and_then(Value::as_bool) == Some(true) =>
-            {
-                ArmedState::Decided(Verdict::Approved {
-                    scope: Scope::parse(body.get("scope").and_then(Value::as_str)),
-                    decided_by: body
-                        .get("policy_id")
-                        .and_then(Value::as_str)
-                        .map(|p| format!("policy:{p}")),
-                    auto: true,
-                })
-            }
-            Some("pending") => ArmedState::Pending {
+        let display_id = Some(body.display_id);
+        let state = match body.state.as_str() {
+            "approved" if body.auto_approved == Some(true) => ArmedState::Decided(Verdict::Approved {
+                scope: Scope::parse(body.scope.as_deref()),
+                decided_by: body.policy_id.map(|p| format!("policy:{p}")),
+                auto: true,
+            }),
+            "pending" => ArmedState::Pending {
                 // A fresh card's resolution follows its `tool.approval_required`; a repeated
                 // arm (200) does not say where that is, so the wait reads from the start.
-                after: body.get("sequence").and_then(Value::as_u64).unwrap_or(0),
+                after: body.sequence.unwrap_or(0),
                 timeout,
             },
             // A repeated arm of a card decided meanwhile: the card says by whom.
-            Some("approved" | "denied" | "expired") => {
+            "approved" | "denied" | "expired" => {
                 let card = self.approval(&request_id).await?;
                 ArmedState::Decided(
                     Verdict::from_card(&card)
@@ -434,10 +421,10 @@ impl Run {
     /// The card `request_id` as the server holds it
     /// (`GET /api/runs/{id}/approval-requests/{request_id}`): `state`, `scope`,
     /// `decided_by`, … ([`Error::NotFound`] with state `unknown` when there is none).
-    pub async fn approval(&self, request_id: &str) -> Result<Value, Error> {
+    pub async fn approval(&self, request_id: &str) -> Result<Card, Error> {
         self.call(Method::GET, &["approval-requests", request_id], None)
             .await?
-            .expect(&[200])
+            .parse(&[200])
     }
 }
 
@@ -549,17 +536,19 @@ impl Watch<'_> {
         let card = self.run.approval(self.request_id).await?;
         // A card the run's end closed (`reason: run_ended`) was never decided: the run
         // ending is the answer.
-        if card.get("reason").and_then(Value::as_str) == Some("run_ended") {
+        if card.reason.as_deref() == Some("run_ended") {
             return Ok(None);
         }
         Ok(Verdict::from_card(&card))
     }
 
     /// Whether `event` (type, JSON text or value) is this card's resolution.
-    fn resolution(&self, event_type: &str, data: &Value) -> Option<Verdict> {
-        (event_type == APPROVAL_RESOLVED
-            && data.get("requestId").and_then(Value::as_str) == Some(self.request_id))
-        .then(|| Verdict::from_resolved_event(data))
+    fn resolution(&self, event_type: &str, data: Option<ApprovalResolved>) -> Option<Verdict> {
+        if event_type != APPROVAL_RESOLVED {
+            return None;
+        }
+        data.filter(|d| d.request_id == self.request_id)
+            .map(|d| Verdict::from_resolved_event(&d))
     }
 
     /// One live-stream response from `after`.
@@ -659,8 +648,10 @@ impl Watch<'_> {
                     None => {}
                 }
                 if frame.event == APPROVAL_RESOLVED {
-                    let data: Value = serde_json::from_str(&frame.data).unwrap_or(Value::Null);
-                    if let Some(v) = self.resolution(&frame.event, &data) {
+                    let data = serde_json::from_str::<Event>(&frame.data)
+                        .ok()
+                        .and_then(|e| e.payload_as());
+                    if let Some(v) = self.resolution(&frame.event, data) {
                         return Ok(Step::Resolved(v));
                     }
                 }
@@ -687,13 +678,11 @@ impl Watch<'_> {
                 Err(e) => return Err(e),
             };
             for event in &page.events {
-                let seq = event.get("sequence").and_then(Value::as_u64).unwrap_or(0);
-                if seq <= self.after {
+                if event.sequence <= self.after {
                     continue;
                 }
-                self.after = seq;
-                let ty = event.get("type").and_then(Value::as_str).unwrap_or("");
-                if let Some(v) = self.resolution(ty, event) {
+                self.after = event.sequence;
+                if let Some(v) = self.resolution(&event.event_type, event.payload_as()) {
                     return Ok(Step::Resolved(v));
                 }
             }
@@ -721,9 +710,27 @@ mod tests {
     use serde_json::json;
 
     /// A `tool.approval_resolved` payload as the server writes it.
-    fn resolved(request_id: &str, approved: bool, expired: bool) -> Value {
-        json!({"requestId": request_id, "runId": "run-1", "approved": approved,
-               "expired": expired, "decidedBy": "alice", "scope": "tool"})
+    fn resolved(request_id: &str, approved: bool, expired: bool) -> ApprovalResolved {
+        payload(json!({"requestId": request_id, "runId": "run-1", "approved": approved,
+               "expired": expired, "decidedBy": "alice", "scope": "tool"}))
+    }
+
+    fn payload(v: Value) -> ApprovalResolved {
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// A card: `fields` over a pending one.
+    fn card(fields: Value) -> Card {
+        let mut card = json!({"run_id": "r", "request_id": "q", "display_id": "d",
+            "tool_name": "t", "tool_call_id": "q", "approval_id": "q", "url": null,
+            "intention": null, "message": null, "arguments_hash": null,
+            "state": "pending", "scope": null, "decided_by": null, "decided_at": null,
+            "created_at": "2026-11-30T11:00:00.000Z", "expires_at": "2026-11-30T12:05:00.000Z",
+            "coordinator_run_id": null, "subtask_id": null});
+        card.as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        serde_json::from_value(card).unwrap()
     }
 
     #[test]
@@ -755,7 +762,7 @@ mod tests {
         );
         assert_eq!(
             Verdict::from_resolved_event(
-                &json!({"requestId": "r", "approved": false, "expired": true})
+                &payload(json!({"requestId": "r", "approved": false, "expired": true}))
             ),
             Verdict::Expired
         );
@@ -763,9 +770,9 @@ mod tests {
 
     #[test]
     fn cards_read_as_verdicts_unless_pending() {
-        assert_eq!(Verdict::from_card(&json!({"state": "pending"})), None);
+        assert_eq!(Verdict::from_card(&card(json!({"state": "pending"}))), None);
         assert_eq!(
-            Verdict::from_card(&json!({"state": "approved", "scope": "once", "decided_by": "bob"})),
+            Verdict::from_card(&card(json!({"state": "approved", "scope": "once", "decided_by": "bob"}))),
             Some(Verdict::Approved {
                 scope: Scope::Once,
                 decided_by: Some("bob".into()),
@@ -773,9 +780,7 @@ mod tests {
             })
         );
         assert_eq!(
-            Verdict::from_card(
-                &json!({"state": "approved", "scope": "tool", "decided_by": "policy:abc"})
-            ),
+            Verdict::from_card(&card(json!({"state": "approved", "scope": "tool", "decided_by": "policy:abc"}))),
             Some(Verdict::Approved {
                 scope: Scope::Tool,
                 decided_by: Some("policy:abc".into()),
@@ -783,11 +788,11 @@ mod tests {
             })
         );
         assert_eq!(
-            Verdict::from_card(&json!({"state": "expired"})),
+            Verdict::from_card(&card(json!({"state": "expired"}))),
             Some(Verdict::Expired)
         );
         assert_eq!(
-            Verdict::from_card(&json!({"state": "denied", "decided_by": null})),
+            Verdict::from_card(&card(json!({"state": "denied", "decided_by": null}))),
             Some(Verdict::Denied { decided_by: None })
         );
     }

@@ -62,6 +62,16 @@ impl Lost {
 }
 
 impl Answer {
+    /// The body as the contract's type `T` (`tollgate-protocol`) when the status is one of
+    /// `ok`; the refusal as an [`Error`] otherwise, and [`Error::Malformed`]-style
+    /// when the body is not a `T`.
+    pub fn parse<T: serde::de::DeserializeOwned>(self, ok: &[u16]) -> Result<T, Error> {
+        let status = self.status;
+        let body = self.expect(ok)?;
+        serde_json::from_value(body)
+            .map_err(|e| Error::malformed(status, &format!("a {} ({e})", short_name::<T>())))
+    }
+
     /// The body when the status is one of `ok`; the refusal as an [`Error`] otherwise.
     pub fn expect(self, ok: &[u16]) -> Result<Value, Error> {
         if ok.contains(&self.status) {
@@ -323,4 +333,10 @@ mod tests {
         assert!(bearer("abc").unwrap().is_sensitive());
         assert!(matches!(bearer("a\nb"), Err(Error::Config(_))));
     }
+}
+
+/// A type's last path segment (`RunReceipt`), for error messages.
+fn short_name<T>() -> &'static str {
+    let name = std::any::type_name::<T>();
+    name.rsplit("::").next().unwrap_or(name)
 }

@@ -91,9 +91,11 @@ mod retry;
 pub mod sse;
 
 pub use client::{
-    Budget, Client, ClientConfig, Ended, EventPage, ExecutionMode, Receipt, Run, RunKind, RunSpec,
-    SubtaskId, MAX_BATCH_EVENTS,
+    Budget, Client, ClientConfig, Ended, Event, EventPage, ExecutionMode, Receipt, Run, RunKind,
+    RunSpec, SubtaskId, MAX_BATCH_EVENTS,
 };
+/// The HTTP contract's types (`tollgate-protocol`): what this client sends and parses.
+pub use tollgate_protocol as protocol;
 pub use error::Error;
 pub use execution::{
     ApprovedCall, CallOutcome, CallRef, Dispatched, Evidence, EvidenceKind, Executed,

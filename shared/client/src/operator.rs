@@ -22,7 +22,8 @@ use std::fmt;
 use std::time::Duration;
 
 use reqwest::Method;
-use serde_json::{json, Value};
+use serde_json::Value;
+use tollgate_protocol::approvals as wire;
 use tokio::time::Instant;
 
 use crate::http::{describe, is_event_stream, read, Answer, Http, Lost};
@@ -213,53 +214,8 @@ impl fmt::Debug for Operator {
     }
 }
 
-/// One pending approval card, as `GET /api/approvals` lists it. A field that is absent
-/// or not a string is `None`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Card {
-    /// The run the card is on.
-    pub run_id: Option<String>,
-    /// The card's request id (what a decision names).
-    pub request_id: Option<String>,
-    /// The short id a console shows.
-    pub display_id: Option<String>,
-    /// The tool the call is for.
-    pub tool_name: Option<String>,
-    /// The URL the call will reach.
-    pub url: Option<String>,
-    /// Why the agent wants the call.
-    pub intention: Option<String>,
-    /// A message for the human.
-    pub message: Option<String>,
-    /// When the card expires (RFC 3339).
-    pub expires_at: Option<String>,
-    /// `pod` when an AgentHost pod holds the card.
-    pub held_by: Option<String>,
-    /// The card as the server sent it.
-    pub raw: Value,
-}
-
-fn text(v: &Value, key: &str) -> Option<String> {
-    v.get(key).and_then(Value::as_str).map(str::to_owned)
-}
-
-impl Card {
-    /// A card from its JSON (any value: what is not there is `None`).
-    pub fn from_json(raw: Value) -> Self {
-        Self {
-            run_id: text(&raw, "run_id"),
-            request_id: text(&raw, "request_id"),
-            display_id: text(&raw, "display_id"),
-            tool_name: text(&raw, "tool_name"),
-            url: text(&raw, "url"),
-            intention: text(&raw, "intention"),
-            message: text(&raw, "message"),
-            expires_at: text(&raw, "expires_at"),
-            held_by: text(&raw, "held_by"),
-            raw,
-        }
-    }
-}
+/// One approval card, as `GET /api/approvals` lists it (the contract's `Card`).
+pub use tollgate_protocol::approvals::Card;
 
 /// One page of pending cards.
 #[derive(Debug, Clone, PartialEq)]
@@ -274,20 +230,22 @@ pub struct CardPage {
     pub next_after: Option<String>,
 }
 
-impl CardPage {
-    /// A page from its JSON: `{approvals: [...], has_more, next_after?}`.
-    pub fn from_json(body: &Value) -> Self {
+impl From<wire::CardPage> for CardPage {
+    fn from(page: wire::CardPage) -> Self {
         Self {
-            cards: body
-                .get("approvals")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().cloned().map(Card::from_json).collect())
-                .unwrap_or_default(),
-            has_more: body
-                .get("has_more")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            next_after: text(body, "next_after"),
+            cards: page.approvals,
+            has_more: page.has_more,
+            next_after: page.next_after,
+        }
+    }
+}
+
+impl From<wire::RunCards> for CardPage {
+    fn from(page: wire::RunCards) -> Self {
+        Self {
+            cards: page.approvals,
+            has_more: page.has_more,
+            next_after: None,
         }
     }
 }
@@ -311,37 +269,9 @@ impl Verb {
     }
 }
 
-/// A decision's answer: the card's state now (this click's, or an earlier one's). A
-/// field that is absent or of another type is `None` (`false`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct DecisionAnswer {
-    /// `approved`, `denied`, `expired` (or `pending` on a pod card that is busy).
-    pub state: Option<String>,
-    /// The card expired (no decision can change it).
-    pub expired: bool,
-    /// Who decided (a policy is `policy:<id>`).
-    pub decided_by: Option<String>,
-    /// The approval's scope.
-    pub scope: Option<String>,
-    /// Why an expired card ended (`run_ended`, …).
-    pub reason: Option<String>,
-    /// The answer as the server sent it.
-    pub raw: Value,
-}
-
-impl DecisionAnswer {
-    /// An answer from its JSON.
-    pub fn from_json(raw: Value) -> Self {
-        Self {
-            state: text(&raw, "state"),
-            expired: raw.get("expired").and_then(Value::as_bool).unwrap_or(false),
-            decided_by: text(&raw, "decided_by"),
-            scope: text(&raw, "scope"),
-            reason: text(&raw, "reason"),
-            raw,
-        }
-    }
-}
+/// A decision's answer: the card's state now (this click's, or an earlier one's), as
+/// the contract's `Decided`.
+pub type DecisionAnswer = wire::Decided;
 
 impl Operator {
     /// An operator of the server at `base_url` (a path prefix such as an API stage is
@@ -404,7 +334,14 @@ impl Operator {
             url.query_pairs_mut().append_pair("after", after);
         }
         let answer = self.ok(Method::GET, url, None).await?;
-        Ok(CardPage::from_json(&answer))
+        let parsed = match run {
+            Some(_) => serde_json::from_value::<wire::RunCards>(answer).map(CardPage::from),
+            None => serde_json::from_value::<wire::CardPage>(answer).map(CardPage::from),
+        };
+        parsed.map_err(|e| OperatorError::Unreadable {
+            status: 200,
+            message: format!("not a page of cards ({e})"),
+        })
     }
 
     /// Approves the card `request_id` of `run` (the child's, or its coordinator's) with
@@ -442,19 +379,22 @@ impl Operator {
         scope: Option<Scope>,
         tool_name: Option<&str>,
     ) -> Result<DecisionAnswer, OperatorError> {
-        let (route, mut body) = match verb {
-            Verb::Approve => (
-                "tool-approvals",
-                json!({"request_id": request_id, "scope": scope.unwrap_or_default().as_str()}),
-            ),
-            Verb::Deny => ("tool-denials", json!({ "request_id": request_id })),
+        let (route, scope) = match verb {
+            Verb::Approve => ("tool-approvals", Some(scope.unwrap_or_default().as_str())),
+            Verb::Deny => ("tool-denials", None),
         };
-        if let Some(tool) = tool_name {
-            body["tool_name"] = tool.into();
-        }
+        let body = wire::Decide {
+            request_id: request_id.into(),
+            scope: scope.map(Value::from),
+            tool_name: tool_name.map(str::to_owned),
+        };
+        let body = serde_json::to_value(body).map_err(|e| OperatorError::Config(e.to_string()))?;
         let url = self.http.endpoint(&["api", "runs", run, route]);
         let answer = self.ok(Method::POST, url, Some(&body)).await?;
-        Ok(DecisionAnswer::from_json(answer))
+        serde_json::from_value(answer).map_err(|e| OperatorError::Unreadable {
+            status: 200,
+            message: format!("not a decision's answer ({e})"),
+        })
     }
 
     /// Follows `run`'s live stream from after sequence `after` (0: from the start).
@@ -782,6 +722,7 @@ fn error_delay(hint: Duration, failures: u32, retry_after: Option<Duration>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn backoff_doubles_and_is_bounded() {

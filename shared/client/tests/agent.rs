@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::{Method, StatusCode};
-use serde_json::{json, Value};
+use serde_json::json;
 use tollgate_client::{
     ApprovedCall, Budget, CallOutcome, Decision, Error, EvidenceKind, GateRequest, MutationState,
     Record, Reply, Run, RunSpec, Scope, TransportError,
@@ -49,8 +49,8 @@ where
     waiter.await.unwrap().unwrap()
 }
 
-fn events_of(types: &[Value]) -> Vec<&str> {
-    types.iter().map(|e| e["type"].as_str().unwrap()).collect()
+fn events_of(events: &[tollgate_client::Event]) -> Vec<&str> {
+    events.iter().map(|e| e.event_type.as_str()).collect()
 }
 
 /// GIVEN a pending card WHEN an operator approves it THEN the waiting gate returns
@@ -368,8 +368,8 @@ async fn the_guard_settles_confirmed_on_a_response() {
             .mutation(&ids.tool_call_id, &ids.approval_id)
             .await
             .unwrap();
-        assert_eq!(record["state"], "completed");
-        assert_eq!(record["result"], json!({"http_status": 200}));
+        assert_eq!(record.state, "completed");
+        assert_eq!(record.result, Some(json!({"http_status": 200})));
     })
     .await
 }
@@ -398,7 +398,7 @@ async fn an_application_error_is_confirmed_with_error_facts() {
             .mutation(&ids.tool_call_id, &ids.approval_id)
             .await
             .unwrap();
-        assert_eq!(record["error"], json!({"http_status": 422}));
+        assert_eq!(record.error, Some(json!({"http_status": 422})));
     })
     .await
 }
@@ -471,7 +471,7 @@ async fn aborting_before_sending_is_not_sent() {
         let state = started.abort("the user changed their mind").await.unwrap();
         assert_eq!(state, MutationState::NotExecuted);
         let record = run.mutation(&tcid, &aid).await.unwrap();
-        assert_eq!(record["state"], "not_executed");
+        assert_eq!(record.state, "not_executed");
         let err = run
             .start(ApprovedCall::new(rid, tcid, aid, "web_fetch", hash))
             .await
@@ -598,7 +598,7 @@ async fn the_execution_started_hook_follows_the_servers_start_event() {
         let events = run.events(0, None).await.unwrap().events;
         let starts = events
             .iter()
-            .filter(|e| e["type"] == "tool_execution_started")
+            .filter(|e| e.event_type == "tool_execution_started")
             .count();
         assert_eq!(starts, 1, "one start on this run, one hook call");
         started.abort("test").await.unwrap();

@@ -55,7 +55,7 @@ async fn lists_decides_and_follows() {
         let mut listed: Vec<_> = page
             .cards
             .iter()
-            .map(|c| (c.request_id.clone().unwrap(), c.tool_name.clone().unwrap()))
+            .map(|c| (c.request_id.clone(), c.tool_name.clone()))
             .collect();
         listed.sort();
         assert_eq!(
@@ -74,16 +74,16 @@ async fn lists_decides_and_follows() {
             .approve(&run_id, "card-a", Scope::Once, Some("web_fetch"))
             .await
             .unwrap();
-        assert_eq!(approved.state.as_deref(), Some("approved"));
+        assert_eq!(approved.state, "approved");
         assert_eq!(approved.decided_by.as_deref(), Some(me.as_str()));
         let denied = op.deny(&run_id, "card-b", None).await.unwrap();
-        assert_eq!(denied.state.as_deref(), Some("denied"));
+        assert_eq!(denied.state, "denied");
         // A later click answers with the card's real state.
         let again = op
             .decide(&run_id, "card-b", Verb::Approve, None, None)
             .await
             .unwrap();
-        assert_eq!(again.state.as_deref(), Some("denied"));
+        assert_eq!(again.state, "denied");
         assert!(op.pending(None, None).await.unwrap().cards.is_empty());
         match op.approve(&run_id, "no-such-card", Scope::Once, None).await {
             Err(OperatorError::Refused(r)) => assert_eq!(r.status, 404, "{r}"),

@@ -5,7 +5,7 @@ use axum::response::IntoResponse;
 use serde_json::Value;
 use tollgate_client::operator::{CardPage, DecisionAnswer};
 use tollgate_client::sse::{SseFrame, SseItem, SseParser};
-use tollgate_client::{Client, RunSpec};
+use tollgate_client::{protocol, Client, RunSpec};
 
 macro_rules! fixture {
     ($name:literal) => {
@@ -63,47 +63,45 @@ async fn run_receipts() {
 #[test]
 fn a_card_listing() {
     let body = json(fixture!("approvals_page.json"));
-    let page = CardPage::from_json(&body);
+    let wire: protocol::approvals::CardPage = serde_json::from_value(body.clone()).unwrap();
+    // The contract's type holds every field the server sent: it writes the fixture back.
+    assert_eq!(serde_json::to_value(&wire).unwrap(), body);
+    let page = CardPage::from(wire);
     assert!(page.has_more);
     assert_eq!(page.next_after.as_deref(), body["next_after"].as_str());
     assert_eq!(page.cards.len(), 2);
     let [web, pod] = &page.cards[..] else {
         unreachable!()
     };
-    assert_eq!(web.run_id.as_deref(), Some("run-5f0c7a2e"));
-    assert_eq!(web.display_id.as_deref(), Some("5f0c7a2e"));
-    assert_eq!(web.tool_name.as_deref(), Some("web_fetch"));
+    assert_eq!(web.run_id, "run-5f0c7a2e");
+    assert_eq!(web.display_id, "5f0c7a2e");
+    assert_eq!(web.tool_name, "web_fetch");
     assert_eq!(web.url.as_deref(), Some("https://example.com/docs"));
     assert_eq!(web.message, None, "null reads as absent");
     assert_eq!(web.held_by, None);
-    assert_eq!(web.expires_at.as_deref(), Some("2026-11-30T12:05:00.000Z"));
+    assert_eq!(web.expires_at, "2026-11-30T12:05:00.000Z");
     assert_eq!(pod.held_by.as_deref(), Some("pod"));
     assert_eq!(pod.url, None);
     assert_eq!(pod.intention.as_deref(), Some("list files"));
-    // Each card keeps the server's JSON as it came.
-    for (card, raw) in page.cards.iter().zip(body["approvals"].as_array().unwrap()) {
-        assert_eq!(&card.raw, raw);
-        assert_eq!(card.request_id.as_deref(), raw["request_id"].as_str());
-    }
 }
 
 #[test]
 fn decision_answers() {
     let raw = json(fixture!("decision_approved.json"));
-    let answer = DecisionAnswer::from_json(raw.clone());
-    assert_eq!(answer.state.as_deref(), Some("approved"));
+    let answer: DecisionAnswer = serde_json::from_value(raw.clone()).unwrap();
+    assert_eq!(answer.state, "approved");
     assert!(!answer.expired);
     assert_eq!(answer.decided_by.as_deref(), Some("alice"));
-    assert_eq!((answer.scope, answer.reason), (None, None));
-    assert_eq!(answer.raw, raw);
+    assert_eq!(answer.reason, None);
+    assert_eq!(serde_json::to_value(&answer).unwrap(), raw);
 
     let raw = json(fixture!("decision_expired_run_ended.json"));
-    let answer = DecisionAnswer::from_json(raw.clone());
-    assert_eq!(answer.state.as_deref(), Some("expired"));
+    let answer: DecisionAnswer = serde_json::from_value(raw.clone()).unwrap();
+    assert_eq!(answer.state, "expired");
     assert!(answer.expired);
     assert_eq!(answer.decided_by, None);
     assert_eq!(answer.reason.as_deref(), Some("run_ended"));
-    assert_eq!(answer.raw, raw);
+    assert_eq!(serde_json::to_value(&answer).unwrap(), raw);
 }
 
 #[test]
@@ -122,15 +120,20 @@ fn a_live_stream_response() {
         .collect();
     let (done, events) = frames.split_last().unwrap();
     assert!(done.is_done());
-    assert_eq!(json(&done.data)["terminal_sequence"], events.len() as u64);
+    let end: protocol::events::StreamEnd = serde_json::from_str(&done.data).unwrap();
+    assert_eq!(end.terminal_sequence, events.len() as u64);
     for (i, frame) in events.iter().enumerate() {
-        let event = json(&frame.data);
+        let event: protocol::Event = serde_json::from_str(&frame.data).unwrap();
         assert!(!frame.is_done());
         assert_eq!(frame.sequence(), Some(i as u64 + 1));
-        assert_eq!(event["sequence"], i as u64 + 1);
-        assert_eq!(event["type"], frame.event.as_str());
+        assert_eq!(event.sequence, i as u64 + 1);
+        assert_eq!(event.event_type, frame.event);
+        assert_eq!(serde_json::to_value(&event).unwrap(), json(&frame.data));
     }
-    let resolved = json(&events[2].data);
+    let required: protocol::events::Event = serde_json::from_str(&events[1].data).unwrap();
+    let required: protocol::events::ApprovalRequired = required.payload_as().unwrap();
+    let resolved: protocol::Event = serde_json::from_str(&events[2].data).unwrap();
     assert_eq!(events[2].event, tollgate_client::gate::APPROVAL_RESOLVED);
-    assert_eq!(resolved["requestId"], json(&events[1].data)["requestId"]);
+    let resolved: protocol::events::ApprovalResolved = resolved.payload_as().unwrap();
+    assert_eq!(resolved.request_id, required.request_id);
 }

@@ -89,6 +89,9 @@ pub struct Decided {
     pub expired: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_by: Option<String>,
+    /// An approved card's scope (this click's, or the earlier decision's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
     /// `run_ended` when the card expired because its run ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

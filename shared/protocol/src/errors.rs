@@ -34,7 +34,7 @@ fn code_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 }
 
 /// `{error, code, state?, request_id}` (and, for a run that has ended, its `status` and
-/// `terminal_sequence`). `error` is for people; `code` and `state` are for programs.
+/// `terminal_sequence`; for a refused execution step, `reason?` and `approval_id?`). `error` is for people; `code` and `state` are for programs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ErrorBody {
@@ -56,4 +56,11 @@ pub struct ErrorBody {
     /// For `state: run_terminal`: the sequence of the run's terminal event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminal_sequence: Option<u64>,
+    /// A refused execution step on a `not_executed` attempt: why it did not execute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// A start refused because another attempt of the call blocks it: that attempt's
+    /// `approval_id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_id: Option<String>,
 }

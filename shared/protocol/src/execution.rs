@@ -54,19 +54,48 @@ pub struct Reconcile {
     pub observed: String,
 }
 
-/// A mutation record (the durable outcome of one approved call), as start, dispatch,
-/// settle, reconcile and the record routes answer it.
+/// What `start`, `dispatch`, `settle` and `reconcile` answer when they are accepted (200):
+/// where the attempt stands now. A refusal (400, 409) is an [`crate::ErrorBody`] whose
+/// `state` is the attempt's (or, before any attempt, the card's), with `reason` for a
+/// `not_executed` attempt and `approval_id` for the attempt that blocks a new start.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct ExecutionAnswer {
+    /// `intent`, `dispatched`, `completed`, `not_executed` or `outcome_unknown`.
+    pub state: String,
+    /// Accepted starts: the sequence of `tool_execution_started`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<u64>,
+    /// Why the attempt is `not_executed` (`not_sent`, `budget_exhausted`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A mutation record, `mutation_outcome/v1`: the durable outcome of one approved call,
+/// as the record routes answer it. The optional fields are absent until known.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct MutationRecord {
+    /// `mutation_outcome/v1`.
+    pub schema: String,
     pub run_id: String,
     pub tool_call_id: String,
     pub approval_id: String,
-    /// `started`, `dispatched`, `succeeded`, `failed`, `not_applied`, `outcome_unknown`, …
+    pub tool_name: String,
+    /// `intent`, `dispatched`, `completed`, `not_executed` or `outcome_unknown`.
     pub state: String,
-    /// The record's other fields (tool, evidence, result, error, times, …).
-    #[serde(flatten)]
-    pub rest: serde_json::Map<String, Value>,
+    /// `executed` or `not_executed`, once the terminal decision is taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_status: Option<String>,
+    /// What the tool answered (confirmed outcomes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// The tool's or the settlement's error facts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Value>,
+    /// Why it ended as it did (`not_sent`, `settlement_deadline`, `reconciled_applied`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// `GET /api/runs/{run_id}/mutations`.

@@ -11,6 +11,7 @@
 //! document.
 
 pub mod approvals;
+pub mod console;
 pub mod errors;
 pub mod events;
 pub mod execution;

@@ -8,14 +8,14 @@ use schemars::{JsonSchema, SchemaGenerator};
 use serde_json::{json, Map, Value};
 
 use crate::operations::{Body, Credential, Operation, OPERATIONS};
-use crate::{approvals, errors, events, execution, runs};
+use crate::{approvals, console, errors, events, execution, runs};
 
 /// The grammar of the live stream, for the stream operations' descriptions.
 const SSE_GRAMMAR: &str = "Server-Sent Events. The stream opens with `retry: 1000`; each \
 event is a frame `id: <sequence>`, `event: <type>`, `data: <the event's JSON envelope>` \
 and a blank line; `: keep-alive` comment lines come while nothing happens; when the run \
-has ended the stream sends `event: done` with `data: {\"run_id\", \"terminal_sequence\"}` \
-and closes. A client that drops resumes with `Last-Event-ID: <last id>` (or `?after=`) and \
+has ended the stream sends `event: done` with `data: <StreamEnd>` \
+(`{\"run_id\", \"terminal_sequence\"}`) and closes. A client that drops resumes with `Last-Event-ID: <last id>` (or `?after=`) and \
 gets every later event exactly once, in order. A stream also ends after its time window; \
 resume the same way.";
 
@@ -48,6 +48,11 @@ fn named(generator: &mut SchemaGenerator) -> Vec<(&'static str, Value)> {
         ("Reconcile", of::<execution::Reconcile>(generator)),
         ("MutationRecord", of::<execution::MutationRecord>(generator)),
         ("MutationList", of::<execution::MutationList>(generator)),
+        ("ExecutionAnswer", of::<execution::ExecutionAnswer>(generator)),
+        ("StreamEnd", of::<events::StreamEnd>(generator)),
+        ("ApprovalRequired", of::<events::ApprovalRequired>(generator)),
+        ("ApprovalResolved", of::<events::ApprovalResolved>(generator)),
+        ("ConsoleConfig", of::<console::ConsoleConfig>(generator)),
     ]
 }
 

@@ -34,7 +34,7 @@ impl Credential {
 pub enum Body {
     /// `application/json` of the named type (`"RunReceipt"`, …).
     Json(&'static str),
-    /// Any JSON object (a terminal event's payload; an execution answer's other shapes).
+    /// Any JSON object (a terminal event's payload; this document).
     AnyObject,
     /// `text/event-stream`: the live stream's frames.
     EventStream,
@@ -270,7 +270,7 @@ pub const OPERATIONS: &[Operation] = &[
         credentials: &[RunToken],
         query: &[],
         request: Some(Json("Start")),
-        responses: responses![200 => AnyObject, 400 => AnyObject, 404 => ERR, 409 => AnyObject, 413 => ERR, 429 => ERR],
+        responses: responses![200 => Json("ExecutionAnswer"), 400 => ERR, 404 => ERR, 409 => ERR, 413 => ERR, 429 => ERR],
     },
     Operation {
         method: "POST",
@@ -280,7 +280,7 @@ pub const OPERATIONS: &[Operation] = &[
         credentials: &[RunToken],
         query: &[],
         request: Some(Json("Dispatch")),
-        responses: responses![200 => AnyObject, 400 => AnyObject, 404 => ERR, 409 => AnyObject, 413 => ERR],
+        responses: responses![200 => Json("ExecutionAnswer"), 400 => ERR, 404 => ERR, 409 => ERR, 413 => ERR],
     },
     Operation {
         method: "POST",
@@ -290,7 +290,7 @@ pub const OPERATIONS: &[Operation] = &[
         credentials: &[RunToken],
         query: &[],
         request: Some(Json("Settle")),
-        responses: responses![200 => AnyObject, 400 => AnyObject, 404 => ERR, 409 => AnyObject, 413 => ERR],
+        responses: responses![200 => Json("ExecutionAnswer"), 400 => ERR, 404 => ERR, 409 => ERR, 413 => ERR],
     },
     Operation {
         method: "GET",
@@ -320,7 +320,7 @@ pub const OPERATIONS: &[Operation] = &[
         credentials: &[Operator],
         query: &[],
         request: Some(Json("Reconcile")),
-        responses: responses![200 => AnyObject, 400 => ERR, 404 => ERR, 409 => AnyObject, 413 => ERR],
+        responses: responses![200 => Json("ExecutionAnswer"), 400 => ERR, 404 => ERR, 409 => ERR, 413 => ERR],
     },
     Operation {
         method: "GET",
@@ -360,7 +360,7 @@ pub const OPERATIONS: &[Operation] = &[
         credentials: &[Operator],
         query: &[],
         request: None,
-        responses: responses![200 => AnyObject],
+        responses: responses![200 => Json("ConsoleConfig")],
     },
 ];
 

@@ -71,12 +71,61 @@ pub struct AppendEvents {
     pub events: Vec<Map<String, Value>>,
 }
 
-/// What an append answers: the sequence each event got, in order.
+/// What an append answers: the sequence each event got, in order. A pod-per-run run's
+/// card announcement (one `tool.approval_required`, `tool.approval_pending` or
+/// `tool.approval_resolved {expired: true}`) also answers the card's `request_id` and
+/// `state`, and lists in `dropped` an event that changed nothing (so `sequences` is empty).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Appended {
     pub run_id: String,
     pub sequences: Vec<u64>,
+    /// A pod card's `requestId`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// A pod card's state now (`pending`, `approved`, `denied`, `expired`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// `pod` for a pod card just recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
+    /// A pod card just recorded: when Tollgate expires it if the pod never reports back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// A pod's own expiry: the card is resolved now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved: Option<bool>,
+    /// Events written as nothing, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<Vec<Dropped>>,
+}
+
+impl Appended {
+    /// The sequences of a plain append.
+    pub fn sequences(run_id: impl Into<String>, sequences: Vec<u64>) -> Self {
+        Self {
+            run_id: run_id.into(),
+            sequences,
+            request_id: None,
+            state: None,
+            held_by: None,
+            expires_at: None,
+            resolved: None,
+            dropped: None,
+        }
+    }
+}
+
+/// An event of an append that was written as nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Dropped {
+    /// Its index in `events`.
+    pub index: usize,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// `card_resolved`, `already_announced` or `too_soon`.
+    pub reason: String,
 }
 
 /// What `complete`, `fail` and `cancel` answer (their body is the terminal event's payload,

@@ -42,6 +42,7 @@ from ._models import (
     Card,
     CreateRun,
     EventPage,
+    ExecutionAnswer,
     MutationRecord,
     RunReceipt,
     Settle,
@@ -246,18 +247,17 @@ class AsyncExecution:
         ):
             self.run._execution_started(d.tool_name)
         got = answer.expect(200)
-        state = got.get("state")
-        if state == "intent":
+        started = ExecutionAnswer.from_json(got, answer.status)
+        if started.state == "intent":
             self.run._execution_started(d.tool_name)
-            seq = got.get("sequence")
-            self.sequence = seq if isinstance(seq, int) else None
+            self.sequence = started.sequence
             self.state = "intent"
             return
         # A repeated start answers the attempt's later state: it is not ours to send.
-        raise conflict_for(state if isinstance(state, str) else None)(
-            f"the attempt is already {state}; it is not sent again",
+        raise conflict_for(started.state)(
+            f"the attempt is already {started.state}; it is not sent again",
             status=answer.status,
-            state=state if isinstance(state, str) else None,
+            state=started.state,
             body=got,
         )
 
@@ -279,12 +279,12 @@ class AsyncExecution:
             {"approval_id": self.approval_id},
         )
         got = answer.expect(200)
-        state = got.get("state")
+        state = ExecutionAnswer.from_json(got, answer.status).state
         if state != "dispatched":
-            raise conflict_for(state if isinstance(state, str) else None)(
+            raise conflict_for(state)(
                 "dispatch did not answer dispatched; do not send",
                 status=answer.status,
-                state=state if isinstance(state, str) else None,
+                state=state,
                 body=got,
             )
         self._dispatch_failed = False
@@ -773,10 +773,7 @@ class AsyncRun:
         result, error = _facts(result, error)
         body = Settle(approval_id=approval_id, evidence=evidence, result=result, error=error)
         answer = await self._call("POST", ["tool-calls", tool_call_id, "settle"], body.to_json())
-        state = answer.expect(200).get("state")
-        if not isinstance(state, str):
-            raise UnexpectedAnswer("the answer lacks state", status=answer.status)
-        return state
+        return ExecutionAnswer.from_json(answer.expect(200), answer.status).state
 
     async def mutation(self, tool_call_id: str, approval_id: str) -> MutationRecord:
         """A durable ``mutation_outcome/v1`` record."""

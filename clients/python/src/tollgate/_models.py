@@ -25,13 +25,15 @@ class Model:
     """A body of the contract."""
 
     #: The schema's name in ``openapi.json``.
-    schema: ClassVar[str] = ""
+    schema_name: ClassVar[str] = ""
 
     @classmethod
     def from_json(cls: type[M], body: Any, status: int = 200) -> M:
         """Reads an answer's JSON; a missing required field is :class:`UnexpectedAnswer`."""
         if not isinstance(body, dict):
-            raise UnexpectedAnswer(f"{cls.schema}: the answer is not a JSON object", status=status)
+            raise UnexpectedAnswer(
+                f"{cls.schema_name}: the answer is not a JSON object", status=status
+            )
         known: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if f.name in _LOCAL:
@@ -39,7 +41,9 @@ class Model:
             if f.name in body:
                 known[f.name] = body[f.name]
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise UnexpectedAnswer(f"{cls.schema}: the answer lacks {f.name}", status=status)
+                raise UnexpectedAnswer(
+                    f"{cls.schema_name}: the answer lacks {f.name}", status=status
+                )
         extra = {k: v for k, v in body.items() if k not in known}
         obj = cls(**known)
         if hasattr(obj, "extra"):
@@ -66,20 +70,22 @@ class Model:
 class ErrorBody(Model):
     """Every 4xx/5xx answer: ``{error, code, request_id, state?, status?, terminal_sequence?}``."""
 
-    schema: ClassVar[str] = "ErrorBody"
+    schema_name: ClassVar[str] = "ErrorBody"
     error: str
     code: str
     request_id: str
     state: str | None = None
     status: str | None = None
     terminal_sequence: int | None = None
+    reason: str | None = None
+    approval_id: str | None = None
 
 
 @dataclass
 class Event(Model):
     """One event of a run: the envelope; the payload fields are in ``extra``."""
 
-    schema: ClassVar[str] = "Event"
+    schema_name: ClassVar[str] = "Event"
     protocol_version: str
     run_id: str
     sequence: int
@@ -98,7 +104,7 @@ class Event(Model):
 class EventPage(Model):
     """``GET /api/runs/{id}/events``."""
 
-    schema: ClassVar[str] = "EventPage"
+    schema_name: ClassVar[str] = "EventPage"
     run_id: str
     events: list[dict[str, Any]]
     next_after: int
@@ -124,7 +130,7 @@ class Budget:
 class CreateRun(Model):
     """``POST /api/runs``'s body; every field optional."""
 
-    schema: ClassVar[str] = "CreateRun"
+    schema_name: ClassVar[str] = "CreateRun"
     run_id: str | None = None
     kind: str | None = None
     parent_run_id: str | None = None
@@ -142,7 +148,7 @@ class CreateRun(Model):
 class RunReceipt(Model):
     """A create's answer and ``GET /api/receipts/{delivery_id}``."""
 
-    schema: ClassVar[str] = "RunReceipt"
+    schema_name: ClassVar[str] = "RunReceipt"
     run_id: str
     run_token: str = field(repr=False)
     sequence: int
@@ -154,7 +160,7 @@ class RunReceipt(Model):
 class AppendEvents(Model):
     """``POST /api/runs/{id}/events``'s body."""
 
-    schema: ClassVar[str] = "AppendEvents"
+    schema_name: ClassVar[str] = "AppendEvents"
     events: list[dict[str, Any]]
 
 
@@ -162,9 +168,16 @@ class AppendEvents(Model):
 class Appended(Model):
     """An append's answer."""
 
-    schema: ClassVar[str] = "Appended"
+    schema_name: ClassVar[str] = "Appended"
     run_id: str
     sequences: list[int]
+    #: A pod card's announcement: its request, state, holder, deadline; what was dropped.
+    request_id: str | None = None
+    state: str | None = None
+    held_by: str | None = None
+    expires_at: str | None = None
+    resolved: bool | None = None
+    dropped: list[dict[str, Any]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -172,7 +185,7 @@ class Appended(Model):
 class RunEnded(Model):
     """``complete`` / ``fail`` / ``cancel``'s answer."""
 
-    schema: ClassVar[str] = "RunEnded"
+    schema_name: ClassVar[str] = "RunEnded"
     run_id: str
     status: str
     sequence: int
@@ -182,7 +195,7 @@ class RunEnded(Model):
 class ArmApproval(Model):
     """``POST /api/runs/{id}/approval-requests``'s body."""
 
-    schema: ClassVar[str] = "ArmApproval"
+    schema_name: ClassVar[str] = "ArmApproval"
     request_id: str
     tool_name: str
     tool_call_id: str | None = None
@@ -198,7 +211,7 @@ class ArmApproval(Model):
 class Armed(Model):
     """An arm's answer."""
 
-    schema: ClassVar[str] = "Armed"
+    schema_name: ClassVar[str] = "Armed"
     run_id: str
     request_id: str
     display_id: str
@@ -215,7 +228,7 @@ class Armed(Model):
 class Decide(Model):
     """An operator's decision: ``POST …/tool-approvals`` or ``…/tool-denials``."""
 
-    schema: ClassVar[str] = "Decide"
+    schema_name: ClassVar[str] = "Decide"
     request_id: str
     scope: str | None = None
     tool_name: str | None = None
@@ -225,7 +238,7 @@ class Decide(Model):
 class Decided(Model):
     """A decision's answer: the card's real state."""
 
-    schema: ClassVar[str] = "Decided"
+    schema_name: ClassVar[str] = "Decided"
     run_id: str
     request_id: str
     resolved: bool
@@ -234,6 +247,7 @@ class Decided(Model):
     approved: bool | None = None
     denied: bool | None = None
     decided_by: str | None = None
+    scope: str | None = None
     reason: str | None = None
     pod_applied: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -243,7 +257,7 @@ class Decided(Model):
 class Card(Model):
     """An approval card as the server holds it."""
 
-    schema: ClassVar[str] = "Card"
+    schema_name: ClassVar[str] = "Card"
     run_id: str
     request_id: str
     display_id: str
@@ -273,7 +287,7 @@ class Card(Model):
 class CardPage(Model):
     """``GET /api/approvals?state=pending``."""
 
-    schema: ClassVar[str] = "CardPage"
+    schema_name: ClassVar[str] = "CardPage"
     approvals: list[dict[str, Any]]
     has_more: bool
     next_after: str | None = None
@@ -283,7 +297,7 @@ class CardPage(Model):
 class RunCards(Model):
     """``GET /api/runs/{id}/approvals?state=pending``."""
 
-    schema: ClassVar[str] = "RunCards"
+    schema_name: ClassVar[str] = "RunCards"
     run_id: str
     approvals: list[dict[str, Any]]
     has_more: bool
@@ -293,7 +307,7 @@ class RunCards(Model):
 class Policy(Model):
     """A scope grant."""
 
-    schema: ClassVar[str] = "Policy"
+    schema_name: ClassVar[str] = "Policy"
     policy_id: str
     scope: str
     tool_name: str
@@ -312,7 +326,7 @@ class Policy(Model):
 class PolicyPage(Model):
     """``GET /api/policies``."""
 
-    schema: ClassVar[str] = "PolicyPage"
+    schema_name: ClassVar[str] = "PolicyPage"
     policies: list[dict[str, Any]]
     has_more: bool
     next_cursor: str | None = None
@@ -322,7 +336,7 @@ class PolicyPage(Model):
 class Start(Model):
     """``POST …/tool-calls/{tool_call_id}/start``'s body."""
 
-    schema: ClassVar[str] = "Start"
+    schema_name: ClassVar[str] = "Start"
     request_id: str
     approval_id: str
     tool_name: str
@@ -333,7 +347,7 @@ class Start(Model):
 class Dispatch(Model):
     """``POST …/dispatch``'s body."""
 
-    schema: ClassVar[str] = "Dispatch"
+    schema_name: ClassVar[str] = "Dispatch"
     approval_id: str
 
 
@@ -341,7 +355,7 @@ class Dispatch(Model):
 class Settle(Model):
     """``POST …/settle``'s body."""
 
-    schema: ClassVar[str] = "Settle"
+    schema_name: ClassVar[str] = "Settle"
     approval_id: str
     evidence: str
     result: Any = None
@@ -352,7 +366,7 @@ class Settle(Model):
 class Reconcile(Model):
     """An operator's reconciliation of an ``outcome_unknown`` record."""
 
-    schema: ClassVar[str] = "Reconcile"
+    schema_name: ClassVar[str] = "Reconcile"
     observed: str
 
 
@@ -360,11 +374,18 @@ class Reconcile(Model):
 class MutationRecord(Model):
     """A durable ``mutation_outcome/v1`` record; its other fields are in ``extra``."""
 
-    schema: ClassVar[str] = "MutationRecord"
+    schema_name: ClassVar[str] = "MutationRecord"
+    #: ``mutation_outcome/v1``.
+    schema: str
     run_id: str
     tool_call_id: str
     approval_id: str
+    tool_name: str
     state: str
+    execution_status: str | None = None
+    result: Any = None
+    error: Any = None
+    reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -372,10 +393,83 @@ class MutationRecord(Model):
 class MutationList(Model):
     """``GET /api/runs/{id}/mutations``."""
 
-    schema: ClassVar[str] = "MutationList"
+    schema_name: ClassVar[str] = "MutationList"
     run_id: str
     mutations: list[dict[str, Any]]
     has_more: bool
+
+
+@dataclass
+class ExecutionAnswer(Model):
+    """``start`` / ``dispatch`` / ``settle`` / ``reconcile``'s answer (and their 409s)."""
+
+    schema_name: ClassVar[str] = "ExecutionAnswer"
+    state: str
+    sequence: int | None = None
+    reason: str | None = None
+
+
+@dataclass
+class StreamEnd(Model):
+    """The live stream's final ``event: done`` frame's data."""
+
+    schema_name: ClassVar[str] = "StreamEnd"
+    run_id: str
+    terminal_sequence: int
+
+
+@dataclass
+class Dropped(Model):
+    """An event an append dropped (a pod card's heartbeat after it ended, …)."""
+
+    schema_name: ClassVar[str] = "Dropped"
+    index: int
+    type: str
+    reason: str
+
+
+@dataclass
+class ConsoleConfig(Model):
+    """``GET /api/console/config``."""
+
+    schema_name: ClassVar[str] = "ConsoleConfig"
+    sub: str
+    always_eligible: list[str]
+    project_id: str | None = None
+
+
+@dataclass
+class ApprovalRequired(Model):
+    """The payload of ``tool.approval_required`` (beside the event's envelope)."""
+
+    schema_name: ClassVar[str] = "ApprovalRequired"
+    requestId: str
+    displayId: str
+    toolName: str
+    url: str | None = None
+    intention: str | None = None
+    message: str | None = None
+    tool_call_id: str | None = None
+    approval_id: str | None = None
+
+
+@dataclass
+class ApprovalResolved(Model):
+    """The payload of ``tool.approval_resolved`` (and, with ``childRunId``, of
+    ``coordinator.child_approval_resolved``)."""
+
+    schema_name: ClassVar[str] = "ApprovalResolved"
+    requestId: str
+    approved: bool
+    expired: bool
+    runId: str | None = None
+    childRunId: str | None = None
+    subtaskId: int | str | None = None
+    decidedBy: str | None = None
+    scope: str | None = None
+    reason: str | None = None
+    tool_call_id: str | None = None
+    approval_id: str | None = None
 
 
 #: Every model of a schema in ``openapi.json``.
@@ -403,4 +497,10 @@ MODELS: tuple[type[Model], ...] = (
     Reconcile,
     MutationRecord,
     MutationList,
+    ExecutionAnswer,
+    StreamEnd,
+    Dropped,
+    ConsoleConfig,
+    ApprovalRequired,
+    ApprovalResolved,
 )

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::time::Instant;
+use tollgate_protocol::runs::Appended;
 
 use crate::Run;
 
@@ -47,7 +48,7 @@ pub(super) async fn announce(
     // full project (429) the client's retries did not outlast leaves it waiting:
     // decisions on it are still forwarded (as for a card Tollgate never saw).
     let refused = match post_card_event(&run, required).await {
-        Ok(answer) => answer["state"].as_str().is_some_and(|s| s != "pending"),
+        Ok(answer) => answer.state.is_some_and(|s| s != "pending"),
         Err(e) if e.is_transient() => {
             tracing::warn!(error = %e, request_id = %arm.request_id, "pod card not announced: Tollgate unavailable");
             return;
@@ -130,12 +131,12 @@ pub(super) async fn announce(
 }
 
 /// Appends one pod card event (alone, as Tollgate takes them).
-async fn post_card_event(run: &Run, event: Value) -> Result<Value, crate::Error> {
+async fn post_card_event(run: &Run, event: Value) -> Result<Appended, crate::Error> {
     run.call(
         reqwest::Method::POST,
         &["events"],
         Some(&json!({ "events": [event] })),
     )
     .await?
-    .expect(&[200])
+    .parse(&[200])
 }

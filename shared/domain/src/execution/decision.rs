@@ -1,25 +1,63 @@
 //! What a transition of an approved call decides — the record to write, the events to
 //! append, the budget usage of an admission — and how the API answers it.
 
-use serde_json::{Map, Value};
-
 use super::{BudgetUsage, MutationRecord, MutationState};
 use crate::event::EventDraft;
 use crate::run::RunStatus;
 
 /// How the API answers: 200, 409 (with the current state) or 400.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Verdict {
+    #[default]
     Ok,
     Conflict,
     Invalid,
 }
 
-/// An answer's verdict and JSON body (errors carry `error`, docs/architecture.md §5).
-#[derive(Debug, Clone, PartialEq)]
+/// How the API answers a transition (docs/architecture.md §5 and §7): its verdict and the
+/// facts the answer carries. The API answers an accepted one as `ExecutionAnswer`
+/// `{state, sequence?, reason?}` and a refused one as an error body `{error, code,
+/// state?, reason?, approval_id?}` (`tollgate-protocol`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Answer {
     pub verdict: Verdict,
-    pub body: Value,
+    /// Why it was refused (400 and 409 only).
+    pub error: Option<String>,
+    /// The attempt's state (or, refused before any attempt, the card's); `None` for a
+    /// request refused as invalid.
+    pub state: Option<&'static str>,
+    /// Accepted starts: the sequence of `tool_execution_started`.
+    pub sequence: Option<u64>,
+    /// Why the attempt is `not_executed`.
+    pub reason: Option<&'static str>,
+    /// A start refused because another attempt of the call blocks it: that attempt.
+    pub approval_id: Option<String>,
+}
+
+impl Answer {
+    /// The answer as the JSON object the API sends (before it adds `code` and
+    /// `request_id` to a refusal): what the tests compare.
+    #[cfg(test)]
+    pub(crate) fn body(&self) -> serde_json::Value {
+        use serde_json::{Map, Value};
+        let mut body = Map::new();
+        if let Some(error) = &self.error {
+            body.insert("error".into(), error.clone().into());
+        }
+        if let Some(state) = self.state {
+            body.insert("state".into(), state.into());
+        }
+        if let Some(sequence) = self.sequence {
+            body.insert("sequence".into(), sequence.into());
+        }
+        if let Some(reason) = self.reason {
+            body.insert("reason".into(), reason.into());
+        }
+        if let Some(approval_id) = &self.approval_id {
+            body.insert("approval_id".into(), approval_id.clone().into());
+        }
+        Value::Object(body)
+    }
 }
 
 /// What a transition decided. When `changed`, the store writes `record` — conditioned
@@ -81,28 +119,26 @@ impl Decision {
     /// 200 `{state, sequence?, reason?}` or 409 `{error, state, reason?}`; `reason` only
     /// for `not_executed`, `sequence` only on `start` answers.
     pub fn answer(&self) -> Answer {
-        let mut body = Map::new();
-        if let Some(why) = &self.refusal {
-            body.insert("error".into(), why.clone().into());
-        }
-        body.insert("state".into(), self.record.state.as_str().into());
-        if self.answers_sequence && self.accepted() {
-            if let Some(seq) = self.record.started_sequence {
-                body.insert("sequence".into(), seq.into());
-            }
-        }
-        if self.record.state == MutationState::NotExecuted {
-            if let Some(reason) = self.record.reason {
-                body.insert("reason".into(), reason.as_str().into());
-            }
-        }
+        let sequence = if self.answers_sequence && self.accepted() {
+            self.record.started_sequence
+        } else {
+            None
+        };
+        let reason = match self.record.state {
+            MutationState::NotExecuted => self.record.reason.map(|r| r.as_str()),
+            _ => None,
+        };
         Answer {
             verdict: if self.accepted() {
                 Verdict::Ok
             } else {
                 Verdict::Conflict
             },
-            body: Value::Object(body),
+            error: self.refusal.clone(),
+            state: Some(self.record.state.as_str()),
+            sequence,
+            reason,
+            approval_id: None,
         }
     }
 }

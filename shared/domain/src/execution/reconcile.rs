@@ -98,13 +98,8 @@ mod tests {
             r#"{"tool_name":"mcp__last9__create_dashboard","tool_call_id":"write-1","approval_id":"approval-1","observed":"applied","mutation_outcome":"completed","reconciled_by":"ops-alice"}"#
         );
         assert_eq!(d.record.to_json()["reason"], "reconciled_applied");
-        assert_eq!(
-            d.answer(),
-            Answer {
-                verdict: Verdict::Ok,
-                body: json!({"state": "completed"})
-            }
-        );
+        assert_eq!(d.answer().verdict, Verdict::Ok);
+        assert_eq!(d.answer().body(), json!({"state": "completed"}));
 
         let d = reconcile(
             &unknown,
@@ -145,7 +140,7 @@ mod tests {
             T0 + 95_000,
         );
         assert!(!contra.changed && !contra.accepted());
-        assert_eq!(contra.answer().body["state"], "not_executed");
+        assert_eq!(contra.answer().body()["state"], "not_executed");
         let agrees = settle(&d.record, &not_sent(), RunStatus::Running, T0 + 96_000);
         assert!(!agrees.changed && agrees.accepted());
         // A remote response after the operator's "not applied" contests it: the record is
@@ -169,7 +164,7 @@ mod tests {
         assert_eq!(late.record.state, MutationState::OutcomeUnknown);
         assert_eq!(late.record.result, Some(json!({"id": 7})));
         assert_eq!(late.record.to_json()["reason"], "contested");
-        assert_eq!(late.answer().body, json!({"state": "outcome_unknown"}));
+        assert_eq!(late.answer().body(), json!({"state": "outcome_unknown"}));
         let again = reconcile(
             &late.record,
             Observed::Applied,
@@ -219,7 +214,7 @@ mod tests {
             T0 + 59_000,
         );
         assert!(!d.changed && !d.accepted());
-        assert_eq!(d.answer().body["state"], "dispatched");
+        assert_eq!(d.answer().body()["state"], "dispatched");
     }
 
     #[test]
@@ -239,7 +234,7 @@ mod tests {
             let d = reconcile(&record, Observed::Applied, "op", RunStatus::Running, T0 + 3);
             assert!(!d.changed && !d.accepted(), "{:?}", record.state);
             assert_eq!(d.answer().verdict, Verdict::Conflict);
-            assert_eq!(d.answer().body["state"], record.state.as_str());
+            assert_eq!(d.answer().body()["state"], record.state.as_str());
         }
     }
 

@@ -301,13 +301,8 @@ mod tests {
         assert!(d.events.is_empty());
         assert_eq!(d.record.state, MutationState::Dispatched);
         assert_eq!(d.record.dispatched_at, Some(T0 + 1_000));
-        assert_eq!(
-            d.answer(),
-            Answer {
-                verdict: Verdict::Ok,
-                body: json!({"state": "dispatched"})
-            }
-        );
+        assert_eq!(d.answer().verdict, Verdict::Ok);
+        assert_eq!(d.answer().body(), json!({"state": "dispatched"}));
     }
 
     #[test]
@@ -315,7 +310,7 @@ mod tests {
         let d = dispatch(&dispatched(), RunStatus::Running, T0 + 2_000);
         assert!(!d.changed && !d.accepted());
         assert_eq!(d.answer().verdict, Verdict::Conflict);
-        assert_eq!(d.answer().body["state"], "dispatched");
+        assert_eq!(d.answer().body()["state"], "dispatched");
         for settled in [
             settle(
                 &dispatched(),
@@ -328,7 +323,7 @@ mod tests {
         ] {
             let d = dispatch(&settled, RunStatus::Running, T0 + 3_000);
             assert!(!d.changed);
-            assert_eq!(d.answer().body["state"], settled.state.as_str());
+            assert_eq!(d.answer().body()["state"], settled.state.as_str());
         }
     }
 
@@ -341,8 +336,8 @@ mod tests {
         // WHEN the agent dispatches late THEN 409 with the state; nothing written
         let d = dispatch(&unsent, RunStatus::Running, T0 + 61_000);
         assert!(!d.changed && !d.accepted());
-        assert_eq!(d.answer().body["state"], "not_executed");
-        assert_eq!(d.answer().body["reason"], "unsent");
+        assert_eq!(d.answer().body()["state"], "not_executed");
+        assert_eq!(d.answer().body()["reason"], "unsent");
     }
 
     #[test]
@@ -366,7 +361,7 @@ mod tests {
         assert!(d.changed && !d.accepted());
         assert!(d.events.is_empty());
         assert_eq!(d.record.state, MutationState::NotExecuted);
-        assert_eq!(d.answer().body["reason"], "run_not_running");
+        assert_eq!(d.answer().body()["reason"], "run_not_running");
     }
 
     // --- settle: one test per row of the seed's evidence table -----------------------
@@ -393,13 +388,8 @@ mod tests {
                    "state":"completed","execution_status":"executed",
                    "result":{"dashboard_id":"d-1"}})
         );
-        assert_eq!(
-            d.answer(),
-            Answer {
-                verdict: Verdict::Ok,
-                body: json!({"state": "completed"})
-            }
-        );
+        assert_eq!(d.answer().verdict, Verdict::Ok);
+        assert_eq!(d.answer().body(), json!({"state": "completed"}));
         // A remote error response is confirmed too: its error facts are kept.
         let err = Settlement::new("confirmed", None, Some(json!({"status": 422}))).unwrap();
         let d = settle(&dispatched(), &err, RunStatus::Running, T0 + 2_000);
@@ -446,7 +436,7 @@ mod tests {
             );
             assert_eq!(d.events[0].payload["execution_status"], "not_executed");
             assert_eq!(
-                d.answer().body,
+                d.answer().body(),
                 json!({"state": "not_executed", "reason": "not_sent"})
             );
         }
@@ -519,7 +509,7 @@ mod tests {
         );
         assert!(!late.changed && !late.accepted());
         assert_eq!(late.record.state, MutationState::OutcomeUnknown);
-        assert_eq!(late.answer().body["state"], "outcome_unknown");
+        assert_eq!(late.answer().body()["state"], "outcome_unknown");
         // After a late settlement, only the same settlement answers the same.
         let done = settle(
             &by_deadline.record,
@@ -563,7 +553,7 @@ mod tests {
         for s in [confirmed(json!(1)), ambiguous()] {
             let d = settle(&intent(), &s, RunStatus::Running, T0 + 1);
             assert!(!d.changed && !d.accepted());
-            assert_eq!(d.answer().body["state"], "intent");
+            assert_eq!(d.answer().body()["state"], "intent");
         }
         // Nor an intent the deadline settled unsent (it was never dispatched).
         let unsent = settle_at_deadline(&intent(), RunStatus::Running, T0 + 60_000)
@@ -576,7 +566,7 @@ mod tests {
             T0 + 61_000,
         );
         assert!(!d.changed && !d.accepted());
-        assert_eq!(d.answer().body["state"], "not_executed");
+        assert_eq!(d.answer().body()["state"], "not_executed");
         let d = settle(&unsent, &not_sent(), RunStatus::Running, T0 + 61_000);
         assert!(!d.changed && d.accepted());
     }
@@ -597,10 +587,10 @@ mod tests {
             T0 + 3_000,
         );
         assert!(!again.changed && again.accepted() && again.events.is_empty());
-        assert_eq!(again.answer().body, json!({"state": "completed"}));
+        assert_eq!(again.answer().body(), json!({"state": "completed"}));
         let contra = settle(&done, &not_sent(), RunStatus::Running, T0 + 3_000);
         assert!(!contra.changed && !contra.accepted());
-        assert_eq!(contra.answer().body["state"], "completed");
+        assert_eq!(contra.answer().body()["state"], "completed");
         // The same evidence with other facts is not the same settlement.
         let other = settle(
             &done,
@@ -623,7 +613,7 @@ mod tests {
             T0 + 3_000,
         );
         assert!(!d.changed && !d.accepted());
-        assert_eq!(d.answer().body["state"], "outcome_unknown");
+        assert_eq!(d.answer().body()["state"], "outcome_unknown");
         assert!(settle(&unknown, &ambiguous(), RunStatus::Running, T0 + 3_000).accepted());
     }
 

@@ -1,7 +1,6 @@
 //! `start` of an approved call (docs/architecture.md §7): the request, its refusals and
 //! the admission that records the intent and announces `tool_execution_started`.
 
-use serde_json::json;
 
 use super::*;
 use crate::approval::POLICY_DECIDER_PREFIX;
@@ -89,16 +88,21 @@ impl StartRefusal {
             | StartRefusal::AutoApproved
             | StartRefusal::HumanAsk => Answer {
                 verdict: Verdict::Invalid,
-                body: json!({"error": error}),
+                error: Some(error),
+                ..Answer::default()
             },
             StartRefusal::NotApproved(state) => Answer {
                 verdict: Verdict::Conflict,
-                body: json!({"error": error, "state": state.as_str()}),
+                error: Some(error),
+                state: Some(state.as_str()),
+                ..Answer::default()
             },
             StartRefusal::Blocked(other) => Answer {
                 verdict: Verdict::Conflict,
-                body: json!({"error": error, "state": other.state.as_str(),
-                             "approval_id": other.approval_id}),
+                error: Some(error),
+                state: Some(other.state.as_str()),
+                approval_id: Some(other.approval_id.clone()),
+                ..Answer::default()
             },
         }
     }
@@ -312,6 +316,7 @@ mod tests {
     use crate::approval::{AutoApproval, Resolution};
     use crate::execution::fixtures::*;
     use crate::run::RunStatus;
+    use serde_json::json;
     use serde_json::Value;
 
     type Change = Box<dyn Fn(&mut StartRequest)>;
@@ -350,13 +355,8 @@ mod tests {
         let usage = d.usage.clone().unwrap();
         assert_eq!(usage.starts_of("mcp__last9__create_dashboard"), 1);
         assert_eq!(usage.calls, 1);
-        assert_eq!(
-            d.answer(),
-            Answer {
-                verdict: Verdict::Ok,
-                body: json!({"state": "intent", "sequence": 5})
-            }
-        );
+        assert_eq!(d.answer().verdict, Verdict::Ok);
+        assert_eq!(d.answer().body(), json!({"state": "intent", "sequence": 5}));
     }
 
     #[test]
@@ -390,7 +390,7 @@ mod tests {
         .unwrap();
         assert!(!later.changed && later.events.is_empty());
         assert_eq!(
-            later.answer().body,
+            later.answer().body(),
             json!({"state": "dispatched", "sequence": 5})
         );
     }
@@ -593,8 +593,8 @@ mod tests {
         assert_eq!(refusal, StartRefusal::NotApproved(ApprovalState::Pending));
         let a = refusal.answer();
         assert_eq!(a.verdict, Verdict::Conflict);
-        assert_eq!(a.body["state"], "pending");
-        assert!(a.body["error"].is_string());
+        assert_eq!(a.body()["state"], "pending");
+        assert!(a.body()["error"].is_string());
     }
 
     #[test]
@@ -631,9 +631,9 @@ mod tests {
             );
             let a = d.answer();
             assert_eq!(a.verdict, Verdict::Conflict);
-            assert_eq!(a.body["state"], "not_executed");
-            assert_eq!(a.body["reason"], reason);
-            assert_eq!(a.body.get("sequence"), None);
+            assert_eq!(a.body()["state"], "not_executed");
+            assert_eq!(a.body()["reason"], reason);
+            assert_eq!(a.body().get("sequence"), None);
         }
     }
 
@@ -683,7 +683,7 @@ mod tests {
             assert_eq!(d.record.started_sequence, Some(h.next_seq));
             assert_eq!(d.events[1].payload["execution_status"], "not_executed");
             assert_eq!(d.events[1].payload["reason"], reason);
-            assert_eq!(d.answer().body["reason"], reason);
+            assert_eq!(d.answer().body()["reason"], reason);
             // A repeat answers the same refusal without a new event.
             let again = start(
                 &req(),
@@ -725,7 +725,7 @@ mod tests {
                 d.events.is_empty(),
                 "no event after the run's terminal event"
             );
-            assert_eq!(d.answer().body["reason"], "run_not_running");
+            assert_eq!(d.answer().body()["reason"], "run_not_running");
         }
     }
 
@@ -752,7 +752,7 @@ mod tests {
             matches!(&refusal, StartRefusal::Blocked(r) if r.state == MutationState::OutcomeUnknown)
         );
         assert_eq!(refusal.answer().verdict, Verdict::Conflict);
-        assert_eq!(refusal.answer().body["state"], "outcome_unknown");
+        assert_eq!(refusal.answer().body()["state"], "outcome_unknown");
         // The same attempt repeated is blocked too (409 outcome_unknown, nothing written).
         let same = start(
             &req(),
@@ -766,7 +766,7 @@ mod tests {
         .unwrap();
         assert!(!same.changed);
         assert_eq!(same.answer().verdict, Verdict::Conflict);
-        assert_eq!(same.answer().body["state"], "outcome_unknown");
+        assert_eq!(same.answer().body()["state"], "outcome_unknown");
         // Reconciled not applied: a fresh approval may start it again.
         let not_applied = reconcile(
             &unknown,
@@ -819,7 +819,7 @@ mod tests {
         .unwrap();
         assert!(!again.changed && !again.accepted());
         assert_eq!(
-            again.answer().body,
+            again.answer().body(),
             json!({"error": again.refusal.clone().unwrap(), "state": "not_executed", "reason": "not_sent"})
         );
         // A fresh approval (new approval_id) is a new attempt.
@@ -858,8 +858,8 @@ mod tests {
                 T0,
             )
             .unwrap_err();
-            assert_eq!(refusal.answer().body["state"], state);
-            assert_eq!(refusal.answer().body["approval_id"], "approval-1");
+            assert_eq!(refusal.answer().body()["state"], state);
+            assert_eq!(refusal.answer().body()["approval_id"], "approval-1");
         }
         // The strongest blocker is the one answered.
         let unknown = settle_at_deadline(&dispatched(), RunStatus::Running, T0 + 60_000)
@@ -877,7 +877,7 @@ mod tests {
             T0,
         )
         .unwrap_err();
-        assert_eq!(refusal.answer().body["state"], "outcome_unknown");
+        assert_eq!(refusal.answer().body()["state"], "outcome_unknown");
         // Attempts of other tool calls do not block.
         let mut elsewhere = dispatched();
         elsewhere.tool_call_id = "write-9".into();

@@ -147,7 +147,7 @@ pub async fn start_admits_once(store: Store) {
     assert!(first.decision.changed && first.decision.accepted());
     let seq = first.decision.record.started_sequence.expect("admitted");
     assert_eq!(first.sequences, vec![seq]);
-    assert_eq!(first.decision.answer().body["sequence"], json!(seq));
+    assert_eq!(first.decision.answer().sequence, Some(seq));
     assert_eq!(first.decision.record.state, MutationState::Intent);
     assert_stored(&store, &first.decision.record).await;
     let events = all_events(&store, &run_id).await;
@@ -355,7 +355,7 @@ pub async fn deadlines_settle_and_late_evidence_is_kept(store: Store) {
     })
     .await;
     assert!(!fenced.decision.accepted() && !fenced.decision.changed);
-    assert_eq!(fenced.decision.answer().body["state"], "not_executed");
+    assert_eq!(fenced.decision.answer().state, Some("not_executed"));
 
     let unknown = transit(&store, &b, at_deadline).await;
     assert_eq!(unknown.sequences.len(), 1);

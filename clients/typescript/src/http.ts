@@ -1,0 +1,242 @@
+// One server, requests with bounded retries, answers as JSON. Tokens go only into the
+// Authorization header and never into an error message.
+import { TransportError, UnexpectedResponse, errorFromAnswer, type TollgateError } from "./errors.js";
+
+/** How often, and how far apart, a request is tried. */
+export interface RetryOptions {
+  /** Attempts in all, the first included (default 4). */
+  maxAttempts?: number;
+  /** The cap of the first retry's wait (default 200 ms), doubling per retry. */
+  baseDelayMs?: number;
+  /** The largest cap (default 5 s). */
+  maxDelayMs?: number;
+  /** The longest `Retry-After` honoured (default 30 s). */
+  maxRetryAfterMs?: number;
+}
+
+/** How a client talks to the server. */
+export interface ClientOptions {
+  /** The agent's JWT. */
+  token: string;
+  /** Where the live stream is served, when not at `baseUrl` (a deployment's stream URL). */
+  streamUrl?: string;
+  /** Retries of transport errors, 429 and 5xx. 4xx are never retried. */
+  retry?: RetryOptions;
+  /** How long one attempt of a plain request may take (default 30 s). */
+  requestTimeoutMs?: number;
+  /** A live stream that sends nothing this long is reopened (default 45 s; keep-alives come every 15 s). */
+  streamStallMs?: number;
+  /** Between two reads of the event pages when the live stream is unavailable (default 1 s). */
+  pollIntervalMs?: number;
+  /** How long past a card's deadline a gate waits for its expiry to be reported (default 120 s). */
+  expiryGraceMs?: number;
+  /** Bounds of the wait before reopening the live stream (the server's `retry:` hint, clamped; default 100 ms to 30 s). */
+  reconnect?: { minDelayMs?: number; maxDelayMs?: number };
+  /** The fetch to use (default: the global one). */
+  fetch?: typeof fetch;
+}
+
+export interface Config {
+  retry: Required<RetryOptions>;
+  requestTimeoutMs: number;
+  streamStallMs: number;
+  pollIntervalMs: number;
+  expiryGraceMs: number;
+  reconnectMinMs: number;
+  reconnectMaxMs: number;
+}
+
+export const USER_AGENT = "tollgate-client-ts/0.1.0";
+
+export function config(options: ClientOptions): Config {
+  return {
+    retry: {
+      maxAttempts: options.retry?.maxAttempts ?? 4,
+      baseDelayMs: options.retry?.baseDelayMs ?? 200,
+      maxDelayMs: options.retry?.maxDelayMs ?? 5000,
+      maxRetryAfterMs: options.retry?.maxRetryAfterMs ?? 30_000,
+    },
+    requestTimeoutMs: options.requestTimeoutMs ?? 30_000,
+    streamStallMs: options.streamStallMs ?? 45_000,
+    pollIntervalMs: options.pollIntervalMs ?? 1000,
+    expiryGraceMs: options.expiryGraceMs ?? 120_000,
+    reconnectMinMs: options.reconnect?.minDelayMs ?? 100,
+    reconnectMaxMs: options.reconnect?.maxDelayMs ?? 30_000,
+  };
+}
+
+/** A server's answer. */
+export interface Answer {
+  status: number;
+  body: unknown;
+  requestId: string | undefined;
+  retryAfterMs: number | undefined;
+}
+
+/** Whether an answer with this status is worth another attempt. */
+export function retryableStatus(status: number): boolean {
+  return status === 429 || status === 500 || status === 502 || status === 503 || status === 504;
+}
+
+/** The wait before retry `retry` (1, 2, …): jittered backoff, raised to `Retry-After`. */
+export function retryDelay(policy: Required<RetryOptions>, retry: number, retryAfterMs: number | undefined): number {
+  const cap = Math.min(policy.baseDelayMs * 2 ** Math.min(retry - 1, 20), policy.maxDelayMs);
+  const jittered = cap * (0.5 + Math.random() * 0.5);
+  return retryAfterMs === undefined ? jittered : Math.max(jittered, Math.min(retryAfterMs, policy.maxRetryAfterMs));
+}
+
+/** `Retry-After` in milliseconds (seconds or an HTTP date). */
+export function parseRetryAfter(value: string | null): number | undefined {
+  if (value === null) return undefined;
+  const trimmed = value.trim();
+  if (/^\d+$/.test(trimmed)) return Number(trimmed) * 1000;
+  const at = Date.parse(trimmed);
+  return Number.isNaN(at) ? undefined : Math.max(0, at - Date.now());
+}
+
+/** Sleeps `ms`, or rejects with the signal's reason when it aborts first. */
+export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal?.reason);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, Math.max(0, ms));
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}
+
+/** A transport failure in one line, without URL or headers. */
+export function describe(err: unknown): string {
+  if (err instanceof Error) {
+    const cause = (err as { cause?: unknown }).cause;
+    const deeper = cause instanceof Error ? `: ${cause.message}` : "";
+    return `${err.name === "TimeoutError" ? "timed out" : err.message}${deeper}`;
+  }
+  return String(err);
+}
+
+export class Http {
+  readonly base: URL;
+  readonly streamBase: URL;
+  readonly config: Config;
+  readonly fetch: typeof fetch;
+
+  constructor(baseUrl: string, options: ClientOptions) {
+    this.base = parseBase(baseUrl);
+    this.streamBase = options.streamUrl === undefined ? this.base : parseBase(options.streamUrl);
+    this.config = config(options);
+    this.fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
+  }
+
+  /** `base/seg/seg/…`, every segment percent-encoded (a base path prefix is kept). */
+  url(segments: string[], query?: Record<string, string | number | undefined>, base: URL = this.base): URL {
+    const url = new URL(base.href);
+    const prefix = url.pathname.replace(/\/+$/, "");
+    url.pathname = `${prefix}/${segments.map(encodeURIComponent).join("/")}`;
+    for (const [k, v] of Object.entries(query ?? {})) {
+      if (v !== undefined) url.searchParams.set(k, String(v));
+    }
+    return url;
+  }
+
+  /**
+   * Sends a request, retrying transport errors, 429 and 5xx as the policy allows (every
+   * request of this client is idempotent by the contract); the last answer whatever
+   * its status, or {@link TransportError}.
+   */
+  async send(method: string, url: URL, token: string, body?: unknown, signal?: AbortSignal): Promise<Answer> {
+    const policy = this.config.retry;
+    for (let attempt = 1; ; attempt++) {
+      let answer: Answer | undefined;
+      let failure: unknown;
+      try {
+        answer = await this.once(method, url, token, body, signal);
+      } catch (err) {
+        if (signal?.aborted) throw signal.reason;
+        failure = err;
+      }
+      const again = answer === undefined || retryableStatus(answer.status);
+      if (!again || attempt >= Math.max(1, policy.maxAttempts)) {
+        if (answer !== undefined) return answer;
+        throw new TransportError(`${method} ${url.pathname}: ${describe(failure)}`, { cause: failure });
+      }
+      await sleep(retryDelay(policy, attempt, answer?.retryAfterMs), signal);
+    }
+  }
+
+  /** {@link Http.send}, then the body when the status is one of `ok`, else the refusal as an error. */
+  async json<T>(method: string, url: URL, token: string, ok: number[], body?: unknown, signal?: AbortSignal): Promise<{ status: number; body: T }> {
+    const answer = await this.send(method, url, token, body, signal);
+    if (!ok.includes(answer.status)) throw refusal(answer);
+    if (answer.body === null || typeof answer.body !== "object") {
+      throw new UnexpectedResponse(`${method} ${url.pathname} answered ${answer.status} without a JSON object`, {
+        status: answer.status,
+        requestId: answer.requestId,
+      });
+    }
+    return { status: answer.status, body: answer.body as T };
+  }
+
+  private async once(method: string, url: URL, token: string, body: unknown, signal: AbortSignal | undefined): Promise<Answer> {
+    const timeout = AbortSignal.timeout(this.config.requestTimeoutMs);
+    const headers: Record<string, string> = {
+      authorization: bearer(token),
+      accept: "application/json",
+      "user-agent": USER_AGENT,
+    };
+    if (body !== undefined) headers["content-type"] = "application/json";
+    const resp = await this.fetch(url, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      redirect: "manual",
+      signal: signal ? AbortSignal.any([signal, timeout]) : timeout,
+    });
+    const textBody = await resp.text();
+    let parsed: unknown = null;
+    if (textBody.length > 0) {
+      try {
+        parsed = JSON.parse(textBody);
+      } catch {
+        parsed = { error: textBody.slice(0, 200) };
+      }
+    }
+    return {
+      status: resp.status,
+      body: parsed,
+      requestId: resp.headers.get("x-request-id") ?? undefined,
+      retryAfterMs: parseRetryAfter(resp.headers.get("retry-after")),
+    };
+  }
+}
+
+/** A refusal answer as an error. */
+export function refusal(answer: Answer): TollgateError {
+  return errorFromAnswer(answer.status, answer.body, answer.requestId, answer.retryAfterMs);
+}
+
+export function bearer(token: string): string {
+  const t = token.trim();
+  if (t.length === 0 || /[\r\n]/.test(t)) throw new TypeError("the token is empty or not a valid header value");
+  return `Bearer ${t}`;
+}
+
+function parseBase(baseUrl: string): URL {
+  let url: URL;
+  try {
+    url = new URL(baseUrl.trim());
+  } catch {
+    throw new TypeError("the server URL is not a URL");
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") {
+    throw new TypeError("the server URL must start with http:// or https://");
+  }
+  url.search = "";
+  url.hash = "";
+  return url;
+}
