@@ -56,6 +56,7 @@ test: lint
 	tests/readme_tour.sh
 	tests/harness/openapi.sh validate
 	tests/harness/openapi.sh fuzz
+	tests/harness/python-client.sh
 	tests/harness/typescript-client.sh
 	$(EMULATORS) with $(MAKE) --no-print-directory test-integration
 

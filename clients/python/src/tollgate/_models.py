@@ -1,0 +1,506 @@
+"""The HTTP contract's bodies, as ``openapi.json`` (``components.schemas``) names them.
+
+Hand-written; ``tests/test_models.py`` holds each one to the document: its fields are
+the schema's ``properties`` and the fields without a default are the schema's
+``required``. Answers are read with :meth:`Model.from_json`, which keeps fields this
+client does not know in ``extra`` (the server may add some) instead of dropping them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+from ._errors import UnexpectedAnswer
+
+M = TypeVar("M", bound="Model")
+
+#: Dataclass fields that are not the schema's (see ``Model``).
+_LOCAL = {"extra"}
+
+
+@dataclass
+class Model:
+    """A body of the contract."""
+
+    #: The schema's name in ``openapi.json``.
+    schema_name: ClassVar[str] = ""
+
+    @classmethod
+    def from_json(cls: type[M], body: Any, status: int = 200) -> M:
+        """Reads an answer's JSON; a missing required field is :class:`UnexpectedAnswer`."""
+        if not isinstance(body, dict):
+            raise UnexpectedAnswer(
+                f"{cls.schema_name}: the answer is not a JSON object", status=status
+            )
+        known: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name in _LOCAL:
+                continue
+            if f.name in body:
+                known[f.name] = body[f.name]
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise UnexpectedAnswer(
+                    f"{cls.schema_name}: the answer lacks {f.name}", status=status
+                )
+        extra = {k: v for k, v in body.items() if k not in known}
+        obj = cls(**known)
+        if hasattr(obj, "extra"):
+            obj.extra = extra
+        return obj
+
+    def to_json(self) -> dict[str, Any]:
+        """The body to send: every field that is set (``None`` left out)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name in _LOCAL:
+                continue
+            value = getattr(self, f.name)
+            if value is not None:
+                out[f.name] = value
+        extra = getattr(self, "extra", None)
+        if isinstance(extra, dict):
+            for k, v in extra.items():
+                out.setdefault(k, v)
+        return out
+
+
+@dataclass
+class ErrorBody(Model):
+    """Every 4xx/5xx answer: ``{error, code, request_id, state?, status?, terminal_sequence?}``."""
+
+    schema_name: ClassVar[str] = "ErrorBody"
+    error: str
+    code: str
+    request_id: str
+    state: str | None = None
+    status: str | None = None
+    terminal_sequence: int | None = None
+    reason: str | None = None
+    approval_id: str | None = None
+
+
+@dataclass
+class Event(Model):
+    """One event of a run: the envelope; the payload fields are in ``extra``."""
+
+    schema_name: ClassVar[str] = "Event"
+    protocol_version: str
+    run_id: str
+    sequence: int
+    type: str
+    timestamp_utc: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A payload field (or an envelope one)."""
+        if key in self.extra:
+            return self.extra[key]
+        return getattr(self, key, default)
+
+
+@dataclass
+class EventPage(Model):
+    """``GET /api/runs/{id}/events``."""
+
+    schema_name: ClassVar[str] = "EventPage"
+    run_id: str
+    events: list[dict[str, Any]]
+    next_after: int
+    has_more: bool
+    terminal: bool
+
+
+@dataclass
+class Budget:
+    """A run's budget for approved execution: tool name → most starts, and a ceiling."""
+
+    tools: dict[str, int] = field(default_factory=dict)
+    call_ceiling: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"tools": dict(self.tools)}
+        if self.call_ceiling is not None:
+            out["call_ceiling"] = self.call_ceiling
+        return out
+
+
+@dataclass
+class CreateRun(Model):
+    """``POST /api/runs``'s body; every field optional."""
+
+    schema_name: ClassVar[str] = "CreateRun"
+    run_id: str | None = None
+    kind: str | None = None
+    parent_run_id: str | None = None
+    subtask_id: int | str | None = None
+    owner: str | None = None
+    project_id: str | None = None
+    channel_id: str | None = None
+    delivery_id: str | None = None
+    budget: dict[str, Any] | None = None
+    execution_mode: str | None = None
+    agenthost_origin: str | None = None
+
+
+@dataclass
+class RunReceipt(Model):
+    """A create's answer and ``GET /api/receipts/{delivery_id}``."""
+
+    schema_name: ClassVar[str] = "RunReceipt"
+    run_id: str
+    run_token: str = field(repr=False)
+    sequence: int
+    status: str | None = None
+    agenthost_credential: str | None = field(default=None, repr=False)
+
+
+@dataclass
+class AppendEvents(Model):
+    """``POST /api/runs/{id}/events``'s body."""
+
+    schema_name: ClassVar[str] = "AppendEvents"
+    events: list[dict[str, Any]]
+
+
+@dataclass
+class Appended(Model):
+    """An append's answer."""
+
+    schema_name: ClassVar[str] = "Appended"
+    run_id: str
+    sequences: list[int]
+    #: A pod card's announcement: its request, state, holder, deadline; what was dropped.
+    request_id: str | None = None
+    state: str | None = None
+    held_by: str | None = None
+    expires_at: str | None = None
+    resolved: bool | None = None
+    dropped: list[dict[str, Any]] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunEnded(Model):
+    """``complete`` / ``fail`` / ``cancel``'s answer."""
+
+    schema_name: ClassVar[str] = "RunEnded"
+    run_id: str
+    status: str
+    sequence: int
+
+
+@dataclass
+class ArmApproval(Model):
+    """``POST /api/runs/{id}/approval-requests``'s body."""
+
+    schema_name: ClassVar[str] = "ArmApproval"
+    request_id: str
+    tool_name: str
+    tool_call_id: str | None = None
+    approval_id: str | None = None
+    url: str | None = None
+    intention: str | None = None
+    message: str | None = None
+    arguments_hash: str | None = None
+    timeout_seconds: int | None = None
+
+
+@dataclass
+class Armed(Model):
+    """An arm's answer."""
+
+    schema_name: ClassVar[str] = "Armed"
+    run_id: str
+    request_id: str
+    display_id: str
+    state: str
+    expires_at: str | None = None
+    sequence: int | None = None
+    auto_approved: bool | None = None
+    scope: str | None = None
+    policy_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Decide(Model):
+    """An operator's decision: ``POST …/tool-approvals`` or ``…/tool-denials``."""
+
+    schema_name: ClassVar[str] = "Decide"
+    request_id: str
+    scope: str | None = None
+    tool_name: str | None = None
+
+
+@dataclass
+class Decided(Model):
+    """A decision's answer: the card's real state."""
+
+    schema_name: ClassVar[str] = "Decided"
+    run_id: str
+    request_id: str
+    resolved: bool
+    state: str
+    expired: bool
+    approved: bool | None = None
+    denied: bool | None = None
+    decided_by: str | None = None
+    scope: str | None = None
+    reason: str | None = None
+    pod_applied: bool | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Card(Model):
+    """An approval card as the server holds it."""
+
+    schema_name: ClassVar[str] = "Card"
+    run_id: str
+    request_id: str
+    display_id: str
+    tool_name: str
+    tool_call_id: str
+    approval_id: str
+    state: str
+    created_at: str
+    expires_at: str
+    url: str | None = None
+    intention: str | None = None
+    message: str | None = None
+    arguments_hash: str | None = None
+    scope: str | None = None
+    decided_by: str | None = None
+    decided_at: str | None = None
+    auto_approved: bool | None = None
+    policy_id: str | None = None
+    reason: str | None = None
+    held_by: str | None = None
+    coordinator_run_id: str | None = None
+    subtask_id: int | str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CardPage(Model):
+    """``GET /api/approvals?state=pending``."""
+
+    schema_name: ClassVar[str] = "CardPage"
+    approvals: list[dict[str, Any]]
+    has_more: bool
+    next_after: str | None = None
+
+
+@dataclass
+class RunCards(Model):
+    """``GET /api/runs/{id}/approvals?state=pending``."""
+
+    schema_name: ClassVar[str] = "RunCards"
+    run_id: str
+    approvals: list[dict[str, Any]]
+    has_more: bool
+
+
+@dataclass
+class Policy(Model):
+    """A scope grant."""
+
+    schema_name: ClassVar[str] = "Policy"
+    policy_id: str
+    scope: str
+    tool_name: str
+    origin_run_id: str
+    request_id: str
+    granted_by: str
+    granted_at: str
+    covers_nothing: bool
+    owner: str | None = None
+    project_id: str | None = None
+    revoked_at: str | None = None
+    revoked_by: str | None = None
+
+
+@dataclass
+class PolicyPage(Model):
+    """``GET /api/policies``."""
+
+    schema_name: ClassVar[str] = "PolicyPage"
+    policies: list[dict[str, Any]]
+    has_more: bool
+    next_cursor: str | None = None
+
+
+@dataclass
+class Start(Model):
+    """``POST …/tool-calls/{tool_call_id}/start``'s body."""
+
+    schema_name: ClassVar[str] = "Start"
+    request_id: str
+    approval_id: str
+    tool_name: str
+    arguments_hash: str | None = None
+
+
+@dataclass
+class Dispatch(Model):
+    """``POST …/dispatch``'s body."""
+
+    schema_name: ClassVar[str] = "Dispatch"
+    approval_id: str
+
+
+@dataclass
+class Settle(Model):
+    """``POST …/settle``'s body."""
+
+    schema_name: ClassVar[str] = "Settle"
+    approval_id: str
+    evidence: str
+    result: Any = None
+    error: Any = None
+
+
+@dataclass
+class Reconcile(Model):
+    """An operator's reconciliation of an ``outcome_unknown`` record."""
+
+    schema_name: ClassVar[str] = "Reconcile"
+    observed: str
+
+
+@dataclass
+class MutationRecord(Model):
+    """A durable ``mutation_outcome/v1`` record; its other fields are in ``extra``."""
+
+    schema_name: ClassVar[str] = "MutationRecord"
+    #: ``mutation_outcome/v1``.
+    schema: str
+    run_id: str
+    tool_call_id: str
+    approval_id: str
+    tool_name: str
+    state: str
+    execution_status: str | None = None
+    result: Any = None
+    error: Any = None
+    reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MutationList(Model):
+    """``GET /api/runs/{id}/mutations``."""
+
+    schema_name: ClassVar[str] = "MutationList"
+    run_id: str
+    mutations: list[dict[str, Any]]
+    has_more: bool
+
+
+@dataclass
+class ExecutionAnswer(Model):
+    """``start`` / ``dispatch`` / ``settle`` / ``reconcile``'s answer (and their 409s)."""
+
+    schema_name: ClassVar[str] = "ExecutionAnswer"
+    state: str
+    sequence: int | None = None
+    reason: str | None = None
+
+
+@dataclass
+class StreamEnd(Model):
+    """The live stream's final ``event: done`` frame's data."""
+
+    schema_name: ClassVar[str] = "StreamEnd"
+    run_id: str
+    terminal_sequence: int
+
+
+@dataclass
+class Dropped(Model):
+    """An event an append dropped (a pod card's heartbeat after it ended, …)."""
+
+    schema_name: ClassVar[str] = "Dropped"
+    index: int
+    type: str
+    reason: str
+
+
+@dataclass
+class ConsoleConfig(Model):
+    """``GET /api/console/config``."""
+
+    schema_name: ClassVar[str] = "ConsoleConfig"
+    sub: str
+    always_eligible: list[str]
+    project_id: str | None = None
+
+
+@dataclass
+class ApprovalRequired(Model):
+    """The payload of ``tool.approval_required`` (beside the event's envelope)."""
+
+    schema_name: ClassVar[str] = "ApprovalRequired"
+    requestId: str
+    displayId: str
+    toolName: str
+    url: str | None = None
+    intention: str | None = None
+    message: str | None = None
+    tool_call_id: str | None = None
+    approval_id: str | None = None
+
+
+@dataclass
+class ApprovalResolved(Model):
+    """The payload of ``tool.approval_resolved`` (and, with ``childRunId``, of
+    ``coordinator.child_approval_resolved``)."""
+
+    schema_name: ClassVar[str] = "ApprovalResolved"
+    requestId: str
+    approved: bool
+    expired: bool
+    runId: str | None = None
+    childRunId: str | None = None
+    subtaskId: int | str | None = None
+    decidedBy: str | None = None
+    scope: str | None = None
+    reason: str | None = None
+    tool_call_id: str | None = None
+    approval_id: str | None = None
+
+
+#: Every model of a schema in ``openapi.json``.
+MODELS: tuple[type[Model], ...] = (
+    ErrorBody,
+    Event,
+    EventPage,
+    CreateRun,
+    RunReceipt,
+    AppendEvents,
+    Appended,
+    RunEnded,
+    ArmApproval,
+    Armed,
+    Decide,
+    Decided,
+    Card,
+    CardPage,
+    RunCards,
+    Policy,
+    PolicyPage,
+    Start,
+    Dispatch,
+    Settle,
+    Reconcile,
+    MutationRecord,
+    MutationList,
+    ExecutionAnswer,
+    StreamEnd,
+    Dropped,
+    ConsoleConfig,
+    ApprovalRequired,
+    ApprovalResolved,
+)
