@@ -474,7 +474,9 @@ export interface components {
         };
         /**
          * @description A run's event: the envelope's fields, then the event's payload keys at the top level
-         *     (flat, as seed 000 has it).
+         *     (flat: one JSON object).
+         *
+         *     The payload of each event type Tollgate writes (its keys beside the envelope's): `run_started`: `RunStarted`, `tool.approval_required`: `ApprovalRequired`, `tool.approval_pending`: `ApprovalPending`, `tool.approval_resolved`: `ApprovalResolved`, `tool.auto_approved`: `AutoApproved`, `tool.policy_revoked`: `PolicyRevoked`, `coordinator.child_approval_required`: `ChildApprovalRequired`, `coordinator.child_approval_resolved`: `ChildApprovalResolved`, `coordinator.child_stall_detected`: `ChildStallDetected`, `tool_execution_started`: `ExecutionIds`, `tool_execution`: `ToolExecution`, `tool_execution_reconciled`: `ExecutionReconciled`, `tool_execution_updated`: `ExecutionUpdated`, `heartbeat`: `ExecutionIds`. A terminal event (`run_completed`, `run_failed`, `run_cancelled`) carries what the agent sent; a producer event, what its producer appended.
          */
         Event: {
             /** @description `v2`. */
@@ -485,7 +487,11 @@ export interface components {
              * @description 1, 2, 3, … per run, with no gap; the live stream's `id:`.
              */
             sequence: number;
-            /** @description `run_started`, `tool.approval_required`, … (the README's event catalogue). */
+            /**
+             * @description `run_started`, `tool.approval_required`, … (the README's event catalogue; the
+             *     payload of each type Tollgate writes is the schema [`crate::payloads::PAYLOADS`]
+             *     names).
+             */
             type: string;
             /** @description RFC 3339, milliseconds, `Z`. */
             timestamp_utc: string;
@@ -908,44 +914,6 @@ export interface components {
             /** Format: uint64 */
             terminal_sequence: number;
         };
-        /**
-         * @description The payload of `tool.approval_required` (and of the `tool.approval_pending`
-         *     heartbeats, which carry its first three keys): a card waits for a human.
-         */
-        ApprovalRequired: {
-            requestId: string;
-            displayId: string;
-            toolName: string;
-            url?: string | null;
-            intention?: string | null;
-            message?: string | null;
-            tool_call_id?: string | null;
-            approval_id?: string | null;
-        };
-        /**
-         * @description The payload of `tool.approval_resolved` (and, with `childRunId` and `subtaskId`, of
-         *     `coordinator.child_approval_resolved`): how a card ended. Keys in camelCase, as the
-         *     event catalogue has them; `tool_call_id` and `approval_id` when the card was armed
-         *     with them.
-         */
-        ApprovalResolved: {
-            requestId: string;
-            /** @description The card's run (`tool.approval_resolved`). */
-            runId?: string | null;
-            /** @description The child run (`coordinator.child_approval_resolved`). */
-            childRunId?: string | null;
-            subtaskId?: unknown;
-            approved: boolean;
-            expired: boolean;
-            /** @description Who decided (`policy:<id>` for a standing grant); absent for an expiry. */
-            decidedBy?: string | null;
-            /** @description An approval's scope: `once`, `run`, `tool` or `always`. */
-            scope?: string | null;
-            /** @description Why an expired card ended (`run_ended`, …). */
-            reason?: string | null;
-            tool_call_id?: string | null;
-            approval_id?: string | null;
-        };
         /** @description `GET /api/console/config`: who the operator token is and what it may grant. */
         ConsoleConfig: {
             /**
@@ -957,6 +925,156 @@ export interface components {
             project_id?: string | null;
             /** @description The tools an `always` scope may be granted for. */
             always_eligible: string[];
+        };
+        /** @description `run_started` (sequence 1): the run's shape, never its secrets. */
+        RunStarted: {
+            /** @description `single`, `coordinator` or `child`. */
+            kind: string;
+            parent_run_id?: string | null;
+            subtask_id?: unknown;
+            owner?: string | null;
+            project_id?: string | null;
+            /** @description `inline` or `pod`, when the create named one. */
+            execution_mode?: string | null;
+        };
+        /** @description `tool.approval_required`: a card waits for a human. */
+        ApprovalRequired: {
+            requestId: string;
+            /** @description The first 8 characters of `requestId`. */
+            displayId: string;
+            toolName: string;
+            url?: string | null;
+            intention?: string | null;
+            message?: string | null;
+            tool_call_id?: string | null;
+            approval_id?: string | null;
+        };
+        /** @description `tool.approval_pending`: a heartbeat while a card waits. */
+        ApprovalPending: {
+            requestId: string;
+            displayId: string;
+            toolName: string;
+        };
+        /** @description `tool.approval_resolved`: how a card ended. */
+        ApprovalResolved: {
+            requestId: string;
+            /** @description The card's run. */
+            runId: string;
+            approved: boolean;
+            expired: boolean;
+            /** @description Who decided (`policy:<id>` for a standing grant); absent for an expiry. */
+            decidedBy?: string | null;
+            /** @description An approval's scope: `once`, `run`, `tool` or `always`. */
+            scope?: string | null;
+            /** @description Why an expired card ended (`run_ended`, …). */
+            reason?: string | null;
+            tool_call_id?: string | null;
+            approval_id?: string | null;
+        };
+        /** @description `tool.auto_approved`: a live standing grant approved a gate without a human. */
+        AutoApproved: {
+            requestId: string;
+            displayId: string;
+            toolName: string;
+            /** @description The grant's scope. */
+            scope: string;
+            policyId: string;
+            tool_call_id?: string | null;
+            approval_id?: string | null;
+        };
+        /** @description `tool.policy_revoked`: a grant this run relied on was revoked. */
+        PolicyRevoked: {
+            policyId: string;
+            scope: string;
+            toolName: string;
+            revokedBy?: string | null;
+        };
+        /** @description `coordinator.child_approval_required`: a child's card, mirrored on its coordinator. */
+        ChildApprovalRequired: {
+            childRunId: string;
+            /** @description The child's subtask (`null` when none). */
+            subtaskId: unknown;
+            requestId: string;
+            toolName: string;
+            url?: string | null;
+            tool_call_id?: string | null;
+            approval_id?: string | null;
+        };
+        /** @description `coordinator.child_approval_resolved`: a child's card ended, told on its coordinator. */
+        ChildApprovalResolved: {
+            childRunId: string;
+            /** @description The child's subtask (`null` when none). */
+            subtaskId: unknown;
+            requestId: string;
+            approved: boolean;
+            expired: boolean;
+            decidedBy?: string | null;
+            scope?: string | null;
+            /** @description `run_ended` when the child's end closed the card. */
+            reason?: string | null;
+            tool_call_id?: string | null;
+            approval_id?: string | null;
+        };
+        /** @description `coordinator.child_stall_detected`: a child went silent past the stall timeout. */
+        ChildStallDetected: {
+            childRunId: string;
+            subtaskId: unknown;
+            /** Format: int64 */
+            silentSeconds: number;
+            /** @description RFC 3339: the child's last event. */
+            staleSinceUtc: string;
+            /** Format: int64 */
+            stallTimeoutSeconds: number;
+            /** Format: uint64 */
+            lastEventSequence: number;
+            lastEventType?: string | null;
+            /**
+             * @description `failed` when the child was failed with it (its `run_failed` carries
+             *     `reason: agent_stall_timeout`).
+             */
+            action?: string | null;
+        };
+        /** @description `tool_execution_started` and `heartbeat`: an approved call's ids, nothing else. */
+        ExecutionIds: {
+            tool_name: string;
+            tool_call_id: string;
+            approval_id: string;
+        };
+        /** @description `tool_execution`: the terminal execution decision. */
+        ToolExecution: {
+            tool_name: string;
+            tool_call_id: string;
+            approval_id: string;
+            /** @description `executed` or `not_executed`. */
+            execution_status: string;
+            /** @description The record's state: `completed`, `not_executed` or `outcome_unknown`. */
+            mutation_outcome: string;
+            result?: unknown;
+            error?: unknown;
+            reason?: string | null;
+        };
+        /** @description `tool_execution_reconciled`: an operator settled an unknown outcome. */
+        ExecutionReconciled: {
+            tool_name: string;
+            tool_call_id: string;
+            approval_id: string;
+            /** @description `applied` or `not_applied`. */
+            observed: string;
+            mutation_outcome: string;
+            reconciled_by: string;
+        };
+        /** @description `tool_execution_updated`: a durable record changed after its `tool_execution`. */
+        ExecutionUpdated: {
+            tool_name: string;
+            tool_call_id: string;
+            approval_id: string;
+            mutation_outcome: string;
+            previous_outcome: string;
+            evidence?: string | null;
+            execution_status?: string | null;
+            result?: unknown;
+            error?: unknown;
+            reason?: string | null;
         };
         /** @description An event of an append that was written as nothing. */
         Dropped: {

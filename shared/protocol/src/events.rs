@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// A run's event: the envelope's fields, then the event's payload keys at the top level
-/// (flat, as seed 000 has it).
+/// (flat: one JSON object).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Event {
@@ -13,7 +13,9 @@ pub struct Event {
     pub run_id: String,
     /// 1, 2, 3, … per run, with no gap; the live stream's `id:`.
     pub sequence: u64,
-    /// `run_started`, `tool.approval_required`, … (the README's event catalogue).
+    /// `run_started`, `tool.approval_required`, … (the README's event catalogue; the
+    /// payload of each type Tollgate writes is the schema [`crate::payloads::PAYLOADS`]
+    /// names).
     #[serde(rename = "type")]
     pub event_type: String,
     /// RFC 3339, milliseconds, `Z`.
@@ -24,82 +26,12 @@ pub struct Event {
 }
 
 impl Event {
-    /// The payload as the type of its event (e.g. [`ApprovalResolved`] for
-    /// `tool.approval_resolved`); `None` when it is not one.
+    /// The payload as the type of its event (e.g. [`crate::payloads::ApprovalResolved`]
+    /// for `tool.approval_resolved`; [`crate::payloads::PAYLOADS`] names each); `None`
+    /// when it is not one.
     pub fn payload_as<T: serde::de::DeserializeOwned>(&self) -> Option<T> {
         serde_json::from_value(Value::Object(self.payload.clone())).ok()
     }
-}
-
-/// The payload of `tool.approval_resolved` (and, with `childRunId` and `subtaskId`, of
-/// `coordinator.child_approval_resolved`): how a card ended. Keys in camelCase, as the
-/// event catalogue has them; `tool_call_id` and `approval_id` when the card was armed
-/// with them.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase")]
-pub struct ApprovalResolved {
-    pub request_id: String,
-    /// The card's run (`tool.approval_resolved`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run_id: Option<String>,
-    /// The child run (`coordinator.child_approval_resolved`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub child_run_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub subtask_id: Option<Value>,
-    pub approved: bool,
-    pub expired: bool,
-    /// Who decided (`policy:<id>` for a standing grant); absent for an expiry.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decided_by: Option<String>,
-    /// An approval's scope: `once`, `run`, `tool` or `always`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scope: Option<String>,
-    /// Why an expired card ended (`run_ended`, …).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    #[serde(
-        default,
-        rename = "tool_call_id",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub tool_call_id: Option<String>,
-    #[serde(
-        default,
-        rename = "approval_id",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub approval_id: Option<String>,
-}
-
-/// The payload of `tool.approval_required` (and of the `tool.approval_pending`
-/// heartbeats, which carry its first three keys): a card waits for a human.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase")]
-pub struct ApprovalRequired {
-    pub request_id: String,
-    pub display_id: String,
-    pub tool_name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub intention: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    #[serde(
-        default,
-        rename = "tool_call_id",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub tool_call_id: Option<String>,
-    #[serde(
-        default,
-        rename = "approval_id",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub approval_id: Option<String>,
 }
 
 /// A page of `GET /api/runs/{run_id}/events` (JSON).
@@ -125,3 +57,5 @@ pub struct StreamEnd {
     pub run_id: String,
     pub terminal_sequence: u64,
 }
+
+pub use crate::payloads::{ApprovalRequired, ApprovalResolved};

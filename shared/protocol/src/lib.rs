@@ -17,6 +17,7 @@ pub mod events;
 pub mod execution;
 pub mod limits;
 pub mod operations;
+pub mod payloads;
 pub mod runs;
 
 #[cfg(feature = "schema")]

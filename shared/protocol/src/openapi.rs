@@ -8,7 +8,7 @@ use schemars::{JsonSchema, SchemaGenerator};
 use serde_json::{json, Map, Value};
 
 use crate::operations::{Body, Credential, Operation, OPERATIONS};
-use crate::{approvals, console, errors, events, execution, runs};
+use crate::{approvals, console, errors, events, execution, payloads, runs};
 
 /// The grammar of the live stream, for the stream operations' descriptions.
 const SSE_GRAMMAR: &str = "Server-Sent Events. The stream opens with `retry: 1000`; each \
@@ -53,15 +53,44 @@ fn named(generator: &mut SchemaGenerator) -> Vec<(&'static str, Value)> {
             of::<execution::ExecutionAnswer>(generator),
         ),
         ("StreamEnd", of::<events::StreamEnd>(generator)),
+        ("ConsoleConfig", of::<console::ConsoleConfig>(generator)),
+        ("RunStarted", of::<payloads::RunStarted>(generator)),
         (
             "ApprovalRequired",
-            of::<events::ApprovalRequired>(generator),
+            of::<payloads::ApprovalRequired>(generator),
+        ),
+        (
+            "ApprovalPending",
+            of::<payloads::ApprovalPending>(generator),
         ),
         (
             "ApprovalResolved",
-            of::<events::ApprovalResolved>(generator),
+            of::<payloads::ApprovalResolved>(generator),
         ),
-        ("ConsoleConfig", of::<console::ConsoleConfig>(generator)),
+        ("AutoApproved", of::<payloads::AutoApproved>(generator)),
+        ("PolicyRevoked", of::<payloads::PolicyRevoked>(generator)),
+        (
+            "ChildApprovalRequired",
+            of::<payloads::ChildApprovalRequired>(generator),
+        ),
+        (
+            "ChildApprovalResolved",
+            of::<payloads::ChildApprovalResolved>(generator),
+        ),
+        (
+            "ChildStallDetected",
+            of::<payloads::ChildStallDetected>(generator),
+        ),
+        ("ExecutionIds", of::<payloads::ExecutionIds>(generator)),
+        ("ToolExecution", of::<payloads::ToolExecution>(generator)),
+        (
+            "ExecutionReconciled",
+            of::<payloads::ExecutionReconciled>(generator),
+        ),
+        (
+            "ExecutionUpdated",
+            of::<payloads::ExecutionUpdated>(generator),
+        ),
     ]
 }
 
@@ -421,6 +450,19 @@ pub fn document() -> Value {
     }
     for (k, v) in defs {
         schemas.entry(k).or_insert(v);
+    }
+    // Which schema each server-written event's payload is.
+    let by_type: Vec<String> = crate::payloads::PAYLOADS
+        .iter()
+        .map(|(t, schema)| format!("`{t}`: `{schema}`"))
+        .collect();
+    if let Some(event) = schemas.get_mut("Event") {
+        let said = event["description"].as_str().unwrap_or_default().to_owned();
+        event["description"] = format!(
+            "{said}\n\nThe payload of each event type Tollgate writes (its keys beside the envelope's): {}. A terminal event (`run_completed`, `run_failed`, `run_cancelled`) carries what the agent sent; a producer event, what its producer appended.",
+            by_type.join(", ")
+        )
+        .into();
     }
     let mut paths = Map::new();
     for op in OPERATIONS {

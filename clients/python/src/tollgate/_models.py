@@ -454,22 +454,168 @@ class ApprovalRequired(Model):
 
 
 @dataclass
+class RunStarted(Model):
+    """The payload of ``run_started`` (sequence 1): the run's shape."""
+
+    schema_name: ClassVar[str] = "RunStarted"
+    kind: str
+    parent_run_id: str | None = None
+    subtask_id: Any = None
+    owner: str | None = None
+    project_id: str | None = None
+    execution_mode: str | None = None
+
+
+@dataclass
+class ApprovalPending(Model):
+    """The payload of ``tool.approval_pending``: a heartbeat while a card waits."""
+
+    schema_name: ClassVar[str] = "ApprovalPending"
+    requestId: str
+    displayId: str
+    toolName: str
+
+
+@dataclass
 class ApprovalResolved(Model):
-    """The payload of ``tool.approval_resolved`` (and, with ``childRunId``, of
-    ``coordinator.child_approval_resolved``)."""
+    """The payload of ``tool.approval_resolved``: how a card ended."""
 
     schema_name: ClassVar[str] = "ApprovalResolved"
     requestId: str
+    runId: str
     approved: bool
     expired: bool
-    runId: str | None = None
-    childRunId: str | None = None
-    subtaskId: int | str | None = None
     decidedBy: str | None = None
     scope: str | None = None
     reason: str | None = None
     tool_call_id: str | None = None
     approval_id: str | None = None
+
+
+@dataclass
+class AutoApproved(Model):
+    """The payload of ``tool.auto_approved``: a standing grant approved a gate."""
+
+    schema_name: ClassVar[str] = "AutoApproved"
+    requestId: str
+    displayId: str
+    toolName: str
+    scope: str
+    policyId: str
+    tool_call_id: str | None = None
+    approval_id: str | None = None
+
+
+@dataclass
+class PolicyRevoked(Model):
+    """The payload of ``tool.policy_revoked``."""
+
+    schema_name: ClassVar[str] = "PolicyRevoked"
+    policyId: str
+    scope: str
+    toolName: str
+    revokedBy: str | None = None
+
+
+@dataclass
+class ChildApprovalRequired(Model):
+    """The payload of ``coordinator.child_approval_required``."""
+
+    schema_name: ClassVar[str] = "ChildApprovalRequired"
+    childRunId: str
+    subtaskId: Any
+    requestId: str
+    toolName: str
+    url: str | None = None
+    tool_call_id: str | None = None
+    approval_id: str | None = None
+
+
+@dataclass
+class ChildApprovalResolved(Model):
+    """The payload of ``coordinator.child_approval_resolved``."""
+
+    schema_name: ClassVar[str] = "ChildApprovalResolved"
+    childRunId: str
+    subtaskId: Any
+    requestId: str
+    approved: bool
+    expired: bool
+    decidedBy: str | None = None
+    scope: str | None = None
+    reason: str | None = None
+    tool_call_id: str | None = None
+    approval_id: str | None = None
+
+
+@dataclass
+class ChildStallDetected(Model):
+    """The payload of ``coordinator.child_stall_detected``."""
+
+    schema_name: ClassVar[str] = "ChildStallDetected"
+    childRunId: str
+    subtaskId: Any
+    silentSeconds: int
+    staleSinceUtc: str
+    stallTimeoutSeconds: int
+    lastEventSequence: int
+    lastEventType: str | None = None
+    action: str | None = None
+
+
+@dataclass
+class ExecutionIds(Model):
+    """The payload of ``tool_execution_started`` and ``heartbeat``."""
+
+    schema_name: ClassVar[str] = "ExecutionIds"
+    tool_name: str
+    tool_call_id: str
+    approval_id: str
+
+
+@dataclass
+class ToolExecution(Model):
+    """The payload of ``tool_execution``: the terminal execution decision."""
+
+    schema_name: ClassVar[str] = "ToolExecution"
+    tool_name: str
+    tool_call_id: str
+    approval_id: str
+    execution_status: str
+    mutation_outcome: str
+    result: Any = None
+    error: Any = None
+    reason: str | None = None
+
+
+@dataclass
+class ExecutionReconciled(Model):
+    """The payload of ``tool_execution_reconciled``."""
+
+    schema_name: ClassVar[str] = "ExecutionReconciled"
+    tool_name: str
+    tool_call_id: str
+    approval_id: str
+    observed: str
+    mutation_outcome: str
+    reconciled_by: str
+
+
+@dataclass
+class ExecutionUpdated(Model):
+    """The payload of ``tool_execution_updated``."""
+
+    schema_name: ClassVar[str] = "ExecutionUpdated"
+    tool_name: str
+    tool_call_id: str
+    approval_id: str
+    mutation_outcome: str
+    previous_outcome: str
+    evidence: str | None = None
+    execution_status: str | None = None
+    result: Any = None
+    error: Any = None
+    reason: str | None = None
 
 
 #: Every model of a schema in ``openapi.json``.
@@ -502,5 +648,16 @@ MODELS: tuple[type[Model], ...] = (
     Dropped,
     ConsoleConfig,
     ApprovalRequired,
+    RunStarted,
+    ApprovalPending,
     ApprovalResolved,
+    AutoApproved,
+    PolicyRevoked,
+    ChildApprovalRequired,
+    ChildApprovalResolved,
+    ChildStallDetected,
+    ExecutionIds,
+    ToolExecution,
+    ExecutionReconciled,
+    ExecutionUpdated,
 )
