@@ -456,6 +456,54 @@ async fn decisions_racing_the_run_end(backend: Backend) {
 /// GIVEN a card approved for one call WHEN the agent arms the same `request_id` for
 /// another call (another tool, URL or arguments) THEN 409 `request_id_in_use` and
 /// nothing written — the human approved the first call, not this one; the same arm
+/// A token whose `sub` looks like a standing grant's marker (`policy:<id>`, what a card a
+/// policy approved records as `decided_by`) is refused outright: an operator so named
+/// could otherwise make a human approval read as an automatic one. The card stays
+/// pending and nothing is written.
+async fn a_sub_named_like_a_policy_is_refused(backend: Backend) {
+    let srv = server(backend).await;
+    let (run_id, run_token) =
+        create(&srv, &agent(&srv, "bot", None), json!({"owner": "alice"})).await;
+    let (status, armed) = arm(&srv, &run_id, &run_token, "web_fetch").await;
+    assert_eq!(status, StatusCode::CREATED, "{armed}");
+    let request_id = armed["request_id"].as_str().unwrap().to_owned();
+    for sub in ["policy:evil", "policy:"] {
+        let (status, answer) = approve(
+            &srv,
+            &run_id,
+            &request_id,
+            &operator(&srv, sub, None),
+            "once",
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{sub}: {answer}");
+        assert_eq!(answer["code"], "unauthorized", "{answer}");
+        let (status, answer) = srv
+            .post("/api/runs", &agent(&srv, sub, None), &json!({}))
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{sub}: {answer}");
+    }
+    let (status, card) = srv
+        .get(
+            &format!("/api/runs/{run_id}/approval-requests/{request_id}"),
+            &run_token,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{card}");
+    assert_eq!(card["state"], "pending");
+    // A sub that merely contains the marker is someone's name.
+    let (status, answer) = approve(
+        &srv,
+        &run_id,
+        &request_id,
+        &operator(&srv, "ops-policy:x", None),
+        "once",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["decided_by"], "ops-policy:x");
+}
+
 /// repeated still answers the card.
 async fn a_request_id_answers_only_its_own_call(backend: Backend) {
     let srv = server(backend).await;
@@ -526,6 +574,10 @@ macro_rules! for_backend {
                 super::children_join_only_their_own_agents_coordinator($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_sub_named_like_a_policy_is_refused() {
+                super::a_sub_named_like_a_policy_is_refused($backend).await
+            }
+            #[tokio::test]
             async fn a_request_id_answers_only_its_own_call() {
                 super::a_request_id_answers_only_its_own_call($backend).await
             }

@@ -277,14 +277,14 @@ impl Auth {
                 )),
                 JwtError::Invalid(_) => ApiError::unauthorized("invalid token"),
             })
-            .and_then(checked_project)
+            .and_then(checked_claims)
     }
 
     /// Verifies the bearer of a request. `run_id` is the run the route acts on, which a
     /// run token must belong to.
     pub fn caller(&self, creds: &Credentials, run_id: Option<&str>) -> Result<Caller, ApiError> {
         if let Some(claims) = &creds.gateway {
-            return Ok(Caller::Jwt(checked_project(claims.clone())?));
+            return Ok(Caller::Jwt(checked_claims(claims.clone())?));
         }
         let token = match &creds.bearer {
             None => {
@@ -362,9 +362,23 @@ fn bearer(headers: &HeaderMap) -> Option<Result<String, &'static str>> {
     })
 }
 
-/// A `project_id` claim of `-` or an empty one is refused: storage keys "no project" as
-/// `-`, so such a claim would read as every project-less tenant's.
-fn checked_project(claims: Claims) -> Result<Claims, ApiError> {
+/// Claims Tollgate cannot tell apart from its own markers are refused:
+/// - a `sub` that is empty, or starts with `policy:` — the `decided_by` of a card a
+///   standing grant approved, so an operator named so would make a human decision read
+///   as an automatic one (and an agent so named would shadow it in audit trails);
+/// - a `project_id` claim of `-` or an empty one: storage keys "no project" as `-`, so
+///   such a claim would read as every project-less tenant's.
+fn checked_claims(claims: Claims) -> Result<Claims, ApiError> {
+    if claims.sub.is_empty()
+        || claims
+            .sub
+            .starts_with(tollgate_domain::approval::POLICY_DECIDER_PREFIX)
+    {
+        return Err(ApiError::unauthorized(format!(
+            "sub claim must not be empty or start with {:?}",
+            tollgate_domain::approval::POLICY_DECIDER_PREFIX
+        )));
+    }
     match claims.project_id.as_deref() {
         Some("-") | Some("") => Err(ApiError::unauthorized(
             "project_id claim must not be empty or \"-\"",

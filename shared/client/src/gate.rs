@@ -262,10 +262,8 @@ impl Verdict {
         match card.state.as_str() {
             "approved" => Some(Verdict::Approved {
                 scope: Scope::parse(card.scope.as_deref()),
-                auto: card.auto_approved == Some(true)
-                    || decided_by
-                        .as_deref()
-                        .is_some_and(|d| d.starts_with("policy:")),
+                // Only the card's own word: a `decided_by` is a name, not a marker.
+                auto: card.auto_approved == Some(true),
                 decided_by,
             }),
             "denied" => Some(Verdict::Denied { decided_by }),
@@ -787,12 +785,24 @@ mod tests {
         );
         assert_eq!(
             Verdict::from_card(&card(
-                json!({"state": "approved", "scope": "tool", "decided_by": "policy:abc"})
+                json!({"state": "approved", "scope": "tool", "decided_by": "policy:abc",
+                       "auto_approved": true, "policy_id": "abc"})
             )),
             Some(Verdict::Approved {
                 scope: Scope::Tool,
                 decided_by: Some("policy:abc".into()),
                 auto: true
+            })
+        );
+        // A name is not a marker: only `auto_approved` says a policy approved it.
+        assert_eq!(
+            Verdict::from_card(&card(
+                json!({"state": "approved", "scope": "once", "decided_by": "policy:evil"})
+            )),
+            Some(Verdict::Approved {
+                scope: Scope::Once,
+                decided_by: Some("policy:evil".into()),
+                auto: false
             })
         );
         assert_eq!(
