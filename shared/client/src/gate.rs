@@ -764,7 +764,7 @@ mod tests {
         );
         assert_eq!(
             Verdict::from_resolved_event(&payload(
-                json!({"requestId": "r", "approved": false, "expired": true})
+                json!({"requestId": "r", "runId": "run-1", "approved": false, "expired": true})
             )),
             Verdict::Expired
         );
