@@ -7,101 +7,21 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tollgate_app::ErrorState;
+pub use tollgate_protocol::errors::ErrorCode;
 use tollgate_protocol::ErrorBody;
 use tollgate_store::StoreError;
 
-/// What an error means, for a program: the `code` of every error body. A closed set,
-/// spelled in snake_case; a code keeps its meaning once published (a new meaning is a
-/// new code). Where a [`ErrorState`] applies, the code follows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorCode {
-    /// 400: the request is malformed (JSON, a field, a query parameter, a cursor) or
-    /// names something the target does not match; the same request never succeeds.
-    InvalidRequest,
-    /// 400: a card's `timeout_seconds` is over the deployment's cap.
-    TimeoutTooLong,
-    /// 401: no token, or one that is not valid (signature, expiry, lifetime).
-    Unauthorized,
-    /// 403: a valid token that may not do this (role, another run, another project).
-    Forbidden,
-    /// 404: no such route, run, card, attempt, policy or receipt (for the caller).
-    NotFound,
-    /// 405: the route exists, the method does not.
-    MethodNotAllowed,
-    /// 409: what stands refuses the request (`state` says what stands: a mutation
-    /// attempt's state, a run holding too many pending cards, …).
-    Conflict,
-    /// 409: a create named a run id another run holds.
-    RunExists,
-    /// 409: the run has ended (`status`, `terminal_sequence` say how).
-    RunTerminal,
-    /// 409: an arm's `request_id` names a card for another call.
-    RequestIdInUse,
-    /// 409: the card is still pending and the request needs it decided (a start
-    /// before the approval, a decision its pod or ended run cannot take now).
-    ApprovalPending,
-    /// 413: the request body is over 256 KiB.
-    PayloadTooLarge,
-    /// 429: a tenant's cap is reached (open cards per project); retry after some end.
-    LimitReached,
-    /// 429: the holder has as many live streams open as it may.
-    TooManyStreams,
-    /// 500: the server failed; nothing is known to be written.
-    Internal,
-    /// 503: storage, or this process's capacity, cannot answer now; retry
-    /// (`Retry-After`).
-    Unavailable,
-    /// 503: the run's agent host did not answer a forwarded decision; retry.
-    AgenthostUnreachable,
+/// The code of an error, for a program ([`ErrorCode`], the contract's closed set), from
+/// what the server knows: its status, and the [`ErrorState`] that stands.
+pub trait ErrorCodeFor {
+    /// The code of an error that says no more than its status.
+    fn for_status(status: StatusCode) -> ErrorCode;
+    /// The code of an error whose `state` is `state` (at `status`).
+    fn for_state(state: ErrorState, status: StatusCode) -> ErrorCode;
 }
 
-impl ErrorCode {
-    /// Every code, in the order the README lists them.
-    pub const ALL: [ErrorCode; 17] = [
-        ErrorCode::InvalidRequest,
-        ErrorCode::TimeoutTooLong,
-        ErrorCode::Unauthorized,
-        ErrorCode::Forbidden,
-        ErrorCode::NotFound,
-        ErrorCode::MethodNotAllowed,
-        ErrorCode::Conflict,
-        ErrorCode::RunExists,
-        ErrorCode::RunTerminal,
-        ErrorCode::RequestIdInUse,
-        ErrorCode::ApprovalPending,
-        ErrorCode::PayloadTooLarge,
-        ErrorCode::LimitReached,
-        ErrorCode::TooManyStreams,
-        ErrorCode::Internal,
-        ErrorCode::Unavailable,
-        ErrorCode::AgenthostUnreachable,
-    ];
-
-    /// As the wire spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::InvalidRequest => "invalid_request",
-            ErrorCode::TimeoutTooLong => "timeout_too_long",
-            ErrorCode::Unauthorized => "unauthorized",
-            ErrorCode::Forbidden => "forbidden",
-            ErrorCode::NotFound => "not_found",
-            ErrorCode::MethodNotAllowed => "method_not_allowed",
-            ErrorCode::Conflict => "conflict",
-            ErrorCode::RunExists => "run_exists",
-            ErrorCode::RunTerminal => "run_terminal",
-            ErrorCode::RequestIdInUse => "request_id_in_use",
-            ErrorCode::ApprovalPending => "approval_pending",
-            ErrorCode::PayloadTooLarge => "payload_too_large",
-            ErrorCode::LimitReached => "limit_reached",
-            ErrorCode::TooManyStreams => "too_many_streams",
-            ErrorCode::Internal => "internal",
-            ErrorCode::Unavailable => "unavailable",
-            ErrorCode::AgenthostUnreachable => "agenthost_unreachable",
-        }
-    }
-
-    /// The code of an error that says no more than its status.
-    pub fn for_status(status: StatusCode) -> Self {
+impl ErrorCodeFor for ErrorCode {
+    fn for_status(status: StatusCode) -> ErrorCode {
         match status {
             StatusCode::BAD_REQUEST => ErrorCode::InvalidRequest,
             StatusCode::UNAUTHORIZED => ErrorCode::Unauthorized,
@@ -117,9 +37,8 @@ impl ErrorCode {
         }
     }
 
-    /// The code of an error whose `state` is `state` (at `status`).
-    pub fn for_state(state: ErrorState, status: StatusCode) -> Self {
-        match state {
+    fn for_state(state: ErrorState, status: StatusCode) -> ErrorCode {
+        let code = match state {
             ErrorState::Unknown => ErrorCode::NotFound,
             ErrorState::Pending => ErrorCode::ApprovalPending,
             ErrorState::RunExists => ErrorCode::RunExists,
@@ -130,14 +49,10 @@ impl ErrorCode {
             ErrorState::RequestIdInUse => ErrorCode::RequestIdInUse,
             ErrorState::AgenthostUnreachable => ErrorCode::AgenthostUnreachable,
             ErrorState::TooManyStreams => ErrorCode::TooManyStreams,
-        }
-        .or_status(status)
-    }
-
-    /// Itself when it fits `status`'s class, else the status's own code (a state used
-    /// at an unexpected status never makes the code contradict the status).
-    fn or_status(self, status: StatusCode) -> Self {
-        let fits = match self {
+        };
+        // The state's code when it fits `status`'s class, else the status's own (a state
+        // used at an unexpected status never makes the code contradict the status).
+        let fits = match code {
             ErrorCode::InvalidRequest | ErrorCode::TimeoutTooLong => {
                 status == StatusCode::BAD_REQUEST
             }
@@ -153,19 +68,13 @@ impl ErrorCode {
             ErrorCode::Unavailable | ErrorCode::AgenthostUnreachable => {
                 status == StatusCode::SERVICE_UNAVAILABLE
             }
-            _ => ErrorCode::for_status(status) == self,
+            _ => ErrorCode::for_status(status) == code,
         };
         if fits {
-            self
+            code
         } else {
             ErrorCode::for_status(status)
         }
-    }
-}
-
-impl std::fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

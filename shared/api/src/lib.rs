@@ -31,7 +31,7 @@ use tollgate_timers::{sqs_client, EmbeddedTimers, SqsConsumer, SqsTimers, TimerL
 
 pub use auth::{Auth, Claims, Role};
 pub use config::{Backend, Config, ConfigError, ServeTimers};
-pub use error::{ApiError, ErrorCode};
+pub use error::{ApiError, ErrorCode, ErrorCodeFor};
 /// The approval gate's use-cases (`tollgate_app::approvals`), under the name the
 /// handlers use.
 pub use tollgate_app::approvals as gate;

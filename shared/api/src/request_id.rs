@@ -17,7 +17,7 @@ use axum::response::Response;
 use serde_json::{Map, Value};
 use tracing::Instrument;
 
-use crate::error::ErrorCode;
+use crate::error::{ErrorCode, ErrorCodeFor};
 
 /// The header a request id comes in and goes out in.
 pub const HEADER: &str = "x-request-id";
