@@ -66,8 +66,8 @@ for needed in ("tollgate/__init__.py", "tollgate/py.typed", "tollgate/pod.py",
 meta = [n for n in names if n.endswith("METADATA")]
 text = zipfile.ZipFile(sys.argv[1]).read(meta[0]).decode()
 deps = [l for l in text.splitlines() if l.startswith("Requires-Dist:") and "extra ==" not in l]
-if sorted(d.split()[1].split(">")[0].split("<")[0] for d in deps) != ["anyio", "httpx", "httpx-sse"]:
-    sys.exit(f"python-client.sh: the core must need only httpx, httpx-sse and anyio: {deps}")
+if sorted(d.split()[1].split(">")[0].split("<")[0] for d in deps) != ["anyio", "httpx"]:
+    sys.exit(f"python-client.sh: the core must need only httpx and anyio: {deps}")
 print(f"python-client.sh: built {sys.argv[1].rsplit('/', 1)[1]} ({len(names)} files)")
 PY
 "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall "$wheel"

@@ -3,6 +3,7 @@ an ambiguous outcome that is never tried again."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -206,3 +207,141 @@ def test_async_guard_and_dispatch_once(server: Server, operator: Operator) -> No
             return ex.state
 
     assert anyio.run(main) == "completed"
+
+
+def test_a_refused_start_settles_nothing(server: Server, operator: Operator) -> None:
+    """One process starts and dispatches the call, then dies before settling. Another
+    holder of the same decision starts it again: refused (AlreadyDispatched), and
+    leaving its guard with an exception settles nothing — the record stays
+    ``dispatched`` (the deadline settles it ``outcome_unknown``), never ``not_sent``."""
+    import anyio
+
+    from tollgate import AlreadyDispatched, AsyncClient, ConfigError
+
+    with Client(server.url, token=server.agent_token) as client:
+        run = client.create_run(owner="alice", budget={"tools": {"web_fetch": 1}})
+        decision = approved(run, operator, "web_fetch")
+
+    async def first_process() -> None:
+        async with AsyncClient(server.url, token=server.agent_token) as ac:
+            ex = ac.run(run.run_id, run.token).execute(decision)
+            await ex.start()
+            await ex.dispatch()
+            # …and the process dies here, before it could settle.
+
+    async def second_process(recorder: RecordingTransport) -> tuple[str | None, str]:
+        async with AsyncClient(server.url, token=server.agent_token, transport=recorder) as ac:
+            arun = ac.run(run.run_id, run.token)
+            ex = arun.execute(decision)
+            with pytest.raises(AlreadyDispatched):
+                await ex.start()
+            await ex.finish(RuntimeError("the tool was never called here"))
+            with pytest.raises(ConfigError):
+                await ex.dispatch()
+            record = await arun.mutation(decision.tool_call_id, decision.approval_id)
+            return ex.evidence, record.state
+
+    anyio.run(first_process)
+    recorder = RecordingTransport()
+    evidence, state = anyio.run(second_process, recorder)
+    assert (evidence, state) == (None, "dispatched")
+    assert recorder.paths("POST", "/settle") == []
+    # The blocking guard: a refused start leaves the block unentered and unsettled.
+    with Client(server.url, token=server.agent_token) as client:
+        again = client.run(run.run_id, run.token)
+        with pytest.raises(AlreadyDispatched), again.execute(decision):
+            raise AssertionError("a refused start must not run the block")
+        assert again.mutation(decision.tool_call_id, decision.approval_id).state == "dispatched"
+
+
+SECRET = "sk-live-0123456789abcdef"
+
+
+def test_exception_text_never_reaches_the_record(server: Server, operator: Operator) -> None:
+    """An exception's message (a URL with a key in it) is not recorded: the facts are a
+    fixed code and the exception's type; a message only when the caller wrote one."""
+    from tollgate import SendFailed
+
+    url = f"https://api.example.test/v1/charge?api_key={SECRET}"
+    with Client(server.url, token=server.agent_token) as client:
+        run = client.create_run(owner="alice", budget={"tools": {"charge": 3}})
+
+        after = approved(run, operator, "charge", tool_call_id="after")
+        with pytest.raises(ConnectionResetError), run.execute(after) as ex:
+            ex.dispatch()
+            raise ConnectionResetError(f"connection reset by peer while POST {url}")
+        assert (ex.evidence, ex.state) == ("ambiguous", "outcome_unknown")
+
+        before = approved(run, operator, "charge", tool_call_id="before")
+        with pytest.raises(ValueError), run.execute(before) as ex:
+            raise ValueError(f"cannot build {url}")
+        assert (ex.evidence, ex.state) == ("not_sent", "not_executed")
+
+        worded = approved(run, operator, "charge", tool_call_id="worded")
+        with pytest.raises(SendFailed), run.execute(worded) as ex:
+            ex.dispatch()
+            try:
+                raise OSError(f"reset: {url}")
+            except OSError as e:
+                raise SendFailed("the charge API reset the connection") from e
+        assert ex.state == "outcome_unknown"
+
+        records = {
+            call: run.mutation(call, d.approval_id)
+            for call, d in (("after", after), ("before", before), ("worded", worded))
+        }
+        assert records["after"].error == {"code": "transport", "type": "ConnectionResetError"}
+        assert records["before"].error == {"code": "not_sent", "type": "ValueError"}
+        assert records["worded"].error == {
+            "code": "transport",
+            "type": "OSError",
+            "message": "the charge API reset the connection",
+        }
+        events = run.events(0, 1000).events
+        assert any(e["type"] == "tool_execution" for e in events)
+        shown = json.dumps(events) + json.dumps([vars(r) for r in records.values()])
+        assert SECRET not in shown and "api.example.test" not in shown
+
+
+def test_facts_that_are_not_json_do_not_lose_the_outcome(
+    server: Server, operator: Operator
+) -> None:
+    """A response came back and its facts are not JSON (a datetime, a cycle): the call
+    still settles ``confirmed`` → ``completed``, the facts replaced by a stub."""
+    import datetime
+
+    with Client(server.url, token=server.agent_token) as client:
+        run = client.create_run(owner="alice", budget={"tools": {"web_fetch": 2}})
+        first = approved(run, operator, "web_fetch", tool_call_id="dated")
+        with run.execute(first) as ex:
+            ex.dispatch()
+            ex.record({"http_status": 200, "at": datetime.datetime.now(datetime.timezone.utc)})
+        assert (ex.evidence, ex.state) == ("confirmed", "completed")
+        record = run.mutation("dated", first.approval_id)
+        assert record.result == {"code": "facts_unserializable"}
+
+        second = approved(run, operator, "web_fetch", tool_call_id="cyclic")
+        cycle: dict[str, Any] = {"http_status": 422}
+        cycle["self"] = cycle
+        with run.execute(second) as ex:
+            ex.dispatch()
+            ex.record(error=cycle)
+        assert (ex.evidence, ex.state) == ("confirmed", "completed")
+        record = run.mutation("cyclic", second.approval_id)
+        assert record.error == {"code": "facts_unserializable"}
+
+
+def test_only_the_cards_flag_makes_a_decision_automatic(server: Server) -> None:
+    """An operator whose name starts with ``policy:`` approves a card: the decision is a
+    human's (not ``auto``), read from the card too, and its guard is on the ledger."""
+    with (
+        Client(server.url, token=server.agent_token) as client,
+        Operator(server.url, server.token("policy:night-shift", "operator")) as op,
+    ):
+        run = client.create_run(owner="policy:night-shift", budget={"tools": {"web_fetch": 1}})
+        first = approved(run, op, "web_fetch", request_id="card-p")
+        assert (first.auto, first.decided_by) == (False, "policy:night-shift")
+        # The same gate again reads the decided card.
+        again = run.gate("web_fetch", request_id="card-p")
+        assert again.approved and again.decided_by == "policy:night-shift"
+        assert again.auto is False and run.execute(again).inner.ledgered

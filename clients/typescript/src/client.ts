@@ -42,8 +42,10 @@ export class Client {
    * finds the run the first attempt made. `run.created` tells 201 from 200.
    */
   async createRun(options: CreateRunOptions = {}, init: { signal?: AbortSignal } = {}): Promise<Run> {
+    // `null` is "not given", like `undefined`: without a run_id or delivery_id the client
+    // picks the run_id, so a retry finds the run its first attempt made.
     const body: Record<string, unknown> = {};
-    for (const [k, v] of Object.entries(options)) if (v !== undefined) body[k] = v;
+    for (const [k, v] of Object.entries(options)) if (v != null) body[k] = v;
     if (body.run_id === undefined && body.delivery_id === undefined) {
       body.run_id = `run-${randomUUID().replaceAll("-", "")}`;
     }
@@ -157,7 +159,7 @@ export class Run {
   /**
    * Appends events (`POST /api/runs/{id}/events`) and returns their sequences, in
    * order. Each event is an object with a `type`; one without an `event_id` gets a
-   * fresh UUID, so a retried request (transport error, 429, 5xx; `Retry-After`
+   * fresh UUID (as does one whose `event_id` is `null`), so a retried request (transport error, 429, 5xx; `Retry-After`
    * honoured) answers the original sequences instead of appending twice. 4xx are never
    * retried. More than 99 events go in several requests (each atomic on its own).
    */
@@ -168,7 +170,8 @@ export class Run {
       if (e === null || typeof e !== "object" || Array.isArray(e) || typeof e.type !== "string") {
         throw new TypeError(`events[${i}] must be an object with a string "type"`);
       }
-      return e.event_id === undefined ? { ...e, event_id: randomUUID() } : { ...e };
+      // `event_id: null` is "not given": such an event gets a fresh id too.
+      return e.event_id == null ? { ...e, event_id: randomUUID() } : { ...e };
     });
     const sequences: number[] = [];
     for (let i = 0; i < keyed.length; i += MAX_BATCH_EVENTS) {

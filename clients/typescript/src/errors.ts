@@ -104,6 +104,21 @@ export class UnexpectedResponse extends TollgateError {}
 /** A guarded call's function did not finish within `execute`'s `timeoutMs` (before dispatch: nothing was sent). */
 export class ExecutionTimeout extends TollgateError {}
 
+/**
+ * Throw it from a guarded call's function when its transport failed without an answer,
+ * to record `message` — your own words, free of secrets — with the settlement (`throw
+ * new SendFailed("connection reset", { cause: err })`). Any other error is recorded by
+ * its name only: its message (a URL with a key in it, …) never reaches the record or the
+ * run's events. It is thrown on like any other (after dispatch: as the cause of
+ * {@link OutcomeUnknown}).
+ */
+export class SendFailed extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "SendFailed";
+  }
+}
+
 /** The run ended (its terminal event arrived) while a gate waited for its card. */
 export class RunEnded extends TollgateError {}
 

@@ -15,7 +15,17 @@
 // already, and its settlement deadline settles an undispatched intent `not_executed`
 // (a dispatch whose answer was lost, `outcome_unknown`: this process cannot tell
 // whether it was sent).
-import { Conflict, ExecutionTimeout, OutcomeUnknown, TollgateError, conflict } from "./errors.js";
+//
+// The dispatch is the line: the function may send only once `ex.dispatch()` resolved.
+// When the guard ends (its timeout, or the function throwing) while a dispatch is still
+// in flight, that dispatch never resolves for the function — it rejects, nothing may be
+// sent, and the attempt settles `not_sent`.
+//
+// What is recorded of a failure is a fixed code and the error's name, never its message
+// (it may hold a URL with a key in it); a message of the caller's own goes in with
+// `SendFailed`. Facts that are not JSON are recorded as `{code: "facts_unserializable"}`
+// and the call still settles.
+import { Conflict, ExecutionTimeout, OutcomeUnknown, SendFailed, TollgateError, conflict } from "./errors.js";
 import type { Run } from "./client.js";
 import type { Decision } from "./gate.js";
 import type { Evidence, ExecutionAnswer, MutationState } from "./types.js";
@@ -30,7 +40,9 @@ export interface ExecuteOptions {
   toolCallId?: string;
   /**
    * How long `fn` may take (default 30 s). Past it after dispatch, the call is settled
-   * `ambiguous`, `ex.signal` aborts and OutcomeUnknown is thrown.
+   * `ambiguous`, `ex.signal` aborts and OutcomeUnknown is thrown; before dispatch, or
+   * while a dispatch is in flight (which then rejects: do not send), it is settled
+   * `not_sent` and ExecutionTimeout is thrown.
    */
   timeoutMs?: number;
 }
@@ -50,9 +62,13 @@ export interface Execution {
    * only when it resolves may the request go out; when it rejects, nothing may be sent.
    */
   dispatch(): Promise<void>;
-  /** Facts of the response to record (`confirmed`), e.g. `{http_status: 200}`; never credentials or whole payloads. */
+  /**
+   * Facts of the response to record (`confirmed`), e.g. `{http_status: 200}`; never
+   * credentials or whole payloads. Copied as JSON now; what is not JSON (a BigInt, a
+   * cycle) is recorded as `{code: "facts_unserializable"}`.
+   */
   result(facts: unknown): void;
-  /** Facts of an application-level error response (still `confirmed`: the remote side answered). */
+  /** Facts of an application-level error response (still `confirmed`: the remote side answered); as for `result`. */
   error(facts: unknown): void;
 }
 
@@ -68,22 +84,48 @@ export interface Executed<T> {
   settlementError?: TollgateError;
 }
 
-type Phase = "before" | "dispatching" | "dispatched" | "refused" | "closed";
+type Phase = "before" | "dispatching" | "dispatched" | "refused" | "withheld" | "closed";
+
+/** What stands in for facts that are not JSON. */
+const FACTS_UNSERIALIZABLE = "facts_unserializable";
 
 function clip(s: string): string {
   return s.length > MAX_MESSAGE_CHARS ? s.slice(0, MAX_MESSAGE_CHARS) : s;
 }
 
-function message(err: unknown): string {
-  return clip(err instanceof Error ? err.message : String(err));
+/**
+ * The error facts of a failure: a fixed code, the error's name, and a message only when
+ * it is this client's own (a timeout) or the caller wrote it for the record
+ * ({@link SendFailed}).
+ */
+function failure(code: string, err: unknown): Record<string, unknown> {
+  const named = err instanceof SendFailed && err.cause !== undefined ? err.cause : err;
+  const type = named instanceof Error ? named.name : typeof named;
+  const facts: Record<string, unknown> = { code, type: clip(type) };
+  if ((err instanceof SendFailed || err instanceof ExecutionTimeout) && err.message) facts.message = clip(err.message);
+  return facts;
+}
+
+/** `v` as plain JSON (a copy), or a stub saying it is not JSON. */
+function jsonFact(v: unknown): unknown {
+  if (v === undefined) return undefined;
+  try {
+    const text = JSON.stringify(v);
+    if (text !== undefined) return JSON.parse(text) as unknown;
+  } catch {
+    // a BigInt, a cycle, a throwing toJSON
+  }
+  return { code: FACTS_UNSERIALIZABLE };
 }
 
 function size(v: unknown): number {
   return v === undefined ? 0 : Buffer.byteLength(JSON.stringify(v) ?? "", "utf8");
 }
 
-/** The settle body, facts bounded to what the server keeps. */
+/** The settle body, facts as JSON and bounded to what the server keeps. */
 function settleBody(approvalId: string, evidence: Evidence, result: unknown, error: unknown): Record<string, unknown> {
+  result = jsonFact(result);
+  error = jsonFact(error);
   if (size(result) + size(error) > MAX_FACTS_BYTES) {
     const stub = (v: unknown) => (v === undefined ? undefined : { code: "facts_too_large", bytes: size(v) });
     result = stub(result);
@@ -103,7 +145,8 @@ export async function executeCall<T>(run: Run, decision: Decision, options: Exec
   const approvalId = decision.approvalId;
   const timeoutMs = options.timeoutMs ?? 30_000;
   const guard = new AbortController();
-  const st: { phase: Phase; refusal?: unknown } = { phase: "before" };
+  // `closing`: the guard has ended (timeout or throw); a dispatch answered after it is withheld.
+  const st: { phase: Phase; refusal?: unknown; closing: boolean } = { phase: "before", closing: false };
   let dispatching: Promise<void> | undefined;
   let result: unknown;
   let errorFacts: unknown;
@@ -139,7 +182,7 @@ export async function executeCall<T>(run: Run, decision: Decision, options: Exec
     signal: guard.signal,
     dispatch() {
       if (dispatching !== undefined) return dispatching;
-      if (st.phase !== "before") {
+      if (st.phase !== "before" || st.closing) {
         const late = Promise.reject(new Error("too late to dispatch: the guarded call has ended"));
         late.catch(() => undefined);
         return late;
@@ -159,43 +202,56 @@ export async function executeCall<T>(run: Run, decision: Decision, options: Exec
               body,
             });
           }
-          st.phase = "dispatched";
         } catch (err) {
           st.phase = "refused";
           st.refusal = err;
           throw err;
         }
+        if (st.closing) {
+          // The guard ended while the dispatch was in flight: the function is not
+          // permitted to send, so nothing is sent.
+          st.phase = "withheld";
+          throw new ExecutionTimeout("the guarded call ended before its dispatch was answered; do not send");
+        }
+        st.phase = "dispatched";
       })();
       // Awaited by the function, or not: the guard reads the outcome from `st` either way.
       dispatching.catch(() => undefined);
       return dispatching;
     },
     result(facts) {
-      result = facts;
+      result = jsonFact(facts);
     },
     error(facts) {
-      errorFacts = facts;
+      errorFacts = jsonFact(facts);
     },
   };
 
   let timer: NodeJS.Timeout | undefined;
   const timedOut = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new ExecutionTimeout(`no response within ${timeoutMs} ms`)), timeoutMs);
+    timer = setTimeout(() => {
+      const err = new ExecutionTimeout(`no response within ${timeoutMs} ms`);
+      // At once, so that a dispatch answered from now on is withheld from the function.
+      st.closing = true;
+      guard.abort(err);
+      reject(err);
+    }, timeoutMs);
   });
   let value: T;
   try {
     value = await Promise.race([fn(ex), timedOut]);
   } catch (err) {
     clearTimeout(timer);
+    st.closing = true;
     const wasTimeout = err instanceof ExecutionTimeout;
-    if (wasTimeout) guard.abort(err);
-    // A dispatch still in flight decides which side of the line this is.
+    // A dispatch still in flight is withheld (the function may not send any more), or
+    // was answered before the guard ended: that decides which side of the line this is.
     if (st.phase === "dispatching") await dispatching?.catch(() => undefined);
     const at = st.phase;
     st.phase = "closed";
     if (at === "refused" || !ledgered) throw err; // nothing sent and nothing to settle, or not on the ledger
     if (at === "dispatched") {
-      const facts = { code: wasTimeout ? "timeout" : "transport", message: message(err) };
+      const facts = failure(wasTimeout ? "timeout" : "transport", err);
       const settled = await settle(run, toolCallId, settleBody(approvalId, "ambiguous", undefined, facts));
       const unknown = new OutcomeUnknown(
         `${decision.toolName} was dispatched and then ${wasTimeout ? "timed out" : "failed"}: its outcome is unknown (recorded ambiguous); it is not retried`,
@@ -204,8 +260,8 @@ export async function executeCall<T>(run: Run, decision: Decision, options: Exec
       if (settled instanceof TollgateError) Object.assign(unknown, { settlementError: settled });
       throw unknown;
     }
-    // Before dispatch: nothing left this process.
-    await settle(run, toolCallId, settleBody(approvalId, "not_sent", undefined, { code: "not_sent", message: message(err) }));
+    // Before dispatch (or its answer withheld): nothing left this process.
+    await settle(run, toolCallId, settleBody(approvalId, "not_sent", undefined, failure("not_sent", err)));
     throw err;
   }
   clearTimeout(timer);

@@ -5,7 +5,7 @@ import type { ReadableStreamReadResult } from "node:stream/web";
 import { createParser, type EventSourceMessage } from "eventsource-parser";
 import { RunEnded, TollgateError, TransportError, Unavailable, WaitTimedOut } from "./errors.js";
 import { argumentsHash } from "./hash.js";
-import { bearer, describe, refusal, sleep, USER_AGENT } from "./http.js";
+import { bearer, describe, readCapped, refusal, sleep, USER_AGENT } from "./http.js";
 import type { Run } from "./client.js";
 import type { Armed, Card, DecisionState, Event, Scope } from "./types.js";
 
@@ -79,9 +79,9 @@ export class Decision {
   readonly state: DecisionState;
   /** The scope it was approved with (a policy's scope when `auto`). */
   readonly scope: Scope | undefined;
-  /** Who decided (`policy:<id>` when a policy approved it). */
+  /** Who decided (`policy:<id>` when a policy approved it; `auto` alone says that). */
   readonly decidedBy: string | undefined;
-  /** Whether a durable policy approved it without a card (such a call is not on the execution ledger). */
+  /** Whether a durable policy approved it without a card (the card's `auto_approved`; such a call is not on the execution ledger). */
   readonly auto: boolean;
   readonly requestId: string;
   readonly toolCallId: string;
@@ -128,7 +128,9 @@ function verdictFromCard(card: Card): Verdict | undefined {
   const decidedBy = card.decided_by ?? undefined;
   switch (card.state) {
     case "approved":
-      return { state: "approved", scope: scopeOf(card.scope), decidedBy, auto: card.auto_approved === true || (decidedBy?.startsWith("policy:") ?? false) };
+      // Only the card's own flag says a policy approved it: `decided_by` is whatever the
+      // decider's token names.
+      return { state: "approved", scope: scopeOf(card.scope), decidedBy, auto: card.auto_approved === true };
     case "denied":
       return { state: "denied", scope: undefined, decidedBy, auto: false };
     case "expired":
@@ -324,13 +326,19 @@ class Watch {
           await resp.body?.cancel().catch(() => undefined);
           return { kind: "fallback" };
         }
+        // The refusal's body, read within the request timeout and up to its cap (a
+        // body that breaks off, trickles past the timeout or is too large is left out).
         let body: unknown = null;
+        const readTimer = setTimeout(() => ctrl.abort(new TransportError("reading the live stream's refusal timed out")), http.config.requestTimeoutMs);
         try {
-          const t = await resp.text();
+          const t = await readCapped(resp);
           body = t ? JSON.parse(t) : null;
         } catch {
           body = null;
+        } finally {
+          clearTimeout(readTimer);
         }
+        signal?.throwIfAborted();
         const error = refusal({
           status: resp.status,
           body,

@@ -22,7 +22,7 @@ export interface ClientOptions {
   streamUrl?: string;
   /** Retries of transport errors, 429 and 5xx. 4xx are never retried. */
   retry?: RetryOptions;
-  /** How long one attempt of a plain request may take (default 30 s). */
+  /** How long one attempt of a plain request may take, its answer read to the end (default 30 s; also opening the live stream, and reading a refusal of it). */
   requestTimeoutMs?: number;
   /** A live stream that sends nothing this long is reopened (default 45 s; keep-alives come every 15 s). */
   streamStallMs?: number;
@@ -47,6 +47,8 @@ export interface Config {
 }
 
 export const USER_AGENT = "tollgate-client-ts/0.1.0";
+/** The largest answer body read (a larger one is not read to its end). */
+export const MAX_BODY_BYTES = 8 << 20;
 
 export function config(options: ClientOptions): Config {
   return {
@@ -158,6 +160,7 @@ export class Http {
         answer = await this.once(method, url, token, body, signal);
       } catch (err) {
         if (signal?.aborted) throw signal.reason;
+        if (err instanceof UnexpectedResponse) throw err;
         failure = err;
       }
       const again = answer === undefined || retryableStatus(answer.status);
@@ -197,22 +200,60 @@ export class Http {
       redirect: "manual",
       signal: signal ? AbortSignal.any([signal, timeout]) : timeout,
     });
-    const textBody = await resp.text();
-    let parsed: unknown = null;
-    if (textBody.length > 0) {
-      try {
-        parsed = JSON.parse(textBody);
-      } catch {
-        parsed = { error: textBody.slice(0, 200) };
-      }
+    const content = await readCapped(resp);
+    if (content === undefined && resp.status >= 200 && resp.status < 300) {
+      throw new UnexpectedResponse(`${method} ${url.pathname} answered ${resp.status} with a body over ${MAX_BODY_BYTES >> 20} MiB`, {
+        status: resp.status,
+        requestId: resp.headers.get("x-request-id") ?? undefined,
+      });
     }
-    return {
-      status: resp.status,
-      body: parsed,
-      requestId: resp.headers.get("x-request-id") ?? undefined,
-      retryAfterMs: parseRetryAfter(resp.headers.get("retry-after")),
-    };
+    // A refusal too large to read says no more than its status.
+    return answerOf(resp, content ?? "");
   }
+}
+
+/**
+ * A response's body as text, read to its end, or `undefined` when it is over `cap`
+ * bytes (it is then not read further). Bounded in time by the request's signal.
+ */
+export async function readCapped(resp: Response, cap: number = MAX_BODY_BYTES): Promise<string | undefined> {
+  if (resp.body === null) return "";
+  const reader = resp.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  try {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      size += value.byteLength;
+      if (size > cap) {
+        await reader.cancel().catch(() => undefined);
+        return undefined;
+      }
+      chunks.push(value);
+    }
+  } finally {
+    reader.releaseLock();
+  }
+  return Buffer.concat(chunks).toString("utf8");
+}
+
+/** An answer from its head and body text; a body that is not JSON becomes `{error: <its text>}`. */
+export function answerOf(resp: Response, text: string): Answer {
+  let parsed: unknown = null;
+  if (text.length > 0) {
+    try {
+      parsed = JSON.parse(text);
+    } catch {
+      parsed = { error: text.slice(0, 200) };
+    }
+  }
+  return {
+    status: resp.status,
+    body: parsed,
+    requestId: resp.headers.get("x-request-id") ?? undefined,
+    retryAfterMs: parseRetryAfter(resp.headers.get("retry-after")),
+  };
 }
 
 /** A refusal answer as an error. */

@@ -21,6 +21,7 @@ export {
   TransportError,
   UnexpectedResponse,
   ExecutionTimeout,
+  SendFailed,
   RunEnded,
   WaitTimedOut,
   type ErrorDetails,

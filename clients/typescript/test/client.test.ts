@@ -11,6 +11,7 @@ import {
   Unavailable,
   argumentsHash,
   canonicalJson,
+  type EventInput,
 } from "../src/index.js";
 import { recordingFetch, startServer, type Sent, type Server } from "./server.js";
 
@@ -40,6 +41,47 @@ describe("runs and appends", () => {
     const shown = `${inspect(run)} ${JSON.stringify(run)} ${inspect(client)}`;
     assert.ok(!shown.includes(run.token), "the run token is not shown");
     assert.ok(!shown.includes(server.agentToken), "the agent token is not shown");
+  });
+
+  test("a null run_id or event_id counts as not given: the client's own id makes a retry after a lost answer safe", async () => {
+    // The first answer of the create and of the append is lost after the server acted on it.
+    const lose = new Set(["/api/runs", "/events"]);
+    const bodies: { path: string; body: Record<string, unknown> }[] = [];
+    const client = new Client(server.url, {
+      token: server.agentToken,
+      retry: { baseDelayMs: 1 },
+      fetch: async (input, init) => {
+        const path = new URL(input instanceof Request ? input.url : String(input)).pathname;
+        if (init?.method === "POST") bodies.push({ path, body: JSON.parse(String(init.body)) as Record<string, unknown> });
+        const resp = await fetch(input, init);
+        const lost = [...lose].find((suffix) => init?.method === "POST" && path.endsWith(suffix));
+        if (lost === undefined) return resp;
+        lose.delete(lost);
+        await resp.body?.cancel();
+        throw new TypeError("fetch failed");
+      },
+    });
+    const run = await client.createRun({ run_id: null, delivery_id: null, owner: "alice" });
+    const creates = bodies.filter((b) => b.path === "/api/runs").map((b) => b.body);
+    assert.equal(creates.length, 2, "the create was retried");
+    assert.match(String(creates[0]!.run_id), /^run-[0-9a-f]{32}$/);
+    assert.equal(creates[1]!.run_id, creates[0]!.run_id);
+    assert.ok(!("delivery_id" in creates[0]!), "null fields are left out");
+    assert.equal(run.id, creates[0]!.run_id);
+    assert.equal(run.created, false, "the retry found the run the first attempt made");
+
+    const event = { type: "agent.message", text: "once", event_id: null } as unknown as EventInput;
+    const seqs = await run.append(event);
+    const appends = bodies.filter((b) => b.path.endsWith("/events")).map((b) => (b.body.events as { event_id: unknown }[])[0]!.event_id);
+    assert.equal(appends.length, 2, "the append was retried");
+    assert.match(String(appends[0]), /^[0-9a-f-]{36}$/);
+    assert.equal(appends[1], appends[0]);
+    const messages = (await run.events(0)).events.filter((e) => e.type === "agent.message");
+    assert.deepEqual(
+      messages.map((e) => e.sequence),
+      seqs,
+      "appended once",
+    );
   });
 
   test("more than 99 events go in several requests, in order", async () => {

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { createServer, type Server as HttpServer } from "node:http";
 import { after, before, describe, test } from "node:test";
-import { Client, Conflict, ExecutionTimeout, OutcomeUnknown, type Decision, type Run } from "../src/index.js";
+import { Client, Conflict, ExecutionTimeout, OutcomeUnknown, SendFailed, type Decision, type Run } from "../src/index.js";
 import { decide, recordingFetch, startServer, type Sent, type Server } from "./server.js";
 
 /** A tool on a loopback port: `ok` answers 200, `kill` destroys the connection once the request has arrived. */
@@ -278,5 +278,128 @@ describe("execution guard", () => {
       (e: unknown) => e instanceof Conflict && e.state === "denied",
     );
     assert.equal(ran, false);
+  });
+
+  test("an error's message never reaches the record; a SendFailed's does", async () => {
+    const SECRET = "sk-live-0123456789abcdef";
+    const url = `https://api.example.test/v1/charge?api_key=${SECRET}`;
+    const run = await newRun();
+    const after = await approved(run, "call-after", { n: 8 });
+    await assert.rejects(
+      run.execute(after, { toolCallId: "call-after" }, async (ex) => {
+        await ex.dispatch();
+        throw new Error(`connect ECONNRESET ${url}`);
+      }),
+      OutcomeUnknown,
+    );
+    const before = await approved(run, "call-before", { n: 9 });
+    await assert.rejects(
+      run.execute(before, { toolCallId: "call-before" }, async () => {
+        throw new TypeError(`cannot build ${url}`);
+      }),
+      TypeError,
+    );
+    const worded = await approved(run, "call-worded", { n: 10 });
+    await assert.rejects(
+      run.execute(worded, { toolCallId: "call-worded" }, async (ex) => {
+        await ex.dispatch();
+        throw new SendFailed("the charge API reset the connection", { cause: new TypeError(`fetch failed: ${url}`) });
+      }),
+      OutcomeUnknown,
+    );
+    const records = [
+      await run.mutation("call-after", after.approvalId),
+      await run.mutation("call-before", before.approvalId),
+      await run.mutation("call-worded", worded.approvalId),
+    ];
+    assert.deepEqual(
+      records.map((r) => [r.state, r.error]),
+      [
+        ["outcome_unknown", { code: "transport", type: "Error" }],
+        ["not_executed", { code: "not_sent", type: "TypeError" }],
+        ["outcome_unknown", { code: "transport", type: "TypeError", message: "the charge API reset the connection" }],
+      ],
+    );
+    const events = (await run.events(0, 1000)).events;
+    assert.ok(events.some((e) => e.type === "tool_execution"));
+    const shown = JSON.stringify(events) + JSON.stringify(records);
+    assert.ok(!shown.includes(SECRET) && !shown.includes("api.example.test"), "no error message recorded");
+  });
+
+  test("facts that are not JSON are recorded as a stub and the call still settles", async () => {
+    const run = await newRun();
+    const big = await approved(run, "call-bigint", { n: 11 });
+    const executed = await run.execute(big, { toolCallId: "call-bigint" }, async (ex) => {
+      await ex.dispatch();
+      ex.result({ http_status: 200, amount: 10n });
+      return "ok";
+    });
+    assert.deepEqual([executed.evidence, executed.state], ["confirmed", "completed"]);
+    assert.deepEqual((await run.mutation("call-bigint", big.approvalId)).result, { code: "facts_unserializable" });
+
+    const cyclic = await approved(run, "call-cycle", { n: 12 });
+    const facts: Record<string, unknown> = { http_status: 422 };
+    facts.self = facts;
+    const again = await run.execute(cyclic, { toolCallId: "call-cycle" }, async (ex) => {
+      await ex.dispatch();
+      ex.error(facts);
+      return "refused";
+    });
+    assert.deepEqual([again.evidence, again.state], ["confirmed", "completed"]);
+    assert.deepEqual((await run.mutation("call-cycle", cyclic.approvalId)).error, { code: "facts_unserializable" });
+  });
+
+  test("a dispatch answered after the guard timed out is withheld: the function sends nothing", async () => {
+    const run = await newRun();
+    const decision = await approved(run, "call-late", { n: 13 });
+    // The dispatch's answer is held back until the guard has given up.
+    let guardSignal: AbortSignal | undefined;
+    const holding = new Client(server.url, {
+      token: server.agentToken,
+      fetch: async (input, init) => {
+        const resp = await fetch(input, init);
+        const path = new URL(input instanceof Request ? input.url : String(input)).pathname;
+        const signal = guardSignal;
+        if (path.endsWith("/dispatch") && signal !== undefined && !signal.aborted) {
+          await new Promise((resolve) => signal.addEventListener("abort", resolve, { once: true }));
+        }
+        return resp;
+      },
+    });
+    let sentByUs = false;
+    await assert.rejects(
+      holding.run(run.id, run.token).execute(decision, { toolCallId: "call-late", timeoutMs: 200 }, async (ex) => {
+        guardSignal = ex.signal;
+        await ex.dispatch();
+        sentByUs = true;
+      }),
+      ExecutionTimeout,
+    );
+    assert.equal(sentByUs, false, "the function was not permitted to send");
+    const record = await run.mutation("call-late", decision.approvalId);
+    assert.equal(record.state, "not_executed");
+    assert.deepEqual(record.error, { code: "not_sent", type: "ExecutionTimeout", message: "no response within 200 ms" });
+  });
+
+  test("only the card's flag makes a decision automatic, whatever the decider's name", async () => {
+    const operatorToken = server.token("policy:night-shift", "operator");
+    const run = await client.createRun({ owner: "policy:night-shift" });
+    const requestId = randomUUID();
+    let decided: Promise<Response> | undefined;
+    const first = await run.gate("http_post", {
+      requestId,
+      onArmed: () => {
+        decided = fetch(`${server.url}/api/runs/${run.id}/tool-approvals`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${operatorToken}`, "content-type": "application/json" },
+          body: JSON.stringify({ request_id: requestId, scope: "once" }),
+        });
+      },
+    });
+    assert.equal((await decided)?.status, 200);
+    assert.deepEqual([first.state, first.decidedBy, first.auto], ["approved", "policy:night-shift", false]);
+    // The same gate again reads the decided card.
+    const again = await run.gate("http_post", { requestId });
+    assert.deepEqual([again.state, again.decidedBy, again.auto], ["approved", "policy:night-shift", false]);
   });
 });

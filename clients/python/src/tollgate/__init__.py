@@ -24,6 +24,7 @@ from ._async import (
     AsyncRun,
     Decision,
     NotSent,
+    SendFailed,
 )
 from ._errors import (
     AlreadyDispatched,
@@ -81,6 +82,7 @@ __all__ = [
     "RunEnded",
     "RunExists",
     "RunTerminal",
+    "SendFailed",
     "TollgateError",
     "ToolDenied",
     "TransportError",

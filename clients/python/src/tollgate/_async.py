@@ -10,14 +10,13 @@ import json
 import logging
 import math
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx
-from httpx_sse import EventSource
 
 from ._errors import (
     ConfigError,
@@ -33,7 +32,7 @@ from ._errors import (
     error_from_answer,
 )
 from ._hash import arguments_hash
-from ._http import ClientConfig, Http, describe, is_event_stream, read
+from ._http import ClientConfig, Http, describe, is_event_stream
 from ._models import (
     Appended,
     ArmApproval,
@@ -52,6 +51,7 @@ from ._models import (
     RunEnded as RunEndedBody,
 )
 from ._retry import MIN_RECONNECT, reconnect_backoff
+from ._sse import MAX_FRAME_DATA, MAX_LINE, Comment, Retry, SseParser
 
 log = logging.getLogger("tollgate")
 
@@ -76,7 +76,8 @@ class Decision:
 
     An approved decision is what :meth:`AsyncRun.execute` takes to run the call under
     the execution guard. ``auto`` says a durable policy approved it without a card
-    (``decided_by`` is then ``policy:<policy_id>``); such a call is not on the ledger.
+    (the card's ``auto_approved``; ``decided_by`` is then ``policy:<policy_id>``); such
+    a call is not on the ledger.
     """
 
     state: str
@@ -123,7 +124,9 @@ def _verdict_from_card(card: Mapping[str, Any]) -> _Verdict | None:
     decided_by = decided_by if isinstance(decided_by, str) else None
     state = card.get("state")
     if state == "approved":
-        auto = card.get("auto_approved") is True or (decided_by or "").startswith("policy:")
+        # Only the card's own flag says a policy approved it: `decided_by` is whatever
+        # the decider's token names.
+        auto = card.get("auto_approved") is True
         return _Verdict("approved", _scope(card.get("scope")), decided_by, auto)
     if state == "denied":
         return _Verdict("denied", None, decided_by)
@@ -136,8 +139,25 @@ def _clip(text: str) -> str:
     return text[:_MAX_MESSAGE]
 
 
+#: What stands in for facts that are not JSON (a set, a datetime, a cycle, NaN, …).
+FACTS_UNSERIALIZABLE = "facts_unserializable"
+
+
+def _json_fact(value: Any) -> Any:
+    """``value`` as plain JSON (a copy), or a stub saying it is not JSON."""
+    if value is None:
+        return None
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError, RecursionError) as e:
+        log.warning("facts that are not JSON were replaced by a stub (%s)", type(e).__name__)
+        return {"code": FACTS_UNSERIALIZABLE}
+
+
 def _facts(result: Any, error: Any) -> tuple[Any, Any]:
-    """Facts bounded to what the server keeps (too large → a stub saying so)."""
+    """Facts as JSON, bounded to what the server keeps (not JSON, or too large → a stub
+    saying so)."""
+    result, error = _json_fact(result), _json_fact(error)
 
     def size(v: Any) -> int:
         return 0 if v is None else len(json.dumps(v, separators=(",", ":")))
@@ -154,8 +174,27 @@ def _facts(result: Any, error: Any) -> tuple[Any, Any]:
 class NotSent(Exception):
     """Raise it inside an execution guard when the request certainly never left this
     process (it could not be built, the connection was refused): the attempt settles
-    ``not_sent``. Only when certain — a wrong ``not_sent`` lets a fresh approval run the
+    ``not_sent``, with the message you give it (your own words, kept in the record: never
+    a secret). Only when certain — a wrong ``not_sent`` lets a fresh approval run the
     mutation again."""
+
+
+class SendFailed(Exception):
+    """Raise it inside an execution guard when the transport failed without an answer,
+    to record the message you give it — your own words, free of secrets — with the
+    settlement (``raise SendFailed("connection reset") from e``). Other exceptions are
+    recorded by their type's name only: their text (a URL with a key in it, …) never
+    reaches the record or the run's events. Raised on like any other exception."""
+
+
+def _failure(code: str, exc: BaseException) -> dict[str, Any]:
+    """The error facts of a failure: a fixed code, the exception's type, and the message
+    only when the caller wrote it for the record."""
+    cause = exc.__cause__ if isinstance(exc, SendFailed) else None
+    facts: dict[str, Any] = {"code": code, "type": type(cause or exc).__name__}
+    if isinstance(exc, (NotSent, SendFailed)) and str(exc):
+        facts["message"] = _clip(str(exc))
+    return facts
 
 
 class AsyncExecution:
@@ -171,9 +210,14 @@ class AsyncExecution:
     - an exception before ``dispatch()``, or :class:`NotSent` → ``not_sent`` →
       ``not_executed``.
 
-    A refused or failed ``dispatch`` settles nothing (do not send; the server's deadline
-    settles it). An ambiguous attempt is never retried: a new start of it raises
-    :class:`~tollgate.OutcomeUnknown` until an operator reconciles it.
+    A refused or failed ``start`` or ``dispatch`` settles nothing (do not send; the
+    server settled a refused attempt, and its deadline settles the rest). An ambiguous
+    attempt is never retried: a new start of it raises :class:`~tollgate.OutcomeUnknown`
+    until an operator reconciles it.
+
+    An exception's text is never recorded (it may hold a URL with a key in it): the
+    error facts are ``{"code": ..., "type": <its class name>}``, and a message only
+    through :class:`NotSent` or :class:`SendFailed`.
     """
 
     def __init__(
@@ -196,6 +240,7 @@ class AsyncExecution:
         self.state: str | None = None
         #: Why the settlement could not be recorded (the deadline settles it instead).
         self.unsettled: TollgateError | None = None
+        self._attempted = False
         self._started = False
         self._dispatched = False
         self._dispatch_failed = False
@@ -219,18 +264,23 @@ class AsyncExecution:
     def record(self, result: Any = None, *, error: Any = None) -> None:
         """The facts a ``confirmed`` settlement keeps: ``result`` for a success,
         ``error`` for an application-level error response (e.g. ``{"http_status":
-        422}``). Facts are what the ledger keeps — never credentials or payloads."""
-        self._result, self._error = result, error
+        422}``). Facts are what the ledger keeps — never credentials or payloads. They
+        are copied as JSON now; what is not JSON is recorded as ``{"code":
+        "facts_unserializable"}`` (the settlement still goes ahead)."""
+        self._result, self._error = _json_fact(result), _json_fact(error)
 
     async def start(self) -> None:
-        """``POST …/tool-calls/{tool_call_id}/start``."""
-        if self._started:
+        """``POST …/tool-calls/{tool_call_id}/start``. Only a ``200 {state: "intent"}``
+        starts the attempt; a refusal or failure raises, and then :meth:`finish` settles
+        nothing (the attempt is not this guard's: another process may have sent it)."""
+        if self._attempted:
             raise ConfigError("this attempt was started already")
         d = self.decision
         if not d.approved:
             raise ToolDenied(d.tool_name, d.state, d.decided_by)
-        self._started = True
+        self._attempted = True
         if d.auto:
+            self._started = True
             self.state = "not_ledgered"
             return
         body = Start(
@@ -252,6 +302,7 @@ class AsyncExecution:
             self.run._execution_started(d.tool_name)
             self.sequence = started.sequence
             self.state = "intent"
+            self._started = True
             return
         # A repeated start answers the attempt's later state: it is not ours to send.
         raise conflict_for(started.state)(
@@ -293,10 +344,11 @@ class AsyncExecution:
 
     def _evidence(self, exc: BaseException | None) -> tuple[str, Any, Any]:
         if isinstance(exc, NotSent):
-            return "not_sent", None, {"code": "not_sent", "message": _clip(str(exc))}
+            return "not_sent", None, _failure("not_sent", exc)
         if not self._dispatched:
-            why = "not dispatched" if exc is None else f"{type(exc).__name__}: {exc}"
-            return "not_sent", None, {"code": "not_sent", "message": _clip(why)}
+            if exc is None:
+                return "not_sent", None, {"code": "not_sent", "message": "not dispatched"}
+            return "not_sent", None, _failure("not_sent", exc)
         if exc is None:
             return "confirmed", self._result, self._error
         timeouts = (
@@ -306,10 +358,12 @@ class AsyncExecution:
             anyio.get_cancelled_exc_class(),
         )
         code = "timeout" if isinstance(exc, timeouts) else "transport"
-        return "ambiguous", None, {"code": code, "message": _clip(f"{type(exc).__name__}: {exc}")}
+        return "ambiguous", None, _failure(code, exc)
 
     async def finish(self, exc: BaseException | None) -> None:
-        """Settles by what happened (what leaving the block does)."""
+        """Settles by what happened (what leaving the block does); nothing when the
+        attempt was not started (its start refused or failed), settled already, or its
+        dispatch refused or failed."""
         if not self._started or self.evidence is not None or self._dispatch_failed:
             return
         evidence, result, error = self._evidence(exc)
@@ -654,8 +708,7 @@ class AsyncRun:
                 if resp.status_code != 200:
                     if resp.status_code in (404, 405):
                         return _Step(_Step.FALLBACK)
-                    await resp.aread()
-                    answer = read(resp)
+                    answer = await http.read_refusal(resp)
                     error = error_from_answer(
                         answer.status,
                         answer.body,
@@ -667,20 +720,22 @@ class AsyncRun:
                     raise error
                 if not is_event_stream(resp):
                     return _Step(_Step.FALLBACK)
-                frames = EventSource(resp).aiter_sse()
+                parser = SseParser()
+                chunks = cast(AsyncGenerator[bytes, None], resp.aiter_bytes())
                 try:
                     while True:
                         left = give_up_at - anyio.current_time()
                         if left <= 0:
                             return _Step(_Step.AGAIN)
-                        frame = None
+                        # Any bytes, a keep-alive comment too, say the stream is alive.
+                        chunk = None
                         with anyio.move_on_after(min(config.stream_stall, left)):
                             try:
-                                frame = await frames.__anext__()
+                                chunk = await chunks.__anext__()
                             except StopAsyncIteration:
                                 # The end of a window: resume after the server's hint.
                                 return _Step(_Step.AGAIN, wait=w.retry_hint)
-                        if frame is None:
+                        if chunk is None:
                             if anyio.current_time() >= give_up_at:
                                 return _Step(_Step.AGAIN)
                             return _Step(
@@ -690,30 +745,51 @@ class AsyncRun:
                                 ),
                                 progressed=progressed,
                             )
-                        if frame.retry is not None:
-                            w.retry_hint = min(frame.retry / 1000.0, config.max_reconnect_delay)
-                        if frame.event == "done":
-                            return _Step(_Step.RUN_ENDED)
-                        try:
-                            seq = int(frame.id)
-                        except (TypeError, ValueError):
-                            continue  # not a run event (a retry-only frame)
-                        if seq <= w.after:
-                            continue  # seen already
-                        try:
-                            event = json.loads(frame.data)
-                        except ValueError:
-                            event = {"sequence": seq, "type": frame.event}
-                        if not isinstance(event, dict):
-                            event = {"sequence": seq, "type": frame.event}
-                        w.after = seq
-                        progressed = True
-                        verdict = self._seen(w, event)
-                        if verdict is not None:
-                            return _Step(_Step.RESOLVED, verdict=verdict)
+                        for item in parser.feed(chunk):
+                            if isinstance(item, Comment):
+                                continue
+                            if isinstance(item, Retry):
+                                w.retry_hint = min(item.ms / 1000.0, config.max_reconnect_delay)
+                                continue
+                            if item.done:
+                                return _Step(_Step.RUN_ENDED)
+                            seq = item.sequence()
+                            if seq is None:
+                                continue  # not a run event
+                            if seq <= w.after:
+                                continue  # seen already
+                            try:
+                                event = json.loads(item.data)
+                            except ValueError:
+                                event = None
+                            if not isinstance(event, dict):
+                                event = {"sequence": seq, "type": item.event}
+                            w.after = seq
+                            progressed = True
+                            verdict = self._seen(w, event)
+                            if verdict is not None:
+                                return _Step(_Step.RESOLVED, verdict=verdict)
+                        if parser.overflowed:
+                            # A broken response: drop it and resume after the last event.
+                            return _Step(
+                                _Step.FAILED,
+                                error=TransportError(
+                                    f"the live stream broke (a line over {MAX_LINE >> 20} MiB"
+                                    f" or a frame over {MAX_FRAME_DATA >> 20} MiB)"
+                                ),
+                                progressed=progressed,
+                            )
                 finally:
-                    await frames.aclose()
-        except httpx.TransportError as e:
+                    await chunks.aclose()
+        except TimeoutError:
+            return _Step(
+                _Step.FAILED,
+                error=TransportError(
+                    f"the live stream did not answer within {config.request_timeout} s"
+                ),
+                progressed=progressed,
+            )
+        except httpx.HTTPError as e:
             return _Step(_Step.FAILED, error=TransportError(describe(e)), progressed=progressed)
 
     async def _poll_once(self, w: _Watch) -> _Step:

@@ -2,13 +2,17 @@
 
 Tokens go only into the ``Authorization`` header and never into an error message or a
 log line; transport errors are described without their URL. Redirects are not followed
-(a token is never sent along one).
+(a token is never sent along one). Each attempt is bounded in time as a whole
+(``request_timeout``, however slowly the answer trickles in) and its body in size
+(:data:`MAX_BODY_BYTES`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -23,6 +27,8 @@ log = logging.getLogger("tollgate")
 
 __version__ = "0.1.0"
 USER_AGENT = f"tollgate-python/{__version__}"
+#: The largest answer body read (a larger one is not read to its end).
+MAX_BODY_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -31,7 +37,8 @@ class ClientConfig:
 
     #: Retries of transport errors, 429 and 5xx (every request).
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    #: How long one attempt of a plain request may take.
+    #: How long one attempt of a plain request may take, its answer read to the end
+    #: (and opening the live stream, and reading a refusal of it).
     request_timeout: float = 30.0
     #: How long connecting may take.
     connect_timeout: float = 10.0
@@ -84,11 +91,11 @@ def retry_after(headers: httpx.Headers) -> float | None:
 def describe(err: BaseException) -> str:
     """A transport error as one line, without URL or headers."""
     kind = type(err).__name__
-    if isinstance(err, httpx.TimeoutException):
+    if isinstance(err, (httpx.TimeoutException, TimeoutError)):
         what = "timed out"
     elif isinstance(err, httpx.ConnectError):
         what = "cannot connect"
-    elif isinstance(err, (httpx.RemoteProtocolError, httpx.ReadError)):
+    elif isinstance(err, (httpx.RemoteProtocolError, httpx.ReadError, httpx.DecodingError)):
         what = "the answer broke off"
     else:
         what = "request failed"
@@ -152,15 +159,11 @@ class Http:
             answer: Answer | None = None
             failure: str | None = None
             try:
-                response = await self._client.request(
-                    method,
-                    url,
-                    headers=headers,
-                    json=body if body is not None else None,
-                    params=params,
-                )
-                answer = read(response)
-            except httpx.TransportError as e:
+                with anyio.fail_after(self.config.request_timeout):
+                    answer = await self._attempt(method, url, headers, body, params)
+            except TimeoutError:
+                failure = f"timed out (no whole answer within {self.config.request_timeout} s)"
+            except httpx.HTTPError as e:
                 failure = describe(e)
             delay = self.config.retry.next_delay(
                 attempt,
@@ -175,9 +178,42 @@ class Http:
             await anyio.sleep(delay)
             attempt += 1
 
-    def stream(self, segments: Sequence[str], token: str, last_event_id: int) -> Any:
-        """A ``GET`` of the live stream after ``last_event_id``: an async context manager
-        giving the response (no read timeout: the reader bounds each wait itself)."""
+    async def _attempt(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: Any,
+        params: dict[str, str] | None,
+    ) -> Answer:
+        request = self._client.build_request(
+            method,
+            url,
+            headers=headers,
+            json=body if body is not None else None,
+            params=params,
+        )
+        response = await self._client.send(request, stream=True)
+        try:
+            content = await read_capped(response)
+        finally:
+            await response.aclose()
+        if content is None:
+            if 200 <= response.status_code < 300:
+                raise UnexpectedAnswer(
+                    f"the answer is over {MAX_BODY_BYTES >> 20} MiB", status=response.status_code
+                )
+            # A refusal too large to read says no more than its status.
+            content = b""
+        return answer_of(response, content)
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, segments: Sequence[str], token: str, last_event_id: int
+    ) -> AsyncIterator[httpx.Response]:
+        """A ``GET`` of the live stream after ``last_event_id``: the response, its head
+        awaited at most ``request_timeout`` (:class:`TimeoutError` past it); no read
+        timeout on its body (the reader bounds each wait itself). Closed on leaving."""
         headers = {
             "authorization": _bearer(token),
             "accept": "text/event-stream",
@@ -187,16 +223,46 @@ class Http:
         timeout = httpx.Timeout(
             self.config.request_timeout, connect=self.config.connect_timeout, read=None
         )
-        return self._client.stream("GET", self.url(segments), headers=headers, timeout=timeout)
+        request = self._client.build_request(
+            "GET", self.url(segments), headers=headers, timeout=timeout
+        )
+        with anyio.fail_after(self.config.request_timeout):
+            response = await self._client.send(request, stream=True)
+        try:
+            yield response
+        finally:
+            await response.aclose()
+
+    async def read_refusal(self, response: httpx.Response) -> Answer:
+        """A streamed answer that is not the stream, read whole within
+        ``request_timeout`` (:class:`TimeoutError` past it) and at most
+        :data:`MAX_BODY_BYTES` (a larger body is left out)."""
+        with anyio.fail_after(self.config.request_timeout):
+            content = await read_capped(response)
+        return answer_of(response, content or b"")
 
 
-def read(response: httpx.Response) -> Answer:
-    """The whole answer; a body that is not JSON becomes ``{"error": <its text>}``."""
+async def read_capped(response: httpx.Response, cap: int = MAX_BODY_BYTES) -> bytes | None:
+    """A streamed response's body, or ``None`` when it is over ``cap`` bytes (it is then
+    not read further)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > cap:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def answer_of(response: httpx.Response, content: bytes) -> Answer:
+    """An answer from its head and body; a body that is not JSON becomes ``{"error": <its
+    text>}``."""
     body: Any
     try:
-        body = response.json() if response.content else None
+        body = json.loads(content) if content else None
     except ValueError:
-        body = {"error": response.text[:200]}
+        body = {"error": content[:200].decode("utf-8", errors="replace")}
     return Answer(
         status=response.status_code,
         body=body,

@@ -9,6 +9,8 @@ client does not know in ``extra`` (the server may add some) instead of dropping 
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -18,6 +20,47 @@ M = TypeVar("M", bound="Model")
 
 #: Dataclass fields that are not the schema's (see ``Model``).
 _LOCAL = {"extra"}
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """A model's field types, resolved once."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
+def _named(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a JSON value is of a field's declared type (``null`` only where the type
+    allows ``None``; list items and mapping values checked as well)."""
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, h) for h in typing.get_args(hint))
+    if origin is list:
+        (item,) = typing.get_args(hint) or (Any,)
+        return isinstance(value, list) and all(_fits(v, item) for v in value)
+    if origin is dict:
+        _, item = typing.get_args(hint) or (str, Any)
+        return isinstance(value, dict) and all(_fits(v, item) for v in value.values())
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
 
 
 @dataclass
@@ -35,10 +78,16 @@ class Model:
                 f"{cls.schema_name}: the answer is not a JSON object", status=status
             )
         known: dict[str, Any] = {}
+        hints = _hints(cls)
         for f in dataclasses.fields(cls):
             if f.name in _LOCAL:
                 continue
             if f.name in body:
+                if not _fits(body[f.name], hints[f.name]):
+                    raise UnexpectedAnswer(
+                        f"{cls.schema_name}: the answer's {f.name} is not {_named(hints[f.name])}",
+                        status=status,
+                    )
                 known[f.name] = body[f.name]
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise UnexpectedAnswer(
