@@ -331,17 +331,35 @@ def test_facts_that_are_not_json_do_not_lose_the_outcome(
         assert record.error == {"code": "facts_unserializable"}
 
 
-def test_only_the_cards_flag_makes_a_decision_automatic(server: Server) -> None:
-    """An operator whose name starts with ``policy:`` approves a card: the decision is a
-    human's (not ``auto``), read from the card too, and its guard is on the ledger."""
-    with (
-        Client(server.url, token=server.agent_token) as client,
-        Operator(server.url, server.token("policy:night-shift", "operator")) as op,
-    ):
-        run = client.create_run(owner="policy:night-shift", budget={"tools": {"web_fetch": 1}})
-        first = approved(run, op, "web_fetch", request_id="card-p")
-        assert (first.auto, first.decided_by) == (False, "policy:night-shift")
-        # The same gate again reads the decided card.
-        again = run.gate("web_fetch", request_id="card-p")
+class _RenamingTransport(httpx.AsyncHTTPTransport):
+    """Answers as the real server does, but every card read names its decider
+    ``policy:night-shift`` (a name the server itself refuses to mint into a decision)."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        answer = await super().handle_async_request(request)
+        if request.method == "GET" and "/approval-requests/" in request.url.path:
+            await answer.aread()
+            body = json.loads(answer.content)
+            if body.get("decided_by"):
+                body["decided_by"] = "policy:night-shift"
+            return httpx.Response(
+                answer.status_code,
+                headers={"content-type": "application/json"},
+                content=json.dumps(body).encode(),
+            )
+        return answer
+
+
+def test_only_the_cards_flag_makes_a_decision_automatic(server: Server, operator: Operator) -> None:
+    """A card whose decider reads ``policy:…`` but which the server does not flag
+    ``auto_approved`` is a human's decision: not ``auto``, and its guard is on the ledger."""
+    with Client(server.url, token=server.agent_token) as client:
+        run = client.create_run(owner="alice", budget={"tools": {"web_fetch": 1}})
+        first = approved(run, operator, "web_fetch", request_id="card-p")
+        assert first.auto is False
+    with Client(server.url, token=server.agent_token, transport=_RenamingTransport()) as renamed:
+        # The same gate again reads the decided card (through the renaming transport).
+        again = renamed.run(run.run_id, run.token).gate("web_fetch", request_id="card-p")
         assert again.approved and again.decided_by == "policy:night-shift"
-        assert again.auto is False and run.execute(again).inner.ledgered
+        assert again.auto is False
+        assert renamed.run(run.run_id, run.token).execute(again).inner.ledgered

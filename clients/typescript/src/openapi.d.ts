@@ -445,8 +445,8 @@ export interface components {
             /** @description What went wrong, in words. */
             error: string;
             /**
-             * @description A stable machine-readable code (`invalid_request`, `not_found`, `conflict`, …;
-             *     the README lists them).
+             * @description A stable machine-readable code ([`ErrorCode`]: `invalid_request`, `not_found`,
+             *     `conflict`, …; the README lists them).
              * @enum {string}
              */
             code: "invalid_request" | "timeout_too_long" | "unauthorized" | "forbidden" | "not_found" | "method_not_allowed" | "conflict" | "run_exists" | "run_terminal" | "request_id_in_use" | "approval_pending" | "payload_too_large" | "limit_reached" | "too_many_streams" | "internal" | "unavailable" | "agenthost_unreachable";

@@ -382,8 +382,7 @@ describe("execution guard", () => {
   });
 
   test("only the card's flag makes a decision automatic, whatever the decider's name", async () => {
-    const operatorToken = server.token("policy:night-shift", "operator");
-    const run = await client.createRun({ owner: "policy:night-shift" });
+    const run = await client.createRun({ owner: "alice" });
     const requestId = randomUUID();
     let decided: Promise<Response> | undefined;
     const first = await run.gate("http_post", {
@@ -391,15 +390,30 @@ describe("execution guard", () => {
       onArmed: () => {
         decided = fetch(`${server.url}/api/runs/${run.id}/tool-approvals`, {
           method: "POST",
-          headers: { authorization: `Bearer ${operatorToken}`, "content-type": "application/json" },
+          headers: { authorization: `Bearer ${server.operatorToken}`, "content-type": "application/json" },
           body: JSON.stringify({ request_id: requestId, scope: "once" }),
         });
       },
     });
     assert.equal((await decided)?.status, 200);
-    assert.deepEqual([first.state, first.decidedBy, first.auto], ["approved", "policy:night-shift", false]);
-    // The same gate again reads the decided card.
-    const again = await run.gate("http_post", { requestId });
+    assert.equal(first.auto, false);
+    // The same gate again reads the decided card, whose decider this transport renames
+    // `policy:night-shift` (a name the server refuses to mint into a decision): still a
+    // human's decision, since the card does not say auto_approved.
+    const renaming = new Client(server.url, {
+      token: server.agentToken,
+      fetch: async (input, init) => {
+        const resp = await fetch(input, init);
+        const url = new URL(input instanceof Request ? input.url : String(input));
+        if ((init?.method ?? "GET") === "GET" && url.pathname.includes("/approval-requests/")) {
+          const body = (await resp.json()) as Record<string, unknown>;
+          if (body.decided_by) body.decided_by = "policy:night-shift";
+          return new Response(JSON.stringify(body), { status: resp.status, headers: { "content-type": "application/json" } });
+        }
+        return resp;
+      },
+    });
+    const again = await renaming.run(run.id, run.token).gate("http_post", { requestId });
     assert.deepEqual([again.state, again.decidedBy, again.auto], ["approved", "policy:night-shift", false]);
   });
 });
