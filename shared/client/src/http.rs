@@ -296,6 +296,12 @@ pub(crate) fn describe(err: reqwest::Error) -> String {
     }
 }
 
+/// A type's last path segment (`RunReceipt`), for error messages.
+fn short_name<T>() -> &'static str {
+    let name = std::any::type_name::<T>();
+    name.rsplit("::").next().unwrap_or(name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,10 +339,4 @@ mod tests {
         assert!(bearer("abc").unwrap().is_sensitive());
         assert!(matches!(bearer("a\nb"), Err(Error::Config(_))));
     }
-}
-
-/// A type's last path segment (`RunReceipt`), for error messages.
-fn short_name<T>() -> &'static str {
-    let name = std::any::type_name::<T>();
-    name.rsplit("::").next().unwrap_or(name)
 }

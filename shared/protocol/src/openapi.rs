@@ -154,8 +154,8 @@ fn content(body: Body) -> Value {
 /// start → dispatch → settle). Each: the operation and status it follows, its name,
 /// the operation it leads to, that operation's parameters and (a JSON object's fields)
 /// body, as runtime expressions.
-pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = &[
-    (
+pub const LINKS: &[Link] = &[
+    link(
         "createRun",
         201,
         "AppendEvents",
@@ -163,7 +163,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
         RUN_FROM_BODY,
         &[],
     ),
-    (
+    link(
         "createRun",
         201,
         "ArmApproval",
@@ -171,7 +171,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
         RUN_FROM_BODY,
         &[],
     ),
-    (
+    link(
         "createRun",
         201,
         "ReplayEvents",
@@ -179,7 +179,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
         RUN_FROM_BODY,
         &[],
     ),
-    (
+    link(
         "createRun",
         201,
         "StreamEvents",
@@ -187,7 +187,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
         RUN_FROM_BODY,
         &[],
     ),
-    (
+    link(
         "createRun",
         201,
         "CompleteRun",
@@ -195,7 +195,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
         RUN_FROM_BODY,
         &[],
     ),
-    (
+    link(
         "appendEvents",
         200,
         "ArmApproval",
@@ -203,7 +203,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
         RUN_FROM_PATH,
         &[],
     ),
-    (
+    link(
         "appendEvents",
         200,
         "ReplayEvents",
@@ -211,7 +211,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
         RUN_FROM_PATH,
         &[],
     ),
-    (
+    link(
         "armApproval",
         201,
         "Approve",
@@ -222,7 +222,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
             ("scope", "once"),
         ],
     ),
-    (
+    link(
         "armApproval",
         201,
         "Deny",
@@ -230,7 +230,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
         RUN_FROM_PATH,
         &[("request_id", "$response.body#/request_id")],
     ),
-    (
+    link(
         "armApproval",
         201,
         "ReadCard",
@@ -241,7 +241,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
         ],
         &[],
     ),
-    (
+    link(
         "approve",
         200,
         "ReadCard",
@@ -252,7 +252,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
         ],
         &[],
     ),
-    (
+    link(
         "approve",
         200,
         "ReplayEvents",
@@ -260,7 +260,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
         &[("run_id", "$response.body#/run_id")],
         &[],
     ),
-    (
+    link(
         "approve",
         200,
         "ListRunApprovals",
@@ -268,7 +268,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
         RUN_FROM_PATH,
         &[],
     ),
-    (
+    link(
         "deny",
         200,
         "ReadCard",
@@ -279,7 +279,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
         ],
         &[],
     ),
-    (
+    link(
         "startExecution",
         200,
         "Dispatch",
@@ -287,7 +287,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
         CALL_FROM_PATH,
         &[("approval_id", "$request.body#/approval_id")],
     ),
-    (
+    link(
         "startExecution",
         200,
         "NotSent",
@@ -298,7 +298,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
             ("evidence", "not_sent"),
         ],
     ),
-    (
+    link(
         "dispatchExecution",
         200,
         "Settle",
@@ -309,7 +309,7 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
             ("evidence", "confirmed"),
         ],
     ),
-    (
+    link(
         "settleExecution",
         200,
         "ReadMutation",
@@ -323,6 +323,36 @@ pub const LINKS: &[(&str, u16, &str, &str, &[(&str, &str)], &[(&str, &str)])] = 
     ),
 ];
 
+/// One link: from operation `from`'s answer `status`, named `name`, to operation `to`
+/// with `parameters` and (a JSON object's fields) `body`, as runtime expressions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Link {
+    pub from: &'static str,
+    pub status: u16,
+    pub name: &'static str,
+    pub to: &'static str,
+    pub parameters: &'static [(&'static str, &'static str)],
+    pub body: &'static [(&'static str, &'static str)],
+}
+
+const fn link(
+    from: &'static str,
+    status: u16,
+    name: &'static str,
+    to: &'static str,
+    parameters: &'static [(&'static str, &'static str)],
+    body: &'static [(&'static str, &'static str)],
+) -> Link {
+    Link {
+        from,
+        status,
+        name,
+        to,
+        parameters,
+        body,
+    }
+}
+
 const RUN_FROM_BODY: &[(&str, &str)] = &[("run_id", "$response.body#/run_id")];
 const RUN_FROM_PATH: &[(&str, &str)] = &[("run_id", "$request.path.run_id")];
 const CALL_FROM_PATH: &[(&str, &str)] = &[
@@ -333,7 +363,15 @@ const CALL_FROM_PATH: &[(&str, &str)] = &[
 /// The links that follow `op`'s answer `status`, as the document's `links` object.
 fn links(op: &Operation, status: u16) -> Option<Value> {
     let mut out = Map::new();
-    for (from, at, name, to, parameters, body) in LINKS {
+    for Link {
+        from,
+        status: at,
+        name,
+        to,
+        parameters,
+        body,
+    } in LINKS
+    {
         if *from != op.id || *at != status {
             continue;
         }
