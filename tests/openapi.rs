@@ -161,6 +161,25 @@ fn the_documented_bounds_are_the_servers() {
         limits::MAX_BUDGET_TOOLS,
         tollgate_domain::execution::MAX_BUDGET_TOOLS
     );
+    // The producer type pattern and event id bound, at and past their edges.
+    assert_eq!(limits::EVENT_TYPE_PATTERN, "^[a-z][a-z0-9_.]{0,63}$");
+    let event = |t: &str, id: &str| json!({"type": t, "event_id": id});
+    for (ok, t, id) in [
+        (
+            true,
+            format!("a{}", "b".repeat(63)),
+            "x".repeat(limits::MAX_EVENT_ID),
+        ),
+        (false, format!("a{}", "b".repeat(64)), "x".into()),
+        (false, "A".into(), "x".into()),
+        (false, "a".into(), "x".repeat(limits::MAX_EVENT_ID + 1)),
+    ] {
+        assert_eq!(
+            tollgate_domain::validate_producer_event(event(&t, &id)).is_ok(),
+            ok,
+            "{t} {id}"
+        );
+    }
     assert_eq!(
         limits::MAX_LISTED_CARDS,
         tollgate_api::approvals::MAX_OPEN_CARDS

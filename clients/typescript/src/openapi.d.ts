@@ -601,7 +601,7 @@ export interface components {
             /** @description 1 to 99 events, each `{type, event_id?, ...payload}`; server-owned types are refused. */
             events: ({
                 type: string;
-                event_id?: string;
+                event_id?: string | null;
             } & {
                 [key: string]: unknown;
             })[];

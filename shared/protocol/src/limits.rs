@@ -35,3 +35,8 @@ pub const MAX_LISTED_CARDS: usize = 500;
 pub const MAX_LISTED_POLICIES: usize = 500;
 /// Most records one `GET /api/runs/{run_id}/mutations` answers (`limit`).
 pub const MAX_LISTED_MUTATIONS: usize = 1000;
+/// A producer event's `type`, as a regular expression (server-owned types, and types
+/// that start with one's name, are refused besides).
+pub const EVENT_TYPE_PATTERN: &str = "^[a-z][a-z0-9_.]{0,63}$";
+/// Longest producer `event_id`, in characters.
+pub const MAX_EVENT_ID: usize = 128;

@@ -83,8 +83,12 @@ fn events_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
             "type": "object",
             "required": ["type"],
             "properties": {
-                "type": {"type": "string", "minLength": 1},
-                "event_id": {"type": "string", "minLength": 1},
+                "type": {"type": "string", "pattern": crate::limits::EVENT_TYPE_PATTERN},
+                "event_id": {
+                    "type": ["string", "null"],
+                    "minLength": 1,
+                    "maxLength": crate::limits::MAX_EVENT_ID,
+                },
             },
             "additionalProperties": true,
         },
