@@ -391,3 +391,55 @@ fn the_documented_error_codes_are_the_servers() {
         .collect();
     assert_eq!(documented, server);
 }
+
+/// Every example the document shows is a value of its type: it reads into the type and
+/// writes back the same (so an example cannot drift from the contract), and every schema
+/// that shows one is checked here.
+#[test]
+fn every_example_is_a_value_of_its_type() {
+    fn round_trip<T: serde::de::DeserializeOwned + serde::Serialize>(v: &Value) -> Value {
+        let typed: T = serde_json::from_value(v.clone())
+            .unwrap_or_else(|e| panic!("{v} is not a {}: {e}", std::any::type_name::<T>()));
+        serde_json::to_value(typed).unwrap()
+    }
+    type Check = fn(&Value) -> Value;
+    let checks: Vec<(&str, Check)> = vec![
+        ("CreateRun", round_trip::<runs::CreateRun>),
+        ("AppendEvents", round_trip::<runs::AppendEvents>),
+        ("RunReceipt", round_trip::<runs::RunReceipt>),
+        ("Appended", round_trip::<runs::Appended>),
+        ("RunEnded", round_trip::<runs::RunEnded>),
+        ("ArmApproval", round_trip::<approvals::ArmApproval>),
+        ("Armed", round_trip::<approvals::Armed>),
+        ("Decide", round_trip::<approvals::Decide>),
+        ("Decided", round_trip::<approvals::Decided>),
+        ("Start", round_trip::<execution::Start>),
+        ("Dispatch", round_trip::<execution::Dispatch>),
+        ("Settle", round_trip::<execution::Settle>),
+        ("Reconcile", round_trip::<execution::Reconcile>),
+        ("ExecutionAnswer", round_trip::<execution::ExecutionAnswer>),
+        ("MutationRecord", round_trip::<execution::MutationRecord>),
+        ("ErrorBody", round_trip::<tollgate_protocol::ErrorBody>),
+        ("Event", round_trip::<tollgate_protocol::Event>),
+    ];
+    let doc = committed();
+    let schemas = doc["components"]["schemas"].as_object().unwrap();
+    let mut checked = BTreeSet::new();
+    for (name, schema) in schemas {
+        let Some(examples) = schema.get("examples").and_then(Value::as_array) else {
+            continue;
+        };
+        let check = checks
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("{name} shows an example this test does not check"))
+            .1;
+        assert!(!examples.is_empty(), "{name}");
+        for example in examples {
+            assert_eq!(&check(example), example, "{name}'s example");
+        }
+        checked.insert(name.as_str());
+    }
+    let all: BTreeSet<&str> = checks.iter().map(|(n, _)| *n).collect();
+    assert_eq!(checked, all, "every type listed here shows an example");
+}

@@ -440,6 +440,14 @@ export interface components {
         /**
          * @description `{error, code, state?, request_id}` (and, for a run that has ended, its `status` and
          *     `terminal_sequence`; for a refused execution step, `reason?` and `approval_id?`). `error` is for people; `code` and `state` are for programs.
+         * @example {
+         *       "error": "run has ended (completed)",
+         *       "code": "run_terminal",
+         *       "state": "run_terminal",
+         *       "request_id": "3f9c2a7d1e8b4c60",
+         *       "status": "completed",
+         *       "terminal_sequence": 9
+         *     }
          */
         ErrorBody: {
             /** @description What went wrong, in words. */
@@ -477,6 +485,19 @@ export interface components {
          *     (flat: one JSON object).
          *
          *     The payload of each event type Tollgate writes (its keys beside the envelope's): `run_started`: `RunStarted`, `tool.approval_required`: `ApprovalRequired`, `tool.approval_pending`: `ApprovalPending`, `tool.approval_resolved`: `ApprovalResolved`, `tool.auto_approved`: `AutoApproved`, `tool.policy_revoked`: `PolicyRevoked`, `coordinator.child_approval_required`: `ChildApprovalRequired`, `coordinator.child_approval_resolved`: `ChildApprovalResolved`, `coordinator.child_stall_detected`: `ChildStallDetected`, `tool_execution_started`: `ExecutionIds`, `tool_execution`: `ToolExecution`, `tool_execution_reconciled`: `ExecutionReconciled`, `tool_execution_updated`: `ExecutionUpdated`, `heartbeat`: `ExecutionIds`. A terminal event (`run_completed`, `run_failed`, `run_cancelled`) carries what the agent sent; a producer event, what its producer appended.
+         * @example {
+         *       "protocol_version": "v2",
+         *       "run_id": "run-5f0c7a2e",
+         *       "sequence": 5,
+         *       "type": "tool.approval_resolved",
+         *       "timestamp_utc": "2026-12-02T10:01:12.345Z",
+         *       "requestId": "req-1",
+         *       "runId": "run-5f0c7a2e",
+         *       "approved": true,
+         *       "expired": false,
+         *       "decidedBy": "alice",
+         *       "scope": "once"
+         *     }
          */
         Event: {
             /** @description `v2`. */
@@ -570,6 +591,11 @@ export interface components {
         /**
          * @description What `POST /api/runs` answers (201 created, 200 the run a retry names) and
          *     `GET /api/receipts/{delivery_id}` reads back.
+         * @example {
+         *       "run_id": "run-5f0c7a2e",
+         *       "run_token": "rt.4kq…",
+         *       "sequence": 1
+         *     }
          */
         RunReceipt: {
             run_id: string;
@@ -611,6 +637,13 @@ export interface components {
          *     card announcement (one `tool.approval_required`, `tool.approval_pending` or
          *     `tool.approval_resolved {expired: true}`) also answers the card's `request_id` and
          *     `state`, and lists in `dropped` an event that changed nothing (so `sequences` is empty).
+         * @example {
+         *       "run_id": "run-5f0c7a2e",
+         *       "sequences": [
+         *         2,
+         *         3
+         *       ]
+         *     }
          */
         Appended: {
             run_id: string;
@@ -631,6 +664,11 @@ export interface components {
         /**
          * @description What `complete`, `fail` and `cancel` answer (their body is the terminal event's payload,
          *     any JSON object).
+         * @example {
+         *       "run_id": "run-5f0c7a2e",
+         *       "status": "completed",
+         *       "sequence": 9
+         *     }
          */
         RunEnded: {
             run_id: string;
@@ -676,6 +714,14 @@ export interface components {
         /**
          * @description What arming answers: 201 a new card, 200 the card a retry names (or one a live policy
          *     approved at once: `auto_approved`).
+         * @example {
+         *       "run_id": "run-5f0c7a2e",
+         *       "request_id": "req-1",
+         *       "display_id": "req-1",
+         *       "state": "pending",
+         *       "expires_at": "2026-12-02T10:05:00.000Z",
+         *       "sequence": 4
+         *     }
          */
         Armed: {
             run_id: string;
@@ -716,6 +762,16 @@ export interface components {
         /**
          * @description What a decision answers: the card's real state after it (a late click reads
          *     `expired`). `approved` on the approval route, `denied` on the denial route.
+         * @example {
+         *       "run_id": "run-5f0c7a2e",
+         *       "request_id": "req-1",
+         *       "approved": true,
+         *       "resolved": true,
+         *       "state": "approved",
+         *       "expired": false,
+         *       "decided_by": "alice",
+         *       "scope": "once"
+         *     }
          */
         Decided: {
             /** @description The run that owns the card (a child, when decided through its coordinator). */
@@ -863,6 +919,18 @@ export interface components {
         /**
          * @description A mutation record, `mutation_outcome/v1`: the durable outcome of one approved call,
          *     as the record routes answer it. The optional fields are absent until known.
+         * @example {
+         *       "schema": "mutation_outcome/v1",
+         *       "run_id": "run-5f0c7a2e",
+         *       "tool_call_id": "call-1",
+         *       "approval_id": "req-1",
+         *       "tool_name": "send_email",
+         *       "state": "completed",
+         *       "execution_status": "executed",
+         *       "result": {
+         *         "message_id": "m-1"
+         *       }
+         *     }
          */
         MutationRecord: {
             /** @description `mutation_outcome/v1`. */
@@ -893,6 +961,10 @@ export interface components {
          *     where the attempt stands now. A refusal (400, 409) is an [`crate::ErrorBody`] whose
          *     `state` is the attempt's (or, before any attempt, the card's), with `reason` for a
          *     `not_executed` attempt and `approval_id` for the attempt that blocks a new start.
+         * @example {
+         *       "state": "intent",
+         *       "sequence": 6
+         *     }
          */
         ExecutionAnswer: {
             /** @description `intent`, `dispatched`, `completed`, `not_executed` or `outcome_unknown`. */

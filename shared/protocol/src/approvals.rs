@@ -45,6 +45,7 @@ pub struct ArmApproval {
 /// approved at once: `auto_approved`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"run_id": "run-5f0c7a2e", "request_id": "req-1", "display_id": "req-1", "state": "pending", "expires_at": "2026-12-02T10:05:00.000Z", "sequence": 4})))]
 pub struct Armed {
     pub run_id: String,
     pub request_id: String,
@@ -86,6 +87,7 @@ pub struct Decide {
 /// `expired`). `approved` on the approval route, `denied` on the denial route.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"run_id": "run-5f0c7a2e", "request_id": "req-1", "approved": true, "resolved": true, "state": "approved", "expired": false, "decided_by": "alice", "scope": "once"})))]
 pub struct Decided {
     /// The run that owns the card (a child, when decided through its coordinator).
     pub run_id: String,

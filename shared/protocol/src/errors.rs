@@ -112,6 +112,7 @@ fn code_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 /// `terminal_sequence`; for a refused execution step, `reason?` and `approval_id?`). `error` is for people; `code` and `state` are for programs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"error": "run has ended (completed)", "code": "run_terminal", "state": "run_terminal", "request_id": "3f9c2a7d1e8b4c60", "status": "completed", "terminal_sequence": 9})))]
 pub struct ErrorBody {
     /// What went wrong, in words.
     pub error: String,

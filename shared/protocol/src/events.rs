@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 /// (flat: one JSON object).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"protocol_version": "v2", "run_id": "run-5f0c7a2e", "sequence": 5, "type": "tool.approval_resolved", "timestamp_utc": "2026-12-02T10:01:12.345Z", "requestId": "req-1", "runId": "run-5f0c7a2e", "approved": true, "expired": false, "decidedBy": "alice", "scope": "once"})))]
 pub struct Event {
     /// `v2`.
     pub protocol_version: String,

@@ -68,6 +68,7 @@ pub struct Reconcile {
 /// `not_executed` attempt and `approval_id` for the attempt that blocks a new start.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"state": "intent", "sequence": 6})))]
 pub struct ExecutionAnswer {
     /// `intent`, `dispatched`, `completed`, `not_executed` or `outcome_unknown`.
     pub state: String,
@@ -83,6 +84,7 @@ pub struct ExecutionAnswer {
 /// as the record routes answer it. The optional fields are absent until known.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"schema": "mutation_outcome/v1", "run_id": "run-5f0c7a2e", "tool_call_id": "call-1", "approval_id": "req-1", "tool_name": "send_email", "state": "completed", "execution_status": "executed", "result": {"message_id": "m-1"}})))]
 pub struct MutationRecord {
     /// `mutation_outcome/v1`.
     pub schema: String,

@@ -99,6 +99,7 @@ fn events_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 /// `GET /api/receipts/{delivery_id}` reads back.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"run_id": "run-5f0c7a2e", "run_token": "rt.4kq…", "sequence": 1})))]
 pub struct RunReceipt {
     pub run_id: String,
     /// The run's bearer token: appends, arms, ending the run. A secret.
@@ -129,6 +130,7 @@ pub struct AppendEvents {
 /// `state`, and lists in `dropped` an event that changed nothing (so `sequences` is empty).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"run_id": "run-5f0c7a2e", "sequences": [2, 3]})))]
 pub struct Appended {
     pub run_id: String,
     pub sequences: Vec<u64>,
@@ -184,6 +186,7 @@ pub struct Dropped {
 /// any JSON object).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"run_id": "run-5f0c7a2e", "status": "completed", "sequence": 9})))]
 pub struct RunEnded {
     pub run_id: String,
     /// `completed`, `failed` or `cancelled`.
