@@ -36,7 +36,7 @@ fn args() -> Args {
         first_seed: 1,
         ops: 500,
         serves: 2,
-        workers: 6,
+        workers: 10,
         fault_rate: 0.1,
         seed_seconds: 60,
         total_seconds: 600,
@@ -89,8 +89,8 @@ async fn main() {
     );
     let kinds: Vec<Fault> = Fault::ALL.to_vec();
     let mut header = format!(
-        "{:>6} {:>5} {:>7} {:>6}",
-        "seed", "ops", "unknown", "secs"
+        "{:>6} {:>5} {:>6} {:>7} {:>6}",
+        "seed", "ops", "failed", "unknown", "secs"
     );
     for k in &kinds {
         header.push_str(&format!(" {:>w$}", k.name(), w = k.name().len().max(4)));
@@ -98,7 +98,8 @@ async fn main() {
     header.push_str(" ddb_kill serve_kill violations");
     println!("{header}");
     let mut totals = FaultCounts::default();
-    let (mut all_ops, mut all_unknown, mut ran, mut crashes, mut kills) = (0, 0, 0, 0, 0);
+    let (mut all_ops, mut all_failed, mut all_unknown) = (0, 0, 0);
+    let (mut ran, mut crashes, mut kills) = (0, 0, 0);
     let mut violations: Vec<(u64, Violation)> = Vec::new();
     let mut by_invariant = std::collections::BTreeMap::<Invariant, usize>::new();
     for seed in a.first_seed..a.first_seed + a.seeds {
@@ -119,9 +120,10 @@ async fn main() {
         let report = chaos.run_seed(&cfg).await;
         let found = check(&report.history);
         let mut line = format!(
-            "{:>6} {:>5} {:>7} {:>6.1}",
+            "{:>6} {:>5} {:>6} {:>7} {:>6.1}",
             report.seed,
             report.ops,
+            report.failed,
             report.unknown,
             report.elapsed.as_secs_f64()
         );
@@ -139,12 +141,18 @@ async fn main() {
             found.len()
         ));
         println!("{line}");
+        if !found.is_empty() {
+            let path = std::env::temp_dir().join(format!("tollgate-chaos-seed-{seed}.txt"));
+            let _ = std::fs::write(&path, format!("{:#?}\n{:#?}", found, report.history));
+            println!("  (history written to {})", path.display());
+        }
         for v in &found {
             *by_invariant.entry(v.invariant).or_default() += 1;
             println!("  violation {:?}: {}", v.invariant, v.detail);
         }
         totals.add(&report.faults);
         all_ops += report.ops;
+        all_failed += report.failed;
         all_unknown += report.unknown;
         crashes += report.dynamodb_crashes;
         kills += report.serve_kills;
@@ -152,9 +160,10 @@ async fn main() {
         violations.extend(found.into_iter().map(|v| (seed, v)));
     }
     let mut line = format!(
-        "{:>6} {:>5} {:>7} {:>6.1}",
+        "{:>6} {:>5} {:>6} {:>7} {:>6.1}",
         "total",
         all_ops,
+        all_failed,
         all_unknown,
         began.elapsed().as_secs_f64()
     );
@@ -165,7 +174,10 @@ async fn main() {
             w = k.name().len().max(4)
         ));
     }
-    line.push_str(&format!(" {crashes:>8} {kills:>10} {:>10}", violations.len()));
+    line.push_str(&format!(
+        " {crashes:>8} {kills:>10} {:>10}",
+        violations.len()
+    ));
     println!("{line}");
     drop(chaos);
     let _ = std::fs::remove_dir_all(&db_dir);
@@ -185,5 +197,8 @@ async fn main() {
         println!("chaos: no seed ran");
         std::process::exit(1);
     }
-    println!("chaos: {ran} seeds, {all_ops} operations, {} faults, 0 violations", totals.total());
+    println!(
+        "chaos: {ran} seeds, {all_ops} operations, {} faults, 0 violations",
+        totals.total()
+    );
 }

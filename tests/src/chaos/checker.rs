@@ -78,6 +78,8 @@ pub struct Op {
     pub outcome: Outcome,
     /// Some try of it was answered with a 5xx or lost in transport.
     pub saw_failure: bool,
+    /// When its first try was sent (Unix millis), where the check needs it (decisions).
+    pub sent_at_ms: Option<i64>,
 }
 
 /// A run as it stands at the end.
@@ -178,11 +180,19 @@ pub fn check(h: &History) -> Vec<Violation> {
             if seq != Some(i as u64 + 1) || s(e, "run_id") != id {
                 v(
                     Invariant::GaplessSequence,
-                    format!("{id}: event #{} has sequence {seq:?}, run {:?}", i + 1, e["run_id"]),
+                    format!(
+                        "{id}: event #{} has sequence {seq:?}, run {:?}",
+                        i + 1,
+                        e["run_id"]
+                    ),
                 );
             }
         }
-        if let Some(at) = run.events.iter().position(|e| TERMINAL.contains(&s(e, "type"))) {
+        if let Some(at) = run
+            .events
+            .iter()
+            .position(|e| TERMINAL.contains(&s(e, "type")))
+        {
             if at + 1 != run.events.len() {
                 v(
                     Invariant::NothingAfterTerminal,
@@ -203,7 +213,10 @@ pub fn check(h: &History) -> Vec<Violation> {
         }
         for (eid, n) in ids {
             if n > 1 {
-                v(Invariant::AckedAppendOnce, format!("{id}: event_id {eid} appears {n} times"));
+                v(
+                    Invariant::AckedAppendOnce,
+                    format!("{id}: event_id {eid} appears {n} times"),
+                );
             }
         }
         check_resolutions(run, &mut v);
@@ -216,18 +229,28 @@ pub fn check(h: &History) -> Vec<Violation> {
         let OpKind::Append { run_id, event_ids } = &op.kind else {
             continue;
         };
-        let events = runs.get(run_id.as_str()).map(|r| r.events.as_slice()).unwrap_or(&[]);
+        let events = runs
+            .get(run_id.as_str())
+            .map(|r| r.events.as_slice())
+            .unwrap_or(&[]);
         let found: Vec<(usize, &Value)> = events
             .iter()
             .enumerate()
-            .filter(|(_, e)| e["event_id"].as_str().is_some_and(|x| event_ids.iter().any(|y| y == x)))
+            .filter(|(_, e)| {
+                e["event_id"]
+                    .as_str()
+                    .is_some_and(|x| event_ids.iter().any(|y| y == x))
+            })
             .collect();
         if let Outcome::Answered { status: 200, body } = &op.outcome {
             let seqs: Vec<u64> = body["sequences"]
                 .as_array()
                 .map(|a| a.iter().filter_map(Value::as_u64).collect())
                 .unwrap_or_default();
-            for (eid, seq) in event_ids.iter().zip(seqs.iter().map(Some).chain(std::iter::repeat(None))) {
+            for (eid, seq) in event_ids
+                .iter()
+                .zip(seqs.iter().map(Some).chain(std::iter::repeat(None)))
+            {
                 let at: Vec<u64> = events
                     .iter()
                     .filter(|e| s(e, "event_id") == eid)
@@ -259,9 +282,11 @@ pub fn check(h: &History) -> Vec<Violation> {
     // Creates: a receipt names a whole run.
     for (delivery, run) in &h.receipts {
         if let Some(run_id) = run {
-            let ok = runs
-                .get(run_id.as_str())
-                .is_some_and(|r| r.events.first().is_some_and(|e| s(e, "type") == "run_started"));
+            let ok = runs.get(run_id.as_str()).is_some_and(|r| {
+                r.events
+                    .first()
+                    .is_some_and(|e| s(e, "type") == "run_started")
+            });
             if !ok {
                 v(
                     Invariant::AllOrNothing,
@@ -272,19 +297,32 @@ pub fn check(h: &History) -> Vec<Violation> {
     }
 
     // Cards against their streams, and against the clicks.
-    let mut clicks: HashMap<&str, (bool, bool)> = HashMap::new();
+    // Per card: (approve clicked, deny clicked, first approve click sent at).
+    let mut clicks: HashMap<&str, (bool, bool, Option<i64>)> = HashMap::new();
     for op in &h.ops {
-        if let OpKind::Decide { request_id, approve, .. } = &op.kind {
+        if let OpKind::Decide {
+            request_id,
+            approve,
+            ..
+        } = &op.kind
+        {
             let c = clicks.entry(request_id.as_str()).or_default();
             if *approve {
                 c.0 = true;
+                c.2 = match (c.2, op.sent_at_ms) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
             } else {
                 c.1 = true;
             }
         }
     }
     for fc in &h.cards {
-        let events = runs.get(fc.run_id.as_str()).map(|r| r.events.as_slice()).unwrap_or(&[]);
+        let events = runs
+            .get(fc.run_id.as_str())
+            .map(|r| r.events.as_slice())
+            .unwrap_or(&[]);
         let about = |ty: &str| -> Vec<&Value> {
             events
                 .iter()
@@ -299,7 +337,10 @@ pub fn check(h: &History) -> Vec<Violation> {
         let rid = &fc.request_id;
         let Some(card) = &fc.card else {
             if !required.is_empty() || !resolved.is_empty() || !auto.is_empty() {
-                v(Invariant::AllOrNothing, format!("{rid}: no card, but its events are on the stream"));
+                v(
+                    Invariant::AllOrNothing,
+                    format!("{rid}: no card, but its events are on the stream"),
+                );
             }
             continue;
         };
@@ -309,47 +350,79 @@ pub fn check(h: &History) -> Vec<Violation> {
             if auto.len() != 1 || !required.is_empty() {
                 v(
                     Invariant::AllOrNothing,
-                    format!("{rid}: auto-approved card with {} tool.auto_approved, {} required", auto.len(), required.len()),
+                    format!(
+                        "{rid}: auto-approved card with {} tool.auto_approved, {} required",
+                        auto.len(),
+                        required.len()
+                    ),
                 );
             }
             continue;
         }
         if required.is_empty() {
-            v(Invariant::AllOrNothing, format!("{rid}: card {state} without tool.approval_required"));
+            v(
+                Invariant::AllOrNothing,
+                format!("{rid}: card {state} without tool.approval_required"),
+            );
         }
         match state {
             "pending" => {
                 if !resolved.is_empty() {
-                    v(Invariant::AllOrNothing, format!("{rid}: card pending but resolved on the stream"));
+                    v(
+                        Invariant::AllOrNothing,
+                        format!("{rid}: card pending but resolved on the stream"),
+                    );
                 }
             }
             "approved" | "denied" | "expired" => {
-                if resolved.len() != 1 {
-                    v(Invariant::AllOrNothing, format!("{rid}: card {state} with {} resolutions on the stream", resolved.len()));
-                } else {
-                    let e = resolved[0];
+                // A card its run's end ended expires with no event on the ended run.
+                let ended_with_run = state == "expired"
+                    && resolved.is_empty()
+                    && events
+                        .last()
+                        .is_some_and(|e| TERMINAL.contains(&s(e, "type")));
+                if resolved.len() != 1 && !ended_with_run {
+                    v(
+                        Invariant::AllOrNothing,
+                        format!(
+                            "{rid}: card {state} with {} resolutions on the stream",
+                            resolved.len()
+                        ),
+                    );
+                } else if let Some(e) = resolved.first() {
                     let agrees = e["approved"].as_bool() == Some(state == "approved")
                         && e["expired"].as_bool() == Some(state == "expired");
                     if !agrees {
-                        v(Invariant::AllOrNothing, format!("{rid}: card {state}, stream says {e}"));
+                        v(
+                            Invariant::AllOrNothing,
+                            format!("{rid}: card {state}, stream says {e}"),
+                        );
                     }
                 }
-                let (approve_clicked, deny_clicked) = clicks.get(rid.as_str()).copied().unwrap_or_default();
-                if (state == "approved" && !approve_clicked) || (state == "denied" && !deny_clicked) {
-                    v(Invariant::NoDecisionWithoutClick, format!("{rid}: {state} but nobody clicked that"));
+                let (approve_clicked, deny_clicked, first_approve) =
+                    clicks.get(rid.as_str()).copied().unwrap_or_default();
+                if (state == "approved" && !approve_clicked) || (state == "denied" && !deny_clicked)
+                {
+                    v(
+                        Invariant::NoDecisionWithoutClick,
+                        format!("{rid}: {state} but nobody clicked that"),
+                    );
                 }
+                // A click is judged at the time it was made (its commit may land later,
+                // racing the expiry): one sent only after the deadline approves nothing.
                 if state == "approved" {
-                    if let (Some(at), Some(deadline)) = (
-                        resolved.first().and_then(|e| time(&e["timestamp_utc"])),
-                        time(&card["expires_at"]),
-                    ) {
+                    let sent = first_approve.and_then(chrono::DateTime::from_timestamp_millis);
+                    if let (Some(at), Some(deadline)) = (sent, time(&card["expires_at"])) {
                         if at > deadline {
-                            v(Invariant::NoDecisionWithoutClick, format!("{rid}: approved at {at} after its deadline {deadline}"));
+                            v(Invariant::NoDecisionWithoutClick, format!("{rid}: approved, but the first approve click was sent at {at}, after its deadline {deadline}"));
                         }
                     }
                 }
             }
-            other => v(Invariant::AllOrNothing, format!("{rid}: card state {other:?}")),
+            other => v(
+                Invariant::AllOrNothing,
+                format!("{rid}: card state {other:?}"),
+            ),
         }
     }
 
@@ -370,7 +443,9 @@ pub fn check(h: &History) -> Vec<Violation> {
                 && s(e, "scope") == scope
         });
         let ok = card.is_some_and(|c| {
-            s(c, "state") == "approved" && c["auto_approved"].as_bool() != Some(true) && s(c, "scope") == scope
+            s(c, "state") == "approved"
+                && c["auto_approved"].as_bool() != Some(true)
+                && s(c, "scope") == scope
         }) && approved_event;
         if !ok {
             v(
@@ -404,23 +479,34 @@ fn check_resolutions(run: &FinalRun, v: &mut impl FnMut(Invariant, String)) {
                 *resolved.entry(rid).or_default() += 1;
             }
             "coordinator.child_approval_resolved" => {
-                *mirrored.entry((s(e, "childRunId").to_owned(), rid)).or_default() += 1;
+                *mirrored
+                    .entry((s(e, "childRunId").to_owned(), rid))
+                    .or_default() += 1;
             }
             "tool.approval_pending" if resolved.contains_key(&rid) => v(
                 Invariant::OneResolution,
-                format!("{id}: heartbeat of {rid} at {} after its resolution", e["sequence"]),
+                format!(
+                    "{id}: heartbeat of {rid} at {} after its resolution",
+                    e["sequence"]
+                ),
             ),
             _ => {}
         }
     }
     for (rid, n) in resolved {
         if n > 1 {
-            v(Invariant::OneResolution, format!("{id}: card {rid} resolved {n} times"));
+            v(
+                Invariant::OneResolution,
+                format!("{id}: card {rid} resolved {n} times"),
+            );
         }
     }
     for ((child, rid), n) in mirrored {
         if n > 1 {
-            v(Invariant::OneResolution, format!("{id}: child {child}'s card {rid} mirrored resolved {n} times"));
+            v(
+                Invariant::OneResolution,
+                format!("{id}: child {child}'s card {rid} mirrored resolved {n} times"),
+            );
         }
     }
 }
@@ -447,7 +533,8 @@ fn check_executions(run: &FinalRun, v: &mut impl FnMut(Invariant, String)) {
                 human.insert(s(e, "requestId"), false);
             }
             "tool.approval_resolved" => {
-                let ok = e["approved"].as_bool() == Some(true) && e["expired"].as_bool() != Some(true);
+                let ok =
+                    e["approved"].as_bool() == Some(true) && e["expired"].as_bool() != Some(true);
                 human.insert(s(e, "requestId"), ok);
             }
             "tool_execution_started" => {
@@ -464,11 +551,19 @@ fn check_executions(run: &FinalRun, v: &mut impl FnMut(Invariant, String)) {
                     _ => {}
                 }
                 if !started.insert((call, approval)) {
-                    v(Invariant::NoStartWhileInFlight, format!("{id}: {call}/{approval} started twice (again at {seq})"));
+                    v(
+                        Invariant::NoStartWhileInFlight,
+                        format!("{id}: {call}/{approval} started twice (again at {seq})"),
+                    );
                 }
                 let c = calls.entry(call).or_default();
                 if let Some(open) = c.0 {
-                    v(Invariant::NoStartWhileInFlight, format!("{id}: {call}/{approval} started at {seq} while {open} is in flight"));
+                    v(
+                        Invariant::NoStartWhileInFlight,
+                        format!(
+                            "{id}: {call}/{approval} started at {seq} while {open} is in flight"
+                        ),
+                    );
                 }
                 if let Some(blocked) = c.1 {
                     v(Invariant::NoStartWhileInFlight, format!("{id}: {call}/{approval} started at {seq} while {blocked} is outcome_unknown"));
@@ -494,7 +589,10 @@ fn check_executions(run: &FinalRun, v: &mut impl FnMut(Invariant, String)) {
 /// Each mutation record agrees with the events of its attempt.
 fn check_records(run: &FinalRun, v: &mut impl FnMut(Invariant, String)) {
     let id = &run.run_id;
-    let ended = run.events.last().is_some_and(|e| TERMINAL.contains(&s(e, "type")));
+    let ended = run
+        .events
+        .last()
+        .is_some_and(|e| TERMINAL.contains(&s(e, "type")));
     for r in &run.mutations {
         let (call, approval, state) = (s(r, "tool_call_id"), s(r, "approval_id"), s(r, "state"));
         let mine: Vec<&Value> = run
@@ -502,24 +600,34 @@ fn check_records(run: &FinalRun, v: &mut impl FnMut(Invariant, String)) {
             .iter()
             .filter(|e| s(e, "tool_call_id") == call && s(e, "approval_id") == approval)
             .collect();
-        let started = mine.iter().any(|e| s(e, "type") == "tool_execution_started");
-        let last = mine
+        let started = mine
             .iter()
-            .rev()
-            .find(|e| s(e, "type").starts_with("tool_execution") && s(e, "type") != "tool_execution_started");
+            .any(|e| s(e, "type") == "tool_execution_started");
+        let last = mine.iter().rev().find(|e| {
+            s(e, "type").starts_with("tool_execution") && s(e, "type") != "tool_execution_started"
+        });
         let ok = match state {
             "intent" | "dispatched" => started && last.is_none(),
             "completed" | "not_executed" | "outcome_unknown" => match last {
-                Some(e) => s(e, "mutation_outcome") == state,
-                // A denied or expired card's start on an ended run writes only the record.
-                None => state == "not_executed" && !started && ended,
+                // An `outcome_unknown` reconciled (or settled late) after its run ended
+                // changes the record with nothing appended after the terminal event.
+                Some(e) => {
+                    s(e, "mutation_outcome") == state
+                        || (ended && s(e, "mutation_outcome") == "outcome_unknown")
+                }
+                // Nothing is appended after a run ended: a start refused there, or an
+                // attempt settled (by its deadline) after the end, writes only the record.
+                None => ended && (state != "completed" || started),
             },
             _ => false,
         };
         if !ok {
             v(
                 Invariant::AllOrNothing,
-                format!("{id}: record {call}/{approval} is {state}; its events: {:?}", mine.iter().map(|e| s(e, "type")).collect::<Vec<_>>()),
+                format!(
+                    "{id}: record {call}/{approval} is {state}; its events: {:?}; run ended: {ended}",
+                    mine.iter().map(|e| (s(e, "type"), s(e, "mutation_outcome"))).collect::<Vec<_>>()
+                ),
             );
         }
     }

@@ -5,6 +5,9 @@ use serde_json::{json, Value};
 
 use super::checker::*;
 
+/// When the history's clicks were sent: 2026-12-01T10:00:00Z.
+const CLICKED_AT: i64 = 1_796_119_200_000;
+
 fn ev(seq: u64, ty: &str, extra: Value) -> Value {
     let mut e = json!({"protocol_version": "v2", "run_id": "r1", "sequence": seq, "type": ty,
                        "timestamp_utc": "2026-12-01T10:00:00.000Z"});
@@ -31,6 +34,7 @@ fn op(kind: OpKind, status: u16, body: Value) -> Op {
         kind,
         outcome: Outcome::Answered { status, body },
         saw_failure: false,
+        sent_at_ms: Some(CLICKED_AT),
     }
 }
 
@@ -129,14 +133,18 @@ fn clean() -> History {
         runs: vec![FinalRun {
             run_id: "r1".into(),
             events,
-            mutations: vec![json!({"tool_call_id": "c1", "approval_id": "a1", "state": "completed"})],
+            mutations: vec![
+                json!({"tool_call_id": "c1", "approval_id": "a1", "state": "completed"}),
+            ],
         }],
         cards: vec![
             card("q1", "approved", Some("tool")),
             card("q2", "denied", None),
         ],
-        policies: vec![json!({"policy_id": "p1", "origin_run_id": "r1", "request_id": "q1",
-                              "scope": "tool"})],
+        policies: vec![
+            json!({"policy_id": "p1", "origin_run_id": "r1", "request_id": "q1",
+                              "scope": "tool"}),
+        ],
         receipts: vec![("d1".into(), Some("r1".into()))],
     }
 }
@@ -371,6 +379,7 @@ fn half_of_a_failed_append_is_caught() {
         },
         outcome: Outcome::Unknown { last: "503".into() },
         saw_failure: true,
+        sent_at_ms: None,
     });
     let at = events(&mut h).len() - 1;
     events(&mut h).insert(at, ev(0, "agent.step", json!({"event_id": "e3"})));
@@ -388,6 +397,7 @@ fn a_whole_failed_append_passes() {
         },
         outcome: Outcome::Unknown { last: "503".into() },
         saw_failure: true,
+        sent_at_ms: None,
     });
     let at = events(&mut h).len() - 1;
     events(&mut h).insert(at, ev(0, "agent.step", json!({"event_id": "e3"})));
@@ -427,14 +437,13 @@ fn a_receipt_of_a_half_created_run_is_caught() {
 #[test]
 fn an_approval_nobody_clicked_is_caught() {
     let mut h = clean();
-    h.ops.retain(|o| {
-        !matches!(&o.kind, OpKind::Decide { request_id, .. } if request_id == "q1")
-    });
+    h.ops
+        .retain(|o| !matches!(&o.kind, OpKind::Decide { request_id, .. } if request_id == "q1"));
     caught(&h, Invariant::NoDecisionWithoutClick);
 }
 
 #[test]
-fn an_approval_after_the_deadline_is_caught() {
+fn an_approval_clicked_after_the_deadline_is_caught() {
     let mut h = clean();
     h.cards[0].card.as_mut().unwrap()["expires_at"] = json!("2026-12-01T09:59:59.000Z");
     caught(&h, Invariant::NoDecisionWithoutClick);

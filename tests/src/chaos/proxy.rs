@@ -113,7 +113,9 @@ pub enum Decision {
     Error(Fault),
     /// Forward, then close the connection without answering (`true`) or answer an
     /// internal error in the answer's place (`false`).
-    DropAnswer { close: bool },
+    DropAnswer {
+        close: bool,
+    },
     Reset,
 }
 
@@ -308,7 +310,11 @@ async fn serve_conn(state: Arc<State>, mut conn: TcpStream) {
                 if close || forwarded.is_none() {
                     None
                 } else {
-                    Some(error_answer(state.service, Fault::InternalServerError, &req))
+                    Some(error_answer(
+                        state.service,
+                        Fault::InternalServerError,
+                        &req,
+                    ))
                 }
             }
             Decision::Reset => {
@@ -337,8 +343,7 @@ async fn serve_conn(state: Arc<State>, mut conn: TcpStream) {
             head.push_str("connection: close\r\n");
         }
         head.push_str("\r\n");
-        if conn.write_all(head.as_bytes()).await.is_err() || conn.write_all(&body).await.is_err()
-        {
+        if conn.write_all(head.as_bytes()).await.is_err() || conn.write_all(&body).await.is_err() {
             return;
         }
         if req.close {
@@ -570,11 +575,7 @@ fn error_answer(service: Service, fault: Fault, req: &Request) -> Answer {
             b"<html><body>503 Service Unavailable</body></html>".to_vec(),
         );
     }
-    (
-        status,
-        json_headers(ty),
-        serde_json::to_vec(&body).unwrap(),
-    )
+    (status, json_headers(ty), serde_json::to_vec(&body).unwrap())
 }
 
 /// On a `ReceiveMessage` answer: keep some messages to deliver again later, add kept
@@ -644,9 +645,15 @@ mod tests {
             fault: 0.5,
             timer: 0.5,
         };
-        let a: Vec<_> = (0..200).map(|n| decide(Service::Dynamo, 7, n, rates)).collect();
-        let b: Vec<_> = (0..200).map(|n| decide(Service::Dynamo, 7, n, rates)).collect();
-        let c: Vec<_> = (0..200).map(|n| decide(Service::Dynamo, 8, n, rates)).collect();
+        let a: Vec<_> = (0..200)
+            .map(|n| decide(Service::Dynamo, 7, n, rates))
+            .collect();
+        let b: Vec<_> = (0..200)
+            .map(|n| decide(Service::Dynamo, 7, n, rates))
+            .collect();
+        let c: Vec<_> = (0..200)
+            .map(|n| decide(Service::Dynamo, 8, n, rates))
+            .collect();
         assert_eq!(a, b);
         assert_ne!(a, c);
         let faults = a.iter().filter(|d| **d != Decision::Forward).count();

@@ -231,6 +231,9 @@ pub struct Config {
 pub struct SeedReport {
     pub seed: u64,
     pub ops: usize,
+    /// Operations some try of which was answered 5xx or lost in transport.
+    pub failed: usize,
+    /// Operations whose every try was: outcome unknown to the client.
     pub unknown: usize,
     pub faults: FaultCounts,
     pub dynamodb_crashes: u64,
@@ -313,11 +316,14 @@ impl Chaos {
             workers.push(tokio::spawn(async move {
                 let mut rng = StdRng::seed_from_u64(seed.wrapping_mul(1000).wrapping_add(w as u64));
                 loop {
+                    // `next` counts the operations recorded and in flight.
                     let n = next.fetch_add(1, Ordering::SeqCst);
                     if n >= ops || Instant::now() >= deadline {
                         break;
                     }
-                    me.one_op(&model, &mut rng).await;
+                    if !me.one_op(&model, &mut rng).await {
+                        next.fetch_sub(1, Ordering::SeqCst);
+                    }
                 }
             }));
         }
@@ -371,9 +377,17 @@ impl Chaos {
             .iter()
             .filter(|o| matches!(o.outcome, Outcome::Unknown { .. }))
             .count();
+        let failed = model
+            .ops
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|o| o.saw_failure)
+            .count();
         SeedReport {
             seed: cfg.seed,
             ops,
+            failed,
             unknown,
             faults,
             dynamodb_crashes: match &self.dynamodb {
@@ -462,7 +476,7 @@ impl Chaos {
     }
 
     /// One operation chosen by `rng` from what the model knows.
-    async fn one_op(&self, model: &Model, rng: &mut StdRng) {
+    async fn one_op(&self, model: &Model, rng: &mut StdRng) -> bool {
         let pick = rng.random_range(0..self.fleet.len());
         let roll = rng.random_range(0..100);
         let running = model.running_runs();
@@ -484,11 +498,12 @@ impl Chaos {
                     .call(pick, reqwest::Method::GET, &path, &run.token, None)
                     .await;
                 model.record(OpKind::Read { run_id: run.run_id }, outcome, failed);
+                true
             }
         }
     }
 
-    async fn create_run(&self, model: &Model, rng: &mut StdRng, pick: usize) {
+    async fn create_run(&self, model: &Model, rng: &mut StdRng, pick: usize) -> bool {
         let agent = format!("{}-agent-{}", model.prefix, rng.random_range(0..2));
         let owner = format!("{}-owner-{}", model.prefix, rng.random_range(0..2));
         let delivery_id = format!("{}-d-{}", model.prefix, uuid::Uuid::new_v4().simple());
@@ -541,9 +556,10 @@ impl Chaos {
             outcome,
             failed,
         );
+        true
     }
 
-    async fn append(&self, model: &Model, rng: &mut StdRng, pick: usize, run: &RunInfo) {
+    async fn append(&self, model: &Model, rng: &mut StdRng, pick: usize, run: &RunInfo) -> bool {
         let n = rng.random_range(1..=4);
         let event_ids: Vec<String> = (0..n)
             .map(|_| format!("e-{}", uuid::Uuid::new_v4().simple()))
@@ -568,9 +584,10 @@ impl Chaos {
             outcome,
             failed,
         );
+        true
     }
 
-    async fn arm(&self, model: &Model, rng: &mut StdRng, pick: usize, run: &RunInfo) {
+    async fn arm(&self, model: &Model, rng: &mut StdRng, pick: usize, run: &RunInfo) -> bool {
         let tool = TOOLS[rng.random_range(0..TOOLS.len())];
         let request_id = uuid::Uuid::new_v4().to_string();
         // Now and then a fresh approval of a call armed before (a second attempt).
@@ -578,7 +595,10 @@ impl Chaos {
             Some(call) if rng.random_bool(0.3) => call,
             _ => format!("call-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
         };
-        let approval_id = format!("approval-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let approval_id = format!(
+            "approval-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
         let body = json!({"request_id": request_id, "tool_name": tool,
             "tool_call_id": tool_call_id, "approval_id": approval_id,
             "url": "https://example.com/x", "timeout_seconds": rng.random_range(2..=8)});
@@ -615,11 +635,12 @@ impl Chaos {
             outcome,
             failed,
         );
+        true
     }
 
-    async fn decide(&self, model: &Model, rng: &mut StdRng, pick: usize) {
+    async fn decide(&self, model: &Model, rng: &mut StdRng, pick: usize) -> bool {
         let Some(card) = model.some_card(rng, |c| c.state.as_deref() == Some("pending")) else {
-            return;
+            return false;
         };
         let approve = rng.random_bool(0.65);
         let scope = match rng.random_range(0..10) {
@@ -643,6 +664,7 @@ impl Chaos {
         } else {
             "tool-denials"
         };
+        let sent = chrono::Utc::now().timestamp_millis();
         let (outcome, failed) = self
             .post(
                 pick,
@@ -654,7 +676,7 @@ impl Chaos {
         if let Outcome::Answered { status: 200, body } = &outcome {
             model.set_card_state(&card.request_id, body["state"].as_str());
         }
-        model.record(
+        model.record_sent(
             OpKind::Decide {
                 run_id: on,
                 request_id: card.request_id,
@@ -663,17 +685,19 @@ impl Chaos {
             },
             outcome,
             failed,
+            Some(sent),
         );
+        true
     }
 
-    async fn start_call(&self, model: &Model, rng: &mut StdRng, pick: usize) {
+    async fn start_call(&self, model: &Model, rng: &mut StdRng, pick: usize) -> bool {
         // Mostly approved cards; now and then any card (a refusal that starts nothing).
         let card = if rng.random_bool(0.8) {
             model.some_card(rng, |c| c.state.as_deref() == Some("approved"))
         } else {
             model.some_card(rng, |_| true)
         };
-        let Some(card) = card else { return };
+        let Some(card) = card else { return false };
         let (outcome, failed) = self
             .post(
                 pick,
@@ -700,12 +724,13 @@ impl Chaos {
             outcome,
             failed,
         );
+        true
     }
 
-    async fn dispatch_or_settle(&self, model: &Model, rng: &mut StdRng, pick: usize) {
+    async fn dispatch_or_settle(&self, model: &Model, rng: &mut StdRng, pick: usize) -> bool {
         let Some((card, state)) = model.some_attempt(rng, |s| s == "intent" || s == "dispatched")
         else {
-            return;
+            return false;
         };
         let base = format!("/api/runs/{}/tool-calls/{}", card.run_id, card.tool_call_id);
         if state == "intent" && rng.random_bool(0.7) {
@@ -731,7 +756,7 @@ impl Chaos {
                 outcome,
                 failed,
             );
-            return;
+            return true;
         }
         let evidence = ["confirmed", "ambiguous", "not_sent"][rng.random_range(0..3)];
         let mut body = json!({"approval_id": card.approval_id, "evidence": evidence});
@@ -758,12 +783,14 @@ impl Chaos {
             outcome,
             failed,
         );
+        true
     }
 
-    async fn reconcile(&self, model: &Model, rng: &mut StdRng, pick: usize) {
-        let Some((card, _)) = model.some_attempt(rng, |s| s == "outcome_unknown" || s == "dispatched")
+    async fn reconcile(&self, model: &Model, rng: &mut StdRng, pick: usize) -> bool {
+        let Some((card, _)) =
+            model.some_attempt(rng, |s| s == "outcome_unknown" || s == "dispatched")
         else {
-            return;
+            return false;
         };
         let observed = if rng.random_bool(0.5) {
             "applied"
@@ -796,9 +823,10 @@ impl Chaos {
             outcome,
             failed,
         );
+        true
     }
 
-    async fn end(&self, model: &Model, rng: &mut StdRng, pick: usize, run: &RunInfo) {
+    async fn end(&self, model: &Model, rng: &mut StdRng, pick: usize, run: &RunInfo) -> bool {
         let how = ["complete", "fail", "cancel"][rng.random_range(0..3)];
         let (outcome, failed) = self
             .post(
@@ -820,6 +848,7 @@ impl Chaos {
             outcome,
             failed,
         );
+        true
     }
 
     /// Faults off: waits (at most 30 s) until no card of the seed is pending and no
@@ -877,7 +906,10 @@ impl Chaos {
             .collect();
         for (delivery, agent) in deliveries {
             let (status, body) = self
-                .get_clean(&format!("/api/receipts/{delivery}"), &self.agent_token(&agent))
+                .get_clean(
+                    &format!("/api/receipts/{delivery}"),
+                    &self.agent_token(&agent),
+                )
                 .await;
             let run = (status == 200).then(|| body["run_id"].as_str().unwrap_or("").to_owned());
             if let Some(r) = &run {
@@ -1006,7 +1038,10 @@ struct Model {
 impl Model {
     fn new(seed: u64) -> Self {
         Self {
-            prefix: format!("s{seed}-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]),
+            prefix: format!(
+                "s{seed}-{}",
+                &uuid::Uuid::new_v4().simple().to_string()[..6]
+            ),
             runs: Mutex::default(),
             cards: Mutex::default(),
             attempts: Mutex::default(),
@@ -1016,10 +1051,15 @@ impl Model {
     }
 
     fn record(&self, kind: OpKind, outcome: Outcome, saw_failure: bool) {
+        self.record_sent(kind, outcome, saw_failure, None);
+    }
+
+    fn record_sent(&self, kind: OpKind, outcome: Outcome, saw_failure: bool, sent: Option<i64>) {
         self.ops.lock().unwrap().push(Op {
             kind,
             outcome,
             saw_failure,
+            sent_at_ms: sent,
         });
     }
 
