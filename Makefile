@@ -202,7 +202,7 @@ chaos-short:
 
 # The parsers under proptest with many more cases than `make test` runs.
 fuzz:
-	PROPTEST_CASES=$${PROPTEST_CASES:-100000} cargo nextest run -p tollgate-tests --test fuzz_parsers --no-fail-fast
+	PROPTEST_CASES=$${PROPTEST_CASES:-10000} cargo nextest run -p tollgate-tests --test fuzz_parsers --no-fail-fast
 
 bench:
 	cargo build --release -p tollgate-tests --bin tollgate-bench

@@ -36,7 +36,7 @@ fn args() -> Args {
         first_seed: 1,
         ops: 500,
         serves: 2,
-        workers: 10,
+        workers: 16,
         fault_rate: 0.1,
         seed_seconds: 60,
         total_seconds: 600,

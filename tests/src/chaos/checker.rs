@@ -80,6 +80,8 @@ pub struct Op {
     pub saw_failure: bool,
     /// When its first try was sent (Unix millis), where the check needs it (decisions).
     pub sent_at_ms: Option<i64>,
+    /// When its outcome was known (Unix millis): for reading a history.
+    pub answered_at_ms: i64,
 }
 
 /// A run as it stands at the end.
@@ -90,6 +92,9 @@ pub struct FinalRun {
     pub events: Vec<Value>,
     /// Its `mutation_outcome/v1` records.
     pub mutations: Vec<Value>,
+    /// Replay stopped making progress after this sequence (`has_more` stayed true):
+    /// the stream has a gap there.
+    pub stuck_after: Option<u64>,
 }
 
 /// A card as it stands at the end (`None`: 404, no such card).
@@ -175,6 +180,12 @@ pub fn check(h: &History) -> Vec<Violation> {
     // Streams on their own: sequences, terminal, event ids, resolutions, executions.
     for run in &h.runs {
         let id = &run.run_id;
+        if let Some(at) = run.stuck_after {
+            v(
+                Invariant::GaplessSequence,
+                format!("{id}: replay stops after sequence {at} (has_more without progress: a gap; or an error)"),
+            );
+        }
         for (i, e) in run.events.iter().enumerate() {
             let seq = e["sequence"].as_u64();
             if seq != Some(i as u64 + 1) || s(e, "run_id") != id {

@@ -35,6 +35,7 @@ fn op(kind: OpKind, status: u16, body: Value) -> Op {
         outcome: Outcome::Answered { status, body },
         saw_failure: false,
         sent_at_ms: Some(CLICKED_AT),
+        answered_at_ms: CLICKED_AT,
     }
 }
 
@@ -136,6 +137,7 @@ fn clean() -> History {
             mutations: vec![
                 json!({"tool_call_id": "c1", "approval_id": "a1", "state": "completed"}),
             ],
+            stuck_after: None,
         }],
         cards: vec![
             card("q1", "approved", Some("tool")),
@@ -195,6 +197,14 @@ fn an_acknowledged_append_twice_is_caught() {
 fn a_gap_is_caught() {
     let mut h = clean();
     events(&mut h)[4]["sequence"] = json!(50);
+    caught(&h, Invariant::GaplessSequence);
+}
+
+#[test]
+fn a_replay_stuck_at_a_gap_is_caught() {
+    let mut h = clean();
+    events(&mut h).truncate(4);
+    h.runs[0].stuck_after = Some(4);
     caught(&h, Invariant::GaplessSequence);
 }
 
@@ -380,6 +390,7 @@ fn half_of_a_failed_append_is_caught() {
         outcome: Outcome::Unknown { last: "503".into() },
         saw_failure: true,
         sent_at_ms: None,
+        answered_at_ms: CLICKED_AT,
     });
     let at = events(&mut h).len() - 1;
     events(&mut h).insert(at, ev(0, "agent.step", json!({"event_id": "e3"})));
@@ -398,6 +409,7 @@ fn a_whole_failed_append_passes() {
         outcome: Outcome::Unknown { last: "503".into() },
         saw_failure: true,
         sent_at_ms: None,
+        answered_at_ms: CLICKED_AT,
     });
     let at = events(&mut h).len() - 1;
     events(&mut h).insert(at, ev(0, "agent.step", json!({"event_id": "e3"})));

@@ -103,10 +103,10 @@ impl Fleet {
         .env("TOLLGATE_TIMER_QUEUE_NAME", &self.queue_name)
         .env("AWS_ENDPOINT_URL_DYNAMODB", &self.ddb_url)
         .env("AWS_ENDPOINT_URL_SQS", &self.sqs_url)
-        .env("TOLLGATE_HEARTBEAT_SECONDS", "2")
+        .env("TOLLGATE_HEARTBEAT_SECONDS", "3")
         .env("TOLLGATE_SETTLEMENT_DEADLINE_SECONDS", "4")
-        .env("TOLLGATE_EXECUTION_HEARTBEAT_SECONDS", "2")
-        .env("TOLLGATE_SWEEP_SECONDS", "2")
+        .env("TOLLGATE_EXECUTION_HEARTBEAT_SECONDS", "3")
+        .env("TOLLGATE_SWEEP_SECONDS", "3")
         .env("TOLLGATE_STALL_TIMEOUT_SECONDS", "3600")
         .env("RUST_LOG", "error")
         .stdin(Stdio::null())
@@ -345,14 +345,24 @@ impl Chaos {
                 if crash_dynamodb {
                     wait_for(ops / 3).await;
                     if let Some(d) = &me.dynamodb {
+                        let at = chrono::Utc::now();
                         d.lock().await.crash_and_restart().await;
+                        eprintln!(
+                            "chaos: seed {seed}: DynamoDB Local killed at {at}, up again at {}",
+                            chrono::Utc::now()
+                        );
                     }
                 }
                 if kill_serve {
                     wait_for(2 * ops / 3).await;
                     let fleet = Arc::clone(&me.fleet);
                     let i = (seed as usize) % fleet.len();
+                    let at = chrono::Utc::now();
                     let _ = tokio::task::spawn_blocking(move || fleet.kill_and_restart(i)).await;
+                    eprintln!(
+                        "chaos: seed {seed}: serve {i} killed at {at}, up again at {}",
+                        chrono::Utc::now()
+                    );
                 }
             })
         };
@@ -362,7 +372,7 @@ impl Chaos {
         let _ = crash.await;
         // Timers keep firing under faults for a while (late and duplicate deliveries
         // after the cards and attempts ended), then everything quiets down.
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
         let mut faults = self.ddb_proxy.counts();
         faults.add(&self.sqs_proxy.counts());
         self.ddb_proxy.disarm();
@@ -601,7 +611,7 @@ impl Chaos {
         );
         let body = json!({"request_id": request_id, "tool_name": tool,
             "tool_call_id": tool_call_id, "approval_id": approval_id,
-            "url": "https://example.com/x", "timeout_seconds": rng.random_range(2..=8)});
+            "url": "https://example.com/x", "timeout_seconds": rng.random_range(2..=6)});
         let (outcome, failed) = self
             .post(
                 pick,
@@ -923,6 +933,8 @@ impl Chaos {
         for run_id in tokens.keys() {
             let mut events = Vec::new();
             let mut after = 0u64;
+            let mut stuck = 0;
+            let mut stuck_after = None;
             loop {
                 let (status, page) = self
                     .get_clean(
@@ -931,12 +943,23 @@ impl Chaos {
                     )
                     .await;
                 if status != 200 {
+                    stuck_after = Some(after);
                     break;
                 }
                 events.extend(page["events"].as_array().cloned().unwrap_or_default());
                 let next = page["next_after"].as_u64().unwrap_or(after);
-                if page["has_more"] != true || next <= after {
+                if page["has_more"] != true {
                     break;
+                }
+                if next <= after {
+                    // Not visible yet, or a gap: a few more reads, then call it a gap.
+                    stuck += 1;
+                    if stuck > 10 {
+                        stuck_after = Some(after);
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    continue;
                 }
                 after = next;
             }
@@ -947,6 +970,7 @@ impl Chaos {
                 run_id: run_id.clone(),
                 events,
                 mutations: listing["mutations"].as_array().cloned().unwrap_or_default(),
+                stuck_after,
             });
         }
         let mut cards = Vec::new();
@@ -1060,6 +1084,7 @@ impl Model {
             outcome,
             saw_failure,
             sent_at_ms: sent,
+            answered_at_ms: chrono::Utc::now().timestamp_millis(),
         });
     }
 
