@@ -192,12 +192,14 @@ destroy:
 # CHAOS_ARGS adds or overrides arguments (--seeds, --first-seed, --ops, --fault-rate, …).
 CHAOS := ./target/debug/tollgate-chaos
 chaos:
-	cargo build -p tollgate -p tollgate-tests --bin tollgate-chaos
+	cargo build -p tollgate
+	cargo build -p tollgate-tests --bin tollgate-chaos
 	$(EMULATORS) with $(CHAOS) --seeds 20 --ops 500 --total-seconds 570 $(CHAOS_ARGS)
 
 # The short run `make test` does (inside test-integration: the emulators are up).
 chaos-short:
-	cargo build -p tollgate -p tollgate-tests --bin tollgate-chaos
+	cargo build -p tollgate
+	cargo build -p tollgate-tests --bin tollgate-chaos
 	$(CHAOS) --seeds 2 --ops 300 --total-seconds 110 $(CHAOS_ARGS)
 
 # The parsers under proptest with many more cases than `make test` runs.

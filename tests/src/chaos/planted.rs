@@ -148,6 +148,7 @@ fn clean() -> History {
                               "scope": "tool"}),
         ],
         receipts: vec![("d1".into(), Some("r1".into()))],
+        storage_kills_ms: vec![],
     }
 }
 
@@ -182,6 +183,27 @@ fn an_acknowledged_append_missing_is_caught() {
     renumber(&mut h);
     // The run's end and everything else still agree; only the acknowledged e2 is gone.
     caught(&h, Invariant::AckedAppendOnce);
+}
+
+/// An acknowledged append wholly absent is excused only when answered within the
+/// window of a kill of DynamoDB Local (the emulator lost it), and then reported.
+#[test]
+fn an_append_lost_by_a_storage_kill_is_told_apart() {
+    let mut h = clean();
+    events(&mut h).drain(1..3);
+    renumber(&mut h);
+    h.storage_kills_ms = vec![CLICKED_AT + KILL_WINDOW_MS + 1];
+    caught(&h, Invariant::AckedAppendOnce);
+    h.storage_kills_ms = vec![CLICKED_AT + KILL_WINDOW_MS];
+    assert!(!check(&h)
+        .iter()
+        .any(|v| v.invariant == Invariant::AckedAppendOnce));
+    assert_eq!(lost_in_storage_kills(&h).len(), 1);
+    // Half of it present is never excused.
+    events(&mut h).insert(1, ev(0, "agent.step", json!({"event_id": "e1"})));
+    renumber(&mut h);
+    caught(&h, Invariant::AckedAppendOnce);
+    assert!(lost_in_storage_kills(&h).is_empty());
 }
 
 #[test]

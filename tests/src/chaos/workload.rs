@@ -24,6 +24,7 @@ use tollgate_api::{Auth, Role};
 
 use super::checker::{FinalCard, FinalRun, History, Op, OpKind, Outcome};
 use super::dynamodb::DynamoDbLocal;
+use super::localstack::LocalStack;
 use super::proxy::{FaultCounts, FaultProxy, Rates, Service};
 use crate::TEST_SECRET;
 
@@ -223,6 +224,8 @@ pub struct Config {
     pub crash_dynamodb: bool,
     /// Kill one serve process (SIGKILL) and restart it once, mid-workload.
     pub kill_serve: bool,
+    /// Kill LocalStack (SIGKILL) and restart it once, mid-workload.
+    pub restart_localstack: bool,
     /// The workload stops issuing operations after this long.
     pub time_limit: Duration,
 }
@@ -237,6 +240,7 @@ pub struct SeedReport {
     pub unknown: usize,
     pub faults: FaultCounts,
     pub dynamodb_crashes: u64,
+    pub localstack_crashes: u64,
     pub serve_kills: usize,
     pub history: History,
     pub elapsed: Duration,
@@ -247,6 +251,7 @@ pub struct Chaos {
     pub ddb_proxy: FaultProxy,
     pub sqs_proxy: FaultProxy,
     pub dynamodb: Option<tokio::sync::Mutex<DynamoDbLocal>>,
+    pub localstack: Option<tokio::sync::Mutex<LocalStack>>,
     pub fleet: Arc<Fleet>,
     http: reqwest::Client,
     auth: Auth,
@@ -256,16 +261,23 @@ impl Chaos {
     /// Starts the proxies in front of `dynamodb` (our own on-disk DynamoDB Local, or the
     /// endpoint in `AWS_ENDPOINT_URL_DYNAMODB`) and `AWS_ENDPOINT_URL_SQS`, and `serves`
     /// processes behind them.
-    pub async fn start(serves: usize, dynamodb: Option<DynamoDbLocal>) -> Self {
+    pub async fn start(
+        serves: usize,
+        dynamodb: Option<DynamoDbLocal>,
+        localstack: Option<LocalStack>,
+    ) -> Self {
         let ddb_upstream = match &dynamodb {
             Some(d) => d.url(),
             None => std::env::var("AWS_ENDPOINT_URL_DYNAMODB")
                 .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
                 .expect("AWS_ENDPOINT_URL_DYNAMODB (run under tests/harness/emulators.sh with)"),
         };
-        let sqs_upstream = std::env::var("AWS_ENDPOINT_URL_SQS")
-            .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
-            .expect("AWS_ENDPOINT_URL_SQS (run under tests/harness/emulators.sh with)");
+        let sqs_upstream = match &localstack {
+            Some(l) => l.url(),
+            None => std::env::var("AWS_ENDPOINT_URL_SQS")
+                .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
+                .expect("AWS_ENDPOINT_URL_SQS (run under tests/harness/emulators.sh with)"),
+        };
         let ddb_proxy = FaultProxy::start(Service::Dynamo, &ddb_upstream)
             .await
             .expect("DynamoDB proxy");
@@ -280,6 +292,7 @@ impl Chaos {
             ddb_proxy,
             sqs_proxy,
             dynamodb: dynamodb.map(tokio::sync::Mutex::new),
+            localstack: localstack.map(tokio::sync::Mutex::new),
             fleet: Arc::new(fleet),
             http: reqwest::Client::builder()
                 .no_proxy()
@@ -297,6 +310,10 @@ impl Chaos {
         let kills_before = self.fleet.kills.load(Ordering::SeqCst);
         let crashes_before = match &self.dynamodb {
             Some(d) => d.lock().await.crashes,
+            None => 0,
+        };
+        let ls_before = match &self.localstack {
+            Some(l) => l.lock().await.crashes,
             None => 0,
         };
         let model = Arc::new(Model::new(cfg.seed));
@@ -329,10 +346,17 @@ impl Chaos {
         }
         // Crashes, mid-workload: DynamoDB Local at a third of the operations, a serve
         // process at two thirds.
+        let storage_kills = Arc::new(Mutex::new(Vec::new()));
         let crash = {
             let (me, next) = (Arc::clone(self), Arc::clone(&next));
-            let (ops, crash_dynamodb, kill_serve, seed) =
-                (cfg.ops, cfg.crash_dynamodb, cfg.kill_serve, cfg.seed);
+            let kills = Arc::clone(&storage_kills);
+            let (ops, crash_dynamodb, kill_serve, restart_localstack, seed) = (
+                cfg.ops,
+                cfg.crash_dynamodb,
+                cfg.kill_serve,
+                cfg.restart_localstack,
+                cfg.seed,
+            );
             tokio::spawn(async move {
                 let wait_for = |at: usize| {
                     let next = Arc::clone(&next);
@@ -346,9 +370,29 @@ impl Chaos {
                     wait_for(ops / 3).await;
                     if let Some(d) = &me.dynamodb {
                         let at = chrono::Utc::now();
+                        kills.lock().unwrap().push(at.timestamp_millis());
                         d.lock().await.crash_and_restart().await;
                         eprintln!(
                             "chaos: seed {seed}: DynamoDB Local killed at {at}, up again at {}",
+                            chrono::Utc::now()
+                        );
+                    }
+                }
+                if restart_localstack {
+                    wait_for(ops / 2).await;
+                    if let Some(l) = &me.localstack {
+                        let at = chrono::Utc::now();
+                        let mut l = l.lock().await;
+                        l.crash_and_restart().await;
+                        // Its queues are gone: the timer queue again, same name, same URL.
+                        let sdk = aws_config::from_env().endpoint_url(l.url()).load().await;
+                        let sqs = aws_sdk_sqs::Client::new(&sdk);
+                        let url = tollgate_timers::ensure_queue(&sqs, &me.fleet.queue_name)
+                            .await
+                            .expect("the timer queue again");
+                        assert_eq!(Some(url), me.fleet.queue_url.lock().unwrap().clone());
+                        eprintln!(
+                            "chaos: seed {seed}: LocalStack killed at {at}, up again at {}",
                             chrono::Utc::now()
                         );
                     }
@@ -378,7 +422,8 @@ impl Chaos {
         self.ddb_proxy.disarm();
         self.sqs_proxy.disarm();
         self.quiesce(&model).await;
-        let history = self.read_back(&model).await;
+        let mut history = self.read_back(&model).await;
+        history.storage_kills_ms = storage_kills.lock().unwrap().clone();
         let ops = model.ops.lock().unwrap().len();
         let unknown = model
             .ops
@@ -402,6 +447,10 @@ impl Chaos {
             faults,
             dynamodb_crashes: match &self.dynamodb {
                 Some(d) => d.lock().await.crashes - crashes_before,
+                None => 0,
+            },
+            localstack_crashes: match &self.localstack {
+                Some(l) => l.lock().await.crashes - ls_before,
                 None => 0,
             },
             serve_kills: self.fleet.kills.load(Ordering::SeqCst) - kills_before,
@@ -1018,6 +1067,7 @@ impl Chaos {
             cards,
             policies,
             receipts,
+            storage_kills_ms: Vec::new(),
         }
     }
 }
