@@ -1024,7 +1024,8 @@ impl Chaos {
         }
         let mut cards = Vec::new();
         let mut seen = std::collections::HashSet::new();
-        for c in model.cards.lock().unwrap().clone() {
+        let armed: Vec<CardInfo> = model.cards.lock().unwrap().clone();
+        for c in armed {
             if !seen.insert(c.request_id.clone()) {
                 continue;
             }
