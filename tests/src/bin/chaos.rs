@@ -1,12 +1,12 @@
 //! `make chaos`: the randomized workload over several `tollgate serve` processes, with
 //! DynamoDB and SQS behind fault proxies, DynamoDB Local killed and restarted on its
-//! on-disk database, a serve process killed mid-request; then the history checker. Prints
-//! one line per seed (operations, unknown outcomes, faults by kind, crashes, violations)
-//! and exits non-zero on any violation.
+//! on-disk database, LocalStack killed and restarted, a serve process killed
+//! mid-request; then the history checker. Prints one line per seed (operations, unknown
+//! outcomes, faults by kind, crashes, violations) and exits non-zero on any violation.
 //!
-//! Needs SQS (`AWS_ENDPOINT_URL_SQS`: run it under `tests/harness/emulators.sh with`) and
-//! DynamoDB Local installed in the cache dir (`$TOLLGATE_CACHE`), else the DynamoDB
-//! endpoint in `AWS_ENDPOINT_URL_DYNAMODB` without crashes of it.
+//! Starts its own DynamoDB Local and LocalStack from the cache dir (`$TOLLGATE_CACHE`,
+//! where `tests/harness/emulators.sh install` puts them); without them it uses the
+//! endpoints in `AWS_ENDPOINT_URL_DYNAMODB` / `AWS_ENDPOINT_URL_SQS` and crashes neither.
 //!
 //!   tollgate-chaos [--seeds N] [--first-seed S] [--ops N] [--serves N] [--workers N]
 //!                  [--fault-rate P] [--seed-seconds S] [--total-seconds S]
@@ -127,9 +127,12 @@ async fn main() {
             ops: a.ops,
             workers: a.workers,
             fault_rate: a.fault_rate,
-            crash_dynamodb: own_dynamodb,
+            // Crashes by turns (each restart stalls the workload for seconds): DynamoDB
+            // Local on odd seeds, LocalStack on even ones (both when only one runs), a
+            // serve process on every seed.
+            crash_dynamodb: own_dynamodb && (seed % 2 == 1 || a.seeds == 1),
             kill_serve: true,
-            restart_localstack: own_localstack,
+            restart_localstack: own_localstack && (seed % 2 == 0 || a.seeds == 1),
             time_limit: Duration::from_secs(a.seed_seconds).min(left - Duration::from_secs(15)),
         };
         let report = chaos.run_seed(&cfg).await;
