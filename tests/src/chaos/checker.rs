@@ -668,11 +668,12 @@ fn check_records(run: &FinalRun, v: &mut impl FnMut(Invariant, String)) {
         let ok = match state {
             "intent" | "dispatched" => started && last.is_none(),
             "completed" | "not_executed" | "outcome_unknown" => match last {
-                // An `outcome_unknown` reconciled (or settled late) after its run ended
-                // changes the record with nothing appended after the terminal event.
+                // After its run ended a record still changes — a late `confirmed`
+                // contests a `not_applied`, an operator reconciles — with nothing appended
+                // after the terminal event; only `completed` is final.
                 Some(e) => {
                     s(e, "mutation_outcome") == state
-                        || (ended && s(e, "mutation_outcome") == "outcome_unknown")
+                        || (ended && s(e, "mutation_outcome") != "completed")
                 }
                 // Nothing is appended after a run ended: a start refused there, or an
                 // attempt settled (by its deadline) after the end, writes only the record.

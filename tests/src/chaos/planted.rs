@@ -457,6 +457,22 @@ fn a_record_without_its_events_is_caught() {
     caught(&h, Invariant::AllOrNothing);
 }
 
+/// A record changed without its event: caught on a running run, and on an ended run
+/// when it had been announced `completed` (final); a change after the run's end from
+/// another state (a late settlement, a reconciliation) appends nothing and passes.
+#[test]
+fn a_record_changed_without_its_event() {
+    let mut h = clean();
+    h.runs[0].mutations[0]["state"] = json!("outcome_unknown");
+    caught(&h, Invariant::AllOrNothing);
+    let mut h = clean();
+    events(&mut h)[7]["mutation_outcome"] = json!("not_executed");
+    h.runs[0].mutations[0]["state"] = json!("completed");
+    assert_eq!(check(&h), vec![], "changed after the end");
+    events(&mut h).pop();
+    caught(&h, Invariant::AllOrNothing);
+}
+
 #[test]
 fn a_receipt_of_a_half_created_run_is_caught() {
     let mut h = clean();
