@@ -28,7 +28,7 @@ SAM := tests/harness/sam-cli.sh
 # The stack `make tokens` / `make destroy` act on: STACK=…, else the saved deploy's.
 STACK ?= $(shell tests/harness/samconfig.sh stack_name $(SAMCONFIG) 2>/dev/null)
 
-.PHONY: openapi help run test test-unit test-integration test-lambda cold-init lint lint-template emulators-up emulators-down bench build deploy tokens destroy
+.PHONY: openapi help run test test-unit test-integration test-lambda cold-init lint lint-template emulators-up emulators-down bench build deploy tokens destroy chaos chaos-short fuzz
 
 help:
 	@echo "make run         build and start tollgate serve on 127.0.0.1:$(PORT) (embedded store)"
@@ -38,6 +38,8 @@ help:
 	@echo "make cold-init   cold init per function under the local Runtime API (release build)"
 	@echo "make lint        rustfmt check + clippy -D warnings"
 	@echo "make bench       append/replay benchmarks on the embedded store and DynamoDB Local"
+	@echo "make chaos       randomized workload over serve processes under injected faults and crashes, then the history checker (at most 10 min)"
+	@echo "make fuzz        the parsers under proptest, many more cases than make test runs"
 	@echo "make build       release bootstrap zips per function (ARCH=arm64|x86_64), each at most $(ZIP_LIMIT) bytes"
 	@echo "make deploy      make build, then sam deploy of those zips (--guided the first time; GUIDED=1 asks again)"
 	@echo "make tokens      export lines for the deployed stack: URLs, an agent and an operator token (STACK=name)"
@@ -67,6 +69,7 @@ test-integration:
 	tests/harness/browser.sh
 	cargo nextest run --workspace --no-fail-fast
 	tests/lambda/run.sh
+	$(MAKE) --no-print-directory chaos-short
 
 # Only the Lambda-runtime tier (starts its own emulators).
 test-lambda:
@@ -183,6 +186,26 @@ destroy:
 	echo "See README, Deploy on AWS, to delete them too or deploy this stack name again."; \
 	region=$$(tests/harness/samconfig.sh region $(SAMCONFIG) 2>/dev/null || true); \
 	"$$sam" delete --stack-name "$$stack" $${region:+--region "$$region"}
+
+# The randomized workload over serve processes with DynamoDB and SQS behind fault proxies,
+# DynamoDB Local killed and restarted on its on-disk database, a serve process killed;
+# then the history checker (tests/src/chaos/). One line per seed; fails on a violation.
+# CHAOS_ARGS adds or overrides arguments (--seeds, --first-seed, --ops, --fault-rate, …).
+CHAOS := ./target/debug/tollgate-chaos
+chaos:
+	cargo build -p tollgate
+	cargo build -p tollgate-tests --bin tollgate-chaos
+	$(EMULATORS) with $(CHAOS) --seeds 20 --ops 500 --total-seconds 570 $(CHAOS_ARGS)
+
+# The short run `make test` does (inside test-integration: the emulators are up).
+chaos-short:
+	cargo build -p tollgate
+	cargo build -p tollgate-tests --bin tollgate-chaos
+	$(CHAOS) --seeds 2 --ops 300 --total-seconds 110 $(CHAOS_ARGS)
+
+# The parsers under proptest with many more cases than `make test` runs.
+fuzz:
+	PROPTEST_CASES=$${PROPTEST_CASES:-10000} cargo nextest run -p tollgate-tests --test fuzz_parsers --no-fail-fast
 
 bench:
 	cargo build --release -p tollgate-tests --bin tollgate-bench

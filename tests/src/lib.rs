@@ -2,6 +2,7 @@
 //! embedded store or DynamoDB (DynamoDB Local from `make test`, or whatever
 //! `AWS_ENDPOINT_URL*` points at), and talk to it the way a client does.
 
+pub mod chaos;
 pub mod meter;
 pub mod pods;
 pub mod routes;
