@@ -61,8 +61,9 @@ pub const HEARTBEAT_TYPE: &str = crate::event::types::HEARTBEAT;
 pub const EXECUTION_RECONCILED_TYPE: &str = crate::event::types::EXECUTION_RECONCILED;
 /// A durable mutation record changed after its terminal `tool_execution` (a response
 /// that arrived after the settlement deadline, or after an operator found the change
-/// not applied): every change to a record is announced, so the stream and
-/// `mutation_outcome/v1` never disagree. Tollgate's own type.
+/// not applied): every change to a record is announced while its run is running, so the
+/// stream and `mutation_outcome/v1` agree; after the run ended, the record alone changes.
+/// Tollgate's own type.
 pub const EXECUTION_UPDATED_TYPE: &str = crate::event::types::EXECUTION_UPDATED;
 
 /// `TOLLGATE_SETTLEMENT_DEADLINE_SECONDS` when unset.
