@@ -682,8 +682,11 @@ impl Watch<'_> {
                     continue;
                 }
                 self.after = event.sequence;
-                if let Some(v) = self.resolution(&event.event_type, event.payload_as()) {
-                    return Ok(Step::Resolved(v));
+                // Only a resolution's payload is read (and copied) into its type.
+                if event.event_type == APPROVAL_RESOLVED {
+                    if let Some(v) = self.resolution(&event.event_type, event.payload_as()) {
+                        return Ok(Step::Resolved(v));
+                    }
                 }
             }
             self.after = self.after.max(page.next_after);
