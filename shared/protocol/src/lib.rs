@@ -19,6 +19,7 @@ pub mod limits;
 pub mod operations;
 pub mod payloads;
 pub mod runs;
+pub mod ws;
 
 #[cfg(feature = "schema")]
 pub mod openapi;
