@@ -69,3 +69,12 @@ async fn an_ended_runs_records_expire_with_it() {
     let store = dynamo_store_raw().await.with_retention(Some(retention));
     tollgate_store::contract::an_ended_runs_records_expire_with_it(store).await;
 }
+
+/// Two store instances (two Lambda instances), each remembering the heads it wrote: a
+/// remembered head that moved on the other only loses its condition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn remembered_heads_follow_other_instances() {
+    let a = Arc::new(dynamo_store_raw().await.without_lanes()) as tollgate_store::contract::Store;
+    let b = Arc::new(dynamo_store_raw().await) as tollgate_store::contract::Store;
+    tollgate_store::contract::remembered_heads_follow_other_instances(a, b).await;
+}

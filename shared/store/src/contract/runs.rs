@@ -543,3 +543,68 @@ pub async fn served_pages_end_at_the_terminal_event(store: Store) {
         .unwrap();
     assert!(past.events.is_empty() && past.terminal && !past.has_more);
 }
+
+/// Two store instances on one backend (two processes), each remembering the head it
+/// last wrote: what one instance remembers never lets it write past the other's events.
+/// A head that moved elsewhere loses its condition and the append lands right after the
+/// other's events; a retried `event_id` after another instance's appends answers its
+/// first sequence and writes nothing twice; once the run ended on the other instance,
+/// nothing lands after the terminal event, and a retry of an earlier event still gets its
+/// answer.
+pub async fn remembered_heads_follow_other_instances(a: Store, b: Store) {
+    let run_id = new_run(&a, "remembered").await;
+    let run = RunRef::any(&run_id);
+    let one = |id: &str| vec![producer("agent.message", Some(id), json!({}))];
+    assert_eq!(a.append_events(run, one("a-1")).await.unwrap(), vec![2]);
+    assert_eq!(b.append_events(run, one("b-1")).await.unwrap(), vec![3]);
+    assert_eq!(b.append_events(run, one("b-2")).await.unwrap(), vec![4]);
+    // `a` last wrote sequence 2: its next append still lands after `b`'s.
+    assert_eq!(a.append_events(run, one("a-2")).await.unwrap(), vec![5]);
+    // A retry of `a-2` through `b` (whose head is behind) and of `b-2` through `a`.
+    assert_eq!(b.append_events(run, one("a-2")).await.unwrap(), vec![5]);
+    assert_eq!(a.append_events(run, one("b-2")).await.unwrap(), vec![4]);
+    // A retry mixed with a new event: the new one takes the next sequence.
+    assert_eq!(
+        b.append_events(
+            run,
+            vec![
+                producer("agent.message", Some("a-1"), json!({})),
+                producer("agent.message", Some("b-3"), json!({})),
+            ]
+        )
+        .await
+        .unwrap(),
+        vec![2, 6]
+    );
+    // `a` remembers a running head at 6; the run ends through `b`.
+    let done = b
+        .finish_run(run, TerminalKind::Complete, Map::new())
+        .await
+        .unwrap();
+    assert_eq!(done.sequence, 7);
+    let late = a
+        .append_events(run, vec![producer("agent.message", None, json!({}))])
+        .await;
+    assert_eq!(
+        late,
+        Err(StoreError::RunTerminal {
+            status: RunStatus::Completed,
+            terminal_seq: 7
+        }),
+        "a remembered running head lets nothing through after the end"
+    );
+    let late_keyed = a.append_events(run, one("a-late")).await;
+    assert!(
+        matches!(late_keyed, Err(StoreError::RunTerminal { .. })),
+        "{late_keyed:?}"
+    );
+    assert_eq!(a.append_events(run, one("b-3")).await.unwrap(), vec![6]);
+    let events = all_events(&a, &run_id).await;
+    assert_eq!(sequences(&events), (1..=7).collect::<Vec<_>>());
+    let ids: Vec<&str> = events[1..6]
+        .iter()
+        .map(|e| e["event_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["a-1", "b-1", "b-2", "a-2", "b-3"], "each id once");
+    assert_eq!(events[6]["type"], "run_completed");
+}

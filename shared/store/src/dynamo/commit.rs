@@ -155,12 +155,18 @@ impl DynamoStore {
         items.extend(plan.side.iter().cloned());
         match self.transact(items).await {
             Ok(()) => {
+                // What was written is what this instance remembers of each run
+                // (`RecentHeads`): the next append to it starts from there.
                 for run in &plan.runs {
+                    if run.kind == WriteKind::Create {
+                        // (A new head is put as stored: `next_seq` past its events.)
+                        self.recent.put(&run.head);
+                    }
                     if let WriteKind::Advance { end } = run.kind {
                         let mut head = run.head.clone();
                         head.next_seq += run.events.len() as u64;
                         if !run.events.is_empty() {
-                            head.last_event_at = now;
+                            head.record(run.events.iter().map(|e| e.event_type.as_str()), now);
                         }
                         head.open_cards = (head.open_cards as i64 + run.open_cards).max(0) as u64;
                         if let Some(used) = &run.budget_used {
@@ -183,10 +189,17 @@ impl DynamoStore {
                 let failed = |i: usize| reasons.get(i).filter(|r| reason_failed(r));
                 let mut lost = Lost::default();
                 for (run, head_at) in plan.runs.iter().zip(&layout) {
-                    lost.heads.push(match failed(*head_at) {
+                    let stored = match failed(*head_at) {
                         Some(r) => Some(r.item().map(head_from_item).transpose()?),
                         None => None,
-                    });
+                    };
+                    // A lost condition shows the stored head: remember it for the retry.
+                    match &stored {
+                        Some(Some(head)) => self.recent.put(head),
+                        Some(None) => self.recent.forget(&run.head.run_id),
+                        None => {}
+                    }
+                    lost.heads.push(stored);
                     let mut taken = Vec::with_capacity(run.events.len());
                     for (offset, draft) in run.events.iter().enumerate() {
                         taken.push(match failed(head_at + 1 + offset) {

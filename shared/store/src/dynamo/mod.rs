@@ -62,49 +62,101 @@ pub struct DynamoStore {
     recent: std::sync::Arc<RecentHeads>,
 }
 
-/// Coordinator heads this process read or wrote in the last [`RecentHeads::FRESH`] (at
-/// most [`RecentHeads::MAX`]): a decision on a child card takes its coordinator's head
-/// from here instead of reading it (a round trip less when warm). Never trusted for correctness: every write is conditioned on the
-/// head it started from, so a stale entry only loses its condition, and the lost
-/// condition returns the stored head to retry with.
+/// Run heads this store instance last wrote or read, at most [`RecentHeads::MAX`] runs
+/// (the least recently used go first). An append starts from the remembered head instead
+/// of reading it, so a lone writer makes one round trip; a decision on a child card takes
+/// its coordinator's head from here when it was seen within [`RecentHeads::FRESH`].
+/// Never trusted for correctness (docs/architecture.md §1): every write stays conditioned
+/// on the head's `next_seq`, incarnation and `running` status, so a stale entry only loses
+/// its condition, and the lost condition returns the stored head (`ALL_OLD`), which
+/// replaces the entry before the retry. Nothing is ever answered from an entry alone: a
+/// remembered head that is terminal or of another incarnation is read again.
 #[derive(Default)]
 pub(crate) struct RecentHeads {
-    heads: std::sync::Mutex<HashMap<String, (RunHead, std::time::Instant)>>,
+    heads: std::sync::Mutex<RecentMap>,
+}
+
+#[derive(Default)]
+struct RecentMap {
+    entries: HashMap<String, RecentEntry>,
+    /// Use counter: the entry used longest ago goes first.
+    tick: u64,
+}
+
+struct RecentEntry {
+    head: RunHead,
+    at: std::time::Instant,
+    used: u64,
 }
 
 impl RecentHeads {
     const FRESH: Duration = Duration::from_secs(5);
-    const MAX: usize = 512;
+    pub(crate) const MAX: usize = 4096;
 
+    fn lookup(&self, run_id: &str, fresh: bool) -> Option<RunHead> {
+        let mut map = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+        map.tick += 1;
+        let tick = map.tick;
+        let entry = map.entries.get_mut(run_id)?;
+        if fresh && entry.at.elapsed() >= Self::FRESH {
+            return None;
+        }
+        entry.used = tick;
+        Some(entry.head.clone())
+    }
+
+    /// The head last seen, of any age (what an append starts from).
     pub(crate) fn get(&self, run_id: &str) -> Option<RunHead> {
-        let heads = self.heads.lock().unwrap_or_else(|p| p.into_inner());
-        heads
-            .get(run_id)
-            .filter(|(_, at)| at.elapsed() < Self::FRESH)
-            .map(|(h, _)| h.clone())
+        self.lookup(run_id, false)
+    }
+
+    /// The head if seen within [`Self::FRESH`] (a coordinator's, for a child's decision).
+    pub(crate) fn get_fresh(&self, run_id: &str) -> Option<RunHead> {
+        self.lookup(run_id, true)
     }
 
     pub(crate) fn put(&self, head: &RunHead) {
-        // Only coordinators are ever looked up (a child card's mirror).
-        if head.kind != tollgate_domain::RunKind::Coordinator {
-            return;
-        }
-        let mut heads = self.heads.lock().unwrap_or_else(|p| p.into_inner());
-        if heads.len() >= Self::MAX {
-            heads.retain(|_, (_, at)| at.elapsed() < Self::FRESH);
-            if heads.len() >= Self::MAX {
-                heads.clear();
+        let mut map = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+        map.tick += 1;
+        let tick = map.tick;
+        // A slower reader's older head never replaces a newer one of the same run.
+        if let Some(old) = map.entries.get(&head.run_id) {
+            if old.head.incarnation == head.incarnation
+                && (old.head.next_seq > head.next_seq
+                    || (old.head.status.is_terminal() && !head.status.is_terminal()))
+            {
+                return;
             }
         }
-        heads.insert(
+        if map.entries.len() >= Self::MAX && !map.entries.contains_key(&head.run_id) {
+            // Drop the least recently used half: amortised, one sort per MAX/2 inserts.
+            let mut used: Vec<u64> = map.entries.values().map(|e| e.used).collect();
+            used.sort_unstable();
+            let cut = used[used.len() / 2];
+            map.entries.retain(|_, e| e.used > cut);
+        }
+        map.entries.insert(
             head.run_id.clone(),
-            (head.clone(), std::time::Instant::now()),
+            RecentEntry {
+                head: head.clone(),
+                at: std::time::Instant::now(),
+                used: tick,
+            },
         );
     }
 
     pub(crate) fn forget(&self, run_id: &str) {
-        let mut heads = self.heads.lock().unwrap_or_else(|p| p.into_inner());
-        heads.remove(run_id);
+        let mut map = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+        map.entries.remove(run_id);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.heads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entries
+            .len()
     }
 }
 
@@ -164,6 +216,27 @@ impl DynamoStore {
         };
         run.check(&head)?;
         Ok(head)
+    }
+
+    /// The head an append starts from: the lane's, else the one this instance last wrote
+    /// or read (see [`RecentHeads`]), else a strong read. A remembered head is used only
+    /// while it is running and of the incarnation asked for; anything else is read again,
+    /// so no answer (ended, not found) ever comes from memory alone.
+    async fn append_head(
+        &self,
+        lane: &mut Option<&mut Lane>,
+        run: RunRef<'_>,
+    ) -> Result<RunHead, StoreError> {
+        if let Some(head) = lane.as_mut().and_then(|l| l.head.take()) {
+            run.check(&head)?;
+            return Ok(head);
+        }
+        if let Some(head) = self.recent.get(run.run_id) {
+            if !head.status.is_terminal() && run.check(&head).is_ok() {
+                return Ok(head);
+            }
+        }
+        self.live_head(run).await
     }
 
     /// A strong read of the head `run` names (`NotFound` if gone or another incarnation).
@@ -277,7 +350,7 @@ impl DynamoStore {
     /// `run_id`'s head as this process last saw it within seconds, else a strong read.
     /// Only for heads a write is then conditioned on (see [`RecentHeads`]).
     async fn recent_head(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {
-        match self.recent.get(run_id) {
+        match self.recent.get_fresh(run_id) {
             Some(head) => Ok(Some(head)),
             None => self.get_head(run_id).await,
         }
@@ -401,5 +474,52 @@ impl DynamoStore {
         let mut page = fill_page(collected.into_iter(), limit);
         page.has_more = page.has_more || !reached_end;
         Ok(page)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RecentHeads;
+    use tollgate_domain::RunHead;
+
+    fn head(run_id: &str, next_seq: u64) -> RunHead {
+        let mut h = RunHead::new_for_test(run_id, None);
+        h.next_seq = next_seq;
+        h.incarnation = "first".into();
+        h
+    }
+
+    #[test]
+    fn remembered_heads_are_bounded_and_keep_the_recently_used() {
+        let recent = RecentHeads::default();
+        recent.put(&head("kept", 2));
+        for i in 0..RecentHeads::MAX * 2 {
+            recent.put(&head(&format!("r{i}"), 2));
+            // `kept` is used all along, so it outlives every eviction.
+            assert!(recent.get("kept").is_some(), "after {i} puts");
+        }
+        assert!(recent.len() <= RecentHeads::MAX);
+        assert!(
+            recent.get("r0").is_none(),
+            "the least recently used went first"
+        );
+        assert!(recent
+            .get(&format!("r{}", RecentHeads::MAX * 2 - 1))
+            .is_some());
+    }
+
+    #[test]
+    fn an_older_head_never_replaces_a_newer_one() {
+        let recent = RecentHeads::default();
+        recent.put(&head("r", 9));
+        recent.put(&head("r", 4));
+        assert_eq!(recent.get("r").map(|h| h.next_seq), Some(9));
+        let mut other = head("r", 2);
+        other.incarnation = "another".into();
+        recent.put(&other);
+        assert_eq!(
+            recent.get("r").map(|h| h.incarnation),
+            Some("another".into())
+        );
     }
 }

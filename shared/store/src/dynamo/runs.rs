@@ -60,7 +60,7 @@ impl DynamoStore {
         let run_id = run.run_id;
         let mut budget = Budget::new(self.contention_budget, "append");
         let mut sequences: Vec<Option<u64>> = vec![None; events.len()];
-        let mut head = self.starting_head(&mut lane, run).await?;
+        let mut head = self.append_head(&mut lane, run).await?;
         loop {
             let pending: Vec<usize> = (0..events.len())
                 .filter(|i| sequences[*i].is_none())
