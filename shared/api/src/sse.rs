@@ -12,8 +12,9 @@
 //! sequence not yet visible), so catch-up and live tail are the same loop and their
 //! boundary has no gap and no duplicate. Between pages it waits: on the embedded store
 //! for the store's write signal ([`RunLog::appended`]); on DynamoDB it polls the run's
-//! head (one `GetItem`), backing off from `poll_min` to `poll_max` while nothing
-//! arrives, and reads events only once the head moved.
+//! head (one eventually consistent `GetItem`, half the read units of a strong one),
+//! backing off from `poll_min` to `poll_max` while nothing arrives, and once a poll sees
+//! the head moved it reads the head strongly, then the events.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -518,14 +519,30 @@ impl Tail<'_> {
                 if !woken {
                     continue;
                 }
+                // Polling (no write signal), the wait reads the head eventually
+                // consistently: a lagging answer only delays the frame to the next poll.
+                // Once it shows a change, the head the page is read against is read
+                // strongly (docs/architecture.md §2).
+                let moved = |h: &RunHead| h.next_seq > after.saturating_add(1) || page.has_more;
+                if signal.is_none() && !page.has_more {
+                    let seen = self.lagging_head(&run_id).await?;
+                    if !seen.as_ref().is_some_and(moved) && seen.is_some() {
+                        continue;
+                    }
+                }
                 head = self.head(&run_id).await?;
                 // Past `after` (or the run ended with nothing new — the terminal event
                 // is after `after` then, so this holds): read the page.
-                if head.next_seq > after.saturating_add(1) || page.has_more {
+                if moved(&head) {
                     break;
                 }
             }
         }
+    }
+
+    /// `None` when the lagging read found no head (read strongly to tell).
+    async fn lagging_head(&self, run_id: &str) -> Result<Option<RunHead>, Stop> {
+        self.log.lagging_head(run_id).await.map_err(|_| Stop::Store)
     }
 
     async fn head(&self, run_id: &str) -> Result<RunHead, Stop> {

@@ -17,6 +17,12 @@ impl RunLog {
         Ok(self.store.read_head(run_id).await?)
     }
 
+    /// The head as a cheaper, possibly lagging read sees it: for waiting on a change
+    /// only (read [`RunLog::head`] once one is seen, before reading a page).
+    pub async fn lagging_head(&self, run_id: &str) -> Result<Option<RunHead>, AppError> {
+        Ok(self.store.read_head_lagging(run_id).await?)
+    }
+
     /// The head of `run_id` for `viewer`: 404 when there is none or it is not the
     /// viewer's to see, 403 for another agent's run ([`access::may_read`]).
     pub async fn readable_head(

@@ -221,6 +221,14 @@ pub trait RunStore: Send + Sync + 'static {
 
     async fn read_head(&self, run_id: &str) -> Result<Option<RunHead>, StoreError>;
 
+    /// The head as an eventually consistent read sees it: it may lag a write that
+    /// committed moments ago (never runs ahead of one). Only for waiting — a reader that
+    /// sees a change reads [`RunStore::read_head`] before acting on it; a stale answer
+    /// only delays it. On DynamoDB half the read units of [`RunStore::read_head`].
+    async fn read_head_lagging(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {
+        self.read_head(run_id).await
+    }
+
     /// Events with sequence > `after`, ascending, at most `limit` (and at most
     /// [`MAX_PAGE_BYTES`] of bodies). On DynamoDB a read may miss events of a
     /// transaction that is committing (`Query` is read-committed, not serializable):

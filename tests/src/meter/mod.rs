@@ -30,6 +30,7 @@
 
 mod bill;
 mod calls;
+pub mod delivery;
 mod interceptor;
 mod model;
 pub mod prices;

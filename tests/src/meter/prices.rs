@@ -18,3 +18,10 @@ pub const LAMBDA_REQUEST_USD: f64 = 0.20e-6;
 pub const LAMBDA_GB_SECOND_USD: f64 = 0.000_016_666_7;
 /// API Gateway HTTP API: $1.00 per million requests (first 300 million a month).
 pub const HTTP_API_REQUEST_USD: f64 = 1.00e-6;
+/// API Gateway WebSocket API: $1.00 per million messages (first billion a month; a
+/// message is metered in 32 KB units, sent and received). Source:
+/// aws.amazon.com/api-gateway/pricing, us-east-1.
+pub const API_GATEWAY_WS_MESSAGE_USD: f64 = 1.00e-6;
+/// API Gateway WebSocket API: $0.25 per million connection-minutes. Source:
+/// aws.amazon.com/api-gateway/pricing, us-east-1.
+pub const API_GATEWAY_WS_CONNECTION_MINUTE_USD: f64 = 0.25e-6;

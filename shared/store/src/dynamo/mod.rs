@@ -294,6 +294,21 @@ impl DynamoStore {
         Ok(head)
     }
 
+    /// An eventually consistent read of the head (½ the read units): only for waiting
+    /// on a change, never for a write's condition nor remembered (see
+    /// [`crate::RunStore::read_head_lagging`]).
+    async fn get_head_eventually(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.tables.runs)
+            .key("run_id", s(run_id))
+            .send()
+            .await
+            .map_err(unavailable)?;
+        out.item.map(|item| head_from_item(&item)).transpose()
+    }
+
     /// `run_id`'s head and the item `key` of `table` as one serializable snapshot
     /// (`TransactGetItems`): a transaction that writes both is seen whole or not at all.
     /// `None` when a transaction in flight cancelled the read (read again).

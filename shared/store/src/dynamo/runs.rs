@@ -318,6 +318,10 @@ impl RunStore for DynamoStore {
         self.get_head(run_id).await
     }
 
+    async fn read_head_lagging(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {
+        self.get_head_eventually(run_id).await
+    }
+
     async fn read_events(
         &self,
         run_id: &str,
