@@ -16,6 +16,10 @@
 //! Last, the live stream (SSE) on DynamoDB: the DynamoDB calls and read units one
 //! watcher makes per minute, idle and seeing one event a second, beside a client polling
 //! `GET /events?after=N` once a second. `tollgate-bench sse` runs only that phase.
+//!
+//! Last, the reference lifecycle (tests/lifecycle_cost.rs) priced with each live-delivery
+//! mode — SSE on Lambda, replay polling, WebSocket push — for the agent's five-minute wait
+//! on its card and one console watching (`tollgate_tests::meter::delivery`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -34,6 +38,7 @@ use tollgate_domain::{
 use tollgate_store::dynamo::DynamoStore;
 use tollgate_store::memory::MemoryStore;
 use tollgate_store::{ApprovalStore, Armed, Beat, Resolved, RunRef, RunStore, Store};
+use tollgate_tests::meter::delivery::{price, Assumptions, Mode, Watch};
 use tollgate_tests::meter::{
     bill, item_size, model_key, prices, table_infos, units, Call, CallKind, CallRequest,
     DynamoMeter, ItemBill, LambdaAssumption, Meter, MeterLog, Model, TableInfo, TxBill,
@@ -424,6 +429,11 @@ async fn separate_stores(shared: &DynamoStore, lanes: &AppendFigures) {
         "  8 writers: 1 store with lanes = {:.2}× the throughput of 8 separate stores",
         separate.as_secs_f64() / lanes.eight.as_secs_f64()
     );
+    println!(
+        "  8 separate stores (each remembering its heads) = {:.2}× the throughput of 1 writer \
+         (goal ≥ 0.75×)",
+        lanes.one.as_secs_f64() / separate.as_secs_f64()
+    );
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
@@ -500,7 +510,8 @@ async fn main() {
         );
         separate_stores(&d, &lanes).await;
         approvals(&d, b).await;
-        sse_watchers(&d).await;
+        let measured = sse_watchers(&d).await;
+        lifecycle_modes(&measured).await;
     }
 }
 
@@ -1157,8 +1168,9 @@ struct SseCost {
     ops: BTreeMap<String, u64>,
     /// Read units billed.
     rru: f64,
-    /// The same with every `GetItem` eventually consistent (½ the units).
-    rru_eventual_gets: f64,
+    /// The same with every `GetItem` strongly consistent (as the head polls were before
+    /// they read eventually consistent: 2× the units of an eventual one).
+    rru_strong_gets: f64,
     /// Largest item a `GetItem` returned (bytes, by DynamoDB's sizing rules).
     get_bytes: usize,
     /// HTTP requests the client made (poller), or streams opened (watcher).
@@ -1177,7 +1189,7 @@ impl SseCost {
         let ended: Vec<&Call> = log.calls.values().filter(|c| c.ended.is_some()).collect();
         let bills = log.bill_calls(tables, &HashMap::new());
         assert_eq!(bills.len(), ended.len(), "one bill per call");
-        let (mut rru, mut rru_eventual_gets, mut get_bytes) = (0.0, 0.0, 0);
+        let (mut rru, mut rru_strong_gets, mut get_bytes) = (0.0, 0.0, 0);
         for (call, b) in ended.iter().zip(&bills) {
             assert!(
                 b.kind != CallKind::Write,
@@ -1185,10 +1197,10 @@ impl SseCost {
                 call.request
             );
             rru += b.billed();
-            rru_eventual_gets += match call.request {
+            rru_strong_gets += match call.request {
                 CallRequest::GetItem {
-                    consistent: true, ..
-                } => b.billed() / 2.0,
+                    consistent: false, ..
+                } => b.billed() * 2.0,
                 _ => b.billed(),
             };
             if let (CallRequest::GetItem { .. }, Some(resp)) = (&call.request, &call.response) {
@@ -1201,7 +1213,7 @@ impl SseCost {
             elapsed,
             ops: log.operations(),
             rru,
-            rru_eventual_gets,
+            rru_strong_gets,
             get_bytes,
             requests,
             frames,
@@ -1344,7 +1356,7 @@ async fn sse_poller(
 }
 
 /// The live stream's idle and active cost on DynamoDB, beside a once-a-second poller.
-async fn sse_watchers(d: &DynamoStore) {
+async fn sse_watchers(d: &DynamoStore) -> Assumptions {
     let config = SseConfig::default();
     println!(
         "\n== live stream (SSE) on DynamoDB: one watcher per scenario, default SseConfig (head \
@@ -1430,17 +1442,19 @@ async fn sse_watchers(d: &DynamoStore) {
     );
     let gets = |c: &SseCost| c.ops.get("GetItem").copied().unwrap_or(0) as f64;
     println!(
-        "  head reads: every GetItem is strongly consistent ({} B head = {} RRU each; \
-         eventually consistent would bill ½): idle {:.1} → {:.1} RRU/min (${:.8} → ${:.8}), \
-         1 event/s {:.1} → {:.1} RRU/min; GetItem per event received at 1 event/s: {:.1}",
+        "  head polls read eventually consistent ({} B head = {} RRU strong, ½ eventual), a \
+         strong read only once a change is seen: idle {:.1} RRU/min (strong polls: {:.1}; \
+         saved {:.1} RRU/min = ${:.8}/min), 1 event/s {:.1} RRU/min (strong polls: {:.1}; \
+         saved {:.1}); GetItem per event received at 1 event/s: {:.1}",
         idle.get_bytes.max(active.get_bytes),
         units(idle.get_bytes.max(active.get_bytes), 4096),
         idle.per_min(idle.rru),
-        idle.per_min(idle.rru_eventual_gets),
-        idle.usd_per_min(),
-        idle.per_min(idle.rru_eventual_gets) * prices::DYNAMODB_RRU_USD,
+        idle.per_min(idle.rru_strong_gets),
+        idle.per_min(idle.rru_strong_gets - idle.rru),
+        idle.per_min(idle.rru_strong_gets - idle.rru) * prices::DYNAMODB_RRU_USD,
         active.per_min(active.rru),
-        active.per_min(active.rru_eventual_gets),
+        active.per_min(active.rru_strong_gets),
+        active.per_min(active.rru_strong_gets - active.rru),
         gets(&active) / active.frames.events.max(1) as f64,
     );
     // What the compute and the requests around those reads cost, as deployed: the
@@ -1480,6 +1494,63 @@ async fn sse_watchers(d: &DynamoStore) {
             println!(
                 "  the {what} watcher, dropped: still called DynamoDB in the 3 s after: {ops:?}"
             );
+        }
+    }
+    // What the lifecycle's delivery is priced with: these measurements where there are.
+    let idle_gets = gets(&idle);
+    Assumptions {
+        sse_polls_per_min: idle.per_min(idle_gets),
+        sse_poll_rru: if idle_gets > 0.0 {
+            idle.rru / idle_gets
+        } else {
+            0.0
+        },
+        page_rru: poll_idle.rru / poll_idle.requests.max(1) as f64,
+        ..Assumptions::default()
+    }
+}
+
+// ------------------------------------------------------- lifecycle with live delivery
+//
+// The reference lifecycle of tests/lifecycle_cost.rs (counted on DynamoDB Local), plus
+// the agent waiting five minutes on its card and one console watching the run, in each
+// delivery mode (tollgate_tests::meter::delivery).
+
+const WAIT_SECONDS: u64 = 300;
+
+async fn lifecycle_modes(measured: &Assumptions) {
+    let lifecycle = tollgate_tests::lifecycle::lifecycle().await;
+    let base = lifecycle.bill.total_usd();
+    let watch = Watch::of_lifecycle(&lifecycle.events, WAIT_SECONDS);
+    println!(
+        "\n== lifecycle cost per live-delivery mode (us-east-1 on demand): the reference \
+         lifecycle (tests/lifecycle_cost.rs, counted: ${base:.8}) + the agent waiting \
+         {WAIT_SECONDS} s on its card + one console watching the run as long"
+    );
+    for mode in Mode::ALL {
+        let delivery = price(mode, &watch, measured);
+        let total = base + delivery.total_usd();
+        println!(
+            "  {:<22} delivery ${:.8} → lifecycle ${total:.8} ({:.0}% of the $0.0001 goal){}",
+            mode.name(),
+            delivery.total_usd(),
+            100.0 * total / 0.0001,
+            if total <= 0.0001 { "" } else { " — over" }
+        );
+        for l in &delivery.lines {
+            println!(
+                "      {:<12} {:<38} {:>5} × {:>8.3} {:<9} ${:.8}  {}",
+                l.service,
+                l.item,
+                l.count,
+                l.units / l.count.max(1) as f64,
+                l.unit,
+                l.usd(),
+                l.note
+            );
+        }
+        for a in &delivery.assumptions {
+            println!("      * {a}");
         }
     }
 }
