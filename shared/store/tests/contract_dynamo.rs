@@ -78,3 +78,12 @@ async fn remembered_heads_follow_other_instances() {
     let b = Arc::new(dynamo_store_raw().await) as tollgate_store::contract::Store;
     tollgate_store::contract::remembered_heads_follow_other_instances(a, b).await;
 }
+
+/// Two store instances (two Lambda instances): the one that armed the cards remembers
+/// them and their run's head; decisions from that memory lose to what the other did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn remembered_cards_follow_other_instances() {
+    let a = Arc::new(dynamo_store_raw().await) as tollgate_store::contract::Store;
+    let b = Arc::new(dynamo_store_raw().await.without_lanes()) as tollgate_store::contract::Store;
+    tollgate_store::contract::remembered_cards_follow_other_instances(a, b).await;
+}

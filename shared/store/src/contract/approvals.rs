@@ -591,3 +591,115 @@ pub async fn a_run_holds_a_bounded_number_of_pending_cards(store: Store) {
         .await
         .is_err());
 }
+
+/// Two store instances on one backend, each remembering the cards it armed and the heads
+/// it wrote: a decision from what one instance remembers never undoes or doubles what
+/// the other did. A card denied on `b` stays denied when `a` (which armed it) approves
+/// it, with no policy; `a` decides a card after `b` moved the run's head, and the
+/// resolution lands after `b`'s events; once the run ended on `b`, `a`'s approval
+/// expires the card as `run_ended`.
+pub async fn remembered_cards_follow_other_instances(a: Store, b: Store) {
+    let run_id = new_run(&a, "remembered-cards").await;
+    let run = RunRef::any(&run_id);
+    for rid in ["denied-elsewhere", "head-moved", "run-ended"] {
+        assert!(matches!(
+            a.arm(run, card_for(&run_id, rid, None)).await.unwrap(),
+            Armed::Created { .. }
+        ));
+    }
+    let denied = b
+        .resolve(
+            &run_id,
+            "denied-elsewhere",
+            Resolution::Denied { by: "bob".into() },
+            tollgate_domain::now_millis(),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(denied, Resolved::Fresh(ref c) if c.state == ApprovalState::Denied));
+    let policy = tool_policy(&run_id, "denied-elsewhere", "web_fetch");
+    let late = a
+        .resolve(
+            &run_id,
+            "denied-elsewhere",
+            Resolution::Approved {
+                scope: Scope::Tool,
+                by: "alice".into(),
+            },
+            tollgate_domain::now_millis(),
+            Some(policy.clone()),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(late, Resolved::Already(ref c) if c.state == ApprovalState::Denied),
+        "{late:?}"
+    );
+    assert_eq!(
+        a.find_policy(std::slice::from_ref(&policy.scope_key), "web_fetch")
+            .await
+            .unwrap(),
+        None,
+        "no policy from the losing approval"
+    );
+
+    let moved = b
+        .append_events(run, vec![producer("agent.message", None, json!({}))])
+        .await
+        .unwrap();
+    let approved = a
+        .resolve(
+            &run_id,
+            "head-moved",
+            approve("alice"),
+            tollgate_domain::now_millis(),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(approved, Resolved::Fresh(ref c) if c.state == ApprovalState::Approved));
+    let events = all_events(&a, &run_id).await;
+    let resolved_at = events
+        .iter()
+        .position(|e| e["type"] == "tool.approval_resolved" && e["requestId"] == "head-moved")
+        .expect("resolved event") as u64
+        + 1;
+    assert!(
+        resolved_at > moved[0],
+        "the resolution follows the other's append"
+    );
+
+    b.finish_run(run, TerminalKind::Complete, Map::new())
+        .await
+        .unwrap();
+    let after_end = a
+        .resolve(
+            &run_id,
+            "run-ended",
+            approve("alice"),
+            tollgate_domain::now_millis(),
+            None,
+        )
+        .await
+        .unwrap();
+    let card = match after_end {
+        Resolved::Fresh(c) | Resolved::Already(c) => c,
+    };
+    assert_eq!(
+        card.state,
+        ApprovalState::Expired,
+        "nothing approved after the run's end"
+    );
+    let events = all_events(&a, &run_id).await;
+    assert_eq!(
+        sequences(&events),
+        (1..=events.len() as u64).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        events.last().unwrap()["type"],
+        "run_completed",
+        "nothing after the end"
+    );
+    assert_eq!(count_of(&a, &run_id, "tool.approval_resolved").await, 2);
+}

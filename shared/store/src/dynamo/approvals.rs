@@ -363,6 +363,23 @@ impl DynamoStore {
         request_id: &str,
         follow_route: bool,
     ) -> Result<Option<Located>, StoreError> {
+        // Warm: the pending card and its heads as this instance last saw them, no read
+        // (see `RecentCards`: every write that follows is conditioned on them).
+        if let Some((card, count_shard)) = self.cards.get(run_id, request_id) {
+            let head = self.recent.get(run_id).filter(|h| !h.status.is_terminal());
+            let coordinator = match &card.coordinator_run_id {
+                Some(c) if c != run_id => self.recent.get(c).filter(|h| !h.status.is_terminal()),
+                _ => None,
+            };
+            if head.is_some() && (coordinator.is_some() || card.coordinator_run_id.is_none()) {
+                return Ok(Some(Located {
+                    card,
+                    head,
+                    coordinator,
+                    count_shard,
+                }));
+            }
+        }
         let card_k = card_key(request_id);
         let route_k = route_key(request_id);
         let mut keys = vec![(run_id, card_k.clone())];
@@ -374,6 +391,7 @@ impl DynamoStore {
         if let Some(item) = items.get(&(run_id.to_owned(), card_k.clone())) {
             let card = card_from_item(item)?;
             let count_shard = count_shard(item);
+            self.cards.put(&card, count_shard);
             // Warm, this process saw the coordinator's head moments ago (it is
             // conditioned like any read: a stale one loses and is replaced).
             let coordinator = match &card.coordinator_run_id {
@@ -575,10 +593,11 @@ impl ApprovalStore for DynamoStore {
             let plan = Plan { runs, side };
             match self.commit(&plan).await? {
                 Committed::Done { .. } => {
+                    self.cards.put(&card, Some(shard));
                     return Ok(Armed::Created {
                         card,
                         sequence: head.next_seq,
-                    })
+                    });
                 }
                 Committed::Lost(lost) => {
                     if lost.side.first().is_some_and(Option::is_some) {
@@ -775,7 +794,10 @@ impl ApprovalStore for DynamoStore {
                 });
             }
             match self.commit(&Plan { runs, side }).await? {
-                Committed::Done { .. } => return Ok(Resolved::Fresh(ended)),
+                Committed::Done { .. } => {
+                    self.cards.forget(&ended.run_id, &ended.request_id);
+                    return Ok(Resolved::Fresh(ended));
+                }
                 Committed::Lost(lost) => {
                     // Each failed condition returned the stored item: act on those,
                     // never on the stale reads (no second read for a lost race).
@@ -788,6 +810,7 @@ impl ApprovalStore for DynamoStore {
                         if let Some(c) = &card.coordinator_run_id {
                             self.recent.forget(c);
                         }
+                        self.cards.forget(&card.run_id, &card.request_id);
                         let (run_id, request_id) = (card.run_id.clone(), card.request_id.clone());
                         located = self
                             .locate_card(&run_id, &request_id, false)
@@ -799,6 +822,7 @@ impl ApprovalStore for DynamoStore {
                     if let Some(Some(item)) = &lost.side[0] {
                         located.card = card_from_item(item)?;
                         located.count_shard = count_shard(item);
+                        self.cards.put(&located.card, located.count_shard);
                         if located.card.state != ApprovalState::Pending {
                             continue;
                         }

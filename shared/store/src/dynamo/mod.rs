@@ -60,6 +60,57 @@ pub struct DynamoStore {
     lanes: Option<std::sync::Arc<RunLanes>>,
     /// Heads this store read or wrote in the last seconds (see [`RecentHeads`]).
     recent: std::sync::Arc<RecentHeads>,
+    /// Pending cards this store armed or read (see [`RecentCards`]).
+    cards: std::sync::Arc<RecentCards>,
+}
+
+/// Pending cards this store instance armed or read, at most [`RecentCards::MAX`]: a
+/// decision on one of them, with its run's head remembered too, writes at once instead
+/// of reading the card and head first. Never trusted for correctness
+/// (docs/architecture.md §6): the decision's card write is conditioned on the card still
+/// pending and each head on its `next_seq`, incarnation and status, so a card decided
+/// elsewhere loses its condition and the stored card returned (`ALL_OLD`) is what the
+/// decision then answers. Pod-held cards are never remembered (a decision on one is
+/// forwarded to the pod on what was read).
+#[derive(Default)]
+pub(crate) struct RecentCards {
+    cards: std::sync::Mutex<
+        HashMap<(String, String), (tollgate_domain::ApprovalRequest, Option<u32>)>,
+    >,
+}
+
+impl RecentCards {
+    pub(crate) const MAX: usize = 4096;
+
+    pub(crate) fn get(
+        &self,
+        run_id: &str,
+        request_id: &str,
+    ) -> Option<(tollgate_domain::ApprovalRequest, Option<u32>)> {
+        let cards = self.cards.lock().unwrap_or_else(|p| p.into_inner());
+        cards
+            .get(&(run_id.to_owned(), request_id.to_owned()))
+            .cloned()
+    }
+
+    /// Remembers `card` while it is pending and not held by a pod; forgets it otherwise.
+    pub(crate) fn put(&self, card: &tollgate_domain::ApprovalRequest, shard: Option<u32>) {
+        let key = (card.run_id.clone(), card.request_id.clone());
+        let mut cards = self.cards.lock().unwrap_or_else(|p| p.into_inner());
+        if card.state != tollgate_domain::ApprovalState::Pending || card.held_by_pod {
+            cards.remove(&key);
+            return;
+        }
+        if cards.len() >= Self::MAX {
+            cards.clear();
+        }
+        cards.insert(key, (card.clone(), shard));
+    }
+
+    pub(crate) fn forget(&self, run_id: &str, request_id: &str) {
+        let mut cards = self.cards.lock().unwrap_or_else(|p| p.into_inner());
+        cards.remove(&(run_id.to_owned(), request_id.to_owned()));
+    }
 }
 
 /// Run heads this store instance last wrote or read, at most [`RecentHeads::MAX`] runs
@@ -169,6 +220,7 @@ impl DynamoStore {
             contention_budget: CONTENTION_BUDGET,
             lanes: Some(std::sync::Arc::new(RunLanes::default())),
             recent: Default::default(),
+            cards: Default::default(),
         }
     }
 
