@@ -527,6 +527,120 @@ async fn streams_are_capped_per_run_agent_and_project(backend: Backend) {
     }
 }
 
+/// A run log whose lagging head read (`read_head_lagging`) answers the head as it was
+/// `lag` reads ago, and which gives no write signal (so a stream polls, as on DynamoDB).
+struct LaggingHead {
+    inner: Arc<dyn tollgate_store::Store>,
+    lag: usize,
+    seen: std::sync::Mutex<std::collections::VecDeque<tollgate_domain::RunHead>>,
+    lagging_reads: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl tollgate_store::RunStore for LaggingHead {
+    async fn create_run(
+        &self,
+        new: tollgate_domain::NewRun,
+    ) -> Result<tollgate_store::CreateOutcome, tollgate_store::StoreError> {
+        self.inner.create_run(new).await
+    }
+    async fn append_events(
+        &self,
+        run: tollgate_store::RunRef<'_>,
+        events: Vec<tollgate_domain::EventDraft>,
+    ) -> Result<Vec<u64>, tollgate_store::StoreError> {
+        self.inner.append_events(run, events).await
+    }
+    async fn finish_run(
+        &self,
+        run: tollgate_store::RunRef<'_>,
+        kind: tollgate_domain::TerminalKind,
+        payload: serde_json::Map<String, Value>,
+    ) -> Result<tollgate_store::Finished, tollgate_store::StoreError> {
+        self.inner.finish_run(run, kind, payload).await
+    }
+    async fn read_head(
+        &self,
+        run_id: &str,
+    ) -> Result<Option<tollgate_domain::RunHead>, tollgate_store::StoreError> {
+        self.inner.read_head(run_id).await
+    }
+    async fn read_head_lagging(
+        &self,
+        run_id: &str,
+    ) -> Result<Option<tollgate_domain::RunHead>, tollgate_store::StoreError> {
+        self.lagging_reads
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let Some(now) = self.inner.read_head(run_id).await? else {
+            return Ok(None);
+        };
+        let mut seen = self.seen.lock().unwrap();
+        seen.push_back(now);
+        let old = if seen.len() > self.lag {
+            seen.pop_front()
+        } else {
+            seen.front().cloned()
+        };
+        Ok(old)
+    }
+    async fn read_events(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<tollgate_store::EventPage, tollgate_store::StoreError> {
+        self.inner.read_events(run_id, after, limit).await
+    }
+}
+
+/// GIVEN a stream that waits by polling a head read that lags several polls behind the
+/// writes (an eventually consistent read) WHEN events are appended one by one and the
+/// run completes THEN the stream still delivers every event exactly once, in order, each
+/// against a strong read of the head, and ends at `done`: a lagging poll only delays.
+async fn lagging_head_polls_only_delay(backend: Backend) {
+    let inner = store_for(backend).await;
+    let lagging = Arc::new(LaggingHead {
+        inner: inner.clone(),
+        lag: 3,
+        seen: Default::default(),
+        lagging_reads: Default::default(),
+    });
+    let mut deps = TestServer::deps(inner, GateConfig::default()).with_run_store(lagging.clone());
+    deps.sse = SseConfig {
+        poll_min: Duration::from_millis(20),
+        poll_max: Duration::from_millis(40),
+        ..SseConfig::default()
+    };
+    let srv = TestServer::with_deps(deps).await;
+    let (run_id, token) = srv.create_run(json!({})).await;
+    let mut s = open(&srv, &format!("/api/runs/{run_id}/stream"), &token, None).await;
+    assert!(s.next().await.unwrap().retry.is_some());
+    assert_eq!(s.next().await.unwrap().id, Some(1), "run_started");
+    for i in 0..5 {
+        append(&srv, &run_id, &token, 1).await;
+        let f = tokio::time::timeout(Duration::from_secs(10), s.next())
+            .await
+            .expect("the event arrives despite the lag")
+            .unwrap();
+        assert_eq!(f.id, Some(2 + i), "in order, once");
+    }
+    let (status, _) = srv
+        .post(&format!("/api/runs/{run_id}/complete"), &token, &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let rest = rest_of(&mut s).await.expect("the stream ends");
+    let ids: Vec<u64> = rest.iter().filter_map(|f| f.id).collect();
+    assert_eq!(ids, vec![7], "the terminal event, once");
+    assert_eq!(rest.last().unwrap().event.as_deref(), Some("done"));
+    assert!(
+        lagging
+            .lagging_reads
+            .load(std::sync::atomic::Ordering::SeqCst)
+            > 5,
+        "the waits polled the lagging read"
+    );
+}
+
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -554,6 +668,7 @@ on_both_stores!(
     dropped_twenty_times_misses_nothing,
     operator_stream_serves_operators_only,
     streams_are_capped_per_run_agent_and_project,
+    lagging_head_polls_only_delay,
 );
 
 /// GIVEN a real `tollgate serve` (window of an hour) with a live stream open WHEN the

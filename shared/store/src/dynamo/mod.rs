@@ -329,16 +329,7 @@ impl DynamoStore {
     }
 
     async fn get_head(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.tables.runs)
-            .key("run_id", s(run_id))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(unavailable)?;
-        let head = out.item.map(|item| head_from_item(&item)).transpose()?;
+        let head = self.head_read(run_id, true).await?;
         match &head {
             Some(h) => self.recent.put(h),
             None => self.recent.forget(run_id),
@@ -346,19 +337,25 @@ impl DynamoStore {
         Ok(head)
     }
 
-    /// An eventually consistent read of the head (½ the read units): only for waiting
-    /// on a change, never for a write's condition nor remembered (see
-    /// [`crate::RunStore::read_head_lagging`]).
-    async fn get_head_eventually(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {
+    /// One `GetItem` of the head, strongly or eventually consistent.
+    async fn head_read(&self, run_id: &str, strong: bool) -> Result<Option<RunHead>, StoreError> {
         let out = self
             .client
             .get_item()
             .table_name(&self.tables.runs)
             .key("run_id", s(run_id))
+            .consistent_read(strong)
             .send()
             .await
             .map_err(unavailable)?;
         out.item.map(|item| head_from_item(&item)).transpose()
+    }
+
+    /// An eventually consistent read of the head (½ the read units): only for waiting
+    /// on a change, never for a write's condition nor remembered (see
+    /// [`crate::RunStore::read_head_lagging`]).
+    async fn get_head_eventually(&self, run_id: &str) -> Result<Option<RunHead>, StoreError> {
+        self.head_read(run_id, false).await
     }
 
     /// `run_id`'s head and the item `key` of `table` as one serializable snapshot
