@@ -200,7 +200,7 @@ pub fn price(mode: Mode, watch: &Watch, a: &Assumptions) -> Bill {
                 "RRU",
                 DYNAMODB_RRU_USD,
                 format!(
-                    "{}/min per idle watcher × {} RRU",
+                    "{:.1}/min per idle watcher × {} RRU",
                     a.sse_polls_per_min, a.sse_poll_rru
                 ),
             ));
@@ -219,7 +219,7 @@ pub fn price(mode: Mode, watch: &Watch, a: &Assumptions) -> Bill {
             ));
             assumptions.push(format!(
                 "SSE: each watcher holds a replay-stream invocation ({} MB, x86_64) for the \
-                 whole wait, in {} s windows; {}/min idle head polls of {} RRU (measured by \
+                 whole wait, in {} s windows; {:.1}/min idle head polls of {} RRU (measured by \
                  `make bench`), one page read ({} RRU) per event and per window",
                 a.http_memory_mb,
                 a.stream_window_s,
