@@ -72,21 +72,18 @@ pub struct DynamoStore {
 /// elsewhere loses its condition and the stored card returned (`ALL_OLD`) is what the
 /// decision then answers. Pod-held cards are never remembered (a decision on one is
 /// forwarded to the pod on what was read).
+/// A remembered card and its count shard.
+type RecentCard = (tollgate_domain::ApprovalRequest, Option<u32>);
+
 #[derive(Default)]
 pub(crate) struct RecentCards {
-    cards: std::sync::Mutex<
-        HashMap<(String, String), (tollgate_domain::ApprovalRequest, Option<u32>)>,
-    >,
+    cards: std::sync::Mutex<HashMap<(String, String), RecentCard>>,
 }
 
 impl RecentCards {
     pub(crate) const MAX: usize = 4096;
 
-    pub(crate) fn get(
-        &self,
-        run_id: &str,
-        request_id: &str,
-    ) -> Option<(tollgate_domain::ApprovalRequest, Option<u32>)> {
+    pub(crate) fn get(&self, run_id: &str, request_id: &str) -> Option<RecentCard> {
         let cards = self.cards.lock().unwrap_or_else(|p| p.into_inner());
         cards
             .get(&(run_id.to_owned(), request_id.to_owned()))
