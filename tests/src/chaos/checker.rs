@@ -806,8 +806,29 @@ fn check_records(run: &FinalRun, v: &mut impl FnMut(Invariant, String)) {
         // appended: a settlement or reconciliation of an attempt started before the end
         // (a late `confirmed` contesting a `not_applied`, an operator's reconcile, the
         // deadline settling an unsettled attempt); `completed` is final.
-        let ok = started
-            && match state {
+        // A start refused before it started (the card denied or expired, the run not
+        // running) settles its attempt `not_executed` at once: with its `tool_execution`
+        // while the run runs, as the record alone once it has ended.
+        let reason = s(r, "reason");
+        let approved = run.events.iter().any(|e| {
+            s(e, "type") == "tool.approval_resolved"
+                && s(e, "approval_id") == approval
+                && e["approved"].as_bool() == Some(true)
+        });
+        let refused_start = !started
+            && state == "not_executed"
+            && match last {
+                Some(e) => {
+                    s(e, "mutation_outcome") == "not_executed"
+                        && (reason == "run_not_running"
+                            || (!approved
+                                && matches!(reason, "approval_denied" | "approval_expired")))
+                }
+                None => ended && reason == "run_not_running",
+            };
+        let ok = refused_start
+            || started
+                && match state {
                 "intent" | "dispatched" => last.is_none(),
                 "completed" | "not_executed" | "outcome_unknown" => match last {
                     Some(e) => {

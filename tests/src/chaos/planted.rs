@@ -218,6 +218,17 @@ fn caught(h: &History, invariant: Invariant) {
     );
 }
 
+/// `invariant` caught, with `needle` in what the violation says.
+fn caught_with(h: &History, invariant: Invariant, needle: &str) {
+    let found = check(h);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.invariant == invariant && v.detail.contains(needle)),
+        "{invariant:?} about {needle:?} not caught; found {found:#?}"
+    );
+}
+
 fn events(h: &mut History) -> &mut Vec<Value> {
     &mut h.runs[0].events
 }
@@ -682,13 +693,7 @@ fn a_decision_answer_that_does_not_hold_is_caught() {
         body: json!({"state": "denied", "decided_by": "bob"}),
     };
     h.ops.push(again);
-    let found = check(&h);
-    assert!(
-        found
-            .iter()
-            .any(|v| v.invariant == Invariant::AnswerHolds && v.detail.contains("disagree")),
-        "{found:#?}"
-    );
+    caught_with(&h, Invariant::AnswerHolds, "disagree");
 }
 
 /// A record answered `completed` must stay so; `intent` may move on.
@@ -735,14 +740,38 @@ fn a_policy_not_granted_by_the_owner_is_caught() {
     caught(&h, Invariant::PolicyNeedsApproval);
 }
 
-/// A record after the end with no start of its attempt on the stream is not excused.
+/// A record with no start of its attempt on the stream is only a start refused before
+/// it started: on the ended run (`run_not_running`, the record alone), or of a card
+/// denied or expired (with its `tool_execution`); nothing else is excused.
 #[test]
-fn a_record_of_an_attempt_never_started_is_caught_after_the_end() {
+fn a_record_of_an_attempt_never_started_is_caught() {
+    let record = |reason: &str| {
+        json!({"tool_call_id": "c2", "approval_id": "a2", "state": "not_executed",
+               "reason": reason})
+    };
     let mut h = clean();
-    h.runs[0]
-        .mutations
-        .push(json!({"tool_call_id": "c2", "approval_id": "a2", "state": "not_executed"}));
-    caught(&h, Invariant::AllOrNothing);
+    h.runs[0].mutations.push(record("run_not_running"));
+    assert_eq!(check(&h), vec![]);
+    h.runs[0].mutations[1] = record("budget_exhausted");
+    caught_with(&h, Invariant::AllOrNothing, "record c2/a2");
+    h.runs[0].mutations[1]["state"] = json!("outcome_unknown");
+    caught_with(&h, Invariant::AllOrNothing, "record c2/a2");
+    // The denied card's refused start, announced while the run ran.
+    let mut h = clean();
+    events(&mut h).insert(
+        10,
+        ev(
+            0,
+            "tool_execution",
+            merge(json!({"mutation_outcome": "not_executed"}), ids("c2", "a2")),
+        ),
+    );
+    renumber(&mut h);
+    h.runs[0].mutations.push(record("approval_denied"));
+    assert_eq!(check(&h), vec![]);
+    // Claimed denied, but the card was approved.
+    events(&mut h)[9]["approved"] = json!(true);
+    caught_with(&h, Invariant::AllOrNothing, "record c2/a2");
 }
 
 /// A refused (4xx) operation left nothing; a failed one nothing or all.
@@ -751,18 +780,18 @@ fn a_refused_operation_that_wrote_is_caught() {
     let mut h = clean();
     let i = find(&h, |k| matches!(k, OpKind::Append { .. }));
     answered(&mut h, i, 409, json!({"error": "run_terminal"}));
-    caught(&h, Invariant::AllOrNothing);
+    caught_with(&h, Invariant::AllOrNothing, "refused");
     let mut h = clean();
     let i = find(
         &h,
         |k| matches!(k, OpKind::Arm { request_id, .. } if request_id == "q2"),
     );
     answered(&mut h, i, 409, json!({"error": "too many"}));
-    caught(&h, Invariant::AllOrNothing);
+    caught_with(&h, Invariant::AllOrNothing, "refused");
     let mut h = clean();
     let i = find(&h, |k| matches!(k, OpKind::CreateRun { .. }));
     answered(&mut h, i, 400, json!({"error": "bad"}));
-    caught(&h, Invariant::AllOrNothing);
+    caught_with(&h, Invariant::AllOrNothing, "refused");
 }
 
 #[test]
@@ -796,7 +825,7 @@ fn an_expiry_on_an_ended_run_without_its_reason_is_caught() {
     });
     assert_eq!(check(&h), vec![]);
     card_mut(&mut h, 2)["reason"] = Value::Null;
-    caught(&h, Invariant::AllOrNothing);
+    caught_with(&h, Invariant::AllOrNothing, "its reason");
 }
 
 /// A child's card is mirrored on its running coordinator exactly once as required and
