@@ -262,8 +262,11 @@ pub enum Invariant {
     /// answered, the card decided as answered (two answers never disagree), the record
     /// in the answered state or a later legal one, a create's receipt naming its run.
     AnswerHolds,
-    /// One run per create: no run of the seed the workload cannot account for.
-    NoDuplicateRun,
+    /// A request committed whose answer was lost and which was retried wrote once: one
+    /// run per create (no run of the seed the workload cannot account for), one
+    /// `run_started` per run, one `tool.approval_required` per card, one
+    /// `tool_execution` per attempt.
+    ExactlyOnce,
     /// Each child card with a coordinator is mirrored there exactly once as required and,
     /// once resolved, exactly once as resolved.
     CoordinatorMirror,
@@ -283,7 +286,7 @@ impl Invariant {
         Invariant::AllOrNothing,
         Invariant::NoDecisionWithoutClick,
         Invariant::AnswerHolds,
-        Invariant::NoDuplicateRun,
+        Invariant::ExactlyOnce,
         Invariant::CoordinatorMirror,
         Invariant::ReadBack,
     ];
@@ -366,6 +369,39 @@ pub fn check(h: &History) -> Vec<Violation> {
                     format!("{id}: event_id {eid} appears {n} times"),
                 );
             }
+        }
+        let mut once: HashMap<(&str, &str, &str), usize> = HashMap::new();
+        for e in &run.events {
+            let ty = s(e, "type");
+            let key = match ty {
+                "run_started" => Some((ty, "", "")),
+                "tool.approval_required" | "tool.auto_approved" => {
+                    Some((ty, s(e, "requestId"), ""))
+                }
+                "tool_execution" => Some((ty, s(e, "tool_call_id"), s(e, "approval_id"))),
+                _ => None,
+            };
+            if let Some(k) = key {
+                *once.entry(k).or_default() += 1;
+            }
+        }
+        for ((ty, a, b), n) in once {
+            if n > 1 {
+                v(
+                    Invariant::ExactlyOnce,
+                    format!("{id}: {ty} {a} {b} appears {n} times"),
+                );
+            }
+        }
+        if run
+            .events
+            .first()
+            .is_some_and(|e| s(e, "type") != "run_started")
+        {
+            v(
+                Invariant::ExactlyOnce,
+                format!("{id}: the stream does not start with run_started"),
+            );
         }
         check_resolutions(run, &mut v);
         check_executions(run, &mut v);
@@ -829,16 +865,17 @@ fn check_records(run: &FinalRun, v: &mut impl FnMut(Invariant, String)) {
         let ok = refused_start
             || started
                 && match state {
-                "intent" | "dispatched" => last.is_none(),
-                "completed" | "not_executed" | "outcome_unknown" => match last {
-                    Some(e) => {
-                        let was = s(e, "mutation_outcome");
-                        was == state || (ended && was != "completed" && later_or_same(was, state))
-                    }
-                    None => ended,
-                },
-                _ => false,
-            };
+                    "intent" | "dispatched" => last.is_none(),
+                    "completed" | "not_executed" | "outcome_unknown" => match last {
+                        Some(e) => {
+                            let was = s(e, "mutation_outcome");
+                            was == state
+                                || (ended && was != "completed" && later_or_same(was, state))
+                        }
+                        None => ended,
+                    },
+                    _ => false,
+                };
         if !ok {
             v(
                 Invariant::AllOrNothing,
@@ -943,7 +980,7 @@ fn check_creates(h: &History, excused: &HashSet<usize>, v: &mut impl FnMut(Invar
     for (run, delivery) in &h.listed_runs {
         if !made.contains_key(run) {
             v(
-                Invariant::NoDuplicateRun,
+                Invariant::ExactlyOnce,
                 format!("run {run} (delivery {delivery:?}) is in the store, but no create was answered it and no receipt names it"),
             );
         }
@@ -954,7 +991,7 @@ fn check_creates(h: &History, excused: &HashSet<usize>, v: &mut impl FnMut(Invar
     for (d, runs) in per_delivery {
         if runs.len() > 1 {
             v(
-                Invariant::NoDuplicateRun,
+                Invariant::ExactlyOnce,
                 format!("delivery {d} made {} runs: {runs:?}", runs.len()),
             );
         }

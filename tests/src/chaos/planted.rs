@@ -718,10 +718,10 @@ fn a_record_behind_its_answer_is_caught() {
 fn a_second_run_from_a_retried_create_is_caught() {
     let mut h = clean();
     h.listed_runs.push(("r9".into(), Some("d1".into())));
-    caught(&h, Invariant::NoDuplicateRun);
+    caught(&h, Invariant::ExactlyOnce);
     let mut h = clean();
     h.listed_runs.push(("r9".into(), None));
-    caught(&h, Invariant::NoDuplicateRun);
+    caught(&h, Invariant::ExactlyOnce);
     let mut h = clean();
     h.receipts[0].1 = Some("r9".into());
     h.runs.push(FinalRun {
@@ -730,6 +730,18 @@ fn a_second_run_from_a_retried_create_is_caught() {
         ..Default::default()
     });
     caught(&h, Invariant::AnswerHolds);
+}
+
+/// A retried request whose first try committed writes nothing twice.
+#[test]
+fn a_retried_write_twice_is_caught() {
+    for at in [0, 3, 7] {
+        let mut h = clean();
+        let again = events(&mut h)[at].clone();
+        events(&mut h).insert(at + 1, again);
+        renumber(&mut h);
+        caught(&h, Invariant::ExactlyOnce);
+    }
 }
 
 /// A policy granted by someone other than the run's owner is caught.
@@ -885,7 +897,7 @@ fn every_invariant_can_fail() {
         Invariant::AllOrNothing,
         Invariant::NoDecisionWithoutClick,
         Invariant::AnswerHolds,
-        Invariant::NoDuplicateRun,
+        Invariant::ExactlyOnce,
         Invariant::CoordinatorMirror,
         Invariant::ReadBack,
     ];
