@@ -1,8 +1,9 @@
 //! `make chaos`: the randomized workload over several `tollgate serve` processes, with
-//! DynamoDB and SQS behind fault proxies, DynamoDB Local killed and restarted on its
-//! on-disk database, LocalStack killed and restarted, a serve process killed
-//! mid-request; then the history checker. Prints one line per seed (operations, unknown
-//! outcomes, faults by kind, crashes, violations) and exits non-zero on any violation.
+//! DynamoDB, SQS and each serve process behind fault proxies, DynamoDB Local killed and
+//! restarted on its on-disk database, LocalStack killed and restarted, a serve process
+//! killed mid-request; then the history checker. Prints one line per seed (operations,
+//! unknown outcomes, faults by kind, crashes, violations) and exits non-zero on any
+//! violation, or when a fault kind or crash it was configured to inject never happened.
 //!
 //! Starts its own DynamoDB Local and LocalStack from the cache dir (`$TOLLGATE_CACHE`,
 //! where `tests/harness/emulators.sh install` puts them); without them it uses the

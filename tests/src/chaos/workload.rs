@@ -1,10 +1,13 @@
 //! The randomized workload: several `tollgate serve --backend aws` processes on one set
-//! of tables and one SQS timer queue, both reached through fault proxies; agents create
-//! runs (single, coordinators, children), append with retries, arm cards; operators
-//! click with scopes; approved calls go through start, dispatch and settle; operators
-//! reconcile; runs end. Every client operation and what it was answered is recorded, and
-//! at the end (faults off, timers quiet) every run's stream, mutation records, cards and
-//! policies are read back for the checker.
+//! of tables and one SQS timer queue, both reached through fault proxies, and each
+//! process reached by the clients through a fault proxy of its own; agents create runs
+//! (single, coordinators, children), append, arm cards; operators click with scopes;
+//! approved calls go through start, dispatch and settle; operators reconcile; runs end.
+//! Clients retry a request that failed (5xx, reset, no answer within 8 s) with the same
+//! body — the same `delivery_id`, `event_id`s, `request_id` — on another process. Every
+//! client operation and what it was answered is recorded, and at the end (faults off,
+//! timers quiet) every run's stream, mutation records, cards and policies, and the
+//! seed's runs in the runs table, are read back for the checker.
 //!
 //! Per seed: the operations each worker picks come from a generator seeded with the seed
 //! and the worker's number, the proxies' schedules from the seed.
