@@ -29,6 +29,62 @@ fn merge(a: Value, b: Value) -> Value {
     a
 }
 
+/// The building blocks of a history's streams: one card's or attempt's event, on `r1`
+/// (sequence 0 until [`before_end`] renumbers).
+fn required(rid: &str, call: &str, approval: &str) -> Value {
+    ev(
+        0,
+        "tool.approval_required",
+        merge(json!({ "requestId": rid }), ids(call, approval)),
+    )
+}
+
+fn resolved(rid: &str, call: &str, approval: &str, approved: bool, expired: bool) -> Value {
+    ev(
+        0,
+        "tool.approval_resolved",
+        merge(
+            json!({"requestId": rid, "approved": approved, "expired": expired}),
+            ids(call, approval),
+        ),
+    )
+}
+
+fn started(call: &str, approval: &str) -> Value {
+    ev(0, "tool_execution_started", ids(call, approval))
+}
+
+fn settled(call: &str, approval: &str, outcome: &str) -> Value {
+    ev(
+        0,
+        "tool_execution",
+        merge(json!({ "mutation_outcome": outcome }), ids(call, approval)),
+    )
+}
+
+/// Inserts `more` before the run's terminal event and renumbers the stream.
+fn before_end(h: &mut History, more: Vec<Value>) {
+    let at = events(h).len() - 1;
+    for (i, e) in more.into_iter().enumerate() {
+        events(h).insert(at + i, e);
+    }
+    renumber(h);
+}
+
+/// An append of `event_ids` whose every try failed (outcome unknown).
+fn failed_append(event_ids: &[&str]) -> Op {
+    Op {
+        kind: OpKind::Append {
+            run_id: "r1".into(),
+            event_ids: event_ids.iter().map(|e| (*e).to_owned()).collect(),
+        },
+        outcome: Outcome::Unknown { last: "503".into() },
+        saw_failure: true,
+        sent_at_ms: None,
+        answered_at_ms: CLICKED_AT,
+    }
+}
+
 fn op(kind: OpKind, status: u16, body: Value) -> Op {
     Op {
         kind,
@@ -46,11 +102,7 @@ fn clean() -> History {
         ev(1, "run_started", json!({})),
         ev(2, "agent.step", json!({"event_id": "e1"})),
         ev(3, "agent.step", json!({"event_id": "e2"})),
-        ev(
-            4,
-            "tool.approval_required",
-            merge(json!({"requestId": "q1"}), ids("c1", "a1")),
-        ),
+        required("q1", "c1", "a1"),
         ev(
             5,
             "tool.approval_pending",
@@ -64,25 +116,10 @@ fn clean() -> History {
                 ids("c1", "a1"),
             ),
         ),
-        ev(7, "tool_execution_started", ids("c1", "a1")),
-        ev(
-            8,
-            "tool_execution",
-            merge(json!({"mutation_outcome": "completed"}), ids("c1", "a1")),
-        ),
-        ev(
-            9,
-            "tool.approval_required",
-            merge(json!({"requestId": "q2"}), ids("c2", "a2")),
-        ),
-        ev(
-            10,
-            "tool.approval_resolved",
-            merge(
-                json!({"requestId": "q2", "approved": false, "expired": false}),
-                ids("c2", "a2"),
-            ),
-        ),
+        started("c1", "a1"),
+        settled("c1", "a1", "completed"),
+        required("q2", "c2", "a2"),
+        resolved("q2", "c2", "a2", false, false),
         ev(11, "run_completed", json!({})),
     ];
     let card = |rid: &str, n: &str, state: &str, scope: Option<&str>, by: &str| FinalCard {
@@ -95,7 +132,7 @@ fn clean() -> History {
                           "expires_at": "2026-12-01T11:00:00.000Z"}),
         ),
     };
-    History {
+    let mut h = History {
         ops: vec![
             op(
                 OpKind::CreateRun {
@@ -178,7 +215,9 @@ fn clean() -> History {
         storage_acks: vec![],
         listed_runs: vec![("r1".into(), Some("d1".into()))],
         read_errors: vec![],
-    }
+    };
+    renumber(&mut h);
+    h
 }
 
 const OWNER: &str = "alice";
@@ -372,44 +411,26 @@ fn a_start_of_a_denied_card_is_caught() {
 #[test]
 fn a_start_of_an_auto_approved_card_is_caught() {
     let mut h = clean();
-    let at = events(&mut h).len() - 1;
-    events(&mut h).insert(
-        at,
-        ev(
-            0,
-            "tool.auto_approved",
-            merge(json!({"requestId": "q3", "scope": "tool"}), ids("c3", "a3")),
-        ),
+    let auto = ev(
+        0,
+        "tool.auto_approved",
+        merge(json!({"requestId": "q3", "scope": "tool"}), ids("c3", "a3")),
     );
-    events(&mut h).insert(at + 1, ev(0, "tool_execution_started", ids("c3", "a3")));
-    renumber(&mut h);
+    before_end(&mut h, vec![auto, started("c3", "a3")]);
     caught(&h, Invariant::StartNeedsHumanApproval);
 }
 
 #[test]
 fn a_start_of_an_expired_card_is_caught() {
     let mut h = clean();
-    let at = events(&mut h).len() - 1;
-    let card = [
-        ev(
-            0,
-            "tool.approval_required",
-            merge(json!({"requestId": "q4"}), ids("c4", "a4")),
-        ),
-        ev(
-            0,
-            "tool.approval_resolved",
-            merge(
-                json!({"requestId": "q4", "approved": false, "expired": true}),
-                ids("c4", "a4"),
-            ),
-        ),
-        ev(0, "tool_execution_started", ids("c4", "a4")),
-    ];
-    for (i, e) in card.into_iter().enumerate() {
-        events(&mut h).insert(at + i, e);
-    }
-    renumber(&mut h);
+    before_end(
+        &mut h,
+        vec![
+            required("q4", "c4", "a4"),
+            resolved("q4", "c4", "a4", false, true),
+            started("c4", "a4"),
+        ],
+    );
     caught(&h, Invariant::StartNeedsHumanApproval);
 }
 
@@ -428,32 +449,15 @@ fn second_attempt(h: &mut History, first_outcome: Option<&str>) {
             h.runs[0].mutations[0]["state"] = json!(outcome);
         }
     }
-    let evs = events(h);
-    let at = evs.len() - 1;
-    let more = [
-        ev(
-            0,
-            "tool.approval_required",
-            merge(json!({"requestId": "q5"}), ids("c1", "a5")),
-        ),
-        ev(
-            0,
-            "tool.approval_resolved",
-            merge(
-                json!({"requestId": "q5", "approved": true, "expired": false}),
-                ids("c1", "a5"),
-            ),
-        ),
-        ev(0, "tool_execution_started", ids("c1", "a5")),
-        ev(
-            0,
-            "tool_execution",
-            merge(json!({"mutation_outcome": "completed"}), ids("c1", "a5")),
-        ),
-    ];
-    for (i, e) in more.into_iter().enumerate() {
-        evs.insert(at + i, e);
-    }
+    before_end(
+        h,
+        vec![
+            required("q5", "c1", "a5"),
+            resolved("q5", "c1", "a5", true, false),
+            started("c1", "a5"),
+            settled("c1", "a5", "completed"),
+        ],
+    );
     h.ops.push(op(
         OpKind::Decide {
             run_id: "r1".into(),
@@ -513,39 +517,22 @@ fn a_start_after_a_reconciled_outcome_unknown_passes() {
 #[test]
 fn half_of_a_failed_append_is_caught() {
     let mut h = clean();
-    h.ops.push(Op {
-        kind: OpKind::Append {
-            run_id: "r1".into(),
-            event_ids: vec!["e3".into(), "e4".into()],
-        },
-        outcome: Outcome::Unknown { last: "503".into() },
-        saw_failure: true,
-        sent_at_ms: None,
-        answered_at_ms: CLICKED_AT,
-    });
-    let at = events(&mut h).len() - 1;
-    events(&mut h).insert(at, ev(0, "agent.step", json!({"event_id": "e3"})));
-    renumber(&mut h);
+    h.ops.push(failed_append(&["e3", "e4"]));
+    before_end(&mut h, vec![ev(0, "agent.step", json!({"event_id": "e3"}))]);
     caught(&h, Invariant::AllOrNothing);
 }
 
 #[test]
 fn a_whole_failed_append_passes() {
     let mut h = clean();
-    h.ops.push(Op {
-        kind: OpKind::Append {
-            run_id: "r1".into(),
-            event_ids: vec!["e3".into(), "e4".into()],
-        },
-        outcome: Outcome::Unknown { last: "503".into() },
-        saw_failure: true,
-        sent_at_ms: None,
-        answered_at_ms: CLICKED_AT,
-    });
-    let at = events(&mut h).len() - 1;
-    events(&mut h).insert(at, ev(0, "agent.step", json!({"event_id": "e3"})));
-    events(&mut h).insert(at + 1, ev(0, "agent.step", json!({"event_id": "e4"})));
-    renumber(&mut h);
+    h.ops.push(failed_append(&["e3", "e4"]));
+    before_end(
+        &mut h,
+        vec![
+            ev(0, "agent.step", json!({"event_id": "e3"})),
+            ev(0, "agent.step", json!({"event_id": "e4"})),
+        ],
+    );
     assert_eq!(check(&h), vec![]);
 }
 
@@ -817,16 +804,7 @@ fn a_failed_read_back_fails_the_check() {
 #[test]
 fn an_expiry_on_an_ended_run_without_its_reason_is_caught() {
     let mut h = clean();
-    let at = events(&mut h).len() - 1;
-    events(&mut h).insert(
-        at,
-        ev(
-            0,
-            "tool.approval_required",
-            merge(json!({"requestId": "q6"}), ids("c6", "a6")),
-        ),
-    );
-    renumber(&mut h);
+    before_end(&mut h, vec![required("q6", "c6", "a6")]);
     h.cards.push(FinalCard {
         run_id: "r1".into(),
         request_id: "q6".into(),
@@ -902,4 +880,77 @@ fn every_invariant_can_fail() {
         Invariant::ReadBack,
     ];
     assert_eq!(planted, Invariant::ALL);
+}
+
+/// The branches each check has, planted one by one.
+#[test]
+fn a_start_naming_no_card_or_started_twice_is_caught() {
+    let mut h = clean();
+    before_end(&mut h, vec![started("c8", "a8")]);
+    caught_with(&h, Invariant::StartNeedsHumanApproval, "names no card");
+    let mut h = clean();
+    let again = events(&mut h)[6].clone();
+    events(&mut h).insert(7, again);
+    renumber(&mut h);
+    caught_with(&h, Invariant::NoStartWhileInFlight, "started twice");
+}
+
+#[test]
+fn an_acknowledged_append_at_another_sequence_is_caught() {
+    let mut h = clean();
+    answered(&mut h, 3, 200, json!({"sequences": [2, 4]}));
+    caught_with(&h, Invariant::AckedAppendOnce, "e2");
+}
+
+#[test]
+fn a_failed_append_split_apart_is_caught() {
+    let mut h = clean();
+    h.ops.push(failed_append(&["e3", "e4"]));
+    before_end(
+        &mut h,
+        vec![
+            ev(0, "agent.step", json!({"event_id": "e3"})),
+            ev(0, "agent.step", json!({"event_id": "x"})),
+            ev(0, "agent.step", json!({"event_id": "e4"})),
+        ],
+    );
+    caught_with(&h, Invariant::AllOrNothing, "contiguous: false");
+}
+
+#[test]
+fn card_and_stream_disagreeing_is_caught() {
+    // No card, but its events.
+    let mut h = clean();
+    h.cards[1].card = None;
+    caught_with(&h, Invariant::AllOrNothing, "no card");
+    // Pending, but resolved on the stream.
+    let mut h = clean();
+    card_mut(&mut h, 1)["state"] = json!("pending");
+    caught_with(&h, Invariant::AllOrNothing, "pending but resolved");
+    // Expired on the card, denied on the stream.
+    let mut h = clean();
+    card_mut(&mut h, 1)["state"] = json!("expired");
+    caught_with(&h, Invariant::AllOrNothing, "stream says");
+    // A state no card has.
+    let mut h = clean();
+    card_mut(&mut h, 1)["state"] = json!("maybe");
+    caught_with(&h, Invariant::AllOrNothing, "card state");
+    // Auto-approved on the card, but a human's card on the stream.
+    let mut h = clean();
+    card_mut(&mut h, 1)["auto_approved"] = json!(true);
+    caught_with(&h, Invariant::AllOrNothing, "auto-approved card");
+}
+
+#[test]
+fn a_child_card_mirrored_resolved_twice_is_caught() {
+    let mut h = clean();
+    let mirror = |ty: &str| json!({"run_id": "r1", "sequence": 0, "type": ty, "requestId": "qc", "childRunId": "r7"});
+    before_end(
+        &mut h,
+        vec![
+            mirror("coordinator.child_approval_resolved"),
+            mirror("coordinator.child_approval_resolved"),
+        ],
+    );
+    caught_with(&h, Invariant::OneResolution, "mirrored resolved 2 times");
 }
