@@ -99,6 +99,8 @@ pub struct FinalRun {
     /// Replay stopped making progress after this sequence (`has_more` stayed true):
     /// the stream has a gap there.
     pub stuck_after: Option<u64>,
+    /// The run is not there at all (404): a create answered with it was lost.
+    pub absent: bool,
 }
 
 /// A card as it stands at the end (`None`: 404, no such card).
@@ -320,6 +322,21 @@ pub fn check(h: &History) -> Vec<Violation> {
     // Streams on their own: sequences, terminal, event ids, resolutions, executions.
     for run in &h.runs {
         let id = &run.run_id;
+        if run.absent {
+            // Only a create the storage lost (excused, with its evidence) leaves a run
+            // a client was answered with absent.
+            let lost = h.ops.iter().enumerate().any(|(i, op)| {
+                excused.contains(&i)
+                    && matches!(&op.outcome, Outcome::Answered { body, .. } if body["run_id"] == id.as_str())
+            });
+            if !lost {
+                v(
+                    Invariant::AnswerHolds,
+                    format!("{id}: a create was answered with it, but the run is not there (404)"),
+                );
+            }
+            continue;
+        }
         if let Some(at) = run.stuck_after {
             v(
                 Invariant::GaplessSequence,

@@ -201,6 +201,7 @@ fn clean() -> History {
                 json!({"tool_call_id": "c1", "approval_id": "a1", "state": "completed"}),
             ],
             stuck_after: None,
+            absent: false,
         }],
         cards: vec![
             card("q1", "1", "approved", Some("tool"), OWNER),
@@ -953,4 +954,28 @@ fn a_child_card_mirrored_resolved_twice_is_caught() {
         ],
     );
     caught_with(&h, Invariant::OneResolution, "mirrored resolved 2 times");
+}
+
+/// A run a create was answered with, not there at the end: only a create the storage
+/// lost (with the proxy's evidence) is excused.
+#[test]
+fn a_created_run_missing_is_caught() {
+    let mut h = clean();
+    h.runs[0] = FinalRun {
+        run_id: "r1".into(),
+        absent: true,
+        ..Default::default()
+    };
+    h.receipts[0].1 = None;
+    h.listed_runs.clear();
+    h.cards.clear();
+    h.policies.clear();
+    h.ops.truncate(1);
+    caught_with(&h, Invariant::AnswerHolds, "not there");
+    let kill = CLICKED_AT + 100;
+    h.storage_kills_ms = vec![kill];
+    h.storage_acks = vec![(kill - 50, r#"{"delivery_id":{"S":"d1"}}"#.into())];
+    h.ops[0].answered_at_ms = kill;
+    assert_eq!(check(&h), vec![]);
+    assert_eq!(lost_in_storage_kills(&h).len(), 1);
 }

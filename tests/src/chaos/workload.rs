@@ -946,6 +946,7 @@ impl Chaos {
             let mut after = 0u64;
             let mut stuck = 0;
             let mut stuck_after = None;
+            let mut absent = false;
             loop {
                 let (status, page) = self
                     .get_clean(
@@ -953,6 +954,11 @@ impl Chaos {
                         &op,
                     )
                     .await;
+                if status == 404 && after == 0 && events.is_empty() {
+                    // No such run (a create lost with the storage): the checker judges it.
+                    absent = true;
+                    break;
+                }
                 if status != 200 {
                     read_errors.push(format!("{run_id}: events after {after}: {status} {page}"));
                     stuck_after = Some(after);
@@ -975,17 +981,22 @@ impl Chaos {
                 }
                 after = next;
             }
-            let (status, listing) = self
-                .get_clean(&format!("/api/runs/{run_id}/mutations?limit=1000"), &op)
-                .await;
-            if status != 200 || listing["has_more"] == true {
-                read_errors.push(format!("{run_id}: mutations: {status} {listing}"));
+            let mut mutations = Vec::new();
+            if !absent {
+                let (status, listing) = self
+                    .get_clean(&format!("/api/runs/{run_id}/mutations?limit=1000"), &op)
+                    .await;
+                if status != 200 || listing["has_more"] == true {
+                    read_errors.push(format!("{run_id}: mutations: {status} {listing}"));
+                }
+                mutations = listing["mutations"].as_array().cloned().unwrap_or_default();
             }
             runs.push(FinalRun {
                 run_id: run_id.clone(),
                 events,
-                mutations: listing["mutations"].as_array().cloned().unwrap_or_default(),
+                mutations,
                 stuck_after,
+                absent,
             });
         }
         let mut cards = Vec::new();
