@@ -6,7 +6,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::TEST_SECRET;
@@ -32,7 +32,7 @@ pub struct ServeProcess {
     pub base: String,
     /// Its stdout lines so far, and the rest as they come.
     seen: Vec<String>,
-    lines: mpsc::Receiver<String>,
+    lines: Mutex<mpsc::Receiver<String>>,
 }
 
 /// How to start one process ([`ServeProcess::start_with`]); `Default` is the embedded
@@ -137,7 +137,7 @@ impl ServeProcess {
                             child,
                             base: url.trim().to_owned(),
                             seen,
-                            lines: rx,
+                            lines: Mutex::new(rx),
                         };
                     }
                 }
@@ -175,7 +175,8 @@ impl ServeProcess {
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.seen.last().is_none_or(|l| !l.is_empty()) {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
+            let next = self.lines.lock().unwrap().recv_timeout(left);
+            match next {
                 Ok(line) => self.seen.push(line),
                 Err(e) => panic!("the banner did not end: {e}; so far {:#?}", self.seen),
             }

@@ -1043,6 +1043,7 @@ impl Chaos {
                 _ => break,
             }
         }
+        let listed_runs = self.list_runs(model, &mut read_errors).await;
         History {
             ops: model.ops.lock().unwrap().clone(),
             runs,
@@ -1051,7 +1052,7 @@ impl Chaos {
             receipts,
             storage_kills_ms: Vec::new(),
             storage_acks: Vec::new(),
-            listed_runs: self.list_runs(model, &mut read_errors).await,
+            listed_runs,
             read_errors,
         }
     }
