@@ -672,7 +672,7 @@ fn error_answer(service: Service, fault: Fault, req: &Request) -> Answer {
     (status, json_headers(ty), serde_json::to_vec(&body).unwrap())
 }
 
-/// Now and then (the timer rate, a third of it) a consumer's `DeleteMessageBatch` is
+/// Now and then (at the timer rate) a consumer's `DeleteMessageBatch` is
 /// answered as done without forwarding it: the messages stay in the queue, and SQS
 /// delivers them again once the visibility timeout has passed. The answer to send, if so.
 fn skip_delete(state: &State, req: &Request) -> Option<Vec<u8>> {
@@ -683,7 +683,7 @@ fn skip_delete(state: &State, req: &Request) -> Option<Vec<u8>> {
         return None;
     }
     let n = state.next.fetch_add(1, Ordering::SeqCst);
-    let rate = state.rates.lock().unwrap().timer / 3.0;
+    let rate = state.rates.lock().unwrap().timer;
     let mut rng = StdRng::seed_from_u64(
         state.seed.load(Ordering::SeqCst) ^ n.wrapping_mul(0xA24B_AED4_963E_E407) ^ 0xDE1E,
     );
