@@ -39,7 +39,7 @@ help:
 	@echo "make lint        rustfmt check + clippy -D warnings"
 	@echo "make bench       append/replay benchmarks on the embedded store and DynamoDB Local"
 	@echo "make chaos       randomized workload over serve processes under injected faults and crashes, then the history checker (at most 10 min)"
-	@echo "make fuzz        the parsers under proptest, many more cases than make test runs"
+	@echo "make fuzz        the parsers under proptest (many more cases than make test runs), then cargo-fuzz targets (FUZZ_SECONDS each)"
 	@echo "make build       release bootstrap zips per function (ARCH=arm64|x86_64), each at most $(ZIP_LIMIT) bytes"
 	@echo "make deploy      make build, then sam deploy of those zips (--guided the first time; GUIDED=1 asks again)"
 	@echo "make tokens      export lines for the deployed stack: URLs, an agent and an operator token (STACK=name)"
@@ -203,9 +203,16 @@ chaos-short:
 	cargo build -p tollgate-tests --bin tollgate-chaos
 	$(CHAOS) --seeds 2 --ops 300 --total-seconds 110 $(CHAOS_ARGS)
 
-# The parsers under proptest with many more cases than `make test` runs.
+# The parsers under proptest with many more cases than `make test` runs, then each
+# cargo-fuzz target (fuzz/, libFuzzer on the nightly toolchain) for FUZZ_SECONDS.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := request_bodies jwt run_token sse resume origin
 fuzz:
 	PROPTEST_CASES=$${PROPTEST_CASES:-10000} cargo nextest run -p tollgate-tests --test fuzz_parsers --no-fail-fast
+	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+	  cargo +nightly fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 || exit 1; \
+	done
 
 bench:
 	cargo build --release -p tollgate-tests --bin tollgate-bench

@@ -11,16 +11,13 @@
 //! and is killed when the test ends, also when it fails.
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tollgate_api::{Auth, Role};
+use tollgate_tests::serve::{ServeProcess, Start};
 use tollgate_tests::{aws_endpoint_configured, TEST_SECRET};
 
 /// How long one process may take to print its URL (the first one creates the tables).
@@ -34,20 +31,6 @@ fn sqs_endpoint_configured() -> bool {
     ]
     .iter()
     .any(|v| std::env::var_os(v).is_some())
-}
-
-/// The `tollgate` binary the workspace built.
-fn tollgate_bin() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let bin = target.join("debug").join("tollgate");
-    assert!(
-        bin.is_file(),
-        "{} is missing: build it first (`cargo build --workspace` or `cargo build -p tollgate`)",
-        bin.display()
-    );
-    bin
 }
 
 /// What the processes of one test share.
@@ -67,22 +50,11 @@ struct Serve {
 
 /// The running processes; kills them all when dropped (the test ended or panicked).
 struct Fleet {
-    children: Vec<Child>,
+    children: Vec<ServeProcess>,
     servers: Vec<Serve>,
     http: reqwest::Client,
     auth: Auth,
     setup: Setup,
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-        }
-        for child in &mut self.children {
-            let _ = child.wait();
-        }
-    }
 }
 
 impl Fleet {
@@ -98,7 +70,6 @@ impl Fleet {
             sqs_endpoint_configured(),
             "no SQS endpoint: run `make test` (it starts LocalStack) or set AWS_ENDPOINT_URL_SQS / AWS_ENDPOINT_URL"
         );
-        let bin = tollgate_bin();
         let unique = uuid::Uuid::new_v4().simple().to_string();
         let mut fleet = Self {
             children: Vec::new(),
@@ -121,7 +92,7 @@ impl Fleet {
         };
         for i in 0..n {
             let queue_url = fleet.servers.first().map(|s| s.queue_url.clone());
-            let serve = fleet.spawn(&bin, i, queue_url.as_deref());
+            let serve = fleet.spawn(i, queue_url.as_deref());
             fleet.servers.push(serve);
         }
         let first = &fleet.servers[0].queue_url;
@@ -136,103 +107,44 @@ impl Fleet {
     }
 
     /// Starts process `i` and waits for its banner; its output goes to this test's stderr.
-    fn spawn(&mut self, bin: &Path, i: usize, queue_url: Option<&str>) -> Serve {
-        let mut cmd = Command::new(bin);
-        cmd.args([
-            "serve",
-            "--backend",
-            "aws",
-            "--port",
-            "0",
-            "--host",
-            "127.0.0.1",
-        ])
-        .env("TOLLGATE_SECRET", TEST_SECRET)
-        .env("TOLLGATE_TABLE_PREFIX", &self.setup.table_prefix)
-        .env("TOLLGATE_TIMER_QUEUE_NAME", &self.setup.queue_name)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-        for var in [
-            "TOLLGATE_RUNS_TABLE",
-            "TOLLGATE_EVENTS_TABLE",
-            "TOLLGATE_APPROVALS_TABLE",
-            "TOLLGATE_POLICIES_TABLE",
-            "TOLLGATE_MUTATIONS_TABLE",
-            "TOLLGATE_TIMER_QUEUE_URL",
-            "TOLLGATE_CREATE_TABLES",
-            "TOLLGATE_BACKEND",
-            "TOLLGATE_PORT",
-            "TOLLGATE_SWEEP_SECONDS",
-            "TOLLGATE_HEARTBEAT_SECONDS",
-        ] {
-            cmd.env_remove(var);
-        }
-        for (k, v) in &self.setup.extra_env {
-            cmd.env(k, v);
-        }
+    fn spawn(&mut self, i: usize, queue_url: Option<&str>) -> Serve {
+        let mut env = vec![
+            ("TOLLGATE_TABLE_PREFIX", self.setup.table_prefix.clone()),
+            ("TOLLGATE_TIMER_QUEUE_NAME", self.setup.queue_name.clone()),
+        ];
+        env.extend(self.setup.extra_env.iter().cloned());
+        let mut args = vec!["--backend", "aws"];
         match queue_url {
-            Some(url) => {
-                cmd.env("TOLLGATE_TIMER_QUEUE_URL", url);
-            }
-            None => {
-                cmd.arg("--create-tables");
-            }
+            Some(url) => env.push(("TOLLGATE_TIMER_QUEUE_URL", url.to_owned())),
+            None => args.push("--create-tables"),
         }
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        let (tx, rx) = mpsc::channel::<String>();
-        let stdout = child.stdout.take().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        // Drain both pipes for the whole life of the process (a full pipe would block
-        // it), echoing each line; stdout's lines also go to the banner parser.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                eprintln!("[serve {i}] {line}");
-                let _ = tx.send(line);
-            }
+        let process = ServeProcess::start_with(Start {
+            args,
+            env,
+            remove: vec![
+                "TOLLGATE_RUNS_TABLE",
+                "TOLLGATE_EVENTS_TABLE",
+                "TOLLGATE_APPROVALS_TABLE",
+                "TOLLGATE_POLICIES_TABLE",
+                "TOLLGATE_MUTATIONS_TABLE",
+                "TOLLGATE_SWEEP_SECONDS",
+                "TOLLGATE_HEARTBEAT_SECONDS",
+            ],
+            secret: Some(TEST_SECRET),
+            log: Some("info"),
+            echo: Some(format!("[serve {i}]")),
+            wait: Some(START_TIMEOUT),
         });
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[serve {i} stderr] {line}");
-            }
-        });
-        self.children.push(child);
-        let deadline = Instant::now() + START_TIMEOUT;
-        let (mut base, mut queue) = (None, None);
-        let mut seen = Vec::new();
-        while base.is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = match rx.recv_timeout(left) {
-                Ok(line) => line,
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    panic!(
-                        "serve {i} printed no URL within {START_TIMEOUT:?}; it printed {seen:#?}"
-                    )
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let status = self.children.last_mut().unwrap().wait();
-                    panic!("serve {i} exited ({status:?}) before printing its URL; it printed {seen:#?}")
-                }
-            };
-            if let Some(url) = line.strip_prefix("export TOLLGATE_URL=") {
-                base = Some(url.trim().to_owned());
-            }
-            if let Some(rest) = line.split_once("SQS queue ").map(|(_, rest)| rest) {
-                queue = rest.split(", consumed").next().map(str::to_owned);
-            }
-            seen.push(line);
-        }
-        let base = base.unwrap();
+        let base = process.base.clone();
         assert!(base.starts_with("http://127.0.0.1:"), "{base}");
-        let queue_url = queue.unwrap_or_else(|| {
+        let queue_url = process.queue_url().unwrap_or_else(|| {
             panic!(
                 "serve {i} does not say which SQS timer queue it uses (an old build? run \
-                 `cargo build -p tollgate`); it printed {seen:#?}"
+                 `cargo build -p tollgate`); it printed {:#?}",
+                process.seen()
             )
         });
+        self.children.push(process);
         Serve { base, queue_url }
     }
 
@@ -330,8 +242,7 @@ impl Fleet {
     /// Best-effort removal of the test's tables and queue, once the processes are gone.
     async fn clean_up(mut self) {
         for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
+            child.kill();
         }
         let sdk = aws_config::load_from_env().await;
         let sqs = aws_sdk_sqs::Client::new(&sdk);

@@ -6,7 +6,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::TEST_SECRET;
@@ -32,7 +32,28 @@ pub struct ServeProcess {
     pub base: String,
     /// Its stdout lines so far, and the rest as they come.
     seen: Vec<String>,
-    lines: mpsc::Receiver<String>,
+    lines: Mutex<mpsc::Receiver<String>>,
+}
+
+/// How to start one process ([`ServeProcess::start_with`]); `Default` is the embedded
+/// store, signing with nothing set (it makes a secret up), logging at `info`, echoed.
+#[derive(Debug, Clone, Default)]
+pub struct Start<'a> {
+    /// Arguments after `serve --port 0 --host 127.0.0.1` (`--backend aws`, …).
+    pub args: Vec<&'a str>,
+    /// Variables set for it.
+    pub env: Vec<(&'a str, String)>,
+    /// Variables taken out of what it inherits (besides the usual ones).
+    pub remove: Vec<&'a str>,
+    /// `TOLLGATE_SECRET`; `None`: unset.
+    pub secret: Option<&'a str>,
+    /// `RUST_LOG` (default `info`).
+    pub log: Option<&'a str>,
+    /// Echo its output to this test's stderr, each line after this label (`None`:
+    /// drained, not shown).
+    pub echo: Option<String>,
+    /// How long to wait for its URL (default 60 s).
+    pub wait: Option<Duration>,
 }
 
 impl ServeProcess {
@@ -44,11 +65,22 @@ impl ServeProcess {
     /// Starts it signing with `secret`, or with `None` without `TOLLGATE_SECRET` (it
     /// makes one up).
     pub fn start_signing(secret: Option<&str>, env: &[(&str, &str)]) -> Self {
+        Self::start_with(Start {
+            secret,
+            env: env.iter().map(|(k, v)| (*k, (*v).to_owned())).collect(),
+            echo: Some("[serve]".into()),
+            ..Start::default()
+        })
+    }
+
+    /// Starts it as `how` says and waits for the URL it prints.
+    pub fn start_with(how: Start<'_>) -> Self {
         let mut cmd = Command::new(tollgate_bin());
         cmd.args(["serve", "--port", "0", "--host", "127.0.0.1"])
+            .args(&how.args)
             .env_remove("TOLLGATE_SECRET")
             .env_remove("TOLLGATE_MAX_TOKEN_LIFETIME_SECONDS")
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", how.log.unwrap_or("info"))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -59,13 +91,16 @@ impl ServeProcess {
             "TOLLGATE_CREATE_TABLES",
             "TOLLGATE_SSE_WINDOW_SECONDS",
             "TOLLGATE_ALLOW_LOOPBACK_ORIGINS",
-        ] {
+        ]
+        .iter()
+        .chain(&how.remove)
+        {
             cmd.env_remove(var);
         }
-        if let Some(secret) = secret {
+        if let Some(secret) = how.secret {
             cmd.env("TOLLGATE_SECRET", secret);
         }
-        for (k, v) in env {
+        for (k, v) in &how.env {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().expect("tollgate serve starts");
@@ -73,18 +108,24 @@ impl ServeProcess {
         let stdout = child.stdout.take().unwrap();
         let stderr = child.stderr.take().unwrap();
         // Drain both pipes for the life of the process (a full pipe would block it).
+        let echo = how.echo.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                eprintln!("[serve] {line}");
+                if let Some(label) = &echo {
+                    eprintln!("{label} {line}");
+                }
                 let _ = tx.send(line);
             }
         });
+        let echo = how.echo.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[serve stderr] {line}");
+                if let Some(label) = &echo {
+                    eprintln!("{label} stderr: {line}");
+                }
             }
         });
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + how.wait.unwrap_or(Duration::from_secs(60));
         let mut seen = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -96,17 +137,36 @@ impl ServeProcess {
                             child,
                             base: url.trim().to_owned(),
                             seen,
-                            lines: rx,
+                            lines: Mutex::new(rx),
                         };
                     }
                 }
                 Err(e) => {
                     let _ = child.kill();
-                    let _ = child.wait();
-                    panic!("tollgate serve printed no URL: {e}");
+                    let status = child.wait();
+                    panic!("tollgate serve printed no URL ({e}; {status:?}); it printed {seen:#?}");
                 }
             }
         }
+    }
+
+    /// What it printed up to its URL.
+    pub fn seen(&self) -> &[String] {
+        &self.seen
+    }
+
+    /// The SQS timer queue its banner names (`… SQS queue <url>, consumed …`), if any.
+    pub fn queue_url(&self) -> Option<String> {
+        self.seen.iter().find_map(|line| {
+            let rest = line.split_once("SQS queue ")?.1;
+            rest.split(", consumed").next().map(str::to_owned)
+        })
+    }
+
+    /// Kills it with SIGKILL (whatever it was doing) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Everything it printed up to the blank line that ends its start-up banner (the
@@ -115,7 +175,8 @@ impl ServeProcess {
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.seen.last().is_none_or(|l| !l.is_empty()) {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
+            let next = self.lines.lock().unwrap().recv_timeout(left);
+            match next {
                 Ok(line) => self.seen.push(line),
                 Err(e) => panic!("the banner did not end: {e}; so far {:#?}", self.seen),
             }

@@ -21,7 +21,9 @@ pub fn routes() -> Router<Deps> {
         .route("/api/runs/{run_id}/stream", get(crate::sse::stream))
 }
 
-fn parse_after(query: Option<&str>) -> Result<u64, ApiError> {
+/// `?after=`: 0 when absent; anything but a sequence number is 400 (public for the
+/// fuzz targets, `fuzz/`).
+pub fn parse_after(query: Option<&str>) -> Result<u64, ApiError> {
     match query_param(query, "after") {
         None => Ok(0),
         Some(v) => v

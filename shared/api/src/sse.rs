@@ -213,7 +213,8 @@ pub struct ResponseBudget(pub Duration);
 
 /// Where the stream starts: `Last-Event-ID` (what an `EventSource` sends when it
 /// reconnects) wins over `?after=`; neither is 0. Anything but a sequence number is 400.
-fn start_after(headers: &HeaderMap, query: Option<&str>) -> Result<u64, ApiError> {
+/// (Public for the fuzz targets, `fuzz/`.)
+pub fn start_after(headers: &HeaderMap, query: Option<&str>) -> Result<u64, ApiError> {
     if let Some(v) = headers.get("last-event-id") {
         return v
             .to_str()

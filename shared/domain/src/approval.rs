@@ -96,7 +96,8 @@ impl Resolution {
     /// What a resolution asked of a pending card becomes, given whether its run still
     /// runs and whether its deadline has passed at `at`: on an ended run every card
     /// ends as [`Resolution::RunEnded`]; past the deadline, as [`Resolution::Expired`].
-    /// The stores apply this in the same step that writes the card.
+    /// The stores apply this in the same step that writes the card, with `at` read from
+    /// the clock as that step commits (never the click's earlier time).
     pub fn effective(self, run_running: bool, at: i64, expires_at: i64) -> Resolution {
         if !run_running {
             Resolution::RunEnded

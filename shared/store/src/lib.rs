@@ -363,8 +363,10 @@ pub trait ApprovalStore: Send + Sync + 'static {
         request_id: &str,
     ) -> Result<Option<String>, StoreError>;
 
-    /// Ends a pending card: `Approved`/`Denied` only while `at` is before its deadline (a
-    /// decision at or after it expires the card instead) and only while its run is
+    /// Ends a pending card: `Approved`/`Denied` only while the later of `at` (when it was
+    /// asked) and the store's clock at the commit attempt is before its deadline — each
+    /// attempt of a retried write reads the clock again (a decision at or after the
+    /// deadline expires the card instead) and only while its run is
     /// running; `Expired` always (on an ended run the card expires without an event —
     /// nothing may follow a terminal event). Appends `tool.approval_resolved` on the run
     /// and `coordinator.child_approval_resolved` on a running coordinator, in the same

@@ -1101,6 +1101,9 @@ fn resolve_in(
     at: i64,
     grant: Option<Policy>,
 ) -> Result<Resolved, StoreError> {
+    // A decision commits only before the card's deadline by the clock at commit time
+    // (docs/architecture.md §6): `at` is when it was asked, the lock is held now.
+    let at = at.max(now_millis());
     let record = runs.get(run_id).ok_or(StoreError::NotFound)?;
     let card = record
         .cards

@@ -1,8 +1,9 @@
 //! `make chaos`: the randomized workload over several `tollgate serve` processes, with
-//! DynamoDB and SQS behind fault proxies, DynamoDB Local killed and restarted on its
-//! on-disk database, LocalStack killed and restarted, a serve process killed
-//! mid-request; then the history checker. Prints one line per seed (operations, unknown
-//! outcomes, faults by kind, crashes, violations) and exits non-zero on any violation.
+//! DynamoDB, SQS and each serve process behind fault proxies, DynamoDB Local killed and
+//! restarted on its on-disk database, LocalStack killed and restarted, a serve process
+//! killed mid-request; then the history checker. Prints one line per seed (operations,
+//! unknown outcomes, faults by kind, crashes, violations) and exits non-zero on any
+//! violation, or when a fault kind or crash it was configured to inject never happened.
 //!
 //! Starts its own DynamoDB Local and LocalStack from the cache dir (`$TOLLGATE_CACHE`,
 //! where `tests/harness/emulators.sh install` puts them); without them it uses the
@@ -161,7 +162,7 @@ async fn main() {
             lost.len(),
             found.len()
         ));
-        for l in &lost {
+        for (_, l) in &lost {
             println!("  lost by DynamoDB Local at its kill: {l}");
         }
         all_lost += lost.len();
@@ -212,16 +213,29 @@ async fn main() {
         .filter(|k| totals.get(**k) == 0)
         .map(|k| k.name())
         .collect();
-    if !missing.is_empty() {
-        println!("chaos: fault kinds never injected: {missing:?}");
+    // Every fault kind and crash configured to run must have happened: a schedule that
+    // never injects one tests nothing of it.
+    let mut unexercised: Vec<String> = missing.iter().map(|m| format!("fault {m}")).collect();
+    if kills == 0 {
+        unexercised.push("serve kill".into());
+    }
+    if own_dynamodb && crashes == 0 {
+        unexercised.push("DynamoDB Local kill".into());
+    }
+    if own_localstack && ls_crashes == 0 {
+        unexercised.push("LocalStack kill".into());
     }
     if all_lost > 0 {
         println!(
-            "chaos: {all_lost} acknowledged append(s) lost by DynamoDB Local killed within {KILL_WINDOW_MS} ms of acknowledging them (not counted as violations; tests/harness/dynamodb-kill-durability.sh shows the emulator doing so on its own)"
+            "chaos: {all_lost} acknowledged operation(s) lost by DynamoDB Local killed within {KILL_WINDOW_MS} ms after the proxy saw their transaction acknowledged (not counted as violations; tests/harness/dynamodb-kill-durability.sh shows the emulator doing so on its own)"
         );
     }
     if !violations.is_empty() {
         println!("chaos: {} violation(s): {by_invariant:?}", violations.len());
+        std::process::exit(1);
+    }
+    if !unexercised.is_empty() {
+        println!("chaos: configured but never injected: {unexercised:?}");
         std::process::exit(1);
     }
     if ran == 0 {

@@ -3,7 +3,7 @@
 //! its mutation records, each card, the policies), checked against Tollgate's invariants
 //! (docs/architecture.md, *Invariants*). Pure: a history in, the violations out.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde_json::Value;
 
@@ -23,6 +23,8 @@ pub enum OpKind {
         delivery_id: String,
         kind: String,
         parent: Option<String>,
+        /// The `owner` the create named.
+        owner: String,
     },
     Append {
         run_id: String,
@@ -40,6 +42,8 @@ pub enum OpKind {
         request_id: String,
         approve: bool,
         scope: String,
+        /// The operator who clicked (the JWT `sub`).
+        by: String,
     },
     Start {
         run_id: String,
@@ -95,6 +99,8 @@ pub struct FinalRun {
     /// Replay stopped making progress after this sequence (`has_more` stayed true):
     /// the stream has a gap there.
     pub stuck_after: Option<u64>,
+    /// The run is not there at all (404): a create answered with it was lost.
+    pub absent: bool,
 }
 
 /// A card as it stands at the end (`None`: 404, no such card).
@@ -116,49 +122,114 @@ pub struct History {
     pub receipts: Vec<(String, Option<String>)>,
     /// When DynamoDB Local was killed (Unix millis).
     pub storage_kills_ms: Vec<i64>,
+    /// The `TransactWriteItems` the DynamoDB-side proxy forwarded and saw answered 200
+    /// within [`KILL_WINDOW_MS`] before a kill: (when the 200 came back, its request body).
+    pub storage_acks: Vec<(i64, String)>,
+    /// Every run of the seed the store holds (read from its table): (run, `delivery_id`).
+    pub listed_runs: Vec<(String, Option<String>)>,
+    /// Reads of the read-back that failed (each one fails the check).
+    pub read_errors: Vec<String>,
 }
 
-/// How close to a kill of DynamoDB Local (ms) an acknowledged write may be lost by the
-/// emulator itself: it answers a transaction and then, killed within milliseconds, does
-/// not keep it (a real DynamoDB acknowledges only what is durable).
-pub const KILL_WINDOW_MS: i64 = 250;
+/// How long before a kill of DynamoDB Local (ms) a transaction it acknowledged may be
+/// lost by the emulator itself: it answers a transaction and then, killed within
+/// milliseconds, does not keep it (a real DynamoDB acknowledges only what is durable;
+/// `tests/harness/dynamodb-kill-durability.sh`).
+pub const KILL_WINDOW_MS: i64 = 500;
 
-/// Acknowledged appends the emulator lost: answered within [`KILL_WINDOW_MS`] of a kill
-/// of DynamoDB Local, and wholly absent (not one of their events, the stream gapless).
-/// Reported beside the violations, not as Tollgate's.
-pub fn lost_in_storage_kills(h: &History) -> Vec<String> {
-    let mut out = Vec::new();
-    for op in &h.ops {
-        if let (OpKind::Append { run_id, event_ids }, Outcome::Answered { status: 200, .. }) =
-            (&op.kind, &op.outcome)
-        {
-            if excused(h, op, run_id, event_ids) {
-                out.push(format!(
-                    "{run_id}: append of {} event(s) answered at {} ms, within {KILL_WINDOW_MS} ms of a kill of DynamoDB Local, absent",
-                    event_ids.len(),
-                    op.answered_at_ms
-                ));
-            }
+/// At most this many acknowledged operations are excused per kill.
+pub const LOST_PER_KILL: usize = 2;
+
+/// The string the operation's transaction carries, by which the proxy's record of it is
+/// found; `None` for the kinds never excused.
+fn tx_key(op: &Op) -> Option<&str> {
+    match &op.kind {
+        OpKind::Append { event_ids, .. } => event_ids.first().map(String::as_str),
+        OpKind::Arm { request_id, .. } => Some(request_id),
+        OpKind::CreateRun { delivery_id, .. } => Some(delivery_id),
+        _ => None,
+    }
+}
+
+/// Whether nothing of the operation is in the end state (an excused loss is whole).
+fn wholly_absent(h: &History, op: &Op) -> bool {
+    match &op.kind {
+        OpKind::Append { run_id, event_ids } => h.runs.iter().any(|r| {
+            &r.run_id == run_id
+                && r.stuck_after.is_none()
+                && !r.events.iter().any(|e| {
+                    e["event_id"]
+                        .as_str()
+                        .is_some_and(|x| event_ids.iter().any(|y| y == x))
+                })
+        }),
+        OpKind::Arm {
+            run_id, request_id, ..
+        } => {
+            h.cards
+                .iter()
+                .filter(|c| &c.request_id == request_id)
+                .all(|c| c.card.is_none())
+                && h.runs
+                    .iter()
+                    .all(|r| r.stuck_after.is_none() || &r.run_id != run_id)
+                && h.runs
+                    .iter()
+                    .all(|r| !r.events.iter().any(|e| s(e, "requestId") == request_id))
         }
+        OpKind::CreateRun { delivery_id, .. } => {
+            h.receipts
+                .iter()
+                .all(|(d, run)| d != delivery_id || run.is_none())
+                && h.listed_runs
+                    .iter()
+                    .all(|(_, d)| d.as_deref() != Some(delivery_id.as_str()))
+        }
+        _ => false,
+    }
+}
+
+/// The acknowledged operations the emulator lost: each has the proxy's evidence (a
+/// `TransactWriteItems` carrying it answered 200 at most [`KILL_WINDOW_MS`] before a kill
+/// of DynamoDB Local, and before the client's answer), is wholly absent, and at most
+/// [`LOST_PER_KILL`] per kill. Reported beside the violations, not as Tollgate's.
+pub fn lost_in_storage_kills(h: &History) -> Vec<(usize, String)> {
+    let mut per_kill: HashMap<i64, usize> = HashMap::new();
+    let mut out = Vec::new();
+    for (i, op) in h.ops.iter().enumerate() {
+        let Outcome::Answered { status, .. } = &op.outcome else {
+            continue;
+        };
+        if !(200..300).contains(status) {
+            continue;
+        }
+        let Some(key) = tx_key(op) else { continue };
+        let kill = h.storage_kills_ms.iter().copied().find(|k| {
+            h.storage_acks.iter().any(|(at, body)| {
+                *at <= *k
+                    && k - at <= KILL_WINDOW_MS
+                    && *at <= op.answered_at_ms
+                    && body.contains(key)
+            })
+        });
+        let Some(kill) = kill else { continue };
+        if !wholly_absent(h, op) {
+            continue;
+        }
+        let n = per_kill.entry(kill).or_default();
+        if *n >= LOST_PER_KILL {
+            continue;
+        }
+        *n += 1;
+        out.push((
+            i,
+            format!(
+                "{:?} answered {status} at {} ms, its transaction acknowledged within {KILL_WINDOW_MS} ms before the kill at {kill} ms, absent",
+                op.kind, op.answered_at_ms
+            ),
+        ));
     }
     out
-}
-
-fn excused(h: &History, op: &Op, run_id: &str, event_ids: &[String]) -> bool {
-    let near = h
-        .storage_kills_ms
-        .iter()
-        .any(|k| (op.answered_at_ms - k).abs() <= KILL_WINDOW_MS);
-    let run = h.runs.iter().find(|r| r.run_id == run_id);
-    let absent = run.is_some_and(|r| {
-        r.stuck_after.is_none()
-            && !r.events.iter().any(|e| {
-                e["event_id"]
-                    .as_str()
-                    .is_some_and(|x| event_ids.iter().any(|y| y == x))
-            })
-    });
-    near && absent
 }
 
 /// The invariants, as the report names them.
@@ -185,13 +256,28 @@ pub enum Invariant {
     /// A failed (5xx) or unanswered operation left nothing or all of it; state and
     /// stream agree (card vs. its events, record vs. its events, receipt vs. run).
     AllOrNothing,
-    /// Nothing approved or denied that no operator asked for; nothing approved after
-    /// the card's deadline.
+    /// Nothing approved or denied that no operator asked for (a refused click is no
+    /// click), with the scope and by the operator the click named; nothing approved at
+    /// or after the card's deadline.
     NoDecisionWithoutClick,
+    /// Every operation answered 2xx holds at the end: the card armed, the run ended as
+    /// answered, the card decided as answered (two answers never disagree), the record
+    /// in the answered state or a later legal one, a create's receipt naming its run.
+    AnswerHolds,
+    /// A request committed whose answer was lost and which was retried wrote once: one
+    /// run per create (no run of the seed the workload cannot account for), one
+    /// `run_started` per run, one `tool.approval_required` per card, one
+    /// `tool_execution` per attempt.
+    ExactlyOnce,
+    /// Each child card with a coordinator is mirrored there exactly once as required and,
+    /// once resolved, exactly once as resolved.
+    CoordinatorMirror,
+    /// The read-back itself failed (nothing it did not read passes).
+    ReadBack,
 }
 
 impl Invariant {
-    pub const ALL: [Invariant; 9] = [
+    pub const ALL: [Invariant; 13] = [
         Invariant::AckedAppendOnce,
         Invariant::GaplessSequence,
         Invariant::NothingAfterTerminal,
@@ -201,6 +287,10 @@ impl Invariant {
         Invariant::NoStartWhileInFlight,
         Invariant::AllOrNothing,
         Invariant::NoDecisionWithoutClick,
+        Invariant::AnswerHolds,
+        Invariant::ExactlyOnce,
+        Invariant::CoordinatorMirror,
+        Invariant::ReadBack,
     ];
 }
 
@@ -221,10 +311,32 @@ pub fn check(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
     let mut v = |invariant: Invariant, detail: String| out.push(Violation { invariant, detail });
     let runs: HashMap<&str, &FinalRun> = h.runs.iter().map(|r| (r.run_id.as_str(), r)).collect();
+    let excused: HashSet<usize> = lost_in_storage_kills(h)
+        .into_iter()
+        .map(|(i, _)| i)
+        .collect();
+    for e in &h.read_errors {
+        v(Invariant::ReadBack, e.clone());
+    }
 
     // Streams on their own: sequences, terminal, event ids, resolutions, executions.
     for run in &h.runs {
         let id = &run.run_id;
+        if run.absent {
+            // Only a create the storage lost (excused, with its evidence) leaves a run
+            // a client was answered with absent.
+            let lost = h.ops.iter().enumerate().any(|(i, op)| {
+                excused.contains(&i)
+                    && matches!(&op.outcome, Outcome::Answered { body, .. } if body["run_id"] == id.as_str())
+            });
+            if !lost {
+                v(
+                    Invariant::AnswerHolds,
+                    format!("{id}: a create was answered with it, but the run is not there (404)"),
+                );
+            }
+            continue;
+        }
         if let Some(at) = run.stuck_after {
             v(
                 Invariant::GaplessSequence,
@@ -275,13 +387,46 @@ pub fn check(h: &History) -> Vec<Violation> {
                 );
             }
         }
+        let mut once: HashMap<(&str, &str, &str), usize> = HashMap::new();
+        for e in &run.events {
+            let ty = s(e, "type");
+            let key = match ty {
+                "run_started" => Some((ty, "", "")),
+                "tool.approval_required" | "tool.auto_approved" => {
+                    Some((ty, s(e, "requestId"), ""))
+                }
+                "tool_execution" => Some((ty, s(e, "tool_call_id"), s(e, "approval_id"))),
+                _ => None,
+            };
+            if let Some(k) = key {
+                *once.entry(k).or_default() += 1;
+            }
+        }
+        for ((ty, a, b), n) in once {
+            if n > 1 {
+                v(
+                    Invariant::ExactlyOnce,
+                    format!("{id}: {ty} {a} {b} appears {n} times"),
+                );
+            }
+        }
+        if run
+            .events
+            .first()
+            .is_some_and(|e| s(e, "type") != "run_started")
+        {
+            v(
+                Invariant::ExactlyOnce,
+                format!("{id}: the stream does not start with run_started"),
+            );
+        }
         check_resolutions(run, &mut v);
         check_executions(run, &mut v);
         check_records(run, &mut v);
     }
 
     // Acknowledged and failed appends.
-    for op in &h.ops {
+    for (i, op) in h.ops.iter().enumerate() {
         let OpKind::Append { run_id, event_ids } = &op.kind else {
             continue;
         };
@@ -299,7 +444,7 @@ pub fn check(h: &History) -> Vec<Violation> {
             })
             .collect();
         if let Outcome::Answered { status: 200, body } = &op.outcome {
-            if excused(h, op, run_id, event_ids) {
+            if excused.contains(&i) {
                 continue;
             }
             let seqs: Vec<u64> = body["sequences"]
@@ -323,7 +468,18 @@ pub fn check(h: &History) -> Vec<Violation> {
                 }
             }
         }
-        if op.saw_failure && !found.is_empty() {
+        let refused = matches!(&op.outcome, Outcome::Answered { status, .. } if *status >= 400);
+        if refused && !op.saw_failure && !found.is_empty() {
+            v(
+                Invariant::AllOrNothing,
+                format!(
+                    "{run_id}: an append refused ({:?}) left {} of its {} event(s)",
+                    op.outcome,
+                    found.len(),
+                    event_ids.len()
+                ),
+            );
+        } else if (op.saw_failure || refused) && !found.is_empty() {
             let contiguous = found.windows(2).all(|w| w[1].0 == w[0].0 + 1);
             if found.len() != event_ids.len() || !contiguous {
                 v(
@@ -355,25 +511,21 @@ pub fn check(h: &History) -> Vec<Violation> {
         }
     }
 
-    // Cards against their streams, and against the clicks.
-    // Per card: (approve clicked, deny clicked, first approve click sent at).
-    let mut clicks: HashMap<&str, (bool, bool, Option<i64>)> = HashMap::new();
+    check_creates(h, &excused, &mut v);
+    check_answers(h, &excused, &mut v);
+    check_mirrors(h, &mut v);
+
+    // Cards against their streams, and against the clicks. A click counts only when it
+    // was answered 200 or its outcome is unknown (a refused click decided nothing).
+    let mut clicks: HashMap<&str, Vec<&Op>> = HashMap::new();
     for op in &h.ops {
-        if let OpKind::Decide {
-            request_id,
-            approve,
-            ..
-        } = &op.kind
-        {
-            let c = clicks.entry(request_id.as_str()).or_default();
-            if *approve {
-                c.0 = true;
-                c.2 = match (c.2, op.sent_at_ms) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-            } else {
-                c.1 = true;
+        if let OpKind::Decide { request_id, .. } = &op.kind {
+            let counts = matches!(
+                &op.outcome,
+                Outcome::Answered { status: 200, .. } | Outcome::Unknown { .. }
+            );
+            if counts {
+                clicks.entry(request_id.as_str()).or_default().push(op);
             }
         }
     }
@@ -440,6 +592,15 @@ pub fn check(h: &History) -> Vec<Violation> {
                     && events
                         .last()
                         .is_some_and(|e| TERMINAL.contains(&s(e, "type")));
+                if ended_with_run && s(card, "reason") != "run_ended" {
+                    v(
+                        Invariant::AllOrNothing,
+                        format!(
+                            "{rid}: expired with no event on its ended run, but its reason is {:?}",
+                            card["reason"]
+                        ),
+                    );
+                }
                 if resolved.len() != 1 && !ended_with_run {
                     v(
                         Invariant::AllOrNothing,
@@ -458,23 +619,47 @@ pub fn check(h: &History) -> Vec<Violation> {
                         );
                     }
                 }
-                let (approve_clicked, deny_clicked, first_approve) =
-                    clicks.get(rid.as_str()).copied().unwrap_or_default();
-                if (state == "approved" && !approve_clicked) || (state == "denied" && !deny_clicked)
+                let mine = clicks.get(rid.as_str()).map(Vec::as_slice).unwrap_or(&[]);
+                let by = s(card, "decided_by");
+                let deadline = time(&card["expires_at"]);
+                let matching = |approve: bool| {
+                    mine.iter().any(|o| match &o.kind {
+                        OpKind::Decide {
+                            approve: a,
+                            scope,
+                            by: b,
+                            ..
+                        } => {
+                            *a == approve
+                                && b == by
+                                && (!approve || scope == s(card, "scope"))
+                                // A click sent at or after the deadline approves nothing.
+                                && (!approve
+                                    || o.sent_at_ms
+                                        .and_then(chrono::DateTime::from_timestamp_millis)
+                                        .zip(deadline)
+                                        .is_none_or(|(at, d)| at < d))
+                        }
+                        _ => false,
+                    })
+                };
+                if (state == "approved" && !matching(true))
+                    || (state == "denied" && !matching(false))
                 {
                     v(
                         Invariant::NoDecisionWithoutClick,
-                        format!("{rid}: {state} but nobody clicked that"),
+                        format!("{rid}: {state} by {by:?} with scope {:?}, but no click (200 or unknown) before its deadline asked that", card["scope"]),
                     );
                 }
-                // A click is judged at the time it was made (its commit may land later,
-                // racing the expiry): one sent only after the deadline approves nothing.
+                // Judged by the clock when the decision committed: strictly before the
+                // deadline.
                 if state == "approved" {
-                    let sent = first_approve.and_then(chrono::DateTime::from_timestamp_millis);
-                    if let (Some(at), Some(deadline)) = (sent, time(&card["expires_at"])) {
-                        if at > deadline {
-                            v(Invariant::NoDecisionWithoutClick, format!("{rid}: approved, but the first approve click was sent at {at}, after its deadline {deadline}"));
-                        }
+                    match (time(&card["decided_at"]), deadline) {
+                        (Some(at), Some(d)) if at < d => {}
+                        (at, d) => v(
+                            Invariant::NoDecisionWithoutClick,
+                            format!("{rid}: approved at {at:?}, its deadline {d:?}"),
+                        ),
                     }
                 }
             }
@@ -501,15 +686,20 @@ pub fn check(h: &History) -> Vec<Violation> {
                 && e["approved"].as_bool() == Some(true)
                 && s(e, "scope") == scope
         });
+        // Only the run's owner grants beyond `once` (docs/architecture.md §6).
+        let owner = owner_of(h, run_id);
+        let by_owner = owner.is_some_and(|o| o == s(p, "granted_by"));
         let ok = card.is_some_and(|c| {
             s(c, "state") == "approved"
                 && c["auto_approved"].as_bool() != Some(true)
                 && s(c, "scope") == scope
-        }) && approved_event;
+                && s(c, "decided_by") == s(p, "granted_by")
+        }) && approved_event
+            && by_owner;
         if !ok {
             v(
                 Invariant::PolicyNeedsApproval,
-                format!("policy {} ({scope}) from {run_id}/{rid}: card {card:?}, approved on the stream: {approved_event}", s(p, "policy_id")),
+                format!("policy {} ({scope}) from {run_id}/{rid} granted by {:?} (owner {owner:?}): card {card:?}, approved on the stream: {approved_event}", s(p, "policy_id"), p["granted_by"]),
             );
         }
     }
@@ -665,28 +855,363 @@ fn check_records(run: &FinalRun, v: &mut impl FnMut(Invariant, String)) {
         let last = mine.iter().rev().find(|e| {
             s(e, "type").starts_with("tool_execution") && s(e, "type") != "tool_execution_started"
         });
-        let ok = match state {
-            "intent" | "dispatched" => started && last.is_none(),
-            "completed" | "not_executed" | "outcome_unknown" => match last {
-                // After its run ended a record still changes — a late `confirmed`
-                // contests a `not_applied`, an operator reconciles — with nothing appended
-                // after the terminal event; only `completed` is final.
+        // After its run ended, only what the README allows changes a record with nothing
+        // appended: a settlement or reconciliation of an attempt started before the end
+        // (a late `confirmed` contesting a `not_applied`, an operator's reconcile, the
+        // deadline settling an unsettled attempt); `completed` is final.
+        // A start refused before it started (the card denied or expired, the run not
+        // running) settles its attempt `not_executed` at once: with its `tool_execution`
+        // while the run runs, as the record alone once it has ended.
+        let reason = s(r, "reason");
+        let approved = run.events.iter().any(|e| {
+            s(e, "type") == "tool.approval_resolved"
+                && s(e, "approval_id") == approval
+                && e["approved"].as_bool() == Some(true)
+        });
+        let refused_start = !started
+            && state == "not_executed"
+            && match last {
                 Some(e) => {
-                    s(e, "mutation_outcome") == state
-                        || (ended && s(e, "mutation_outcome") != "completed")
+                    s(e, "mutation_outcome") == "not_executed"
+                        && (reason == "run_not_running"
+                            || (!approved
+                                && matches!(reason, "approval_denied" | "approval_expired")))
                 }
-                // Nothing is appended after a run ended: a start refused there, or an
-                // attempt settled (by its deadline) after the end, writes only the record.
-                None => ended && (state != "completed" || started),
-            },
-            _ => false,
-        };
+                None => ended && reason == "run_not_running",
+            };
+        let ok = refused_start
+            || started
+                && match state {
+                    "intent" | "dispatched" => last.is_none(),
+                    "completed" | "not_executed" | "outcome_unknown" => match last {
+                        Some(e) => {
+                            let was = s(e, "mutation_outcome");
+                            was == state
+                                || (ended && was != "completed" && later_or_same(was, state))
+                        }
+                        None => ended,
+                    },
+                    _ => false,
+                };
         if !ok {
             v(
                 Invariant::AllOrNothing,
                 format!(
                     "{id}: record {call}/{approval} is {state}; its events: {:?}; run ended: {ended}",
                     mine.iter().map(|e| (s(e, "type"), s(e, "mutation_outcome"))).collect::<Vec<_>>()
+                ),
+            );
+        }
+    }
+}
+
+/// Whether a record may go from `was` to `now` (the same, or a later legal state):
+/// intent → dispatched → a settlement; `outcome_unknown` ↔ `not_executed` (reconciled, or
+/// contested by a late `confirmed`) → `completed`; `completed` is final.
+pub fn later_or_same(was: &str, now: &str) -> bool {
+    const SETTLED: &[&str] = &["completed", "not_executed", "outcome_unknown"];
+    match was {
+        _ if was == now => true,
+        "intent" => now == "dispatched" || SETTLED.contains(&now),
+        "dispatched" => SETTLED.contains(&now),
+        "outcome_unknown" | "not_executed" => SETTLED.contains(&now),
+        _ => false,
+    }
+}
+
+/// The run each create made, by answer or receipt: run → (delivery, owner).
+fn created(h: &History) -> HashMap<String, (&str, &str)> {
+    let mut out = HashMap::new();
+    for op in &h.ops {
+        let OpKind::CreateRun {
+            delivery_id, owner, ..
+        } = &op.kind
+        else {
+            continue;
+        };
+        if let Outcome::Answered { status, body } = &op.outcome {
+            if (200..300).contains(status) {
+                if let Some(run) = body["run_id"].as_str() {
+                    out.insert(run.to_owned(), (delivery_id.as_str(), owner.as_str()));
+                }
+            }
+        }
+        for (d, run) in &h.receipts {
+            if let (true, Some(run)) = (d == delivery_id, run) {
+                out.insert(run.clone(), (delivery_id.as_str(), owner.as_str()));
+            }
+        }
+    }
+    out
+}
+
+fn owner_of<'a>(h: &'a History, run_id: &str) -> Option<&'a str> {
+    created(h).get(run_id).map(|(_, o)| *o)
+}
+
+/// A create answered 2xx: its receipt names the run answered; a create refused without a
+/// failed try made nothing; every run of the seed the store holds is one a create made,
+/// one per delivery.
+fn check_creates(h: &History, excused: &HashSet<usize>, v: &mut impl FnMut(Invariant, String)) {
+    let receipt = |d: &str| {
+        h.receipts
+            .iter()
+            .find(|(x, _)| x == d)
+            .and_then(|(_, r)| r.clone())
+    };
+    for (i, op) in h.ops.iter().enumerate() {
+        let OpKind::CreateRun { delivery_id, .. } = &op.kind else {
+            continue;
+        };
+        match &op.outcome {
+            Outcome::Answered { status, body } if (200..300).contains(status) => {
+                if excused.contains(&i) {
+                    continue;
+                }
+                let answered = body["run_id"].as_str();
+                if receipt(delivery_id).as_deref() != answered {
+                    v(
+                        Invariant::AnswerHolds,
+                        format!("create {delivery_id} answered run {answered:?}, its receipt names {:?}", receipt(delivery_id)),
+                    );
+                }
+            }
+            Outcome::Answered { status, .. } if !op.saw_failure => {
+                let made = h
+                    .listed_runs
+                    .iter()
+                    .filter(|(_, d)| d.as_deref() == Some(delivery_id.as_str()))
+                    .count();
+                if made > 0 || receipt(delivery_id).is_some() {
+                    v(
+                        Invariant::AllOrNothing,
+                        format!("create {delivery_id} refused ({status}) made {made} run(s)"),
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    let made = created(h);
+    let mut per_delivery: HashMap<&str, Vec<&str>> = HashMap::new();
+    for (run, delivery) in &h.listed_runs {
+        if !made.contains_key(run) {
+            v(
+                Invariant::ExactlyOnce,
+                format!("run {run} (delivery {delivery:?}) is in the store, but no create was answered it and no receipt names it"),
+            );
+        }
+        if let Some(d) = delivery {
+            per_delivery.entry(d).or_default().push(run);
+        }
+    }
+    for (d, runs) in per_delivery {
+        if runs.len() > 1 {
+            v(
+                Invariant::ExactlyOnce,
+                format!("delivery {d} made {} runs: {runs:?}", runs.len()),
+            );
+        }
+    }
+}
+
+/// Every other operation answered 2xx against the end state.
+fn check_answers(h: &History, excused: &HashSet<usize>, v: &mut impl FnMut(Invariant, String)) {
+    let card_of = |rid: &str| {
+        h.cards
+            .iter()
+            .find(|c| c.request_id == rid)
+            .and_then(|c| c.card.as_ref())
+    };
+    let run_of = |id: &str| h.runs.iter().find(|r| r.run_id == id);
+    let record = |run: &str, call: &str, approval: &str| {
+        run_of(run).and_then(|r| {
+            r.mutations
+                .iter()
+                .find(|m| s(m, "tool_call_id") == call && s(m, "approval_id") == approval)
+        })
+    };
+    // Per card, the first 200 decision answer: (state, decided_by, scope).
+    let mut decided: HashMap<&str, (String, String, String)> = HashMap::new();
+    for (i, op) in h.ops.iter().enumerate() {
+        if excused.contains(&i) {
+            continue;
+        }
+        let Outcome::Answered { status, body } = &op.outcome else {
+            continue;
+        };
+        let ok = (200..300).contains(status);
+        match &op.kind {
+            OpKind::Arm {
+                request_id,
+                tool_call_id,
+                approval_id,
+                run_id,
+            } => {
+                let card = card_of(request_id);
+                if ok {
+                    let holds = card.is_some_and(|c| {
+                        s(c, "tool_call_id") == tool_call_id
+                            && s(c, "approval_id") == approval_id
+                            && s(c, "run_id") == run_id
+                    });
+                    if !holds {
+                        v(
+                            Invariant::AnswerHolds,
+                            format!("{run_id}: arm of {request_id} answered {status}, the card is {card:?}"),
+                        );
+                    }
+                } else if !op.saw_failure && card.is_some() {
+                    v(
+                        Invariant::AllOrNothing,
+                        format!(
+                            "{run_id}: arm of {request_id} refused ({status}), but the card exists"
+                        ),
+                    );
+                }
+            }
+            OpKind::End { run_id, how } if ok => {
+                let want = match how.as_str() {
+                    "complete" => "run_completed",
+                    "fail" => "run_failed",
+                    _ => "run_cancelled",
+                };
+                let last = run_of(run_id).and_then(|r| r.events.last());
+                let holds = last.is_some_and(|e| {
+                    s(e, "type") == want
+                        && body["sequence"]
+                            .as_u64()
+                            .is_none_or(|q| e["sequence"].as_u64() == Some(q))
+                });
+                if !holds {
+                    v(
+                        Invariant::AnswerHolds,
+                        format!(
+                            "{run_id}: {how} answered {status} {body}, the stream ends with {:?}",
+                            last.map(|e| s(e, "type"))
+                        ),
+                    );
+                }
+            }
+            OpKind::Decide { request_id, .. } if *status == 200 => {
+                let answer = (
+                    s(body, "state").to_owned(),
+                    s(body, "decided_by").to_owned(),
+                    s(body, "scope").to_owned(),
+                );
+                let card = card_of(request_id);
+                let holds = card.is_some_and(|c| {
+                    (s(c, "state"), s(c, "decided_by"), s(c, "scope"))
+                        == (answer.0.as_str(), answer.1.as_str(), answer.2.as_str())
+                });
+                if !holds {
+                    v(
+                        Invariant::AnswerHolds,
+                        format!(
+                            "{request_id}: a decision answered {answer:?}, the card is {card:?}"
+                        ),
+                    );
+                }
+                if let Some(first) = decided.get(request_id.as_str()) {
+                    if *first != answer {
+                        v(
+                            Invariant::AnswerHolds,
+                            format!("{request_id}: two decisions answered 200 disagree: {first:?} and {answer:?}"),
+                        );
+                    }
+                } else {
+                    decided.insert(request_id, answer);
+                }
+            }
+            OpKind::Start {
+                run_id,
+                tool_call_id,
+                approval_id,
+            }
+            | OpKind::Dispatch {
+                run_id,
+                tool_call_id,
+                approval_id,
+            }
+            | OpKind::Settle {
+                run_id,
+                tool_call_id,
+                approval_id,
+                ..
+            }
+            | OpKind::Reconcile {
+                run_id,
+                tool_call_id,
+                approval_id,
+                ..
+            } if *status == 200 => {
+                let Some(answered) = body["state"].as_str() else {
+                    continue;
+                };
+                let stored = record(run_id, tool_call_id, approval_id).map(|r| s(r, "state"));
+                if !stored.is_some_and(|st| later_or_same(answered, st)) {
+                    v(
+                        Invariant::AnswerHolds,
+                        format!("{run_id}: {tool_call_id}/{approval_id} answered {answered} ({:?}), its record is {stored:?}", op.kind),
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Each child card with a coordinator: on the coordinator, exactly one
+/// `coordinator.child_approval_required` and, once the card is resolved, exactly one
+/// `coordinator.child_approval_resolved` — while the coordinator runs (nothing follows
+/// its terminal event: after it, at most one of each).
+fn check_mirrors(h: &History, v: &mut impl FnMut(Invariant, String)) {
+    for fc in &h.cards {
+        let Some(card) = &fc.card else { continue };
+        let Some(coord) = card["coordinator_run_id"].as_str() else {
+            continue;
+        };
+        if coord == fc.run_id || card["auto_approved"].as_bool() == Some(true) {
+            continue;
+        }
+        let Some(run) = h.runs.iter().find(|r| r.run_id == coord) else {
+            v(
+                Invariant::CoordinatorMirror,
+                format!(
+                    "{}: its coordinator {coord} was not read back",
+                    fc.request_id
+                ),
+            );
+            continue;
+        };
+        let count = |ty: &str| {
+            run.events
+                .iter()
+                .filter(|e| s(e, "type") == ty && s(e, "requestId") == fc.request_id)
+                .count()
+        };
+        let (required, resolved) = (
+            count("coordinator.child_approval_required"),
+            count("coordinator.child_approval_resolved"),
+        );
+        let ended = run
+            .events
+            .last()
+            .is_some_and(|e| TERMINAL.contains(&s(e, "type")));
+        let is_resolved = s(card, "state") != "pending";
+        let ok = if ended {
+            required <= 1 && resolved <= required
+        } else {
+            required == 1 && resolved == usize::from(is_resolved)
+        };
+        if !ok {
+            v(
+                Invariant::CoordinatorMirror,
+                format!(
+                    "{}: card {} on {}; coordinator {coord} (ended: {ended}) mirrors it required {required}, resolved {resolved} times",
+                    fc.request_id,
+                    s(card, "state"),
+                    fc.run_id
                 ),
             );
         }

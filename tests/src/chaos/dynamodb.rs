@@ -95,14 +95,18 @@ impl DynamoDbLocal {
         }
     }
 
-    /// `kill -9`, then a start on the same database and port.
-    pub async fn crash_and_restart(&mut self) {
+    /// `kill -9`, then a start on the same database and port; when the kill was sent
+    /// (Unix millis).
+    pub async fn crash_and_restart(&mut self) -> i64 {
+        let mut killed_at = chrono::Utc::now().timestamp_millis();
         if let Some(mut child) = self.child.take() {
             let _ = child.kill(); // SIGKILL
+            killed_at = chrono::Utc::now().timestamp_millis();
             let _ = child.wait();
         }
         self.crashes += 1;
         self.spawn().await;
+        killed_at
     }
 }
 

@@ -8,13 +8,16 @@
 //! a transaction conflict, an internal error, a bare 5xx); the request forwarded and its
 //! answer dropped (the connection closed, or an internal error in its place: the write
 //! happened, the caller cannot know); the connection reset without forwarding. On SQS,
-//! timer messages a `ReceiveMessage` delivered are kept and delivered again later (twice,
-//! out of order, after their visibility timeout, after what they were for ended).
+//! a `ReceiveMessage` answer carries a message twice or out of order, and a consumer's
+//! `DeleteMessageBatch` is now and then answered as done without being forwarded, so
+//! SQS itself delivers the messages again after the chaos queue's short visibility
+//! timeout. In front of a `serve` process (`Service::Serve`), between its clients and
+//! it: a long delay, the answer dropped after forwarding, a reset.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -27,6 +30,9 @@ use tokio::net::{TcpListener, TcpStream};
 pub enum Service {
     Dynamo,
     Sqs,
+    /// A `tollgate serve` process, as its clients reach it: faults between the clients
+    /// and Tollgate.
+    Serve,
 }
 
 /// Every kind of fault, in the order the report prints them.
@@ -44,13 +50,21 @@ pub enum Fault {
     SqsDuplicate,
     /// A batch of messages delivered in reverse order.
     SqsOutOfOrder,
-    /// A message delivered again seconds later (after its visibility timeout, usually
-    /// after the card or attempt it was for ended).
-    SqsLate,
+    /// A consumer's `DeleteMessageBatch` answered as done but never forwarded: SQS
+    /// itself delivers the messages again after the queue's visibility timeout (usually
+    /// after the card or attempt they were for ended).
+    SqsRedeliver,
+    /// Between a client and `serve`: a long wait before forwarding (the client gives up
+    /// and retries while the first request still arrives).
+    ClientDelay,
+    /// Between a client and `serve`: forwarded, committed, the answer dropped.
+    ClientDropAnswer,
+    /// Between a client and `serve`: the connection reset, nothing forwarded.
+    ClientReset,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 11] = [
+    pub const ALL: [Fault; 14] = [
         Fault::Delay,
         Fault::ProvisionedThroughputExceeded,
         Fault::Throttling,
@@ -61,7 +75,10 @@ impl Fault {
         Fault::Reset,
         Fault::SqsDuplicate,
         Fault::SqsOutOfOrder,
-        Fault::SqsLate,
+        Fault::SqsRedeliver,
+        Fault::ClientDelay,
+        Fault::ClientDropAnswer,
+        Fault::ClientReset,
     ];
 
     pub fn name(self) -> &'static str {
@@ -76,7 +93,10 @@ impl Fault {
             Fault::Reset => "reset",
             Fault::SqsDuplicate => "sqs_duplicate",
             Fault::SqsOutOfOrder => "sqs_reorder",
-            Fault::SqsLate => "sqs_late",
+            Fault::SqsRedeliver => "sqs_redeliver",
+            Fault::ClientDelay => "c_delay",
+            Fault::ClientDropAnswer => "c_drop",
+            Fault::ClientReset => "c_reset",
         }
     }
 
@@ -144,6 +164,18 @@ pub fn decide(service: Service, seed: u64, n: u64, rates: Rates) -> Decision {
     if !rng.random_bool(rates.fault.clamp(0.0, 1.0)) {
         return Decision::Forward;
     }
+    if service == Service::Serve {
+        return match rng.random_range(0..3) {
+            // Past the clients' 8 s per-request timeout now and then.
+            0 => Decision::Delay(if rng.random_bool(0.3) {
+                Duration::from_millis(rng.random_range(8_500..10_000))
+            } else {
+                Duration::from_millis(rng.random_range(100..1_500))
+            }),
+            1 => Decision::DropAnswer { close: true },
+            _ => Decision::Reset,
+        };
+    }
     let kinds: &[Fault] = match service {
         Service::Dynamo => &[
             Fault::Delay,
@@ -155,7 +187,7 @@ pub fn decide(service: Service, seed: u64, n: u64, rates: Rates) -> Decision {
             Fault::DropAnswer,
             Fault::Reset,
         ],
-        Service::Sqs => &[
+        Service::Sqs | Service::Serve => &[
             Fault::Delay,
             Fault::InternalServerError,
             Fault::Status5xx,
@@ -194,8 +226,9 @@ struct State {
     enabled: AtomicBool,
     rates: Mutex<Rates>,
     counts: Mutex<FaultCounts>,
-    /// Messages delivered once, kept to deliver again: (when it may come back, message).
-    stash: Mutex<VecDeque<(Instant, Value)>>,
+    /// The last `TransactWriteItems` forwarded and answered 200 (DynamoDB): when the
+    /// answer came back (Unix millis), the request body.
+    acks: Mutex<VecDeque<(i64, String)>>,
     http: reqwest::Client,
 }
 
@@ -212,7 +245,7 @@ impl FaultProxy {
             enabled: AtomicBool::new(false),
             rates: Mutex::new(Rates::default()),
             counts: Mutex::new(FaultCounts::default()),
-            stash: Mutex::new(VecDeque::new()),
+            acks: Mutex::new(VecDeque::new()),
             http: reqwest::Client::builder()
                 .no_proxy()
                 .pool_max_idle_per_host(64)
@@ -247,14 +280,31 @@ impl FaultProxy {
         self.state.enabled.store(true, Ordering::SeqCst);
     }
 
-    /// Faults off (everything forwarded); kept messages are forgotten.
+    /// Faults off (everything forwarded).
     pub fn disarm(&self) {
         self.state.enabled.store(false, Ordering::SeqCst);
-        self.state.stash.lock().unwrap().clear();
     }
 
     pub fn counts(&self) -> FaultCounts {
         self.state.counts.lock().unwrap().clone()
+    }
+
+    /// The `TransactWriteItems` answered 200 between `from` and `to` (Unix millis): the
+    /// evidence that the storage acknowledged a write (kept for the last 4096).
+    pub fn acks_between(&self, from: i64, to: i64) -> Vec<(i64, String)> {
+        self.state
+            .acks
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(at, _)| (from..=to).contains(at))
+            .cloned()
+            .collect()
+    }
+
+    /// Sends what comes in to `upstream` from now on (a restarted process's new port).
+    pub fn set_upstream(&self, upstream: &str) {
+        *self.state.upstream.lock().unwrap() = upstream.trim_end_matches('/').to_owned();
     }
 }
 
@@ -293,10 +343,27 @@ async fn serve_conn(state: Arc<State>, mut conn: TcpStream) {
         } else {
             Decision::Forward
         };
+        if let Some(done) = skip_delete(&state, &req) {
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/x-amz-json-1.0\r\ncontent-length: {}\r\n\r\n",
+                done.len()
+            );
+            if conn.write_all(head.as_bytes()).await.is_err()
+                || conn.write_all(&done).await.is_err()
+            {
+                return;
+            }
+            continue;
+        }
+        let client = state.service == Service::Serve;
         let answer = match decision {
             Decision::Forward => forward(&state, &req).await,
             Decision::Delay(d) => {
-                state.count(Fault::Delay);
+                state.count(if client {
+                    Fault::ClientDelay
+                } else {
+                    Fault::Delay
+                });
                 tokio::time::sleep(d).await;
                 forward(&state, &req).await
             }
@@ -305,7 +372,11 @@ async fn serve_conn(state: Arc<State>, mut conn: TcpStream) {
                 Some(error_answer(state.service, fault, &req))
             }
             Decision::DropAnswer { close } => {
-                state.count(Fault::DropAnswer);
+                state.count(if client {
+                    Fault::ClientDropAnswer
+                } else {
+                    Fault::DropAnswer
+                });
                 let forwarded = forward(&state, &req).await;
                 if close || forwarded.is_none() {
                     None
@@ -318,7 +389,11 @@ async fn serve_conn(state: Arc<State>, mut conn: TcpStream) {
                 }
             }
             Decision::Reset => {
-                state.count(Fault::Reset);
+                state.count(if client {
+                    Fault::ClientReset
+                } else {
+                    Fault::Reset
+                });
                 None
             }
         };
@@ -464,9 +539,28 @@ async fn read_chunked(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>
 
 type Answer = (u16, Vec<(String, String)>, Vec<u8>);
 
+/// [`forward_once`], keeping the evidence of each acknowledged `TransactWriteItems`.
+async fn forward(state: &State, req: &Request) -> Option<Answer> {
+    let answer = forward_once(state, req).await;
+    if state.service == Service::Dynamo
+        && answer.as_ref().is_some_and(|a| a.0 == 200)
+        && target(req).ends_with("TransactWriteItems")
+    {
+        let mut acks = state.acks.lock().unwrap();
+        if acks.len() >= 4096 {
+            acks.pop_front();
+        }
+        acks.push_back((
+            chrono::Utc::now().timestamp_millis(),
+            String::from_utf8_lossy(&req.body).into_owned(),
+        ));
+    }
+    answer
+}
+
 /// Sends the request upstream; `None` when upstream cannot be reached (then the caller
 /// sees its connection reset, as with the real service down).
-async fn forward(state: &State, req: &Request) -> Option<Answer> {
+async fn forward_once(state: &State, req: &Request) -> Option<Answer> {
     let url = format!("{}{}", state.upstream.lock().unwrap().clone(), req.path);
     let method = reqwest::Method::from_bytes(req.method.as_bytes()).ok()?;
     let mut builder = state.http.request(method, url).body(req.body.clone());
@@ -560,7 +654,7 @@ fn error_answer(service: Service, fault: Fault, req: &Request) -> Answer {
                    "message": "Internal server error"}),
         ),
         (Service::Sqs, Fault::Status5xx) => (503, "ServiceUnavailable", json!({})),
-        (Service::Sqs, _) => (
+        (Service::Sqs | Service::Serve, _) => (
             500,
             "InternalError",
             json!({"__type": "com.amazonaws.sqs#InternalError",
@@ -578,8 +672,35 @@ fn error_answer(service: Service, fault: Fault, req: &Request) -> Answer {
     (status, json_headers(ty), serde_json::to_vec(&body).unwrap())
 }
 
-/// On a `ReceiveMessage` answer: keep some messages to deliver again later, add kept
-/// ones that are due, duplicate or reverse the batch.
+/// Now and then (at the timer rate) a consumer's `DeleteMessageBatch` is
+/// answered as done without forwarding it: the messages stay in the queue, and SQS
+/// delivers them again once the visibility timeout has passed. The answer to send, if so.
+fn skip_delete(state: &State, req: &Request) -> Option<Vec<u8>> {
+    if state.service != Service::Sqs
+        || !state.enabled.load(Ordering::SeqCst)
+        || !target(req).ends_with("DeleteMessageBatch")
+    {
+        return None;
+    }
+    let n = state.next.fetch_add(1, Ordering::SeqCst);
+    let rate = state.rates.lock().unwrap().timer;
+    let mut rng = StdRng::seed_from_u64(
+        state.seed.load(Ordering::SeqCst) ^ n.wrapping_mul(0xA24B_AED4_963E_E407) ^ 0xDE1E,
+    );
+    if !rng.random_bool(rate.clamp(0.0, 1.0)) {
+        return None;
+    }
+    let asked: Value = serde_json::from_slice(&req.body).ok()?;
+    let ids: Vec<Value> = asked["Entries"]
+        .as_array()?
+        .iter()
+        .map(|e| json!({"Id": e["Id"]}))
+        .collect();
+    state.count(Fault::SqsRedeliver);
+    serde_json::to_vec(&json!({"Successful": ids, "Failed": []})).ok()
+}
+
+/// On a `ReceiveMessage` answer: duplicate a message, or reverse the batch.
 fn tamper_receive(state: &State, req: &Request, body: Vec<u8>) -> Vec<u8> {
     if !state.enabled.load(Ordering::SeqCst) || !target(req).ends_with("ReceiveMessage") {
         return body;
@@ -593,31 +714,6 @@ fn tamper_receive(state: &State, req: &Request, body: Vec<u8>) -> Vec<u8> {
         state.seed.load(Ordering::SeqCst) ^ n.wrapping_mul(0xD1B5_4A32_D192_ED03) ^ 0x5151,
     );
     let mut messages: Vec<Value> = answer["Messages"].as_array().cloned().unwrap_or_default();
-    let now = Instant::now();
-    {
-        let mut stash = state.stash.lock().unwrap();
-        // Due kept messages come first: older than what this answer carries.
-        let mut due = Vec::new();
-        while let Some((at, _)) = stash.front() {
-            if *at > now || messages.len() + due.len() >= 10 {
-                break;
-            }
-            due.push(stash.pop_front().unwrap().1);
-        }
-        for m in &due {
-            state.count(Fault::SqsLate);
-            let _ = m;
-        }
-        for m in &messages {
-            if stash.len() < 256 && rng.random_bool(rate) {
-                let later = Duration::from_millis(rng.random_range(1_000..8_000));
-                stash.push_back((now + later, m.clone()));
-            }
-        }
-        stash.make_contiguous().sort_by_key(|(at, _)| *at);
-        due.append(&mut messages);
-        messages = due;
-    }
     if !messages.is_empty() && messages.len() < 10 && rng.random_bool(rate) {
         let i = rng.random_range(0..messages.len());
         messages.push(messages[i].clone());

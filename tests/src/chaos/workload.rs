@@ -1,20 +1,20 @@
 //! The randomized workload: several `tollgate serve --backend aws` processes on one set
-//! of tables and one SQS timer queue, both reached through fault proxies; agents create
-//! runs (single, coordinators, children), append with retries, arm cards; operators
-//! click with scopes; approved calls go through start, dispatch and settle; operators
-//! reconcile; runs end. Every client operation and what it was answered is recorded, and
-//! at the end (faults off, timers quiet) every run's stream, mutation records, cards and
-//! policies are read back for the checker.
+//! of tables and one SQS timer queue, both reached through fault proxies, and each
+//! process reached by the clients through a fault proxy of its own; agents create runs
+//! (single, coordinators, children), append, arm cards; operators click with scopes;
+//! approved calls go through start, dispatch and settle; operators reconcile; runs end.
+//! Clients retry a request that failed (5xx, reset, no answer within 8 s) with the same
+//! body — the same `delivery_id`, `event_id`s, `request_id` — on another process. Every
+//! client operation and what it was answered is recorded, and at the end (faults off,
+//! timers quiet) every run's stream, mutation records, cards and policies, and the
+//! seed's runs in the runs table, are read back for the checker.
 //!
 //! Per seed: the operations each worker picks come from a generator seeded with the seed
 //! and the worker's number, the proxies' schedules from the seed.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -26,21 +26,16 @@ use super::checker::{FinalCard, FinalRun, History, Op, OpKind, Outcome};
 use super::dynamodb::DynamoDbLocal;
 use super::localstack::LocalStack;
 use super::proxy::{FaultCounts, FaultProxy, Rates, Service};
+use crate::serve::{ServeProcess, Start};
 use crate::TEST_SECRET;
 
 /// Tools the runs' budgets allow (each run: 3 starts of each, 6 calls in all).
 const TOOLS: &[&str] = &["create_dashboard", "web_fetch", "shell"];
 
-/// One `tollgate serve` process of the fleet.
-struct Serve {
-    child: Child,
-    base: String,
-}
-
 /// The serve processes, all on the same tables and timer queue, reaching DynamoDB and
 /// SQS through the proxies. Killed when dropped.
 pub struct Fleet {
-    serves: Vec<Mutex<Option<Serve>>>,
+    serves: Vec<Mutex<Option<ServeProcess>>>,
     table_prefix: String,
     queue_name: String,
     queue_url: Mutex<Option<String>>,
@@ -87,129 +82,57 @@ impl Fleet {
             .map(|s| s.base.clone())
     }
 
-    fn spawn(&self, i: usize) -> Serve {
-        let bin = tollgate_bin();
-        let mut cmd = Command::new(&bin);
-        cmd.args([
-            "serve",
-            "--backend",
-            "aws",
-            "--port",
-            "0",
-            "--host",
-            "127.0.0.1",
-        ])
-        .env("TOLLGATE_SECRET", TEST_SECRET)
-        .env("TOLLGATE_TABLE_PREFIX", &self.table_prefix)
-        .env("TOLLGATE_TIMER_QUEUE_NAME", &self.queue_name)
-        .env("AWS_ENDPOINT_URL_DYNAMODB", &self.ddb_url)
-        .env("AWS_ENDPOINT_URL_SQS", &self.sqs_url)
-        .env("TOLLGATE_HEARTBEAT_SECONDS", "3")
-        .env("TOLLGATE_SETTLEMENT_DEADLINE_SECONDS", "4")
-        .env("TOLLGATE_EXECUTION_HEARTBEAT_SECONDS", "3")
-        .env("TOLLGATE_SWEEP_SECONDS", "3")
-        .env("TOLLGATE_STALL_TIMEOUT_SECONDS", "3600")
-        .env("RUST_LOG", "error")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-        for var in [
-            "AWS_ENDPOINT_URL",
-            "TOLLGATE_RUNS_TABLE",
-            "TOLLGATE_EVENTS_TABLE",
-            "TOLLGATE_APPROVALS_TABLE",
-            "TOLLGATE_POLICIES_TABLE",
-            "TOLLGATE_MUTATIONS_TABLE",
-            "TOLLGATE_TIMER_QUEUE_URL",
-            "TOLLGATE_CREATE_TABLES",
-            "TOLLGATE_BACKEND",
-            "TOLLGATE_PORT",
-            "TOLLGATE_ALWAYS_ELIGIBLE_TOOLS",
-        ] {
-            cmd.env_remove(var);
+    fn spawn(&self, i: usize) -> ServeProcess {
+        let queue_url = self.queue_url.lock().unwrap().clone();
+        let mut env = vec![
+            ("TOLLGATE_TABLE_PREFIX", self.table_prefix.clone()),
+            ("TOLLGATE_TIMER_QUEUE_NAME", self.queue_name.clone()),
+            ("AWS_ENDPOINT_URL_DYNAMODB", self.ddb_url.clone()),
+            ("AWS_ENDPOINT_URL_SQS", self.sqs_url.clone()),
+            ("TOLLGATE_HEARTBEAT_SECONDS", "3".into()),
+            ("TOLLGATE_SETTLEMENT_DEADLINE_SECONDS", "4".into()),
+            ("TOLLGATE_EXECUTION_HEARTBEAT_SECONDS", "3".into()),
+            ("TOLLGATE_SWEEP_SECONDS", "3".into()),
+            ("TOLLGATE_STALL_TIMEOUT_SECONDS", "3600".into()),
+        ];
+        let mut args = vec!["--backend", "aws"];
+        match &queue_url {
+            Some(url) => env.push(("TOLLGATE_TIMER_QUEUE_URL", url.clone())),
+            None => args.push("--create-tables"),
         }
-        match self.queue_url.lock().unwrap().clone() {
-            Some(url) => {
-                cmd.env("TOLLGATE_TIMER_QUEUE_URL", url);
-            }
-            None => {
-                cmd.arg("--create-tables");
-            }
-        }
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        let (tx, rx) = mpsc::channel::<String>();
-        let stdout = child.stdout.take().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
+        let serve = ServeProcess::start_with(Start {
+            args,
+            env,
+            remove: vec![
+                "AWS_ENDPOINT_URL",
+                "TOLLGATE_RUNS_TABLE",
+                "TOLLGATE_EVENTS_TABLE",
+                "TOLLGATE_APPROVALS_TABLE",
+                "TOLLGATE_POLICIES_TABLE",
+                "TOLLGATE_MUTATIONS_TABLE",
+                "TOLLGATE_ALWAYS_ELIGIBLE_TOOLS",
+            ],
+            secret: Some(TEST_SECRET),
+            log: Some("error"),
+            echo: std::env::var_os("TOLLGATE_CHAOS_VERBOSE").map(|_| format!("[serve {i}]")),
+            wait: Some(Duration::from_secs(90)),
         });
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if std::env::var_os("TOLLGATE_CHAOS_VERBOSE").is_some() {
-                    eprintln!("[serve {i}] {line}");
-                }
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(90);
-        let mut base = None;
-        let mut seen = Vec::new();
-        while base.is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx
-                .recv_timeout(left)
-                .unwrap_or_else(|e| panic!("serve {i} printed no URL ({e}): {seen:#?}"));
-            if let Some(url) = line.strip_prefix("export TOLLGATE_URL=") {
-                base = Some(url.trim().to_owned());
-            }
-            if let Some(rest) = line.split_once("SQS queue ").map(|(_, rest)| rest) {
-                if let Some(url) = rest.split(", consumed").next() {
-                    let mut q = self.queue_url.lock().unwrap();
-                    if q.is_none() {
-                        *q = Some(url.to_owned());
-                    }
-                }
-            }
-            seen.push(line);
+        if let Some(url) = serve.queue_url() {
+            self.queue_url.lock().unwrap().get_or_insert(url);
         }
-        // Keep draining stdout so that the process never blocks on a full pipe.
-        std::thread::spawn(move || while rx.recv().is_ok() {});
-        Serve {
-            child,
-            base: base.unwrap(),
-        }
+        serve
     }
 
     /// Kills process `i` with SIGKILL (whatever it was doing) and starts it again.
     pub fn kill_and_restart(&self, i: usize) {
         let old = self.serves[i].lock().unwrap().take();
         if let Some(mut s) = old {
-            let _ = s.child.kill();
-            let _ = s.child.wait();
+            s.kill();
         }
         self.kills.fetch_add(1, Ordering::SeqCst);
         let new = self.spawn(i);
         *self.serves[i].lock().unwrap() = Some(new);
     }
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        for s in &self.serves {
-            if let Some(mut s) = s.lock().unwrap().take() {
-                let _ = s.child.kill();
-                let _ = s.child.wait();
-            }
-        }
-    }
-}
-
-/// The `tollgate` binary the workspace built.
-fn tollgate_bin() -> PathBuf {
-    crate::serve::tollgate_bin()
 }
 
 /// What one seed's run does.
@@ -250,6 +173,8 @@ pub struct SeedReport {
 pub struct Chaos {
     pub ddb_proxy: FaultProxy,
     pub sqs_proxy: FaultProxy,
+    /// One per serve process, between the clients and it.
+    pub serve_proxies: Vec<FaultProxy>,
     pub dynamodb: Option<tokio::sync::Mutex<DynamoDbLocal>>,
     pub localstack: Option<tokio::sync::Mutex<LocalStack>>,
     pub fleet: Arc<Fleet>,
@@ -288,16 +213,30 @@ impl Chaos {
         let fleet = tokio::task::spawn_blocking(move || Fleet::start(serves, &d, &s))
             .await
             .expect("the fleet starts");
+        let mut serve_proxies = Vec::new();
+        for i in 0..fleet.len() {
+            let base = fleet.base(i).expect("a serve process");
+            serve_proxies.push(
+                FaultProxy::start(Service::Serve, &base)
+                    .await
+                    .expect("serve proxy"),
+            );
+        }
+        let queue_url = fleet.queue_url.lock().unwrap().clone();
+        if let Some(url) = queue_url {
+            short_visibility(&sqs_proxy.url(), &url).await;
+        }
         Self {
             ddb_proxy,
             sqs_proxy,
+            serve_proxies,
             dynamodb: dynamodb.map(tokio::sync::Mutex::new),
             localstack: localstack.map(tokio::sync::Mutex::new),
             fleet: Arc::new(fleet),
             http: reqwest::Client::builder()
                 .no_proxy()
                 .pool_max_idle_per_host(32)
-                .timeout(Duration::from_secs(30))
+                .timeout(Duration::from_secs(8))
                 .build()
                 .unwrap(),
             auth: Auth::new(TEST_SECRET.as_bytes()),
@@ -323,6 +262,9 @@ impl Chaos {
         };
         self.ddb_proxy.arm(cfg.seed, rates);
         self.sqs_proxy.arm(cfg.seed.rotate_left(17), rates);
+        for (i, p) in self.serve_proxies.iter().enumerate() {
+            p.arm(cfg.seed.rotate_left(29 + i as u32), rates);
+        }
         let next = Arc::new(AtomicUsize::new(0));
         let deadline = started + cfg.time_limit;
         let mut workers = Vec::new();
@@ -347,9 +289,11 @@ impl Chaos {
         // Crashes, mid-workload: DynamoDB Local at a third of the operations, a serve
         // process at two thirds.
         let storage_kills = Arc::new(Mutex::new(Vec::new()));
+        let storage_acks = Arc::new(Mutex::new(Vec::new()));
         let crash = {
             let (me, next) = (Arc::clone(self), Arc::clone(&next));
             let kills = Arc::clone(&storage_kills);
+            let acks = Arc::clone(&storage_acks);
             let (ops, crash_dynamodb, kill_serve, restart_localstack, seed) = (
                 cfg.ops,
                 cfg.crash_dynamodb,
@@ -370,8 +314,12 @@ impl Chaos {
                     wait_for(ops / 3).await;
                     if let Some(d) = &me.dynamodb {
                         let at = chrono::Utc::now();
-                        kills.lock().unwrap().push(at.timestamp_millis());
-                        d.lock().await.crash_and_restart().await;
+                        let killed = d.lock().await.crash_and_restart().await;
+                        kills.lock().unwrap().push(killed);
+                        acks.lock().unwrap().extend(
+                            me.ddb_proxy
+                                .acks_between(killed - super::checker::KILL_WINDOW_MS, killed),
+                        );
                         eprintln!(
                             "chaos: seed {seed}: DynamoDB Local killed at {at}, up again at {}",
                             chrono::Utc::now()
@@ -390,6 +338,7 @@ impl Chaos {
                         let url = tollgate_timers::ensure_queue(&sqs, &me.fleet.queue_name)
                             .await
                             .expect("the timer queue again");
+                        short_visibility(&me.sqs_proxy.url(), &url).await;
                         assert_eq!(Some(url), me.fleet.queue_url.lock().unwrap().clone());
                         eprintln!(
                             "chaos: seed {seed}: LocalStack killed at {at}, up again at {}",
@@ -402,7 +351,11 @@ impl Chaos {
                     let fleet = Arc::clone(&me.fleet);
                     let i = (seed as usize) % fleet.len();
                     let at = chrono::Utc::now();
-                    let _ = tokio::task::spawn_blocking(move || fleet.kill_and_restart(i)).await;
+                    let f = Arc::clone(&fleet);
+                    let _ = tokio::task::spawn_blocking(move || f.kill_and_restart(i)).await;
+                    if let Some(base) = fleet.base(i) {
+                        me.serve_proxies[i].set_upstream(&base);
+                    }
                     eprintln!(
                         "chaos: seed {seed}: serve {i} killed at {at}, up again at {}",
                         chrono::Utc::now()
@@ -421,9 +374,14 @@ impl Chaos {
         faults.add(&self.sqs_proxy.counts());
         self.ddb_proxy.disarm();
         self.sqs_proxy.disarm();
+        for p in &self.serve_proxies {
+            faults.add(&p.counts());
+            p.disarm();
+        }
         self.quiesce(&model).await;
         let mut history = self.read_back(&model).await;
         history.storage_kills_ms = storage_kills.lock().unwrap().clone();
+        history.storage_acks = storage_acks.lock().unwrap().clone();
         let ops = model.ops.lock().unwrap().len();
         let unknown = model
             .ops
@@ -481,12 +439,9 @@ impl Chaos {
         let mut failed = false;
         let mut last = String::new();
         for attempt in 0..4 {
-            let Some(base) = self.fleet.base(rng_pick + attempt) else {
-                failed = true;
-                last = "process down".into();
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            };
+            // Through the client-side proxy of the process (while it is down, its
+            // connection is reset).
+            let base = self.serve_proxies[(rng_pick + attempt) % self.serve_proxies.len()].url();
             let mut req = self
                 .http
                 .request(method.clone(), format!("{base}{path}"))
@@ -587,6 +542,7 @@ impl Chaos {
             body["subtask_id"] = json!(format!("sub-{}", rng.random_range(0..1000)));
         }
         let token = self.agent_token(&agent);
+        let owner_named = owner.clone();
         let (outcome, failed) = self.post(pick, "/api/runs", &token, &body).await;
         if let Outcome::Answered { status, body } = &outcome {
             if (200..300).contains(status) {
@@ -595,7 +551,7 @@ impl Chaos {
                     token: body["run_token"].as_str().unwrap_or_default().to_owned(),
                     kind: kind.clone(),
                     parent: parent.clone(),
-                    owner,
+                    owner: owner.clone(),
                     agent: agent.clone(),
                     ended: false,
                 });
@@ -611,6 +567,7 @@ impl Chaos {
                 delivery_id,
                 kind,
                 parent,
+                owner: owner_named,
             },
             outcome,
             failed,
@@ -741,6 +698,7 @@ impl Chaos {
                 request_id: card.request_id,
                 approve,
                 scope: scope.to_owned(),
+                by,
             },
             outcome,
             failed,
@@ -954,6 +912,7 @@ impl Chaos {
     /// records, every armed card, the policies of the seed's runs.
     async fn read_back(&self, model: &Model) -> History {
         let op = self.operator_token(&format!("{}-op", model.prefix));
+        let mut read_errors = Vec::new();
         let mut receipts = Vec::new();
         let deliveries = model.deliveries.lock().unwrap().clone();
         let mut tokens: BTreeMap<String, String> = model
@@ -970,6 +929,9 @@ impl Chaos {
                     &self.agent_token(&agent),
                 )
                 .await;
+            if status != 200 && status != 404 {
+                read_errors.push(format!("receipt {delivery}: {status} {body}"));
+            }
             let run = (status == 200).then(|| body["run_id"].as_str().unwrap_or("").to_owned());
             if let Some(r) = &run {
                 tokens
@@ -984,6 +946,7 @@ impl Chaos {
             let mut after = 0u64;
             let mut stuck = 0;
             let mut stuck_after = None;
+            let mut absent = false;
             loop {
                 let (status, page) = self
                     .get_clean(
@@ -991,7 +954,13 @@ impl Chaos {
                         &op,
                     )
                     .await;
+                if status == 404 && after == 0 && events.is_empty() {
+                    // No such run (a create lost with the storage): the checker judges it.
+                    absent = true;
+                    break;
+                }
                 if status != 200 {
+                    read_errors.push(format!("{run_id}: events after {after}: {status} {page}"));
                     stuck_after = Some(after);
                     break;
                 }
@@ -1012,14 +981,22 @@ impl Chaos {
                 }
                 after = next;
             }
-            let (_, listing) = self
-                .get_clean(&format!("/api/runs/{run_id}/mutations?limit=1000"), &op)
-                .await;
+            let mut mutations = Vec::new();
+            if !absent {
+                let (status, listing) = self
+                    .get_clean(&format!("/api/runs/{run_id}/mutations?limit=1000"), &op)
+                    .await;
+                if status != 200 || listing["has_more"] == true {
+                    read_errors.push(format!("{run_id}: mutations: {status} {listing}"));
+                }
+                mutations = listing["mutations"].as_array().cloned().unwrap_or_default();
+            }
             runs.push(FinalRun {
                 run_id: run_id.clone(),
                 events,
-                mutations: listing["mutations"].as_array().cloned().unwrap_or_default(),
+                mutations,
                 stuck_after,
+                absent,
             });
         }
         let mut cards = Vec::new();
@@ -1035,6 +1012,9 @@ impl Chaos {
                     &c.token,
                 )
                 .await;
+            if status != 200 && status != 404 {
+                read_errors.push(format!("card {}: {status} {card}", c.request_id));
+            }
             cards.push(FinalCard {
                 run_id: c.run_id,
                 request_id: c.request_id,
@@ -1050,6 +1030,7 @@ impl Chaos {
             };
             let (status, page) = self.get_clean(&path, &op).await;
             if status != 200 {
+                read_errors.push(format!("policies: {status} {page}"));
                 break;
             }
             for p in page["policies"].as_array().cloned().unwrap_or_default() {
@@ -1062,6 +1043,7 @@ impl Chaos {
                 _ => break,
             }
         }
+        let listed_runs = self.list_runs(model, &mut read_errors).await;
         History {
             ops: model.ops.lock().unwrap().clone(),
             runs,
@@ -1069,8 +1051,77 @@ impl Chaos {
             policies,
             receipts,
             storage_kills_ms: Vec::new(),
+            storage_acks: Vec::new(),
+            listed_runs,
+            read_errors,
         }
     }
+
+    /// Every run of the seed in the runs table (its owners are the seed's), read from
+    /// the table itself: a run no create accounts for would show here.
+    async fn list_runs(
+        &self,
+        model: &Model,
+        errors: &mut Vec<String>,
+    ) -> Vec<(String, Option<String>)> {
+        let sdk = aws_config::from_env()
+            .endpoint_url(self.ddb_proxy.url())
+            .load()
+            .await;
+        let ddb = aws_sdk_dynamodb::Client::new(&sdk);
+        let table = format!("{}runs", self.fleet.table_prefix);
+        let mut out = Vec::new();
+        let mut start = None;
+        loop {
+            let page = ddb
+                .scan()
+                .table_name(&table)
+                .filter_expression("begins_with(#o, :p) AND attribute_exists(next_seq)")
+                .expression_attribute_names("#o", "owner")
+                .expression_attribute_values(
+                    ":p",
+                    aws_sdk_dynamodb::types::AttributeValue::S(format!("{}-owner-", model.prefix)),
+                )
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await;
+            let page = match page {
+                Ok(p) => p,
+                Err(e) => {
+                    errors.push(format!("scan of {table}: {e:?}"));
+                    return out;
+                }
+            };
+            for item in page.items() {
+                let get = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
+                if let Some(run) = get("run_id") {
+                    out.push((run, get("delivery_id")));
+                }
+            }
+            match page.last_evaluated_key() {
+                Some(k) if !k.is_empty() => start = Some(k.clone()),
+                _ => break,
+            }
+        }
+        out
+    }
+}
+
+/// The chaos timer queue's visibility timeout: 3 s, so that a message whose delete was
+/// lost (the proxy's `sqs_redeliver`) or whose handling outlasts it is delivered again
+/// by SQS itself.
+async fn short_visibility(endpoint: &str, queue_url: &str) {
+    let sdk = aws_config::from_env().endpoint_url(endpoint).load().await;
+    aws_sdk_sqs::Client::new(&sdk)
+        .set_queue_attributes()
+        .queue_url(queue_url)
+        .attributes(
+            aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout,
+            "3",
+        )
+        .send()
+        .await
+        .expect("the timer queue's visibility timeout");
 }
 
 #[derive(Debug, Clone)]

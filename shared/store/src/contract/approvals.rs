@@ -204,6 +204,36 @@ pub async fn deadlines_and_ended_runs(store: Store) {
         (events[2]["approved"].clone(), events[2]["expired"].clone()),
         (json!(false), json!(true))
     );
+    // A click asked before the deadline whose write commits after it (a decision held
+    // up by retries) is judged by the clock at commit: it expires the card, with the
+    // usual event, and is never approved.
+    let mut slow = card_for(&run_id, "slow-1", None);
+    slow.expires_at = tollgate_domain::now_millis() - 1;
+    let asked_at = slow.expires_at - 2_000;
+    store.arm(RunRef::any(&run_id), slow).await.unwrap();
+    let Resolved::Fresh(card) = store
+        .resolve(&run_id, "slow-1", approve("alice"), asked_at, None)
+        .await
+        .unwrap()
+    else {
+        panic!("the slow click moved the card")
+    };
+    assert_eq!(card.state, ApprovalState::Expired);
+    assert_eq!(card.decided_by, None);
+    assert!(
+        card.decided_at.is_some_and(|t| t >= card.expires_at),
+        "ended by the clock at commit, not the click's time: {card:?}"
+    );
+    let events = all_events(&store, &run_id).await;
+    let last = events.last().unwrap();
+    assert_eq!(
+        (last["type"].clone(), last["requestId"].clone()),
+        (json!("tool.approval_resolved"), json!("slow-1"))
+    );
+    assert_eq!(
+        (last["approved"].clone(), last["expired"].clone()),
+        (json!(false), json!(true))
+    );
     // An unknown card is NotFound.
     assert_eq!(
         store
