@@ -43,12 +43,7 @@ async fn post_to_connection(
             .into_response();
     }
     let frame: Value = serde_json::from_slice(&body).expect("every frame is JSON");
-    ep.posts
-        .lock()
-        .unwrap()
-        .entry(id)
-        .or_default()
-        .push(frame);
+    ep.posts.lock().unwrap().entry(id).or_default().push(frame);
     StatusCode::OK.into_response()
 }
 
@@ -417,7 +412,12 @@ mod dynamo {
         assert_eq!(delivered, replayed.iter().collect::<Vec<_>>());
         // The run ended: its subscription is gone, the connection stays.
         assert!(rig.registry.subscribers(&run_id).await.unwrap().is_empty());
-        let conn = rig.registry.get_connection("conn-a").await.unwrap().unwrap();
+        let conn = rig
+            .registry
+            .get_connection("conn-a")
+            .await
+            .unwrap()
+            .unwrap();
         assert!(conn.runs.is_empty(), "{conn:?}");
         assert_eq!(conn.kind, "run");
         assert!(conn.token_digest.as_deref() != Some(run_token.as_str()));
@@ -447,7 +447,12 @@ mod dynamo {
         assert!(frames[1].get("id").is_none());
         let bye = rig.invoke("$disconnect", "conn-a", json!({})).await;
         assert_eq!(bye["statusCode"], 200);
-        assert!(rig.registry.get_connection("conn-a").await.unwrap().is_none());
+        assert!(rig
+            .registry
+            .get_connection("conn-a")
+            .await
+            .unwrap()
+            .is_none());
     }
 
     /// A connection whose post answers 410 is removed with its subscriptions; the other
@@ -474,7 +479,9 @@ mod dynamo {
         assert!(rig.endpoint.take("conn-gone").is_empty());
         let subs = rig.registry.subscribers(&run_id).await.unwrap();
         assert_eq!(
-            subs.iter().map(|s| s.connection_id.as_str()).collect::<Vec<_>>(),
+            subs.iter()
+                .map(|s| s.connection_id.as_str())
+                .collect::<Vec<_>>(),
             ["conn-ok"]
         );
         assert!(rig
@@ -496,9 +503,7 @@ mod dynamo {
         let auth = Auth::new(tollgate_tests::TEST_SECRET.as_bytes());
         let agent_b = auth.mint_jwt("agent-b", Role::Agent, 3600, Some("proj-b".into()));
         let agent_c = auth.mint_jwt("agent-c", Role::Agent, 3600, Some("proj-c".into()));
-        let (status, v) = s
-            .post("/api/runs", &agent_b, &json!({}))
-            .await;
+        let (status, v) = s.post("/api/runs", &agent_b, &json!({})).await;
         assert_eq!(status, 201, "{v}");
         let run_b = v["run_id"].as_str().unwrap().to_owned();
         let token_b = v["run_token"].as_str().unwrap().to_owned();
@@ -525,7 +530,10 @@ mod dynamo {
             .await;
         assert_eq!(by_query["statusCode"], 200, "{by_query}");
         assert!(by_query["headers"].get("sec-websocket-protocol").is_none());
-        assert_eq!(rig.connect("conn-token-a", &token_a).await["statusCode"], 200);
+        assert_eq!(
+            rig.connect("conn-token-a", &token_a).await["statusCode"],
+            200
+        );
         assert_eq!(rig.connect("conn-b", &agent_b).await["statusCode"], 200);
 
         // Another tenant's agent, and run A's token, on run B: error frames.
@@ -604,7 +612,10 @@ mod dynamo {
         assert_eq!(rig.endpoint.take("c3")[0]["event"], "subscribed");
 
         // Sixteen runs on one operator connection, then one more is refused.
-        assert_eq!(rig.connect("op", &s.operator_token).await["statusCode"], 200);
+        assert_eq!(
+            rig.connect("op", &s.operator_token).await["statusCode"],
+            200
+        );
         for _ in 0..tollgate_protocol::ws::MAX_SUBSCRIPTIONS_PER_CONNECTION {
             let (r, _) = s.create_run(json!({})).await;
             rig.send("op", json!({"action": "subscribe", "run_id": r}))
@@ -615,7 +626,10 @@ mod dynamo {
             .await;
         let frames = rig.endpoint.take("op");
         let subscribed = frames.iter().filter(|f| f["event"] == "subscribed").count();
-        assert_eq!(subscribed, tollgate_protocol::ws::MAX_SUBSCRIPTIONS_PER_CONNECTION);
+        assert_eq!(
+            subscribed,
+            tollgate_protocol::ws::MAX_SUBSCRIPTIONS_PER_CONNECTION
+        );
         assert_eq!(frames.last().unwrap()["data"]["code"], "too_many_streams");
         let _ = rig.fan_out().await;
     }

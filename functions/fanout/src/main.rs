@@ -3,5 +3,5 @@
 
 #[tokio::main]
 async fn main() -> Result<(), tollgate_api::push::lambda::Error> {
-    tollgate_api::push::lambda::run_fanout().await
+    tollgate_api::push::lambda::run_fanout(&tollgate_api::functions::FANOUT).await
 }

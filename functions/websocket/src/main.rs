@@ -3,5 +3,5 @@
 
 #[tokio::main]
 async fn main() -> Result<(), tollgate_api::push::lambda::Error> {
-    tollgate_api::push::lambda::run_websocket().await
+    tollgate_api::push::lambda::run_websocket(&tollgate_api::functions::WEBSOCKET).await
 }

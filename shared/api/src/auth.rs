@@ -360,7 +360,10 @@ impl Auth {
         if !matches!(hex::decode(mac), Ok(b) if b.len() == 32) {
             return Err(ApiError::unauthorized("invalid token"));
         }
-        Ok((incarnation.to_owned(), hex::encode(self.digest_mac(token).finalize().into_bytes())))
+        Ok((
+            incarnation.to_owned(),
+            hex::encode(self.digest_mac(token).finalize().into_bytes()),
+        ))
     }
 
     /// Whether `digest` ([`Auth::unbound_run_token`]) is the digest of `run_id`'s token

@@ -248,8 +248,7 @@ impl IntoResponse for ApiError {
         let body = self.body(String::new());
         let mut response = (status, axum::Json(body)).into_response();
         // Both ask the client to come back: say when (a client backs off from here).
-        if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS
-        {
+        if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

@@ -144,7 +144,11 @@ impl Fanout {
                         for frame in frames {
                             match self
                                 .poster
-                                .post(&self.endpoint, &sub.connection_id, frame.clone().into_bytes())
+                                .post(
+                                    &self.endpoint,
+                                    &sub.connection_id,
+                                    frame.clone().into_bytes(),
+                                )
                                 .await
                             {
                                 Posted::Sent | Posted::Failed => {}

@@ -40,7 +40,10 @@ impl Websocket {
     /// `$disconnect` deletes the connection; every other route is a client message,
     /// answered with frames posted to the connection (the route's own answer is 200, or
     /// 500 when storage failed).
-    pub async fn handle(&self, request: ApiGatewayWebsocketProxyRequest) -> ApiGatewayProxyResponse {
+    pub async fn handle(
+        &self,
+        request: ApiGatewayWebsocketProxyRequest,
+    ) -> ApiGatewayProxyResponse {
         let ctx = &request.request_context;
         let connection_id = ctx.connection_id.clone().unwrap_or_default();
         let request_id = ctx.request_id.clone().unwrap_or_default();
@@ -72,8 +75,13 @@ impl Websocket {
                 .endpoint(ctx.domain_name.as_deref(), ctx.stage.as_deref())
             {
                 Some(endpoint) => {
-                    self.message(&endpoint, &connection_id, request.body.as_deref(), &request_id)
-                        .await
+                    self.message(
+                        &endpoint,
+                        &connection_id,
+                        request.body.as_deref(),
+                        &request_id,
+                    )
+                    .await
                 }
                 None => Err(ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -105,8 +113,8 @@ async fn registry(sdk: &aws_config::SdkConfig) -> Connections {
 /// The whole `websocket` function: JSON logs and configuration as every function
 /// (`functions::start`), the registry and the `@connections` poster, then WebSocket
 /// events from the Runtime API.
-pub async fn run_websocket() -> Result<(), Error> {
-    let deps = crate::functions::start(&crate::functions::WEBSOCKET).await?;
+pub async fn run_websocket(function: &crate::functions::Function) -> Result<(), Error> {
+    let deps = crate::functions::start(function).await?;
     let sdk = tollgate_store::dynamo::sdk_config().await;
     let handler = Websocket {
         runs: deps.runs.clone(),
@@ -126,13 +134,13 @@ pub async fn run_websocket() -> Result<(), Error> {
 
 /// The whole `fanout` function: JSON logs, the registry and the `@connections` endpoint
 /// (`TOLLGATE_WEBSOCKET_ENDPOINT`, required), then stream batches from the Runtime API.
-pub async fn run_fanout() -> Result<(), Error> {
+pub async fn run_fanout(function: &crate::functions::Function) -> Result<(), Error> {
     crate::telemetry::init(true);
     let sdk = tollgate_store::dynamo::sdk_config().await;
     let poster = Poster::from_env(sdk.clone());
     let Some(endpoint) = poster.fixed_endpoint().map(str::to_owned) else {
         let why = format!("{} must be set", super::post::ENDPOINT_ENV);
-        tracing::error!(function = "fanout", error = %why, "start-up failed");
+        tracing::error!(function = function.name, error = %why, "start-up failed");
         return Err(why.into());
     };
     let handler = Fanout {

@@ -207,13 +207,18 @@ impl Websocket {
         request_id: &str,
     ) -> Result<(), ApiError> {
         let post = |frame: String| async move {
-            self.poster.post(endpoint, connection_id, frame.into_bytes()).await
+            self.poster
+                .post(endpoint, connection_id, frame.into_bytes())
+                .await
         };
         let body = body.unwrap_or("");
         if body.len() > ws::MAX_CLIENT_MESSAGE_BYTES {
             let err = ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!("a message is at most {} bytes", ws::MAX_CLIENT_MESSAGE_BYTES),
+                format!(
+                    "a message is at most {} bytes",
+                    ws::MAX_CLIENT_MESSAGE_BYTES
+                ),
             );
             post(error_frame(None, err, request_id)).await;
             return Ok(());
@@ -345,7 +350,12 @@ impl Websocket {
             };
             match self
                 .registry
-                .subscribe(&connection, &sub, ws::MAX_SUBSCRIPTIONS_PER_CONNECTION, &caps)
+                .subscribe(
+                    &connection,
+                    &sub,
+                    ws::MAX_SUBSCRIPTIONS_PER_CONNECTION,
+                    &caps,
+                )
                 .await?
             {
                 Subscribed::Recorded => {}
@@ -363,7 +373,10 @@ impl Websocket {
             after,
         })
         .unwrap_or_default();
-        let post = |frame: String| self.poster.post(endpoint, connection_id, frame.into_bytes());
+        let post = |frame: String| {
+            self.poster
+                .post(endpoint, connection_id, frame.into_bytes())
+        };
         if !self
             .deliverable(
                 connection_id,
@@ -387,7 +400,10 @@ impl Websocket {
     ) -> Result<(), ApiError> {
         let run_id = head.run_id.clone();
         let started = Instant::now();
-        let post = |frame: String| self.poster.post(endpoint, connection_id, frame.into_bytes());
+        let post = |frame: String| {
+            self.poster
+                .post(endpoint, connection_id, frame.into_bytes())
+        };
         loop {
             let page = self.runs.page(&head, after, PAGE).await?;
             for e in &page.events {
@@ -413,7 +429,9 @@ impl Websocket {
             if started.elapsed() > BACKLOG_BUDGET {
                 let err = ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    format!("the backlog is longer than one answer; subscribe again with after={after}"),
+                    format!(
+                        "the backlog is longer than one answer; subscribe again with after={after}"
+                    ),
                 );
                 post(error_frame(Some(&run_id), err, "")).await;
                 return Ok(());

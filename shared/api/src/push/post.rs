@@ -92,7 +92,10 @@ impl Poster {
             .await;
         match result {
             Ok(_) => Posted::Sent,
-            Err(e) if e.as_service_error().is_some_and(|se| se.is_gone_exception()) => {
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_gone_exception()) =>
+            {
                 Posted::Gone
             }
             Err(e) => {

@@ -62,7 +62,10 @@ pub fn event_from_item(
     if !is_event || !item.contains_key("body") {
         return Ok(None);
     }
-    Ok(Some((get_s(item, "run_id")?, item::stored_event_from_item(item)?)))
+    Ok(Some((
+        get_s(item, "run_id")?,
+        item::stored_event_from_item(item)?,
+    )))
 }
 
 #[derive(Clone)]
