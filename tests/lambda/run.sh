@@ -454,14 +454,10 @@ fi
 log "built ${FUNCTIONS[*]} (debug) in $((SECONDS - t0))s"
 
 # The WebSocket functions post frames to a fake @connections endpoint on loopback
-# (tests/src/bin/fake_connections.rs): every post is a line of $WORK/posts.jsonl, which
+# (tests/lambda/fake_connections.py): every post is a line of $WORK/posts.jsonl, which
 # each expectation sees as $posts; a connection id starting with gone- answers 410.
 : >"$WORK/posts.jsonl"
-if ! (cd "$REPO" && cargo build -q -p tollgate-tests --bin tollgate-fake-connections) \
-    >>"$WORK/build.log" 2>&1; then
-  die "cargo build --bin tollgate-fake-connections failed"
-fi
-"$REPO/target/debug/tollgate-fake-connections" "$WORK/posts.jsonl" >"$WORK/fake-connections.url" \
+python3 "$HERE/fake_connections.py" "$WORK/posts.jsonl" >"$WORK/fake-connections.url" \
   2>"$WORK/fake-connections.log" &
 FAKE_PID=$!
 for ((i = 0; i < 100; i++)); do

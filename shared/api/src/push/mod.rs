@@ -326,7 +326,8 @@ impl Websocket {
                 head.last_sequence()
             )));
         }
-        if !head.status.is_terminal() {
+        let recorded = !head.status.is_terminal();
+        if recorded {
             let caps = self.caps_for(&caller, &head);
             let sub = Subscription {
                 run_id: run_id.to_owned(),
@@ -386,17 +387,19 @@ impl Websocket {
         {
             return Ok(());
         }
-        self.backlog(endpoint, connection_id, head, after).await
+        self.backlog(endpoint, connection_id, head, after, recorded)
+            .await
     }
 
     /// Posts the backlog page by page; `done` after the terminal event (and the
-    /// subscription dropped).
+    /// subscription dropped, if `recorded`).
     async fn backlog(
         &self,
         endpoint: &str,
         connection_id: &str,
         mut head: RunHead,
         mut after: u64,
+        recorded: bool,
     ) -> Result<(), ApiError> {
         let run_id = head.run_id.clone();
         let started = Instant::now();
@@ -418,7 +421,9 @@ impl Websocket {
             if page.terminal {
                 self.deliverable(connection_id, post(done_frame(&run_id, after)).await)
                     .await?;
-                self.registry.unsubscribe(connection_id, &run_id).await?;
+                if recorded {
+                    self.registry.unsubscribe(connection_id, &run_id).await?;
+                }
                 return Ok(());
             }
             // Stopped at a hole (a commit becoming visible) or the end: whatever commits

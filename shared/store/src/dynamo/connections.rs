@@ -267,24 +267,36 @@ impl Connections {
             .expression_attribute_values(":now", n(now_secs()))
             .build()
             .map_err(build_error)?;
-        let result = self
+        let items = vec![
+            TransactWriteItem::builder().update(update).build(),
+            TransactWriteItem::builder().put(put).build(),
+        ];
+        if self.transact(items).await? {
+            return Ok(Subscribed::Recorded);
+        }
+        // The condition failed: gone, or full by a concurrent subscribe.
+        match self.get_connection(&sub.connection_id).await? {
+            None => Ok(Subscribed::NoConnection),
+            Some(_) => Ok(Subscribed::TooManyOnConnection),
+        }
+    }
+
+    /// One `TransactWriteItems`: `Ok(false)` when a condition cancelled it (nothing
+    /// written).
+    async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<bool, StoreError> {
+        match self
             .client
             .transact_write_items()
-            .transact_items(TransactWriteItem::builder().update(update).build())
-            .transact_items(TransactWriteItem::builder().put(put).build())
+            .set_transact_items(Some(items))
             .send()
-            .await;
-        match result {
-            Ok(_) => Ok(Subscribed::Recorded),
+            .await
+        {
+            Ok(_) => Ok(true),
             Err(e)
                 if e.as_service_error()
                     .is_some_and(|se| se.is_transaction_canceled_exception()) =>
             {
-                // The condition failed: gone, or full by a concurrent subscribe.
-                match self.get_connection(&sub.connection_id).await? {
-                    None => Ok(Subscribed::NoConnection),
-                    Some(_) => Ok(Subscribed::TooManyOnConnection),
-                }
+                Ok(false)
             }
             Err(e) => Err(unavailable(e)),
         }
@@ -307,31 +319,21 @@ impl Connections {
             .expression_attribute_values(":r", AttributeValue::Ss(vec![run_id.to_owned()]))
             .build()
             .map_err(build_error)?;
-        let result = self
-            .client
-            .transact_write_items()
-            .transact_items(TransactWriteItem::builder().delete(delete).build())
-            .transact_items(TransactWriteItem::builder().update(update).build())
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(()),
+        let items = vec![
+            TransactWriteItem::builder().delete(delete).build(),
+            TransactWriteItem::builder().update(update).build(),
+        ];
+        if !self.transact(items).await? {
             // No connection item: only the subscription (if any) is left to delete.
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|se| se.is_transaction_canceled_exception()) =>
-            {
-                self.client
-                    .delete_item()
-                    .table_name(&self.table)
-                    .set_key(Some(sub_key(run_id, connection_id)))
-                    .send()
-                    .await
-                    .map_err(unavailable)?;
-                Ok(())
-            }
-            Err(e) => Err(unavailable(e)),
+            self.client
+                .delete_item()
+                .table_name(&self.table)
+                .set_key(Some(sub_key(run_id, connection_id)))
+                .send()
+                .await
+                .map_err(unavailable)?;
         }
+        Ok(())
     }
 
     /// Deletes a connection and every subscription it holds: the connection item
