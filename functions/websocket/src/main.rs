@@ -1,5 +1,5 @@
 //! `websocket`: the API Gateway WebSocket API's routes (`$connect`, `$disconnect`,
-//! `subscribe`, `unsubscribe`, `ping`, `$default`), docs/architecture.md §10.
+//! `subscribe`, `unsubscribe`, `ping`, `$default`), docs/architecture.md §9.
 
 #[tokio::main]
 async fn main() -> Result<(), tollgate_api::push::lambda::Error> {
