@@ -489,6 +489,32 @@ mod tests {
     }
 
     #[test]
+    fn an_unbound_run_token_keeps_only_a_digest_that_matches_its_own_run() {
+        let auth = Auth::new(b"0123456789abcdef0123456789abcdef");
+        let token = auth.run_token("run-1", "0123456789abcdef");
+        let (incarnation, digest) = auth
+            .unbound_run_token(&Credentials::from_token(Some(&token)))
+            .unwrap();
+        assert_eq!(incarnation, "0123456789abcdef");
+        assert!(
+            !digest.contains(&token[16..]),
+            "the token itself is not kept"
+        );
+        assert!(auth.run_token_digest_matches(&digest, "run-1", &incarnation));
+        assert!(!auth.run_token_digest_matches(&digest, "run-2", &incarnation));
+        assert!(!auth.run_token_digest_matches(&digest, "run-1", "fedcba9876543210"));
+        // Another secret derives other digests.
+        let other = Auth::new(b"another-secret-0123456789abcdef-xyz");
+        assert!(!other.run_token_digest_matches(&digest, "run-1", &incarnation));
+        for bad in [None, Some(""), Some("nope"), Some("0123456789abcdefzz")] {
+            let err = auth
+                .unbound_run_token(&Credentials::from_token(bad))
+                .unwrap_err();
+            assert_eq!(err.status, StatusCode::UNAUTHORIZED, "{bad:?}");
+        }
+    }
+
+    #[test]
     fn run_token_opens_only_its_run() {
         let auth = Auth::new(b"0123456789abcdef0123456789abcdef");
         let t = auth.run_token("run-1", "0123456789abcdef");
