@@ -43,6 +43,25 @@ fn referenced(resource: &Value) -> (String, String) {
                 target.to_owned(),
             )
         }
+        // An API's `@connections` (execute-api:ManageConnections): its own ARN.
+        Value::Tagged(t)
+            if t.tag == "!Sub"
+                && t.value.as_str().is_some_and(|s| {
+                    s.starts_with(
+                        "arn:${AWS::Partition}:execute-api:${AWS::Region}:${AWS::AccountId}:${",
+                    )
+                }) =>
+        {
+            let s = t.value.as_str().unwrap();
+            let api = s
+                .rsplit_once(":${")
+                .and_then(|(_, r)| r.split_once('}'))
+                .expect("…:${Api}/stage/…");
+            (
+                api.0.to_owned(),
+                format!("${{{}}}/{}", api.0, api.1.trim_start_matches('/')),
+            )
+        }
         Value::Tagged(t) if t.tag == "!Sub" => {
             let s = t.value.as_str().expect("!Sub string");
             let inner = s
@@ -337,6 +356,65 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                 ("EventsTable/index/by_sequence", &["dynamodb:Query"]),
             ]),
         ),
+        (
+            "WebSocketFunction",
+            grant(&[
+                (
+                    "WebSocketLogGroup",
+                    &["logs:CreateLogStream", "logs:PutLogEvents"],
+                ),
+                ("SigningSecret", &["secretsmanager:GetSecretValue"]),
+                ("RunsTable", &["dynamodb:GetItem"]),
+                ("EventsTable/index/by_sequence", &["dynamodb:Query"]),
+                (
+                    "ConnectionsTable",
+                    &[
+                        "dynamodb:BatchWriteItem",
+                        "dynamodb:DeleteItem",
+                        "dynamodb:GetItem",
+                        "dynamodb:PutItem",
+                        "dynamodb:UpdateItem",
+                    ],
+                ),
+                ("ConnectionsTable/index/by_holder", &["dynamodb:Query"]),
+                ("ConnectionsTable/index/by_tenant", &["dynamodb:Query"]),
+                (
+                    "WebSocketApi/live/POST/@connections/*",
+                    &["execute-api:ManageConnections"],
+                ),
+            ]),
+        ),
+        (
+            "FanoutFunction",
+            grant(&[
+                (
+                    "FanoutLogGroup",
+                    &["logs:CreateLogStream", "logs:PutLogEvents"],
+                ),
+                (
+                    "EventsTable.StreamArn",
+                    &[
+                        "dynamodb:DescribeStream",
+                        "dynamodb:GetRecords",
+                        "dynamodb:GetShardIterator",
+                        "dynamodb:ListStreams",
+                    ],
+                ),
+                (
+                    "ConnectionsTable",
+                    &[
+                        "dynamodb:BatchWriteItem",
+                        "dynamodb:DeleteItem",
+                        "dynamodb:Query",
+                    ],
+                ),
+                ("FanoutDeadLetterQueue", &["sqs:SendMessage"]),
+                (
+                    "WebSocketApi/live/POST/@connections/*",
+                    &["execute-api:ManageConnections"],
+                ),
+            ]),
+        ),
     ])
 }
 
@@ -386,9 +464,15 @@ fn every_function_has_its_own_least_privilege_role() {
                     );
                     let key = match text.split_once("}/") {
                         Some((_, suffix)) => format!("{target}/{suffix}"),
+                        // `!GetAtt X.StreamArn`: the table's stream, not the table.
+                        None if text.ends_with(".StreamArn") => text,
                         None => target,
                     };
-                    assert!(!key.contains('*'), "{name}: wildcard in {key}");
+                    // The one wildcard allowed: any connection of one API's stage.
+                    assert!(
+                        !key.contains('*') || key.ends_with("/live/POST/@connections/*"),
+                        "{name}: wildcard in {key}"
+                    );
                     granted
                         .entry(key)
                         .or_default()
@@ -895,10 +979,14 @@ fn route_function(doc: &Value, route: &Value) -> String {
     referenced(&integration["Properties"]["IntegrationUri"]).0
 }
 
-/// `(RouteKey, function logical id)` of every HTTP API route.
+/// `(RouteKey, function logical id)` of every HTTP API route (the WebSocket API's routes
+/// are `the_template_deploys_exactly_the_registry`'s).
 fn api_routes(doc: &Value) -> Vec<(String, String)> {
     of_type(doc, "AWS::ApiGatewayV2::Route")
         .into_iter()
+        .filter(|(_, r)| {
+            !matches!(&r["Properties"]["ApiId"], Value::Tagged(t) if t.value.as_str() == Some("WebSocketApi"))
+        })
         .map(|(name, r)| {
             let key = r["Properties"]["RouteKey"]
                 .as_str()
@@ -975,6 +1063,72 @@ fn the_template_deploys_exactly_the_registry() {
                     "{}",
                     f.name
                 );
+            }
+            Trigger::WebSocket => {
+                // Every route of the WebSocket API invokes it, through its one integration.
+                let integrations = of_type(&doc, "AWS::ApiGatewayV2::Integration");
+                let (integration, _) = integrations
+                    .iter()
+                    .find(|(_, i)| {
+                        format!("{:?}", i["Properties"]["IntegrationUri"])
+                            .contains(&format!("{}.Arn", f.logical_id))
+                    })
+                    .unwrap_or_else(|| panic!("{}: an integration", f.name));
+                let mut keys: Vec<String> = of_type(&doc, "AWS::ApiGatewayV2::Route")
+                    .into_iter()
+                    .filter(|(_, r)| {
+                        format!("{:?}", r["Properties"]["Target"]).contains(integration.as_str())
+                    })
+                    .map(|(_, r)| r["Properties"]["RouteKey"].as_str().unwrap().to_owned())
+                    .collect();
+                keys.sort();
+                assert_eq!(
+                    keys,
+                    [
+                        "$connect",
+                        "$default",
+                        "$disconnect",
+                        "ping",
+                        "subscribe",
+                        "unsubscribe"
+                    ],
+                    "{}: its routes",
+                    f.name
+                );
+                assert!(!routed && url.is_null() && sqs.is_empty() && schedules.is_empty());
+            }
+            Trigger::Stream => {
+                // One event source mapping on the events table's stream, bounded retries,
+                // partial batch responses, an on-failure destination.
+                let mappings: Vec<_> = of_type(&doc, "AWS::Lambda::EventSourceMapping")
+                    .into_iter()
+                    .filter(|(_, m)| {
+                        format!("{:?}", m["Properties"]["FunctionName"]).contains(f.logical_id)
+                    })
+                    .collect();
+                assert_eq!(mappings.len(), 1, "{}: one event source mapping", f.name);
+                let p = &mappings[0].1["Properties"];
+                assert_eq!(
+                    referenced(&p["EventSourceArn"]).1,
+                    "EventsTable.StreamArn",
+                    "{}",
+                    f.name
+                );
+                assert_eq!(
+                    strings(&p["FunctionResponseTypes"]),
+                    ["ReportBatchItemFailures"]
+                );
+                assert_eq!(p["BisectBatchOnFunctionError"].as_bool(), Some(true));
+                assert!(p["MaximumRetryAttempts"]
+                    .as_i64()
+                    .is_some_and(|n| (0..=10).contains(&n)));
+                assert!(!p["DestinationConfig"]["OnFailure"]["Destination"].is_null());
+                let events = &resources(&doc)["EventsTable"]["Properties"];
+                assert_eq!(
+                    events["StreamSpecification"]["StreamViewType"].as_str(),
+                    Some("NEW_IMAGE")
+                );
+                assert!(!routed && url.is_null() && sqs.is_empty() && schedules.is_empty());
             }
             Trigger::Schedule => {
                 assert_eq!(schedules.len(), 1, "{}: one Schedule event", f.name);

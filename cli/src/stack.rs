@@ -117,6 +117,10 @@ pub fn export_lines(facts: &StackFacts, auth: &Auth, who: &Subjects) -> Result<S
     line(&mut out, "TOLLGATE_URL", api);
     line(&mut out, "TOLLGATE_STREAM_URL", stream);
     line(&mut out, "TOLLGATE_OPERATOR_STREAM_URL", operator_stream);
+    // The live push (a stack deployed before it has no such output).
+    if let Ok(websocket) = facts.output("WebSocketUrl") {
+        line(&mut out, "TOLLGATE_WEBSOCKET_URL", websocket);
+    }
     match issuer {
         None => {
             out.push_str(&format!(
@@ -341,6 +345,23 @@ mod tests {
                 "a line eval would run: {line:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_websocket_url_is_exported_when_the_stack_has_one() {
+        let auth = Auth::new(SECRET);
+        let mut with_push = facts("");
+        with_push.outputs.insert(
+            "WebSocketUrl".into(),
+            "wss://w1.execute-api.eu-west-1.amazonaws.com/live".into(),
+        );
+        let env = exports(&export_lines(&with_push, &auth, &who()).unwrap());
+        assert_eq!(
+            env["TOLLGATE_WEBSOCKET_URL"],
+            "wss://w1.execute-api.eu-west-1.amazonaws.com/live"
+        );
+        let env = exports(&export_lines(&facts(""), &auth, &who()).unwrap());
+        assert!(!env.contains_key("TOLLGATE_WEBSOCKET_URL"));
     }
 
     #[test]

@@ -46,6 +46,8 @@
 #                         (this case's included) has carried one; referring to it
 #                         before fails the case
 #   $session, $function
+#   $posts                every frame the functions posted to the fake @connections
+#                         endpoint so far, in order: [{connection_id, frame, gone}]
 #
 # Run tokens are not computed here (they are bound to a run's incarnation, which only
 # the server knows): whenever an answer's body is JSON with string `run_id` and
@@ -190,6 +192,7 @@ cleanup() {
   local rc=$?
   trap - EXIT INT TERM HUP
   [[ -z $CHILD ]] || kill -TERM "$CHILD" 2>/dev/null || true
+  [[ -z ${FAKE_PID:-} ]] || kill -TERM "$FAKE_PID" 2>/dev/null || true
   stop_watch
   if ((rc != 0 || FAILED != 0)); then
     rm -rf "$CACHE/lambda-test/last-failed"
@@ -450,6 +453,22 @@ if ! run_bg "$WORK/build.log" "$WORK/build.log" \
 fi
 log "built ${FUNCTIONS[*]} (debug) in $((SECONDS - t0))s"
 
+# The WebSocket functions post frames to a fake @connections endpoint on loopback
+# (tests/lambda/fake_connections.py): every post is a line of $WORK/posts.jsonl, which
+# each expectation sees as $posts; a connection id starting with gone- answers 410.
+: >"$WORK/posts.jsonl"
+python3 "$HERE/fake_connections.py" "$WORK/posts.jsonl" >"$WORK/fake-connections.url" \
+  2>"$WORK/fake-connections.log" &
+FAKE_PID=$!
+for ((i = 0; i < 100; i++)); do
+  [[ -s $WORK/fake-connections.url ]] && break
+  sleep 0.1
+done
+TOLLGATE_WEBSOCKET_ENDPOINT=$(head -n 1 "$WORK/fake-connections.url")
+[[ -n $TOLLGATE_WEBSOCKET_ENDPOINT ]] || die "the fake @connections endpoint did not start"
+export TOLLGATE_WEBSOCKET_ENDPOINT
+log "fake @connections endpoint: $TOLLGATE_WEBSOCKET_ENDPOINT"
+
 free_port() {
   python3 -c 'import socket
 s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -549,7 +568,7 @@ answer_once() { # function name event out err jqerr timeout watch-lines
     < <(cases capture "$out" "$CASES_DIR/$name.jq" 2>>"$jqerr")
   VERDICT=
   if [[ -f $CASES_DIR/$name.jq ]]; then
-    VERDICT=$(jq -c "${vars[@]}" --arg function "$fn" \
+    VERDICT=$(jq -c "${vars[@]}" --arg function "$fn" --slurpfile posts "$WORK/posts.jsonl" \
       "$JQ_PRELUDE$(cat "$CASES_DIR/$name.jq")" "$out" 2>>"$jqerr" || true)
   else
     echo "no expectation file $name.jq" >>"$jqerr"

@@ -92,6 +92,23 @@ impl Credentials {
             gateway: None,
         }
     }
+
+    /// A bearer presented some other way than `Authorization` (a WebSocket
+    /// subprotocol entry, `?access_token=`); `None` is no credential.
+    pub fn from_token(token: Option<&str>) -> Self {
+        Self {
+            bearer: token.map(|t| match t.trim() {
+                "" => Err("empty token"),
+                t => Ok(t.to_owned()),
+            }),
+            gateway: None,
+        }
+    }
+
+    /// Whether the bearer is shaped as a JWT (a run token never has a dot).
+    pub fn is_jwt(&self) -> bool {
+        matches!(&self.bearer, Some(Ok(t)) if t.contains('.'))
+    }
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Credentials {
@@ -139,6 +156,9 @@ const POD_CREDENTIAL_KEY_LABEL: &[u8] = b"tollgate pod-credential key v1";
 
 /// `decision_key = HMAC-SHA256(run_key, POD_DECISION_KEY_LABEL)` (see [`Auth::pod_decision_id`]).
 const POD_DECISION_KEY_LABEL: &[u8] = b"tollgate pod-decision key v1";
+
+/// `digest_key = HMAC-SHA256(run_key, TOKEN_DIGEST_KEY_LABEL)` (see [`Auth::unbound_run_token`]).
+const TOKEN_DIGEST_KEY_LABEL: &[u8] = b"tollgate run-token digest key v1";
 
 /// A run token starts with the run's incarnation: 16 hex digits.
 const INCARNATION_HEX: usize = 16;
@@ -321,6 +341,51 @@ impl Auth {
         }
     }
 
+    /// A run token presented before its run is named (a WebSocket connection names its
+    /// runs later, docs/architecture.md §9): 401 unless it is shaped as a run token;
+    /// else its incarnation and a keyed one-way digest of it, which is all that is kept —
+    /// [`Auth::run_token_digest_matches`] checks it against a run later. The token itself
+    /// is never stored.
+    pub fn unbound_run_token(&self, creds: &Credentials) -> Result<(String, String), ApiError> {
+        let token = match &creds.bearer {
+            None => return Err(ApiError::unauthorized("missing token")),
+            Some(Err(why)) => return Err(ApiError::unauthorized(*why)),
+            Some(Ok(token)) => token.as_str(),
+        };
+        let (incarnation, mac) = match token.split_at_checked(INCARNATION_HEX) {
+            _ if token.len() == 64 => ("", token),
+            Some((inc, mac)) if inc.bytes().all(|b| b.is_ascii_hexdigit()) => (inc, mac),
+            _ => return Err(ApiError::unauthorized("invalid token")),
+        };
+        if !matches!(hex::decode(mac), Ok(b) if b.len() == 32) {
+            return Err(ApiError::unauthorized("invalid token"));
+        }
+        Ok((
+            incarnation.to_owned(),
+            hex::encode(self.digest_mac(token).finalize().into_bytes()),
+        ))
+    }
+
+    /// Whether `digest` ([`Auth::unbound_run_token`]) is the digest of `run_id`'s token
+    /// for `incarnation` (compared in constant time).
+    pub fn run_token_digest_matches(&self, digest: &str, run_id: &str, incarnation: &str) -> bool {
+        let Ok(digest) = hex::decode(digest) else {
+            return false;
+        };
+        self.digest_mac(&self.run_token(run_id, incarnation))
+            .verify_slice(&digest)
+            .is_ok()
+    }
+
+    fn digest_mac(&self, token: &str) -> HmacSha256 {
+        let mut key = HmacSha256::new_from_slice(&self.run_key).expect("HMAC takes any key length");
+        key.update(TOKEN_DIGEST_KEY_LABEL);
+        let digest_key = key.finalize().into_bytes();
+        let mut mac = HmacSha256::new_from_slice(&digest_key).expect("HMAC takes any key length");
+        mac.update(token.as_bytes());
+        mac
+    }
+
     /// Producer calls on a run: the run's own token only. Answers the incarnation the
     /// token was issued for (the store refuses writes to any other).
     pub fn require_run_token(&self, creds: &Credentials, run_id: &str) -> Result<String, ApiError> {
@@ -421,6 +486,32 @@ mod tests {
             HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
         );
         Credentials::from_headers(&h)
+    }
+
+    #[test]
+    fn an_unbound_run_token_keeps_only_a_digest_that_matches_its_own_run() {
+        let auth = Auth::new(b"0123456789abcdef0123456789abcdef");
+        let token = auth.run_token("run-1", "0123456789abcdef");
+        let (incarnation, digest) = auth
+            .unbound_run_token(&Credentials::from_token(Some(&token)))
+            .unwrap();
+        assert_eq!(incarnation, "0123456789abcdef");
+        assert!(
+            !digest.contains(&token[16..]),
+            "the token itself is not kept"
+        );
+        assert!(auth.run_token_digest_matches(&digest, "run-1", &incarnation));
+        assert!(!auth.run_token_digest_matches(&digest, "run-2", &incarnation));
+        assert!(!auth.run_token_digest_matches(&digest, "run-1", "fedcba9876543210"));
+        // Another secret derives other digests.
+        let other = Auth::new(b"another-secret-0123456789abcdef-xyz");
+        assert!(!other.run_token_digest_matches(&digest, "run-1", &incarnation));
+        for bad in [None, Some(""), Some("nope"), Some("0123456789abcdefzz")] {
+            let err = auth
+                .unbound_run_token(&Credentials::from_token(bad))
+                .unwrap_err();
+            assert_eq!(err.status, StatusCode::UNAUTHORIZED, "{bad:?}");
+        }
     }
 
     #[test]

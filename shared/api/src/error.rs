@@ -219,28 +219,36 @@ impl From<tollgate_app::AppError> for ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The JSON body this error answers, with `request_id` (also what a WebSocket
+    /// `error` frame carries, docs/architecture.md §9).
+    pub fn body(self, request_id: String) -> ErrorBody {
         let (state, reason, approval_id) = match self.execution {
             Some(x) => (Some(x.state), x.reason, x.approval_id),
             None => (self.state.map(ErrorState::as_str), None, None),
         };
-        let body = ErrorBody {
+        ErrorBody {
             error: self.error,
             code: self.code.as_str().into(),
             state: state.map(Into::into),
-            // Filled in by the request-id layer, which knows the request (request_id.rs).
-            request_id: String::new(),
+            request_id,
             status: self.run_ended.map(|(status, _)| status.into()),
             terminal_sequence: self.run_ended.map(|(_, sequence)| sequence),
             reason: reason.map(Into::into),
             approval_id,
-        };
-        let mut response = (self.status, axum::Json(body)).into_response();
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status;
+        // `request_id` is filled in by the request-id layer, which knows the request
+        // (request_id.rs).
+        let body = self.body(String::new());
+        let mut response = (status, axum::Json(body)).into_response();
         // Both ask the client to come back: say when (a client backs off from here).
-        if self.status == StatusCode::SERVICE_UNAVAILABLE
-            || self.status == StatusCode::TOO_MANY_REQUESTS
-        {
+        if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

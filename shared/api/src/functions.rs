@@ -17,6 +17,10 @@ pub enum Trigger {
     Sqs,
     /// An EventBridge schedule.
     Schedule,
+    /// An API Gateway WebSocket API's routes (docs/architecture.md §9).
+    WebSocket,
+    /// A DynamoDB Stream event source mapping that reports partial batch failures.
+    Stream,
 }
 
 /// A set of HTTP routes. Two functions may serve the same set (`replay` buffered behind
@@ -201,6 +205,24 @@ pub const OPERATOR_STREAM: Function = Function {
     callers: Callers::Operators,
 };
 
+/// `websocket`: The WebSocket API's routes (API Gateway WebSocket API).
+pub const WEBSOCKET: Function = Function {
+    name: "websocket",
+    trigger: Trigger::WebSocket,
+    logical_id: "WebSocketFunction",
+    routes: None,
+    callers: Callers::Anyone,
+};
+
+/// `fanout`: New events to WebSocket subscribers (the events table's DynamoDB Stream).
+pub const FANOUT: Function = Function {
+    name: "fanout",
+    trigger: Trigger::Stream,
+    logical_id: "FanoutFunction",
+    routes: None,
+    callers: Callers::Anyone,
+};
+
 /// Every function, in the order they are listed everywhere else. A function's `main`
 /// names its own constant instead, so that it links only its own routes.
 pub static FUNCTIONS: &[Function] = &[
@@ -212,6 +234,8 @@ pub static FUNCTIONS: &[Function] = &[
     REPLAY,
     REPLAY_STREAM,
     OPERATOR_STREAM,
+    WEBSOCKET,
+    FANOUT,
 ];
 
 /// The function called `name`.

@@ -15,6 +15,8 @@ pub mod jwt;
 #[cfg(feature = "lambda")]
 pub mod lambda;
 pub mod pod_cards;
+#[cfg(feature = "push")]
+pub mod push;
 pub mod replay;
 pub mod request;
 pub mod request_id;

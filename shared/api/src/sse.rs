@@ -360,7 +360,7 @@ pub(crate) async fn open(
 
 /// The caps a non-operator stream counts against: a run token's run, an agent's `sub`,
 /// and the run's tenant (its project, or without one, the agent that created it).
-fn holder_keys(
+pub(crate) fn holder_keys(
     caller: &crate::auth::Caller,
     head: &RunHead,
     caps: &StreamCaps,

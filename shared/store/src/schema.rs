@@ -28,6 +28,8 @@ pub struct TableDef {
     pub local_indexes: Vec<IndexDef>,
     pub global_indexes: Vec<IndexDef>,
     pub ttl_attribute: Option<String>,
+    /// `StreamSpecification.StreamViewType` (`NEW_IMAGE`, …) when the table has a stream.
+    pub stream_view: Option<String>,
 }
 
 /// `(index name, key, projection)`; the projection is its type, and for `INCLUDE` the
@@ -64,6 +66,7 @@ pub fn physical_name(tables: &Tables, logical_id: &str) -> Option<String> {
         "ApprovalsTable" => Some(tables.approvals.clone()),
         "PoliciesTable" => Some(tables.policies.clone()),
         "MutationsTable" => Some(tables.mutations.clone()),
+        "ConnectionsTable" => Some(tables.connections.clone()),
         _ => None,
     }
 }
@@ -146,6 +149,10 @@ pub fn table_defs(template: &str) -> Result<Vec<TableDef>, String> {
             local_indexes,
             global_indexes,
             ttl_attribute: ttl,
+            stream_view: props
+                .get("StreamSpecification")
+                .and_then(|spec| str_at(spec, "StreamViewType"))
+                .map(str::to_owned),
         });
     }
     Ok(defs)
@@ -233,6 +240,11 @@ pub async fn describe(
             })
             .collect(),
         ttl_attribute: ttl,
+        stream_view: table
+            .stream_specification()
+            .filter(|spec| spec.stream_enabled())
+            .and_then(|spec| spec.stream_view_type())
+            .map(|v| v.as_str().to_owned()),
     })
 }
 
@@ -306,6 +318,15 @@ async fn create_table(client: &Client, name: &str, def: &TableDef) -> Result<(),
                 .index_name(index)
                 .set_key_schema(Some(key_schema(key)?))
                 .projection(projection_of(projection))
+                .build()
+                .map_err(|e| err(e.to_string()))?,
+        );
+    }
+    if let Some(view) = &def.stream_view {
+        req = req.stream_specification(
+            aws_sdk_dynamodb::types::StreamSpecification::builder()
+                .stream_enabled(true)
+                .stream_view_type(aws_sdk_dynamodb::types::StreamViewType::from(view.as_str()))
                 .build()
                 .map_err(|e| err(e.to_string()))?,
         );

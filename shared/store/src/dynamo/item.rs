@@ -55,6 +55,16 @@ pub(crate) fn opt_json(
         .transpose()
 }
 
+/// An events-table item as the event replay serves (its sequence, type and stored
+/// body): how a page and a stream record are both read.
+pub(crate) fn stored_event_from_item(item: &Item) -> Result<crate::StoredEvent, StoreError> {
+    Ok(crate::StoredEvent {
+        sequence: get_n(item, "sequence")?,
+        event_type: get_s(item, "type")?,
+        body: get_s(item, "body")?,
+    })
+}
+
 pub(crate) fn corrupt(key: &str) -> StoreError {
     StoreError::Unavailable(format!("stored item has a missing or malformed {key:?}"))
 }

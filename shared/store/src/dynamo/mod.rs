@@ -19,6 +19,7 @@
 
 mod approvals;
 mod commit;
+pub mod connections;
 mod item;
 mod lanes;
 mod mutations;
@@ -45,6 +46,27 @@ use item::{build_error, get_n, get_s, head_from_item, n, s, unavailable};
 use lanes::{Lane, RunLanes};
 
 use crate::{fill_page, EventPage, RunRef, StoreError, StoredEvent};
+
+pub use connections::Connections;
+
+/// An events-table item — a `Query` answer, or a DynamoDB Stream record's `NewImage` — as
+/// its run id and the event replay serves; `None` for an item that is not an event (no
+/// `event_key` of an event, or no body). The one decoder of stored events.
+pub fn event_from_item(
+    item: &HashMap<String, AttributeValue>,
+) -> Result<Option<(String, StoredEvent)>, StoreError> {
+    let is_event = matches!(
+        item.get("event_key"),
+        Some(AttributeValue::S(k)) if k.starts_with("seq#") || k.starts_with("id#")
+    );
+    if !is_event || !item.contains_key("body") {
+        return Ok(None);
+    }
+    Ok(Some((
+        get_s(item, "run_id")?,
+        item::stored_event_from_item(item)?,
+    )))
+}
 
 #[derive(Clone)]
 pub struct DynamoStore {
@@ -513,13 +535,9 @@ impl DynamoStore {
                 .await
                 .map_err(unavailable)?;
             for item in out.items.unwrap_or_default() {
-                let body = get_s(&item, "body")?;
-                bytes += body.len();
-                collected.push(StoredEvent {
-                    sequence: get_n(&item, "sequence")?,
-                    event_type: get_s(&item, "type")?,
-                    body,
-                });
+                let event = item::stored_event_from_item(&item)?;
+                bytes += event.body.len();
+                collected.push(event);
             }
             start_key = out.last_evaluated_key;
             if start_key.is_none() || collected.len() >= want || bytes > crate::MAX_PAGE_BYTES {

@@ -13,13 +13,16 @@ pub struct Tables {
     pub policies: String,
     /// Durable mutation records (seed 000, docs/architecture.md §7).
     pub mutations: String,
+    /// The WebSocket connection registry (docs/architecture.md §9).
+    pub connections: String,
 }
 
 impl Tables {
     /// `TOLLGATE_RUNS_TABLE` / `TOLLGATE_EVENTS_TABLE` / `TOLLGATE_APPROVALS_TABLE` /
-    /// `TOLLGATE_POLICIES_TABLE` / `TOLLGATE_MUTATIONS_TABLE`, or
-    /// `<TOLLGATE_TABLE_PREFIX>runs`, `…events`, `…approvals`, `…policies`, `…mutations`
-    /// (prefix default `tollgate-`).
+    /// `TOLLGATE_POLICIES_TABLE` / `TOLLGATE_MUTATIONS_TABLE` /
+    /// `TOLLGATE_CONNECTIONS_TABLE`, or `<TOLLGATE_TABLE_PREFIX>runs`, `…events`,
+    /// `…approvals`, `…policies`, `…mutations`, `…connections` (prefix default
+    /// `tollgate-`).
     pub fn from_env() -> Self {
         let prefix = std::env::var("TOLLGATE_TABLE_PREFIX").unwrap_or_else(|_| "tollgate-".into());
         let pick = |var: &str, suffix: &str| {
@@ -34,6 +37,7 @@ impl Tables {
             approvals: pick("TOLLGATE_APPROVALS_TABLE", "approvals"),
             policies: pick("TOLLGATE_POLICIES_TABLE", "policies"),
             mutations: pick("TOLLGATE_MUTATIONS_TABLE", "mutations"),
+            connections: pick("TOLLGATE_CONNECTIONS_TABLE", "connections"),
         }
     }
 
@@ -44,6 +48,7 @@ impl Tables {
             approvals: format!("{prefix}approvals"),
             policies: format!("{prefix}policies"),
             mutations: format!("{prefix}mutations"),
+            connections: format!("{prefix}connections"),
         }
     }
 }
