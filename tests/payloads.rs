@@ -86,6 +86,8 @@ fn card(full: bool) -> ApprovalRequest {
         project_id: None,
         end_reason: None,
         auto_approval: None,
+        arguments_preview: None,
+        decision_reason: None,
         held_by_pod: false,
     }
 }

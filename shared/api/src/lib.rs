@@ -15,6 +15,7 @@ pub mod jwt;
 #[cfg(feature = "lambda")]
 pub mod lambda;
 pub mod pod_cards;
+pub mod preview;
 pub mod replay;
 pub mod request;
 pub mod request_id;
