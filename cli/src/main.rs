@@ -281,7 +281,10 @@ async fn main() {
             let store = config.connect_store().await.unwrap_or_else(|e| fail(e));
             let timers = config.serve_timers().await.unwrap_or_else(|e| fail(e));
             let max_lifetime = Auth::max_token_lifetime_from_env().unwrap_or_else(|e| fail(e));
-            let auth = Auth::new(config.secret.expose()).with_max_token_lifetime(max_lifetime);
+            let auth = Auth::new(config.secret.expose())
+                .with_max_token_lifetime(max_lifetime)
+                .with_oidc_from_env()
+                .unwrap_or_else(|e| fail(e));
             let addr: SocketAddr = format!("{host}:{port}").parse().unwrap_or_else(|e| fail(e));
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
