@@ -18,7 +18,7 @@ use tollgate_api::oidc::{Oidc, OidcConfig};
 use tollgate_api::{Auth, Deps, GateConfig, Role};
 use tollgate_tests::{store_for, Backend, TestServer, TEST_SECRET};
 
-const RSA_KEY: &[u8] = include_bytes!("../fixtures/oidc/test-rsa-2048.pk8.der");
+const RSA_KEY: &[u8] = include_bytes!("../fixtures/oidc/test-rsa-2048.der");
 const AUDIENCE: &str = "tollgate-console";
 const OPERATORS: &str = "tollgate-operators";
 
@@ -58,7 +58,7 @@ impl SigningKey {
     fn rsa(kid: &str) -> Self {
         Self {
             kid: kid.into(),
-            key: Key::Rsa(RsaKeyPair::from_pkcs8(RSA_KEY).unwrap()),
+            key: Key::Rsa(RsaKeyPair::from_der(RSA_KEY).unwrap()),
         }
     }
 

@@ -346,7 +346,7 @@ async fn decide(
     let resolution = match verb {
         Verb::Deny => Resolution::Denied {
             by: claims.sub.clone(),
-            reason: None,
+            reason: body.reason.clone(),
         },
         Verb::Approve => {
             let scope = Scope::parse(body.scope.as_ref().and_then(Value::as_str));

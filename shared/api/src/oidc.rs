@@ -401,9 +401,9 @@ impl Oidc {
             .tried_at
             .is_none_or(|at| at.elapsed() >= self.config.refetch_interval);
         if !fresh {
-            // Stale or never fetched: fetch, though not more often than the refetch
-            // interval while the provider fails.
-            return may_retry;
+            // Stale or never fetched: fetch — though, while the provider fails, not
+            // more often than the refetch interval.
+            return may_retry || keys.tried_at == keys.fetched_at;
         }
         !keys.by_kid.contains_key(kid) && may_retry
     }
