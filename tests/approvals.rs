@@ -1612,7 +1612,9 @@ for_backend!(dynamo, Backend::Dynamo);
 
 /// GIVEN one card WHEN 50 operators click at once (approve and deny mixed) through four
 /// servers, each with its own store instance on the same tables (four Lambda instances)
-/// THEN exactly one `tool.approval_resolved`, every answer 200 with the same final state.
+/// THEN exactly one `tool.approval_resolved`, every answer 200 with the same final state
+/// — and the same decider and reason (each click gave its own): the winner's, as the
+/// events record it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamo_only_fifty_clicks_across_four_servers() {
     let mut servers = Vec::new();
@@ -1649,36 +1651,45 @@ async fn dynamo_only_fifty_clicks_across_four_servers() {
                     "tool-denials"
                 };
                 let op = operator(&srv, &format!("op-{i}"));
-                decide(&srv, verb, &run, &op, json!({"request_id": rid})).await
+                let body = json!({"request_id": rid, "reason": format!("reason of op-{i}")});
+                decide(&srv, verb, &run, &op, body).await
             })
         })
         .collect();
     let mut states = std::collections::HashSet::new();
+    let mut deciders = std::collections::HashSet::new();
     for c in clicks {
         let (status, v) = c.await.unwrap();
         assert_eq!(status, StatusCode::OK, "{v}");
         assert_eq!(v["run_id"], json!(f.child));
         states.insert(v["state"].as_str().unwrap().to_owned());
+        deciders.insert((v["decided_by"].clone(), v["decision_reason"].clone()));
     }
     assert_eq!(states.len(), 1, "{states:?}");
+    assert_eq!(deciders.len(), 1, "{deciders:?}");
+    let (by, reason) = deciders.into_iter().next().unwrap();
+    assert_eq!(reason, json!(format!("reason of {}", by.as_str().unwrap())));
     let child = servers[1]
         .replay_all(&f.child, &servers[1].operator_token, 100)
         .await;
-    let resolved = child
+    let resolved: Vec<&Value> = child
         .iter()
         .filter(|e| e["type"] == "tool.approval_resolved")
-        .count();
-    assert_eq!(resolved, 1);
+        .collect();
+    assert_eq!(resolved.len(), 1);
+    assert_eq!(
+        (&resolved[0]["decidedBy"], &resolved[0]["decisionReason"]),
+        (&by, &reason)
+    );
     let coord = servers[2]
         .replay_all(&f.coordinator, &servers[2].operator_token, 100)
         .await;
-    assert_eq!(
-        coord
-            .iter()
-            .filter(|e| e["type"] == "coordinator.child_approval_resolved")
-            .count(),
-        1
-    );
+    let mirrored: Vec<&Value> = coord
+        .iter()
+        .filter(|e| e["type"] == "coordinator.child_approval_resolved")
+        .collect();
+    assert_eq!(mirrored.len(), 1);
+    assert_eq!(mirrored[0]["decisionReason"], reason);
 }
 
 /// GIVEN a gate a live `tool` policy auto-approved WHEN the agent retries the arm after
