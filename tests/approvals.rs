@@ -1366,7 +1366,10 @@ async fn reasons_and_previews(backend: Backend) {
     assert_eq!(card["arguments_hash"], "ab12");
     // The operators' listing shows it too.
     let (_, listed) = srv
-        .get(&format!("/api/runs/{}/approvals", f.child), &srv.operator_token)
+        .get(
+            &format!("/api/runs/{}/approvals", f.child),
+            &srv.operator_token,
+        )
         .await;
     assert_eq!(listed["approvals"][0]["arguments_preview"], stored);
     let (status, answer) = decide(
@@ -1378,7 +1381,10 @@ async fn reasons_and_previews(backend: Backend) {
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{answer}");
-    assert_eq!(answer["decision_reason"], "Recipient is on the allow list ✓");
+    assert_eq!(
+        answer["decision_reason"],
+        "Recipient is on the allow list ✓"
+    );
     let before = srv.replay_all(&f.child, &srv.operator_token, 100).await;
     // A repeat with another reason (and the other verb) answers what stands.
     for verb in ["tool-approvals", "tool-denials"] {
@@ -1398,17 +1404,27 @@ async fn reasons_and_previews(backend: Backend) {
     assert_eq!(child, before, "a repeated decision writes nothing");
     assert_eq!(
         types(&child),
-        ["run_started", "tool.approval_required", "tool.approval_resolved"]
+        [
+            "run_started",
+            "tool.approval_required",
+            "tool.approval_resolved"
+        ]
     );
     assert_eq!(child[1]["argumentsPreview"], stored);
-    assert_eq!(child[2]["decisionReason"], "Recipient is on the allow list ✓");
+    assert_eq!(
+        child[2]["decisionReason"],
+        "Recipient is on the allow list ✓"
+    );
     let coord = srv
         .replay_all(&f.coordinator, &srv.operator_token, 100)
         .await;
     assert_eq!(coord[1]["type"], "coordinator.child_approval_required");
     assert_eq!(coord[1]["argumentsPreview"], stored);
     assert_eq!(coord[2]["type"], "coordinator.child_approval_resolved");
-    assert_eq!(coord[2]["decisionReason"], "Recipient is on the allow list ✓");
+    assert_eq!(
+        coord[2]["decisionReason"],
+        "Recipient is on the allow list ✓"
+    );
     let everything = format!("{child:?}{coord:?}");
     for secret in ["SECRET-1", "SECRET-2", "SECRET-3"] {
         assert!(!everything.contains(secret), "{secret} leaked");
@@ -1442,7 +1458,10 @@ async fn reasons_and_previews(backend: Backend) {
         (last["approved"].as_bool(), last["decisionReason"].as_str()),
         (Some(false), Some("not during the freeze"))
     );
-    assert!(child[3].get("argumentsPreview").is_none(), "no preview, no field");
+    assert!(
+        child[3].get("argumentsPreview").is_none(),
+        "no preview, no field"
+    );
 }
 
 /// Bad reasons and previews are 400 with a JSON error, and write nothing.
@@ -1487,7 +1506,13 @@ async fn reason_and_preview_input(backend: Backend) {
     let wide: serde_json::Map<String, Value> = (0..40)
         .map(|i| (format!("k{i}"), json!("y".repeat(200))))
         .collect();
-    for preview in [json!(["a"]), json!("text"), json!(7), deep, Value::Object(wide)] {
+    for preview in [
+        json!(["a"]),
+        json!("text"),
+        json!(7),
+        deep,
+        Value::Object(wide),
+    ] {
         let (status, v) = arm(
             &srv,
             &run,

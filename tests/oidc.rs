@@ -94,7 +94,10 @@ impl SigningKey {
 
     /// `claims` signed with this key under its own `alg` and `kid`.
     fn token(&self, claims: &Value) -> String {
-        self.token_with(json!({"alg": self.alg(), "kid": self.kid, "typ": "JWT"}), claims)
+        self.token_with(
+            json!({"alg": self.alg(), "kid": self.kid, "typ": "JWT"}),
+            claims,
+        )
     }
 
     /// `claims` under any `header`, signed with this key's own algorithm.
@@ -109,8 +112,13 @@ impl SigningKey {
             Key::Ec(k) => k.sign(&rng, input.as_bytes()).unwrap().as_ref().to_vec(),
             Key::Rsa(k) => {
                 let mut sig = vec![0; k.public().modulus_len()];
-                k.sign(&signature::RSA_PKCS1_SHA256, &rng, input.as_bytes(), &mut sig)
-                    .unwrap();
+                k.sign(
+                    &signature::RSA_PKCS1_SHA256,
+                    &rng,
+                    input.as_bytes(),
+                    &mut sig,
+                )
+                .unwrap();
                 sig
             }
         };
@@ -126,7 +134,10 @@ fn hs256(header: Value, claims: &Value, secret: &[u8]) -> String {
         b64(claims.to_string().as_bytes())
     );
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
-    format!("{input}.{}", b64(ring::hmac::sign(&key, input.as_bytes()).as_ref()))
+    format!(
+        "{input}.{}",
+        b64(ring::hmac::sign(&key, input.as_bytes()).as_ref())
+    )
 }
 
 /// The test identity provider: discovery and JWKS on loopback; keys, availability and
@@ -205,7 +216,9 @@ async fn server(backend: Backend, config: OidcConfig) -> TestServer {
 
 /// A run (of `project`, when given) with one pending card; `(run_id, request_id)`.
 async fn pending_card(srv: &TestServer, project: Option<&str>) -> (String, String) {
-    let agent = srv.auth.mint_jwt("agent", Role::Agent, 600, project.map(Into::into));
+    let agent = srv
+        .auth
+        .mint_jwt("agent", Role::Agent, 600, project.map(Into::into));
     let body = match project {
         Some(p) => json!({"project_id": p}),
         None => json!({}),
@@ -264,7 +277,11 @@ async fn valid_tokens_decide(backend: Backend) {
     let (status, v) = approve(&srv, &run, &rid, &token).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(
-        (v["state"].as_str(), v["decided_by"].as_str(), v["decision_reason"].as_str()),
+        (
+            v["state"].as_str(),
+            v["decided_by"].as_str(),
+            v["decision_reason"].as_str()
+        ),
         (Some("approved"), Some("alice"), Some("checked"))
     );
     let events = srv.replay_all(&run, &token, 100).await;
@@ -306,7 +323,11 @@ async fn valid_tokens_decide(backend: Backend) {
             .send()
     };
     let ok = events(token.clone()).await.unwrap();
-    assert_eq!(ok.status(), StatusCode::NOT_FOUND, "past the operators' check");
+    assert_eq!(
+        ok.status(),
+        StatusCode::NOT_FOUND,
+        "past the operators' check"
+    );
     let mut forged = token.clone();
     forged.push('A');
     assert_eq!(
@@ -372,7 +393,12 @@ async fn refused_tokens_decide_nothing(backend: Backend) {
         let t = ec.token(&good);
         let parts: Vec<&str> = t.split('.').collect();
         let evil = with(&|c| c["sub"] = json!("mallory"));
-        format!("{}.{}.{}", parts[0], b64(evil.to_string().as_bytes()), parts[2])
+        format!(
+            "{}.{}.{}",
+            parts[0],
+            b64(evil.to_string().as_bytes()),
+            parts[2]
+        )
     };
     let unsigned = format!(
         "{}.{}.",
@@ -472,7 +498,9 @@ async fn refused_tokens_decide_nothing(backend: Backend) {
         ),
         (
             "role claim without the operator role",
-            ec.token(&with(&|c| c["cognito:groups"] = json!(["staff", "tollgate-viewers"]))),
+            ec.token(&with(&|c| {
+                c["cognito:groups"] = json!(["staff", "tollgate-viewers"])
+            })),
             StatusCode::FORBIDDEN,
         ),
         (
@@ -482,7 +510,9 @@ async fn refused_tokens_decide_nothing(backend: Backend) {
         ),
         (
             "role claim of the wrong type",
-            ec.token(&with(&|c| c["cognito:groups"] = json!({"tollgate-operators": true}))),
+            ec.token(&with(&|c| {
+                c["cognito:groups"] = json!({"tollgate-operators": true})
+            })),
             StatusCode::FORBIDDEN,
         ),
         (
@@ -524,7 +554,11 @@ async fn jwks_rotation(backend: Backend) {
     let new = SigningKey::rsa("new");
     idp.publish(&new);
     let (status, v) = approve(&srv, &run, &rid, &new.token(&claims)).await;
-    assert_eq!((status, v["decided_by"].as_str()), (StatusCode::OK, Some("dave")), "{v}");
+    assert_eq!(
+        (status, v["decided_by"].as_str()),
+        (StatusCode::OK, Some("dave")),
+        "{v}"
+    );
     assert_eq!(idp.fetches(), 2);
 
     // A long refetch interval: the rotation is not seen until then.
@@ -545,7 +579,11 @@ async fn jwks_rotation(backend: Backend) {
         let (status, _) = approve(&srv, &run, &rid, &new.token(&claims)).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED);
     }
-    assert_eq!(idp.fetches(), 1, "unknown kids fetched nothing within the interval");
+    assert_eq!(
+        idp.fetches(),
+        1,
+        "unknown kids fetched nothing within the interval"
+    );
     assert_eq!(standing(&srv, &run).await.0, [rid]);
 }
 
@@ -577,7 +615,11 @@ async fn jwks_down_fails_closed(backend: Backend) {
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     idp.down.store(false, Ordering::SeqCst);
     let (status, v) = approve(&srv, &run, &rid, &token).await;
-    assert_eq!((status, v["state"].as_str()), (StatusCode::OK, Some("approved")), "{v}");
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::OK, Some("approved")),
+        "{v}"
+    );
 }
 
 tollgate_tests::for_each_backend! {

@@ -286,7 +286,9 @@ async fn an_arm_at_its_documented_bounds_is_taken_and_past_them_refused() {
 async fn a_decision_reason_and_a_preview_at_their_documented_bounds() {
     let doc = committed();
     let reason = &doc["components"]["schemas"]["Decide"]["properties"]["reason"];
-    let max = reason["maxLength"].as_u64().expect("reason has a maxLength") as usize;
+    let max = reason["maxLength"]
+        .as_u64()
+        .expect("reason has a maxLength") as usize;
     assert_eq!(max, limits::MAX_REASON);
     assert_eq!(reason["pattern"], limits::REASON_PATTERN);
     let server = tollgate_tests::TestServer::start(tollgate_tests::Backend::Memory).await;
@@ -294,7 +296,11 @@ async fn a_decision_reason_and_a_preview_at_their_documented_bounds() {
     let arm_path = format!("/api/runs/{run_id}/approval-requests");
     for rid in ["at", "past"] {
         let (status, v) = server
-            .post(&arm_path, &token, &json!({"request_id": rid, "tool_name": "t"}))
+            .post(
+                &arm_path,
+                &token,
+                &json!({"request_id": rid, "tool_name": "t"}),
+            )
             .await;
         assert_eq!(status, 201, "{v}");
     }
@@ -319,9 +325,7 @@ async fn a_decision_reason_and_a_preview_at_their_documented_bounds() {
             continue;
         }
         assert_eq!(status, 400, "{past}: {v}");
-        let (_, card) = server
-            .get(&format!("{arm_path}/past"), &token)
-            .await;
+        let (_, card) = server.get(&format!("{arm_path}/past"), &token).await;
         assert_eq!(card["state"], "pending", "{card}");
     }
     let (status, v) = server
@@ -348,7 +352,10 @@ async fn a_decision_reason_and_a_preview_at_their_documented_bounds() {
         json!({ "k": items })
     };
     let at = long_strings(limits::MAX_PREVIEW_BYTES);
-    assert_eq!(serde_json::to_string(&at).unwrap().len(), limits::MAX_PREVIEW_BYTES);
+    assert_eq!(
+        serde_json::to_string(&at).unwrap().len(),
+        limits::MAX_PREVIEW_BYTES
+    );
     let (status, v) = server
         .post(
             &arm_path,

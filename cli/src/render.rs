@@ -314,12 +314,9 @@ fn call(obj: &Map<String, Value>) -> String {
 /// The compact rendering of the known types; `key=value` of the payload for others.
 fn detail(ty: &str, obj: &Map<String, Value>) -> String {
     match ty {
-        "tool.approval_required" => format!(
-            "{}{}{}",
-            tool_and_target(obj),
-            arguments(obj),
-            request(obj)
-        ),
+        "tool.approval_required" => {
+            format!("{}{}{}", tool_and_target(obj), arguments(obj), request(obj))
+        }
         "tool.approval_pending" => format!(
             "{} still waiting{}",
             text(obj, "toolName").unwrap_or_else(|| "?".into()),

@@ -12,9 +12,9 @@ pub mod forward;
 pub mod functions;
 pub mod ingress;
 pub mod jwt;
-pub mod oidc;
 #[cfg(feature = "lambda")]
 pub mod lambda;
+pub mod oidc;
 pub mod pod_cards;
 pub mod preview;
 pub mod replay;

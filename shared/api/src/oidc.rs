@@ -94,7 +94,9 @@ impl OidcConfig {
             return Ok(None);
         };
         let audience = var("TOLLGATE_OIDC_AUDIENCE").ok_or_else(|| {
-            ConfigError::Invalid("TOLLGATE_OIDC_AUDIENCE must be set with TOLLGATE_OIDC_ISSUER".into())
+            ConfigError::Invalid(
+                "TOLLGATE_OIDC_AUDIENCE must be set with TOLLGATE_OIDC_ISSUER".into(),
+            )
         })?;
         let mut config = Self::new(issuer.trim(), audience.trim());
         config.jwks_url = var("TOLLGATE_OIDC_JWKS_URL");
@@ -117,8 +119,10 @@ impl OidcConfig {
             }
         };
         config.jwks_ttl = seconds("TOLLGATE_OIDC_JWKS_TTL_SECONDS", config.jwks_ttl)?;
-        config.refetch_interval =
-            seconds("TOLLGATE_OIDC_JWKS_REFETCH_SECONDS", config.refetch_interval)?;
+        config.refetch_interval = seconds(
+            "TOLLGATE_OIDC_JWKS_REFETCH_SECONDS",
+            config.refetch_interval,
+        )?;
         for url in std::iter::once(&config.issuer).chain(config.jwks_url.as_ref()) {
             fetchable(url).map_err(|why| ConfigError::Invalid(format!("{url}: {why}")))?;
         }
@@ -169,7 +173,10 @@ impl Alg {
 /// A verification key of the issuer.
 #[derive(Clone)]
 enum PublicKey {
-    Rsa { n: Vec<u8>, e: Vec<u8> },
+    Rsa {
+        n: Vec<u8>,
+        e: Vec<u8>,
+    },
     /// The uncompressed P-256 point `04 ‖ x ‖ y`.
     P256(Vec<u8>),
 }
@@ -362,8 +369,7 @@ impl Oidc {
     /// ([`Oidc::verify`] then decides). Never fails.
     pub async fn ready(&self, token: &str) {
         let Some(parts) = split(token) else { return };
-        if parts.payload.get("iss").and_then(Value::as_str) != Some(self.config.issuer.as_str())
-        {
+        if parts.payload.get("iss").and_then(Value::as_str) != Some(self.config.issuer.as_str()) {
             return;
         }
         let Some(kid) = parts.header.get("kid").and_then(Value::as_str) else {
@@ -388,7 +394,9 @@ impl Oidc {
                     keys.discovered_url = Some(url);
                 }
             }
-            Err(why) => tracing::warn!(why = %why, "the identity provider's keys could not be fetched"),
+            Err(why) => {
+                tracing::warn!(why = %why, "the identity provider's keys could not be fetched")
+            }
         }
     }
 
@@ -484,8 +492,7 @@ impl Oidc {
             .and_then(Value::as_str)
             .ok_or(OidcError::Invalid("kid"))?;
         // Another issuer's token is refused whatever the keys (checked again once signed).
-        if parts.payload.get("iss").and_then(Value::as_str) != Some(self.config.issuer.as_str())
-        {
+        if parts.payload.get("iss").and_then(Value::as_str) != Some(self.config.issuer.as_str()) {
             return Err(OidcError::Invalid("iss"));
         }
         let key = {

@@ -111,10 +111,16 @@ mod tests {
         let long = "é".repeat(MAX_PREVIEW_STRING + 5);
         let clean = sanitize(map(json!({ "body": long }))).unwrap();
         let body = clean["body"].as_str().unwrap();
-        assert_eq!(body.chars().count(), MAX_PREVIEW_STRING + PREVIEW_TRUNCATED.chars().count());
+        assert_eq!(
+            body.chars().count(),
+            MAX_PREVIEW_STRING + PREVIEW_TRUNCATED.chars().count()
+        );
         assert!(body.ends_with(PREVIEW_TRUNCATED));
         let exact = "a".repeat(MAX_PREVIEW_STRING);
-        assert_eq!(sanitize(map(json!({ "b": exact }))).unwrap()["b"], json!(exact));
+        assert_eq!(
+            sanitize(map(json!({ "b": exact }))).unwrap()["b"],
+            json!(exact)
+        );
         // Level 4 holds scalars; a container there would be level 5.
         assert!(sanitize(map(json!({"a": {"b": {"c": {"d": 1}}}}))).is_ok());
         assert!(sanitize(map(json!({"a": {"b": {"c": {"d": {}}}}}))).is_err());
