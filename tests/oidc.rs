@@ -603,7 +603,7 @@ async fn jwks_down_fails_closed(backend: Backend) {
     let (status, v) = approve(&srv, &run, &rid, &token).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
     assert!(v["error"].is_string(), "{v}");
-    assert_eq!(standing(&srv, &run).await.0, [rid.clone()]);
+    assert_eq!(standing(&srv, &run).await.0, std::slice::from_ref(&rid));
     let (status, _) = srv
         .get(&format!("/api/runs/{run}/approvals"), &srv.operator_token)
         .await;
