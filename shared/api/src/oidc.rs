@@ -476,7 +476,6 @@ impl Oidc {
     /// Verifies `token` (one [`Oidc::claims_token`] claims) against the keys at hand, at
     /// `now` (seconds), with `max_lifetime` as for Tollgate's own tokens.
     pub fn verify(&self, token: &str, now: u64, max_lifetime: u64) -> Result<Claims, OidcError> {
-        use crate::jwt::LEEWAY_SECS;
         let parts = split(token).ok_or(OidcError::Invalid("shape"))?;
         // The algorithm decides nothing by itself: it must be one we accept, and the
         // key's own (below).
@@ -532,28 +531,15 @@ impl Oidc {
         if !audience_ok {
             return Err(OidcError::Invalid("aud"));
         }
-        let exp = claims
-            .get("exp")
-            .and_then(Value::as_u64)
-            .ok_or(OidcError::Invalid("exp"))?;
-        let optional_time = |name: &'static str| match claims.get(name) {
-            None => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or(OidcError::Invalid(name)),
-        };
-        let nbf = optional_time("nbf")?;
-        let iat = optional_time("iat")?;
-        if exp.saturating_add(LEEWAY_SECS) < now {
-            return Err(OidcError::Expired);
-        }
-        if nbf.is_some_and(|nbf| nbf > now.saturating_add(LEEWAY_SECS)) {
-            return Err(OidcError::NotYetValid);
-        }
-        if iat.is_some_and(|iat| iat > now.saturating_add(LEEWAY_SECS)) {
-            return Err(OidcError::IssuedInFuture);
-        }
-        if exp.saturating_sub(iat.unwrap_or(now)) > max_lifetime.saturating_add(LEEWAY_SECS) {
-            return Err(OidcError::TooLong);
-        }
+        use crate::jwt::JwtError;
+        let exp =
+            crate::jwt::check_times(&claims, now, Some(max_lifetime)).map_err(|e| match e {
+                JwtError::Expired => OidcError::Expired,
+                JwtError::NotYetValid => OidcError::NotYetValid,
+                JwtError::IssuedInFuture => OidcError::IssuedInFuture,
+                JwtError::TooLong => OidcError::TooLong,
+                JwtError::Invalid(why) => OidcError::Invalid(why),
+            })?;
         let sub = text(&self.config.subject_claim)
             .filter(|s| !s.is_empty())
             .ok_or(OidcError::Invalid("subject claim"))?;
