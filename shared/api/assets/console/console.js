@@ -644,6 +644,7 @@
       const body = verb === 'approve' ? { request_id: this.requestId, scope } : { request_id: this.requestId };
       if (this.toolName) body.tool_name = this.toolName;
       // Control characters are refused by the server; a pasted line break is a space.
+      // eslint-disable-next-line no-control-regex
       const reason = this.reason.value.replace(/[\u0000-\u001f\u007f-\u009f]/g, ' ').trim();
       if (reason) body.reason = reason;
       let r;
