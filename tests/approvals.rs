@@ -1328,6 +1328,234 @@ async fn policies_page_through_http(backend: Backend) {
     }
 }
 
+/// GIVEN a child arming a card with an argument preview that holds secrets and a long
+/// string WHEN an operator approves it with a reason, and again with another reason
+/// THEN the card, both runs' events and the answers carry the redacted preview and the
+/// first reason; no secret reaches the events; the repeat writes nothing.
+async fn reasons_and_previews(backend: Backend) {
+    let srv = server(backend, 60_000).await;
+    let f = family(&srv, "alice").await;
+    let rid = request_id();
+    let long = "x".repeat(300);
+    let preview = json!({
+        "to": "ops@example.com",
+        "api_key": "sk-live-SECRET-1",
+        "headers": {"Authorization": "Bearer SECRET-2", "Accept": "text/plain"},
+        "attachments": [{"name": "a.txt", "db_password": "SECRET-3"}],
+        "body": long,
+    });
+    let (status, armed) = arm(
+        &srv,
+        &f.child,
+        &f.child_token,
+        json!({"request_id": rid, "tool_name": "send_email", "arguments_hash": "ab12",
+               "arguments_preview": preview}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{armed}");
+    let stored = json!({
+        "to": "ops@example.com",
+        "api_key": "[redacted]",
+        "headers": {"Authorization": "[redacted]", "Accept": "text/plain"},
+        "attachments": [{"name": "a.txt", "db_password": "[redacted]"}],
+        "body": format!("{}…[truncated]", "x".repeat(256)),
+    });
+    let card_path = format!("/api/runs/{}/approval-requests/{rid}", f.child);
+    let (_, card) = srv.get(&card_path, &f.child_token).await;
+    assert_eq!(card["arguments_preview"], stored, "{card}");
+    assert_eq!(card["arguments_hash"], "ab12");
+    // The operators' listing shows it too.
+    let (_, listed) = srv
+        .get(
+            &format!("/api/runs/{}/approvals", f.child),
+            &srv.operator_token,
+        )
+        .await;
+    assert_eq!(listed["approvals"][0]["arguments_preview"], stored);
+    let (status, answer) = decide(
+        &srv,
+        "tool-approvals",
+        &f.child,
+        &operator(&srv, "op-r"),
+        json!({"request_id": rid, "reason": "Recipient is on the allow list ✓"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        answer["decision_reason"],
+        "Recipient is on the allow list ✓"
+    );
+    let before = srv.replay_all(&f.child, &srv.operator_token, 100).await;
+    // A repeat with another reason (and the other verb) answers what stands.
+    for verb in ["tool-approvals", "tool-denials"] {
+        let (status, again) = decide(
+            &srv,
+            verb,
+            &f.child,
+            &operator(&srv, "op-s"),
+            json!({"request_id": rid, "reason": "changed my mind"}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{again}");
+        assert_eq!(again["decision_reason"], "Recipient is on the allow list ✓");
+        assert_eq!(again["decided_by"], "op-r");
+    }
+    let child = srv.replay_all(&f.child, &srv.operator_token, 100).await;
+    assert_eq!(child, before, "a repeated decision writes nothing");
+    assert_eq!(
+        types(&child),
+        [
+            "run_started",
+            "tool.approval_required",
+            "tool.approval_resolved"
+        ]
+    );
+    assert_eq!(child[1]["argumentsPreview"], stored);
+    assert_eq!(
+        child[2]["decisionReason"],
+        "Recipient is on the allow list ✓"
+    );
+    let coord = srv
+        .replay_all(&f.coordinator, &srv.operator_token, 100)
+        .await;
+    assert_eq!(coord[1]["type"], "coordinator.child_approval_required");
+    assert_eq!(coord[1]["argumentsPreview"], stored);
+    assert_eq!(coord[2]["type"], "coordinator.child_approval_resolved");
+    assert_eq!(
+        coord[2]["decisionReason"],
+        "Recipient is on the allow list ✓"
+    );
+    let everything = format!("{child:?}{coord:?}");
+    for secret in ["SECRET-1", "SECRET-2", "SECRET-3"] {
+        assert!(!everything.contains(secret), "{secret} leaked");
+    }
+    let (_, card) = srv.get(&card_path, &f.child_token).await;
+    assert_eq!(card["decision_reason"], "Recipient is on the allow list ✓");
+    // A denial with a reason reads the same way.
+    let rid = request_id();
+    arm(
+        &srv,
+        &f.child,
+        &f.child_token,
+        json!({"request_id": rid, "tool_name": "shell"}),
+    )
+    .await;
+    let (_, denied) = decide(
+        &srv,
+        "tool-denials",
+        &f.child,
+        &operator(&srv, "op-r"),
+        json!({"request_id": rid, "reason": "not during the freeze"}),
+    )
+    .await;
+    assert_eq!(
+        (denied["state"].as_str(), denied["decision_reason"].as_str()),
+        (Some("denied"), Some("not during the freeze"))
+    );
+    let child = srv.replay_all(&f.child, &srv.operator_token, 100).await;
+    let last = child.last().unwrap();
+    assert_eq!(
+        (last["approved"].as_bool(), last["decisionReason"].as_str()),
+        (Some(false), Some("not during the freeze"))
+    );
+    assert!(
+        child[3].get("argumentsPreview").is_none(),
+        "no preview, no field"
+    );
+}
+
+/// Bad reasons and previews are 400 with a JSON error, and write nothing.
+async fn reason_and_preview_input(backend: Backend) {
+    let srv = server(backend, 60_000).await;
+    let (run, token) = srv.create_run(json!({"owner": "alice"})).await;
+    let rid = request_id();
+    let (status, _) = arm(
+        &srv,
+        &run,
+        &token,
+        json!({"request_id": rid, "tool_name": "shell"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let before = srv.replay_all(&run, &srv.operator_token, 100).await;
+    let op = operator(&srv, "op-bad");
+    for reason in [
+        json!("r".repeat(1025)),
+        json!(42),
+        json!(["no"]),
+        json!("line\nbreak"),
+        json!("bell\u{7}"),
+    ] {
+        for verb in ["tool-approvals", "tool-denials"] {
+            let (status, v) = decide(
+                &srv,
+                verb,
+                &run,
+                &op,
+                json!({"request_id": rid, "reason": reason}),
+            )
+            .await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{reason}: {v}");
+            assert!(v["error"].is_string(), "{v}");
+        }
+    }
+    let card_path = format!("/api/runs/{run}/approval-requests/{rid}");
+    let (_, card) = srv.get(&card_path, &token).await;
+    assert_eq!(card["state"], "pending");
+    let deep = json!({"a": {"b": {"c": {"d": {"e": 1}}}}});
+    let wide: serde_json::Map<String, Value> = (0..40)
+        .map(|i| (format!("k{i}"), json!("y".repeat(200))))
+        .collect();
+    for preview in [
+        json!(["a"]),
+        json!("text"),
+        json!(7),
+        deep,
+        Value::Object(wide),
+    ] {
+        let (status, v) = arm(
+            &srv,
+            &run,
+            &token,
+            json!({"request_id": request_id(), "tool_name": "shell", "arguments_preview": preview}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{preview}: {v}");
+        assert!(v["error"].is_string(), "{v}");
+    }
+    assert_eq!(srv.replay_all(&run, &srv.operator_token, 100).await, before);
+    // At the edge: a reason of 1024 characters, a preview four levels deep.
+    let (status, _) = arm(
+        &srv,
+        &run,
+        &token,
+        json!({"request_id": "edge", "tool_name": "shell",
+               "arguments_preview": {"a": {"b": {"c": {"d": 1}}}}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, v) = decide(
+        &srv,
+        "tool-approvals",
+        &run,
+        &op,
+        json!({"request_id": "edge", "reason": "é".repeat(1024)}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["decision_reason"], json!("é".repeat(1024)));
+    // A retried arm that shows another preview is another call.
+    let (status, v) = arm(
+        &srv,
+        &run,
+        &token,
+        json!({"request_id": "edge", "tool_name": "shell",
+               "arguments_preview": {"a": 2}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -1389,6 +1617,14 @@ macro_rules! for_backend {
                 super::arming_input($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn reasons_and_previews() {
+                super::reasons_and_previews($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn reason_and_preview_input() {
+                super::reason_and_preview_input($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn auto_approved_gate_retried_after_revocation() {
                 super::auto_approved_gate_retried_after_revocation($backend).await
             }
@@ -1401,7 +1637,9 @@ for_backend!(dynamo, Backend::Dynamo);
 
 /// GIVEN one card WHEN 50 operators click at once (approve and deny mixed) through four
 /// servers, each with its own store instance on the same tables (four Lambda instances)
-/// THEN exactly one `tool.approval_resolved`, every answer 200 with the same final state.
+/// THEN exactly one `tool.approval_resolved`, every answer 200 with the same final state
+/// — and the same decider and reason (each click gave its own): the winner's, as the
+/// events record it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamo_only_fifty_clicks_across_four_servers() {
     let mut servers = Vec::new();
@@ -1438,36 +1676,45 @@ async fn dynamo_only_fifty_clicks_across_four_servers() {
                     "tool-denials"
                 };
                 let op = operator(&srv, &format!("op-{i}"));
-                decide(&srv, verb, &run, &op, json!({"request_id": rid})).await
+                let body = json!({"request_id": rid, "reason": format!("reason of op-{i}")});
+                decide(&srv, verb, &run, &op, body).await
             })
         })
         .collect();
     let mut states = std::collections::HashSet::new();
+    let mut deciders = std::collections::HashSet::new();
     for c in clicks {
         let (status, v) = c.await.unwrap();
         assert_eq!(status, StatusCode::OK, "{v}");
         assert_eq!(v["run_id"], json!(f.child));
         states.insert(v["state"].as_str().unwrap().to_owned());
+        deciders.insert((v["decided_by"].clone(), v["decision_reason"].clone()));
     }
     assert_eq!(states.len(), 1, "{states:?}");
+    assert_eq!(deciders.len(), 1, "{deciders:?}");
+    let (by, reason) = deciders.into_iter().next().unwrap();
+    assert_eq!(reason, json!(format!("reason of {}", by.as_str().unwrap())));
     let child = servers[1]
         .replay_all(&f.child, &servers[1].operator_token, 100)
         .await;
-    let resolved = child
+    let resolved: Vec<&Value> = child
         .iter()
         .filter(|e| e["type"] == "tool.approval_resolved")
-        .count();
-    assert_eq!(resolved, 1);
+        .collect();
+    assert_eq!(resolved.len(), 1);
+    assert_eq!(
+        (&resolved[0]["decidedBy"], &resolved[0]["decisionReason"]),
+        (&by, &reason)
+    );
     let coord = servers[2]
         .replay_all(&f.coordinator, &servers[2].operator_token, 100)
         .await;
-    assert_eq!(
-        coord
-            .iter()
-            .filter(|e| e["type"] == "coordinator.child_approval_resolved")
-            .count(),
-        1
-    );
+    let mirrored: Vec<&Value> = coord
+        .iter()
+        .filter(|e| e["type"] == "coordinator.child_approval_resolved")
+        .collect();
+    assert_eq!(mirrored.len(), 1);
+    assert_eq!(mirrored[0]["decisionReason"], reason);
 }
 
 /// GIVEN a gate a live `tool` policy auto-approved WHEN the agent retries the arm after

@@ -624,6 +624,76 @@ async fn approve_hides_the_card_and_the_stream_records_the_operator() {
     .await;
 }
 
+/// The card shows the argument preview as the server stored it (secrets redacted there,
+/// markup as text), and the reason the operator types goes with the decision: on the
+/// card's outcome and in `tool.approval_resolved`.
+#[tokio::test]
+async fn a_card_shows_its_argument_preview_and_records_the_reason() {
+    bounded(async {
+        let server = server(&[]).await;
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        let (run, token) = server.create_run(json!({"owner": "alice"})).await;
+        let rid = arm(
+            &server,
+            &run,
+            &token,
+            json!({"tool_name": "send_email", "url": null,
+                   "arguments_preview": {"to": "ops@example.com", "subject": IMG,
+                                         "smtp": {"password": "hunter2-SECRET"}}}),
+        )
+        .await;
+        open_console(&client, &server, &operator(&server, "alice")).await;
+        wait_card(&client, &rid, Duration::from_secs(3), "shown", pending).await;
+        let shown = client
+            .execute(
+                "const card = [...document.querySelectorAll('li.card')].find(n => n.dataset.requestId === arguments[0]);\n\
+                 const pre = card.querySelector('pre.arguments');\n\
+                 return pre ? JSON.parse(pre.textContent) : null;",
+                vec![json!(rid)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            shown,
+            json!({"to": "ops@example.com", "subject": IMG, "smtp": {"password": "[redacted]"}})
+        );
+        let clean = client.execute(CLEAN_JS, vec![]).await.unwrap();
+        assert_eq!((clean["pwned"].clone(), clean["imgs"].clone()), (json!(null), json!(0)));
+        let page = client
+            .execute("return document.body.innerText", vec![])
+            .await
+            .unwrap();
+        assert!(!page.as_str().unwrap().contains("hunter2"), "{page}");
+        if screenshots() {
+            screenshot(&client, "console-arguments.png").await;
+        }
+        let reason = client
+            .find(Locator::Css(&format!(
+                "li.card[data-request-id=\"{rid}\"] input.reason"
+            )))
+            .await
+            .unwrap();
+        reason.send_keys("Known recipient; ticket OPS-12").await.unwrap();
+        click(&client, &rid, "deny").await;
+        let (c, _) = wait_card(&client, &rid, Duration::from_secs(2), "denied", |c| {
+            c["state"] == "denied"
+        })
+        .await;
+        assert_eq!(
+            c["outcome"],
+            "Denied by alice: “Known recipient; ticket OPS-12”",
+            "{c}"
+        );
+        let resolved = resolution(&server, &run, &rid)
+            .await
+            .expect("tool.approval_resolved on the run's stream");
+        assert_eq!(resolved["decisionReason"], "Known recipient; ticket OPS-12");
+        client.close().await.unwrap();
+    })
+    .await;
+}
+
 /// (c) A card nobody clicks expires (`timeout_seconds: 1`): the console shows it
 /// expired, then removes it.
 #[tokio::test]

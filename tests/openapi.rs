@@ -101,6 +101,7 @@ fn schemas_carry_the_field_names_the_types_serialize() {
         intention: s(),
         message: s(),
         arguments_hash: s(),
+        arguments_preview: Some(serde_json::Map::new()),
         timeout_seconds: Some(1),
     };
     assert_eq!(schema_keys(&doc, "ArmApproval"), wire_keys(json!(arm)));
@@ -276,6 +277,102 @@ async fn an_arm_at_its_documented_bounds_is_taken_and_past_them_refused() {
         .await;
     assert_eq!(status, 200, "{page}");
     assert_eq!(page["approvals"].as_array().unwrap().len(), 5 + 3);
+}
+
+/// A decision's `reason` is bounded where the document says: at `maxLength` characters
+/// it is recorded, one past it (or a control character, or not a string) is a 400 that
+/// decides nothing. An argument preview past its documented size is refused likewise.
+#[tokio::test]
+async fn a_decision_reason_and_a_preview_at_their_documented_bounds() {
+    let doc = committed();
+    let reason = &doc["components"]["schemas"]["Decide"]["properties"]["reason"];
+    let max = reason["maxLength"]
+        .as_u64()
+        .expect("reason has a maxLength") as usize;
+    assert_eq!(max, limits::MAX_REASON);
+    assert_eq!(reason["pattern"], limits::REASON_PATTERN);
+    let server = tollgate_tests::TestServer::start(tollgate_tests::Backend::Memory).await;
+    let (run_id, token) = server.create_run(json!({})).await;
+    let arm_path = format!("/api/runs/{run_id}/approval-requests");
+    for rid in ["at", "past"] {
+        let (status, v) = server
+            .post(
+                &arm_path,
+                &token,
+                &json!({"request_id": rid, "tool_name": "t"}),
+            )
+            .await;
+        assert_eq!(status, 201, "{v}");
+    }
+    let decide = format!("/api/runs/{run_id}/tool-denials");
+    for past in [
+        json!("é".repeat(max + 1)),
+        json!("tab\there"),
+        json!(1),
+        json!(null),
+    ] {
+        let (status, v) = server
+            .post(
+                &decide,
+                &server.operator_token,
+                &json!({"request_id": "past", "reason": past}),
+            )
+            .await;
+        // (`null` is no reason at all: the decision stands without one.)
+        if past.is_null() {
+            assert_eq!(status, 200, "{v}");
+            assert!(v.get("decision_reason").is_none(), "{v}");
+            continue;
+        }
+        assert_eq!(status, 400, "{past}: {v}");
+        let (_, card) = server.get(&format!("{arm_path}/past"), &token).await;
+        assert_eq!(card["state"], "pending", "{card}");
+    }
+    let (status, v) = server
+        .post(
+            &decide,
+            &server.operator_token,
+            &json!({"request_id": "at", "reason": "é".repeat(max)}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["decision_reason"], json!("é".repeat(max)));
+    // The preview's bound is on its serialized size after redaction: just under it is
+    // stored, just over it refused.
+    // `{"k":["v…","v…",…]}` of exactly `bytes` bytes, no string over the cut.
+    let long_strings = |bytes: usize| {
+        let mut items = Vec::new();
+        let mut left = bytes - r#"{"k":[]}"#.len();
+        while left > 0 {
+            let overhead = 2 + usize::from(!items.is_empty());
+            let len = (left - overhead).min(limits::MAX_PREVIEW_STRING);
+            items.push(json!("v".repeat(len)));
+            left -= overhead + len;
+        }
+        json!({ "k": items })
+    };
+    let at = long_strings(limits::MAX_PREVIEW_BYTES);
+    assert_eq!(
+        serde_json::to_string(&at).unwrap().len(),
+        limits::MAX_PREVIEW_BYTES
+    );
+    let (status, v) = server
+        .post(
+            &arm_path,
+            &token,
+            &json!({"request_id": "preview-at", "tool_name": "t", "arguments_preview": at}),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let past = long_strings(limits::MAX_PREVIEW_BYTES + 1);
+    let (status, v) = server
+        .post(
+            &arm_path,
+            &token,
+            &json!({"request_id": "preview-past", "tool_name": "t", "arguments_preview": past}),
+        )
+        .await;
+    assert_eq!(status, 400, "{v}");
 }
 
 /// Every link of the document leads somewhere real: from a status its operation answers,

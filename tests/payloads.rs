@@ -86,6 +86,13 @@ fn card(full: bool) -> ApprovalRequest {
         project_id: None,
         end_reason: None,
         auto_approval: None,
+        arguments_preview: full.then(|| {
+            json!({"to": "ops@example.com", "api_key": "[redacted]", "n": [1, {"a": null}]})
+                .as_object()
+                .cloned()
+                .unwrap()
+        }),
+        decision_reason: None,
         held_by_pod: false,
     }
 }
@@ -97,6 +104,7 @@ fn ended(mut c: ApprovalRequest, state: ApprovalState, full: bool) -> ApprovalRe
         c.decided_by = Some("alice".into());
         c.decided_at = Some(T0 + 1_000);
         c.end_reason = Some("run_ended".into());
+        c.decision_reason = Some("on the allow list".into());
     }
     c
 }

@@ -85,7 +85,7 @@ fn table(cards: &[Card], has_more: bool, now: DateTime<Utc>) -> String {
                 *w = (*w).max(c.chars().count());
             }
         }
-        for row in &rows {
+        for (n, row) in rows.iter().enumerate() {
             let mut line = String::new();
             for (i, (c, w)) in row.iter().zip(widths).enumerate() {
                 line.push_str(c);
@@ -95,6 +95,14 @@ fn table(cards: &[Card], has_more: bool, now: DateTime<Utc>) -> String {
             }
             out.push_str(line.trim_end());
             out.push('\n');
+            // The card's argument preview (redacted by the server), on a line of its own.
+            let preview = n
+                .checked_sub(1)
+                .and_then(|i| cards[i].arguments_preview.as_ref())
+                .filter(|p| !p.is_empty());
+            if let Some(preview) = preview {
+                out.push_str(&format!("  args: {}\n", crate::render::preview(preview)));
+            }
         }
     }
     if has_more {
@@ -134,10 +142,11 @@ pub async fn decide(
     verb: Verb,
     scope: &str,
     tool: Option<&str>,
+    reason: Option<&str>,
 ) -> Result<i32, Failure> {
     let scope_asked = Scope::parse(Some(scope));
     let answer = operator
-        .decide(run, request, verb, Some(scope_asked), tool)
+        .decide_with_reason(run, request, verb, Some(scope_asked), tool, reason)
         .await
         .map_err(|e| match e {
             // No connection: the decision was never sent.
@@ -160,7 +169,13 @@ pub async fn decide(
             },
             other => Failure::unavailable(other.to_string()),
         })?;
-    let (line, as_asked) = answer_line(&answer, verb, scope, operator.me());
+    let (mut line, as_asked) = answer_line(&answer, verb, scope, operator.me());
+    if let Some(reason) = answer.decision_reason.as_deref() {
+        line.push_str(&format!(
+            ": {}",
+            serde_json::Value::from(truncate(&clean(reason), TARGET_MAX))
+        ));
+    }
     println!("{line}");
     Ok(if as_asked { 0 } else { 1 })
 }
@@ -353,13 +368,15 @@ mod tests {
                    "expires_at": "2026-11-30T12:04:59.500Z"}),
             json!({"run_id": "run-22", "display_id": "abc", "request_id": "abc",
                    "tool_name": "shell", "url": null, "intention": "list\nfiles",
-                   "expires_at": "2026-11-30T11:00:00.000Z"}),
+                   "expires_at": "2026-11-30T11:00:00.000Z",
+                   "arguments_preview": {"cmd": "ls -la", "token": "[redacted]"}}),
         ];
         assert_eq!(
             table(&cards, true, now),
             "RUN     ID        TOOL       URL / INTENTION           EXPIRES IN  REQUEST\n\
              run-1   5f0c7a2e  web_fetch  https://example.com/docs  4m 59s      5f0c7a2e-9d41\n\
              run-22  abc       shell      list files                due         abc\n\
+             \x20 args: cmd=\"ls -la\" token=[redacted]\n\
              (more cards are pending than shown: deciding these makes room)\n"
         );
         assert_eq!(table(&[], false, now), "no pending approvals\n");

@@ -106,6 +106,10 @@ enum Command {
         /// needed (on a pod run Tollgate knows the card's tool from its pod).
         #[arg(long)]
         tool: Option<String>,
+        /// Why: recorded on the card and in its resolution events (at most 1024
+        /// characters).
+        #[arg(long)]
+        reason: Option<String>,
         #[command(flatten)]
         conn: remote::Conn,
     },
@@ -115,6 +119,10 @@ enum Command {
         run: String,
         /// The card's request id.
         request: String,
+        /// Why: recorded on the card and in its resolution events (at most 1024
+        /// characters).
+        #[arg(long)]
+        reason: Option<String>,
         #[command(flatten)]
         conn: remote::Conn,
     },
@@ -183,17 +191,25 @@ async fn main() {
             request,
             scope,
             tool,
+            reason,
             conn,
         } => exit_with(match remote::connect(conn, None) {
             Ok(operator) => {
                 let verb = Verb::Approve;
-                decide::decide(&operator, &run, &request, verb, &scope, tool.as_deref()).await
+                let (tool, reason) = (tool.as_deref(), reason.as_deref());
+                decide::decide(&operator, &run, &request, verb, &scope, tool, reason).await
             }
             Err(f) => Err(f),
         }),
-        Command::Deny { run, request, conn } => exit_with(match remote::connect(conn, None) {
+        Command::Deny {
+            run,
+            request,
+            reason,
+            conn,
+        } => exit_with(match remote::connect(conn, None) {
             Ok(operator) => {
-                decide::decide(&operator, &run, &request, Verb::Deny, "once", None).await
+                let reason = reason.as_deref();
+                decide::decide(&operator, &run, &request, Verb::Deny, "once", None, reason).await
             }
             Err(f) => Err(f),
         }),
@@ -281,7 +297,10 @@ async fn main() {
             let store = config.connect_store().await.unwrap_or_else(|e| fail(e));
             let timers = config.serve_timers().await.unwrap_or_else(|e| fail(e));
             let max_lifetime = Auth::max_token_lifetime_from_env().unwrap_or_else(|e| fail(e));
-            let auth = Auth::new(config.secret.expose()).with_max_token_lifetime(max_lifetime);
+            let auth = Auth::new(config.secret.expose())
+                .with_max_token_lifetime(max_lifetime)
+                .with_oidc_from_env()
+                .unwrap_or_else(|e| fail(e));
             let addr: SocketAddr = format!("{host}:{port}").parse().unwrap_or_else(|e| fail(e));
             let listener = tokio::net::TcpListener::bind(addr)
                 .await

@@ -257,7 +257,26 @@ fn quoted(s: &str) -> String {
     Value::String(s.to_owned()).to_string()
 }
 
-/// `approved (scope once) by alice`, `denied by bob`, `expired`.
+/// A card's argument preview (already redacted by the server) as `key=value …`, nested
+/// values as JSON, cut at [`TEXT_MAX`].
+pub fn preview(map: &Map<String, Value>) -> String {
+    let line = map
+        .iter()
+        .map(|(k, v)| format!("{}={}", clean(k), value(v)))
+        .collect::<Vec<_>>()
+        .join(" ");
+    truncate(&line, TEXT_MAX)
+}
+
+/// ` [key=value …]` of a payload's `argumentsPreview`, or nothing.
+fn arguments(obj: &Map<String, Value>) -> String {
+    match obj.get("argumentsPreview") {
+        Some(Value::Object(map)) if !map.is_empty() => format!(" [{}]", preview(map)),
+        _ => String::new(),
+    }
+}
+
+/// `approved (scope once) by alice`, `denied by bob: "reason"`, `expired`.
 fn outcome(obj: &Map<String, Value>) -> String {
     if flag(obj, "expired") {
         return "expired".into();
@@ -273,6 +292,9 @@ fn outcome(obj: &Map<String, Value>) -> String {
     };
     if let Some(by) = text(obj, "decidedBy") {
         out.push_str(&format!(" by {by}"));
+    }
+    if let Some(reason) = text(obj, "decisionReason") {
+        out.push_str(&format!(": {}", quoted(&truncate(&reason, TEXT_MAX))));
     }
     out
 }
@@ -292,7 +314,9 @@ fn call(obj: &Map<String, Value>) -> String {
 /// The compact rendering of the known types; `key=value` of the payload for others.
 fn detail(ty: &str, obj: &Map<String, Value>) -> String {
     match ty {
-        "tool.approval_required" => format!("{}{}", tool_and_target(obj), request(obj)),
+        "tool.approval_required" => {
+            format!("{}{}{}", tool_and_target(obj), arguments(obj), request(obj))
+        }
         "tool.approval_pending" => format!(
             "{} still waiting{}",
             text(obj, "toolName").unwrap_or_else(|| "?".into()),
@@ -300,9 +324,10 @@ fn detail(ty: &str, obj: &Map<String, Value>) -> String {
         ),
         "tool.approval_resolved" => format!("{}{}", outcome(obj), request(obj)),
         "coordinator.child_approval_required" => format!(
-            "child {}: {}{}",
+            "child {}: {}{}{}",
             text(obj, "childRunId").unwrap_or_else(|| "?".into()),
             tool_and_target(obj),
+            arguments(obj),
             request(obj)
         ),
         "coordinator.child_approval_resolved" => format!(
@@ -439,6 +464,21 @@ mod tests {
         assert_eq!(
             line(r#""requestId":"abc","approved":false,"expired":true"#),
             "#3 T tool.approval_resolved expired (request abc)"
+        );
+        assert_eq!(
+            line(
+                r#""requestId":"abc","approved":false,"expired":false,"decidedBy":"bob","decisionReason":"not now\u001b[2J""#
+            ),
+            "#3 T tool.approval_resolved denied by bob: \"not now [2J\" (request abc)"
+        );
+    }
+
+    #[test]
+    fn argument_previews_read_as_key_values() {
+        let data = r#"{"sequence":4,"type":"tool.approval_required","timestamp_utc":"T","requestId":"abc","toolName":"send_email","argumentsPreview":{"to":"ops@example.com","api_key":"[redacted]","cc":["a","b"]}}"#;
+        assert_eq!(
+            event_line(Some(4), "x", data),
+            "#4 T tool.approval_required send_email [to=ops@example.com api_key=[redacted] cc=[\"a\",\"b\"]] (request abc)"
         );
     }
 

@@ -115,6 +115,34 @@ def test_denied_and_expired_gates(client: Client, operator: Operator) -> None:
     assert time.monotonic() - started < 15
 
 
+def test_the_preview_is_shown_redacted_and_the_reason_recorded(
+    client: Client, operator: Operator
+) -> None:
+    run = client.create_run(owner="alice")
+    gate = Background(
+        lambda: run.gate(
+            "send_email",
+            arguments={"to": "ops@example.com", "api_key": "sk-SECRET"},
+            arguments_preview={"to": "ops@example.com", "api_key": "sk-SECRET"},
+        )
+    )
+    card = pending_card(operator, run.run_id)
+    assert card["arguments_preview"] == {"to": "ops@example.com", "api_key": "[redacted]"}
+    answer = operator.deny(run.run_id, card["request_id"], reason="not this recipient")
+    assert (answer.state, answer.decision_reason) == ("denied", "not this recipient")
+    denied: Decision = gate.join()
+    assert denied.state == "denied"
+    # A repeat with another reason answers the first decision's.
+    again = operator.approve(run.run_id, card["request_id"], reason="changed my mind")
+    assert (again.state, again.decision_reason) == ("denied", "not this recipient")
+    events = run.events().events
+    resolved = [e for e in events if e["type"] == "tool.approval_resolved"]
+    assert [e.get("decisionReason") for e in resolved] == ["not this recipient"]
+    required = [e for e in events if e["type"] == "tool.approval_required"]
+    assert required[0].get("argumentsPreview") == card["arguments_preview"]
+    assert "sk-SECRET" not in repr(events)
+
+
 def test_the_run_ending_ends_the_wait(client: Client, operator: Operator) -> None:
     run = client.create_run(owner="alice")
     gate = Background(lambda: run.gate("shell"))

@@ -44,6 +44,13 @@ export interface GateOptions {
   message?: string;
   /** Why the agent wants the call, shown on the card. */
   intention?: string;
+  /**
+   * What the human is shown of the arguments (a JSON object), display only: the hash
+   * binds the call. The server replaces values under secret-looking keys (`password`,
+   * `token`, `api_key`, `authorization`, `credential…`, …) with `"[redacted]"` and
+   * bounds it (4 KiB, 4 levels, strings cut at 256 characters).
+   */
+  argumentsPreview?: Record<string, unknown>;
   /** The card's id (default: a fresh UUID). The same one again finds the same card. */
   requestId?: string;
   /** The tool call's id (default: the request id). */
@@ -157,6 +164,7 @@ export async function gateCall(run: Run, toolName: string, options: GateOptions)
     ["intention", options.intention],
     ["message", options.message],
     ["arguments_hash", hash],
+    ["arguments_preview", options.argumentsPreview],
   ];
   for (const [k, v] of optional) if (v !== undefined) body[k] = v;
   const { body: armed } = await run.call<Armed>("POST", ["approval-requests"], [200, 201], body, options.signal);

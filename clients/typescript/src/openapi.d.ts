@@ -706,6 +706,19 @@ export interface components {
             /** @description Hex SHA-256 of the call's canonical arguments. */
             arguments_hash?: string | null;
             /**
+             * @description What the operator is shown of the call's arguments: a JSON object, display only
+             *     (the `arguments_hash` binds the call). Before storing, the server replaces the
+             *     value under any key containing (case-insensitive) `password`, `passwd`, `secret`,
+             *     `token`, `api_key`, `apikey`, `authorization`, `cookie`, `private_key` or
+             *     `credential` with `"[redacted]"`, at any depth, and cuts strings longer than
+             *     `MAX_PREVIEW_STRING` characters, marking the cut with `…[truncated]`. At most
+             *     `MAX_PREVIEW_DEPTH` levels deep and `MAX_PREVIEW_BYTES` serialized after that
+             *     (else 400).
+             */
+            arguments_preview?: {
+                [key: string]: unknown;
+            } | null;
+            /**
              * Format: uint64
              * @description Seconds until the card expires (default 300, at most the deployment's cap).
              */
@@ -758,6 +771,12 @@ export interface components {
              *     beyond `once` on a pod-held card).
              */
             tool_name?: string | null;
+            /**
+             * @description Why the operator decided so (at most `MAX_REASON` characters, no control
+             *     characters): recorded on the card and in `tool.approval_resolved`
+             *     (`decisionReason`). A decision repeated with another reason answers the first.
+             */
+            reason?: string | null;
         };
         /**
          * @description What a decision answers: the card's real state after it (a late click reads
@@ -788,6 +807,8 @@ export interface components {
             scope?: string | null;
             /** @description `run_ended` when the card expired because its run ended. */
             reason?: string | null;
+            /** @description The reason the deciding operator gave (the first decision's, on a repeat). */
+            decision_reason?: string | null;
             /**
              * @description On a pod-held card: the pod applied this decision, though the card had ended
              *     otherwise meanwhile (the answer's `state` is how it ended).
@@ -807,6 +828,10 @@ export interface components {
             intention?: string | null;
             message?: string | null;
             arguments_hash?: string | null;
+            /** @description The call's argument preview as stored (redacted and bounded; display only). */
+            arguments_preview?: {
+                [key: string]: unknown;
+            } | null;
             /** @description `pending`, `approved`, `denied` or `expired`. */
             state: string;
             scope?: string | null;
@@ -817,6 +842,8 @@ export interface components {
             coordinator_run_id?: string | null;
             subtask_id?: unknown;
             reason?: string | null;
+            /** @description The reason the deciding operator gave. */
+            decision_reason?: string | null;
             auto_approved?: boolean | null;
             policy_id?: string | null;
             /** @description `pod` when the run's AgentHost pod holds the card. */
@@ -1018,6 +1045,13 @@ export interface components {
             url?: string | null;
             intention?: string | null;
             message?: string | null;
+            /**
+             * @description What the agent showed of the call's arguments, as stored (redacted and bounded;
+             *     display only: the `arguments_hash` binds the call).
+             */
+            argumentsPreview?: {
+                [key: string]: unknown;
+            } | null;
             tool_call_id?: string | null;
             approval_id?: string | null;
         };
@@ -1040,6 +1074,8 @@ export interface components {
             scope?: string | null;
             /** @description Why an expired card ended (`run_ended`, …). */
             reason?: string | null;
+            /** @description The operator's reason for the decision, when they gave one. */
+            decisionReason?: string | null;
             tool_call_id?: string | null;
             approval_id?: string | null;
         };
@@ -1069,6 +1105,10 @@ export interface components {
             requestId: string;
             toolName: string;
             url?: string | null;
+            /** @description The child card's argument preview (see `ApprovalRequired`). */
+            argumentsPreview?: {
+                [key: string]: unknown;
+            } | null;
             tool_call_id?: string | null;
             approval_id?: string | null;
         };
@@ -1084,6 +1124,8 @@ export interface components {
             scope?: string | null;
             /** @description `run_ended` when the child's end closed the card. */
             reason?: string | null;
+            /** @description The operator's reason for the decision, when they gave one. */
+            decisionReason?: string | null;
             tool_call_id?: string | null;
             approval_id?: string | null;
         };

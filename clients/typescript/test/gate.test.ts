@@ -125,6 +125,35 @@ describe("gate", () => {
     assert.equal(decision.scope, undefined);
   });
 
+  test("an argument preview reaches the card, secrets redacted by the server", async () => {
+    const requestId = randomUUID();
+    let run: Awaited<ReturnType<Client["createRun"]>> | undefined;
+    let seen: Promise<unknown> | undefined;
+    const client = new Client(server.url, {
+      token: server.agentToken,
+      fetch: recordingFetch([], (s) => {
+        if (s.path.endsWith("/stream") && seen === undefined) {
+          seen = (async () => {
+            const resp = await fetch(`${server.url}/api/runs/${encodeURIComponent(run!.id)}/approvals`, {
+              headers: { authorization: `Bearer ${server.operatorToken}` },
+            });
+            const body = (await resp.json()) as { approvals: Record<string, unknown>[] };
+            await decide(server, run!.id, requestId, "deny");
+            return body.approvals[0]?.arguments_preview;
+          })();
+        }
+      }),
+    });
+    run = await client.createRun({ owner: "ts-operator" });
+    const decision = await run.gate("send_email", {
+      requestId,
+      arguments: { to: "ops@example.com", password: "hunter2" },
+      argumentsPreview: { to: "ops@example.com", password: "hunter2" },
+    });
+    assert.equal(decision.state, "denied");
+    assert.deepEqual(await seen, { to: "ops@example.com", password: "[redacted]" });
+  });
+
   test("a card nobody decides expires at its timeout", async () => {
     const client = new Client(server.url, { token: server.agentToken });
     const run = await client.createRun({ owner: "ts-operator" });

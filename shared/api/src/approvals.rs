@@ -18,6 +18,7 @@ use tollgate_domain::approval::{
 };
 use tollgate_domain::{now_millis, ApprovalRequest, ApprovalState, Resolution, RunHead, Scope};
 use tollgate_protocol::approvals::{self as wire, Card, CardPage, Decided, PolicyPage, RunCards};
+use tollgate_protocol::limits::MAX_REASON;
 use tollgate_store::{Armed, Located, Resolved};
 
 use crate::gate::ArmOutcome;
@@ -61,6 +62,22 @@ fn bounded(field: &str, value: &Option<String>, max: usize) -> Result<(), ApiErr
     }
 }
 
+/// A decision's `reason`: at most [`MAX_REASON`] characters, no control characters.
+fn checked_reason(reason: &Option<String>) -> Result<(), ApiError> {
+    let Some(reason) = reason else { return Ok(()) };
+    if reason.chars().count() > MAX_REASON {
+        return Err(ApiError::bad_request(format!(
+            "reason must be at most {MAX_REASON} characters"
+        )));
+    }
+    if reason.chars().any(char::is_control) {
+        return Err(ApiError::bad_request(
+            "reason must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
 fn checked_id(field: &str, id: &str) -> Result<(), ApiError> {
     if valid_id(id) {
         Ok(())
@@ -98,6 +115,10 @@ async fn arm(
     bounded("intention", &body.intention, MAX_TEXT)?;
     bounded("message", &body.message, MAX_TEXT)?;
     bounded("arguments_hash", &body.arguments_hash, MAX_HASH)?;
+    let arguments_preview = body
+        .arguments_preview
+        .map(crate::preview::sanitize)
+        .transpose()?;
     // The deployment's cap (TOLLGATE_MAX_CARD_TIMEOUT_SECONDS, default 24 h) bounds how
     // long any card can hold its timers and a place in its project's count. Beyond it is a
     // 400, not a 429: the same request never succeeds later.
@@ -125,9 +146,11 @@ async fn arm(
         intention: body.intention,
         message: body.message,
         arguments_hash: body.arguments_hash,
+        arguments_preview,
         state: ApprovalState::Pending,
         scope: None,
         decided_by: None,
+        decision_reason: None,
         decided_at: None,
         created_at: now,
         expires_at: now + (timeout as i64) * 1000,
@@ -284,6 +307,7 @@ async fn decide(
     let body: tollgate_protocol::approvals::Decide = serde_json::from_value(body.value().await?)
         .map_err(|e| ApiError::bad_request(format!("invalid decision: {e}")))?;
     tracing::Span::current().record("request_id", body.request_id.as_str());
+    checked_reason(&body.reason)?;
     // A run id or request id the store keys nothing by names no card.
     let (Ok(run_id), true) = (run_id, valid_id(&body.request_id)) else {
         return Err(unknown());
@@ -322,6 +346,7 @@ async fn decide(
     let resolution = match verb {
         Verb::Deny => Resolution::Denied {
             by: claims.sub.clone(),
+            reason: body.reason.clone(),
         },
         Verb::Approve => {
             let scope = Scope::parse(body.scope.as_ref().and_then(Value::as_str));
@@ -331,6 +356,7 @@ async fn decide(
             Resolution::Approved {
                 scope,
                 by: claims.sub.clone(),
+                reason: body.reason.clone(),
             }
         }
     };
@@ -550,8 +576,8 @@ async fn decide_pod_card(
     };
     let card = located.card.clone();
     let (scope, by) = match &resolution {
-        Resolution::Approved { scope, by } => (*scope, by.clone()),
-        Resolution::Denied { by } => (Scope::Once, by.clone()),
+        Resolution::Approved { scope, by, .. } => (*scope, by.clone()),
+        Resolution::Denied { by, .. } => (Scope::Once, by.clone()),
         // Decisions only come here.
         _ => return Err(unknown()),
     };
@@ -626,6 +652,7 @@ async fn record_verdict(
         } => {
             let earlier = Resolution::Denied {
                 by: DECIDED_IN_POD.into(),
+                reason: None,
             };
             (
                 deps.gate.resolve_without_grant(located, earlier).await?,
@@ -782,6 +809,8 @@ async fn forward_decision(
         project_id: head.project_id.clone(),
         end_reason: None,
         auto_approval: None,
+        arguments_preview: None,
+        decision_reason: applied.then(|| body.reason.clone()).flatten(),
         held_by_pod: false,
     };
     // The durable policy, only for the forward that applied this approval with the scope
@@ -808,9 +837,11 @@ async fn forward_decision(
             Verb::Approve => Resolution::Approved {
                 scope,
                 by: claims.sub.clone(),
+                reason: body.reason.clone(),
             },
             Verb::Deny => Resolution::Denied {
                 by: claims.sub.clone(),
+                reason: body.reason.clone(),
             },
         };
         let verdict = PodVerdict::Terminal {
@@ -871,6 +902,7 @@ fn decision_answer(card: &ApprovalRequest, verb: Verb) -> Decided {
         decided_by: card.decided_by.clone(),
         scope: card.scope.map(|s| s.as_str().into()),
         reason: card.end_reason.clone(),
+        decision_reason: card.decision_reason.clone(),
         pod_applied: None,
     }
 }

@@ -86,6 +86,19 @@ impl std::fmt::Debug for Credentials {
 }
 
 impl Credentials {
+    /// The bearer presented, or why it is unusable; `None` without one.
+    pub fn bearer_token(&self) -> Option<Result<&str, &'static str>> {
+        self.bearer.as_ref().map(|b| b.as_deref().map_err(|e| *e))
+    }
+
+    /// A bare bearer token (as a WebSocket subprotocol or query carries it).
+    pub fn from_token(token: &str) -> Self {
+        Self {
+            bearer: Some(Ok(token.to_owned())),
+            gateway: None,
+        }
+    }
+
     pub fn from_headers(headers: &HeaderMap) -> Self {
         Self {
             bearer: bearer(headers),
@@ -133,6 +146,8 @@ pub struct Auth {
     /// in seconds; `TOLLGATE_MAX_TOKEN_LIFETIME_SECONDS`, default
     /// [`DEFAULT_MAX_TOKEN_LIFETIME_SECS`].
     max_lifetime: u64,
+    /// Operators signed in through an identity provider, when one is configured.
+    oidc: Option<std::sync::Arc<crate::oidc::Oidc>>,
 }
 
 /// Default maximum JWT lifetime: a day — what `tollgate serve` prints and the longest
@@ -171,6 +186,36 @@ impl Auth {
             run_key: derive.finalize().into_bytes().to_vec(),
             jwt_key: crate::jwt::Hs256Key::new(secret),
             max_lifetime: DEFAULT_MAX_TOKEN_LIFETIME_SECS,
+            oidc: None,
+        }
+    }
+
+    /// Also accepts operator tokens of an OpenID Connect issuer ([`crate::oidc`]).
+    pub fn with_oidc(mut self, oidc: crate::oidc::Oidc) -> Self {
+        self.oidc = Some(std::sync::Arc::new(oidc));
+        self
+    }
+
+    /// [`Auth::with_oidc`] with `TOLLGATE_OIDC_*`, when `TOLLGATE_OIDC_ISSUER` is set.
+    pub fn with_oidc_from_env(self) -> Result<Self, crate::ConfigError> {
+        Ok(match crate::oidc::OidcConfig::from_env()? {
+            Some(config) => self.with_oidc(crate::oidc::Oidc::new(config)),
+            None => self,
+        })
+    }
+
+    /// Whether operators may also sign in through an identity provider.
+    pub fn has_oidc(&self) -> bool {
+        self.oidc.is_some()
+    }
+
+    /// Brings what verifying `creds` needs that is not at hand (an identity provider's
+    /// keys). Every router runs this before its handlers, so [`Auth::caller`] — which
+    /// never waits on the network — finds the keys; anything that verifies a credential
+    /// outside the routers calls it first.
+    pub async fn ready(&self, creds: &Credentials) {
+        if let (Some(oidc), Some(Ok(token))) = (&self.oidc, &creds.bearer) {
+            oidc.ready(token).await;
         }
     }
 
@@ -315,6 +360,19 @@ impl Auth {
             Some(Err(why)) => return Err(ApiError::unauthorized(*why)),
             Some(Ok(token)) => token.as_str(),
         };
+        if let Some(oidc) = self.oidc.as_ref().filter(|o| o.claims_token(token)) {
+            // The issuer's token is verified as the issuer's only: never against the
+            // HS256 secret (docs/architecture.md §5).
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default();
+            return oidc
+                .verify(token, now, self.max_lifetime)
+                .map_err(ApiError::from)
+                .and_then(checked_claims)
+                .map(Caller::Jwt);
+        }
         if token.contains('.') {
             return self.verify_jwt(token).map(Caller::Jwt);
         }

@@ -76,7 +76,7 @@ pub fn encode<T: Serialize>(key: &Hs256Key, claims: &T) -> Result<String, serde_
 }
 
 /// A JSON object (a JSON array would otherwise fill a struct field by field).
-type Object = serde_json::Map<String, serde_json::Value>;
+pub type Object = serde_json::Map<String, serde_json::Value>;
 
 /// Verifies `token` at time `now` (seconds since the epoch) and parses its claims;
 /// with `max_lifetime`, a token valid for longer (`exp - iat`, or `exp - now` without
@@ -113,9 +113,6 @@ pub fn decode<T: DeserializeOwned>(
         .decode(payload_b64)
         .map_err(|_| JwtError::Invalid("claims encoding"))
         .and_then(|raw| serde_json::from_slice(&raw).map_err(|_| JwtError::Invalid("claims")))?;
-    let Some(exp) = claims.get("exp").and_then(|exp| exp.as_u64()) else {
-        return Err(JwtError::Invalid("exp"));
-    };
     if !claims.get("sub").is_some_and(|sub| sub.is_string()) {
         return Err(JwtError::Invalid("sub"));
     }
@@ -124,6 +121,18 @@ pub fn decode<T: DeserializeOwned>(
     if claims.contains_key("aud") {
         return Err(JwtError::Invalid("aud"));
     }
+    check_times(&claims, now, max_lifetime)?;
+    serde_json::from_value(serde_json::Value::Object(claims))
+        .map_err(|_| JwtError::Invalid("claims"))
+}
+
+/// The time claims of a verified token at `now`: `exp` required, `nbf` and `iat`
+/// honoured when present, each with [`LEEWAY_SECS`]; with `max_lifetime`, a token valid
+/// for longer is refused. Answers `exp`.
+pub fn check_times(claims: &Object, now: u64, max_lifetime: Option<u64>) -> Result<u64, JwtError> {
+    let Some(exp) = claims.get("exp").and_then(|exp| exp.as_u64()) else {
+        return Err(JwtError::Invalid("exp"));
+    };
     // Optional, but typed when present (a string `nbf` must not read as "no nbf").
     let optional_time = |name: &'static str| match claims.get(name) {
         None => Ok(None),
@@ -146,8 +155,7 @@ pub fn decode<T: DeserializeOwned>(
             return Err(JwtError::TooLong);
         }
     }
-    serde_json::from_value(serde_json::Value::Object(claims))
-        .map_err(|_| JwtError::Invalid("claims"))
+    Ok(exp)
 }
 
 #[cfg(test)]

@@ -14,9 +14,11 @@ pub mod ingress;
 pub mod jwt;
 #[cfg(feature = "lambda")]
 pub mod lambda;
+pub mod oidc;
 pub mod pod_cards;
 #[cfg(feature = "push")]
 pub mod push;
+pub mod preview;
 pub mod replay;
 pub mod request;
 pub mod request_id;
@@ -209,7 +211,8 @@ impl Deps {
             timers,
             GateConfig::from_env()?,
             Auth::new(config.secret.expose())
-                .with_max_token_lifetime(Auth::max_token_lifetime_from_env()?),
+                .with_max_token_lifetime(Auth::max_token_lifetime_from_env()?)
+                .with_oidc_from_env()?,
         );
         deps.sse = sse::SseConfig::from_env()?;
         Ok(deps)
@@ -263,7 +266,52 @@ fn with_fallbacks(router: Router, deps: &Deps) -> Router {
     let router = router
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
-    with_callers(router, deps).layer(axum::middleware::from_fn(request_id::middleware))
+    with_callers(router, deps)
+        .layer(axum::middleware::from_fn_with_state(
+            deps.clone(),
+            credentials_ready,
+        ))
+        .layer(axum::middleware::from_fn(request_id::middleware))
+}
+
+/// Before anything checks a credential: brings what verifying it needs and cannot wait
+/// for inside a handler (an identity provider's keys, [`Auth::ready`]). Looks wherever a
+/// request may carry a token — `Authorization`, a WebSocket subprotocol `bearer.<token>`,
+/// the `access_token` query — and only warms caches: it admits and refuses nothing.
+async fn credentials_ready(
+    axum::extract::State(deps): axum::extract::State<Deps>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if deps.auth.has_oidc() {
+        for token in presented_tokens(&req) {
+            deps.auth
+                .ready(&auth::Credentials::from_token(&token))
+                .await;
+        }
+    }
+    next.run(req).await
+}
+
+fn presented_tokens(req: &axum::extract::Request) -> Vec<String> {
+    use tollgate_protocol::ws::{BEARER_PREFIX, TOKEN_QUERY};
+    let headers = req.headers();
+    let mut tokens: Vec<String> = Vec::new();
+    if let Some(Ok(token)) = auth::Credentials::from_headers(headers).bearer_token() {
+        tokens.push(token.to_owned());
+    }
+    for value in headers.get_all(axum::http::header::SEC_WEBSOCKET_PROTOCOL) {
+        for entry in value.to_str().unwrap_or_default().split(',') {
+            if let Some(token) = entry.trim().strip_prefix(BEARER_PREFIX) {
+                tokens.push(token.to_owned());
+            }
+        }
+    }
+    if let Some(token) = request::query_param(req.uri().query(), TOKEN_QUERY) {
+        tokens.push(token.to_owned());
+    }
+    tokens.truncate(3);
+    tokens
 }
 
 /// The `ingress` function's routes.

@@ -124,6 +124,8 @@ fn announced_card(
         project_id: None,
         end_reason: None,
         auto_approval: None,
+        arguments_preview: None,
+        decision_reason: None,
         held_by_pod: true,
     })
 }

@@ -389,7 +389,7 @@ impl Gate {
         resolution: Resolution,
     ) -> Result<Resolved, StoreError> {
         let grant = match &resolution {
-            Resolution::Approved { scope, by }
+            Resolution::Approved { scope, by, .. }
                 if located.card.state == tollgate_domain::ApprovalState::Pending =>
             {
                 self.grant_for(&located, *scope, by)

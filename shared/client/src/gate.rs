@@ -86,6 +86,11 @@ pub struct GateRequest {
     pub tool_name: String,
     /// The call's arguments; only their hash leaves the process.
     pub arguments: Value,
+    /// What the human is shown of the arguments, when the agent chooses to show any
+    /// (display only: the hash binds the call). The server replaces values under
+    /// secret-looking keys with `"[redacted]"` and bounds it (4 KiB, 4 levels, long
+    /// strings cut) — still, put nothing here the operators should not read.
+    pub arguments_preview: Option<serde_json::Map<String, Value>>,
     /// The card's id; a fresh UUID when `None`. Give the same one again to find the same
     /// card (e.g. after a restart).
     pub request_id: Option<String>,
@@ -110,6 +115,7 @@ impl GateRequest {
         Self {
             tool_name: tool_name.into(),
             arguments,
+            arguments_preview: None,
             request_id: None,
             tool_call_id: None,
             approval_id: None,
@@ -141,6 +147,12 @@ impl GateRequest {
     /// Sets the URL shown on the card.
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.url = Some(url.into());
+        self
+    }
+
+    /// Sets the argument preview shown on the card ([`GateRequest::arguments_preview`]).
+    pub fn arguments_preview(mut self, preview: serde_json::Map<String, Value>) -> Self {
+        self.arguments_preview = Some(preview);
         self
     }
 
@@ -338,6 +350,7 @@ impl Run {
             intention: request.intention.clone(),
             message: request.message.clone(),
             arguments_hash: Some(hash.clone()),
+            arguments_preview: request.arguments_preview.clone(),
             timeout_seconds: Some(timeout_seconds),
         };
         let body = serde_json::to_value(body).map_err(|e| Error::Config(e.to_string()))?;

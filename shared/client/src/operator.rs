@@ -379,6 +379,21 @@ impl Operator {
         scope: Option<Scope>,
         tool_name: Option<&str>,
     ) -> Result<DecisionAnswer, OperatorError> {
+        self.decide_with_reason(run, request_id, verb, scope, tool_name, None)
+            .await
+    }
+
+    /// [`Operator::decide`], saying why: `reason` (at most 1024 characters, no control
+    /// characters) is recorded on the card and in its resolution events.
+    pub async fn decide_with_reason(
+        &self,
+        run: &str,
+        request_id: &str,
+        verb: Verb,
+        scope: Option<Scope>,
+        tool_name: Option<&str>,
+        reason: Option<&str>,
+    ) -> Result<DecisionAnswer, OperatorError> {
         let (route, scope) = match verb {
             Verb::Approve => ("tool-approvals", Some(scope.unwrap_or_default().as_str())),
             Verb::Deny => ("tool-denials", None),
@@ -387,6 +402,7 @@ impl Operator {
             request_id: request_id.into(),
             scope: scope.map(Value::from),
             tool_name: tool_name.map(str::to_owned),
+            reason: reason.map(str::to_owned),
         };
         let body = serde_json::to_value(body).map_err(|e| OperatorError::Config(e.to_string()))?;
         let url = self.http.endpoint(&["api", "runs", run, route]);

@@ -73,9 +73,12 @@ pub enum Resolution {
     Approved {
         scope: Scope,
         by: String,
+        /// Why the operator decided so, when they said.
+        reason: Option<String>,
     },
     Denied {
         by: String,
+        reason: Option<String>,
     },
     /// The deadline passed (a timer, the sweeper, or a click that came too late).
     Expired,
@@ -127,9 +130,14 @@ pub struct ApprovalRequest {
     pub intention: Option<String>,
     pub message: Option<String>,
     pub arguments_hash: Option<String>,
+    /// What the operator is shown of the arguments, redacted and bounded when armed
+    /// (display only: `arguments_hash` binds the call).
+    pub arguments_preview: Option<Map<String, Value>>,
     pub state: ApprovalState,
     pub scope: Option<Scope>,
     pub decided_by: Option<String>,
+    /// The deciding operator's reason, when they gave one.
+    pub decision_reason: Option<String>,
     pub decided_at: Option<i64>,
     pub created_at: i64,
     /// Milliseconds since the epoch; a decision at or after it expires the card instead.
@@ -217,6 +225,7 @@ impl ApprovalRequest {
                 p.insert(k.into(), v.clone().into());
             }
         }
+        self.with_preview(&mut p);
         EventDraft::server(ev::APPROVAL_REQUIRED, self.with_ids(p))
     }
 
@@ -233,6 +242,7 @@ impl ApprovalRequest {
         if let Some(url) = &self.url {
             p.insert("url".into(), url.clone().into());
         }
+        self.with_preview(&mut p);
         EventDraft::server(ev::CHILD_APPROVAL_REQUIRED, self.with_ids(p))
     }
 
@@ -301,10 +311,19 @@ impl ApprovalRequest {
         EventDraft::server(ev::CHILD_APPROVAL_RESOLVED, self.with_ids(p))
     }
 
-    /// Who decided and with which scope (absent for an expiry): the audit trail.
+    fn with_preview(&self, p: &mut Map<String, Value>) {
+        if let Some(preview) = &self.arguments_preview {
+            p.insert("argumentsPreview".into(), Value::Object(preview.clone()));
+        }
+    }
+
+    /// Who decided, why, and with which scope (absent for an expiry): the audit trail.
     fn decision_facts(&self, p: &mut Map<String, Value>) {
         if let Some(by) = &self.decided_by {
             p.insert("decidedBy".into(), by.clone().into());
+        }
+        if let Some(reason) = &self.decision_reason {
+            p.insert("decisionReason".into(), reason.clone().into());
         }
         if let Some(scope) = self.scope {
             p.insert("scope".into(), scope.as_str().into());
@@ -339,6 +358,7 @@ impl ApprovalRequest {
             && self.tool_call_id == other.tool_call_id
             && self.approval_id == other.approval_id
             && self.arguments_hash == other.arguments_hash
+            && self.arguments_preview == other.arguments_preview
             && self.url == other.url
             && self.intention == other.intention
             && self.message == other.message
@@ -351,11 +371,15 @@ impl ApprovalRequest {
         card.state = resolution.state();
         card.decided_at = Some(at);
         match resolution {
-            Resolution::Approved { scope, by } => {
+            Resolution::Approved { scope, by, reason } => {
                 card.scope = Some(*scope);
                 card.decided_by = Some(by.clone());
+                card.decision_reason = reason.clone();
             }
-            Resolution::Denied { by } => card.decided_by = Some(by.clone()),
+            Resolution::Denied { by, reason } => {
+                card.decided_by = Some(by.clone());
+                card.decision_reason = reason.clone();
+            }
             Resolution::Expired => {}
             Resolution::RunEnded => card.end_reason = Some(REASON_RUN_ENDED.into()),
         }
@@ -397,6 +421,8 @@ mod tests {
             project_id: None,
             end_reason: None,
             auto_approval: None,
+            arguments_preview: None,
+            decision_reason: None,
             held_by_pod: false,
         }
     }
@@ -434,6 +460,7 @@ mod tests {
             &Resolution::Approved {
                 scope: Scope::Run,
                 by: "alice".into(),
+                reason: None,
             },
             1,
         );

@@ -201,6 +201,8 @@ mod tests {
             project_id: None,
             end_reason: None,
             auto_approval: None,
+            arguments_preview: None,
+            decision_reason: None,
             held_by_pod: false,
         }
     }
@@ -209,6 +211,7 @@ mod tests {
         Resolution::Approved {
             scope: Scope::Run,
             by: "alice".into(),
+            reason: None,
         }
     }
 
@@ -298,7 +301,10 @@ mod tests {
         );
         let denied = ended(end(
             &card(None),
-            Resolution::Denied { by: "bob".into() },
+            Resolution::Denied {
+                by: "bob".into(),
+                reason: None,
+            },
             true,
             false,
             5_000,
@@ -333,7 +339,10 @@ mod tests {
     fn on_an_ended_run_every_ending_is_run_ended_with_no_event_on_the_run() {
         for asked in [
             approve(),
-            Resolution::Denied { by: "b".into() },
+            Resolution::Denied {
+                by: "b".into(),
+                reason: None,
+            },
             Resolution::Expired,
         ] {
             let e = ended(end(
@@ -360,7 +369,10 @@ mod tests {
         let approved = card(None).resolved(&approve(), 5_000);
         for asked in [
             approve(),
-            Resolution::Denied { by: "b".into() },
+            Resolution::Denied {
+                by: "b".into(),
+                reason: None,
+            },
             Resolution::Expired,
             Resolution::RunEnded,
         ] {

@@ -35,6 +35,16 @@ pub struct ArmApproval {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schema", schemars(length(min = 1, max = crate::limits::MAX_HASH)))]
     pub arguments_hash: Option<String>,
+    /// What the operator is shown of the call's arguments: a JSON object, display only
+    /// (the `arguments_hash` binds the call). Before storing, the server replaces the
+    /// value under any key containing (case-insensitive) `password`, `passwd`, `secret`,
+    /// `token`, `api_key`, `apikey`, `authorization`, `cookie`, `private_key` or
+    /// `credential` with `"[redacted]"`, at any depth, and cuts strings longer than
+    /// `MAX_PREVIEW_STRING` characters, marking the cut with `…[truncated]`. At most
+    /// `MAX_PREVIEW_DEPTH` levels deep and `MAX_PREVIEW_BYTES` serialized after that
+    /// (else 400).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_preview: Option<serde_json::Map<String, Value>>,
     /// Seconds until the card expires (default 300, at most the deployment's cap).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schema", schemars(range(min = 1, max = crate::limits::MAX_TIMEOUT_SECONDS)))]
@@ -81,6 +91,12 @@ pub struct Decide {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schema", schemars(length(min = 1, max = crate::limits::MAX_TOOL_NAME)))]
     pub tool_name: Option<String>,
+    /// Why the operator decided so (at most `MAX_REASON` characters, no control
+    /// characters): recorded on the card and in `tool.approval_resolved`
+    /// (`decisionReason`). A decision repeated with another reason answers the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(length(max = crate::limits::MAX_REASON), extend("pattern" = crate::limits::REASON_PATTERN)))]
+    pub reason: Option<String>,
 }
 
 /// What a decision answers: the card's real state after it (a late click reads
@@ -108,6 +124,9 @@ pub struct Decided {
     /// `run_ended` when the card expired because its run ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The reason the deciding operator gave (the first decision's, on a repeat).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_reason: Option<String>,
     /// On a pod-held card: the pod applied this decision, though the card had ended
     /// otherwise meanwhile (the answer's `state` is how it ended).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -129,6 +148,9 @@ pub struct Card {
     pub intention: Option<String>,
     pub message: Option<String>,
     pub arguments_hash: Option<String>,
+    /// The call's argument preview as stored (redacted and bounded; display only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_preview: Option<serde_json::Map<String, Value>>,
     /// `pending`, `approved`, `denied` or `expired`.
     pub state: String,
     pub scope: Option<String>,
@@ -140,6 +162,9 @@ pub struct Card {
     pub subtask_id: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The reason the deciding operator gave.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_approved: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

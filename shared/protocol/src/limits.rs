@@ -20,6 +20,35 @@ pub const MAX_URL: usize = 2048;
 pub const MAX_TEXT: usize = 4096;
 /// Longest `arguments_hash`, in bytes.
 pub const MAX_HASH: usize = 256;
+/// Longest decision `reason`, in characters.
+pub const MAX_REASON: usize = 1024;
+/// A decision `reason`: no control characters.
+pub const REASON_PATTERN: &str = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$";
+/// Largest `arguments_preview`, serialized after redaction and truncation, in bytes.
+pub const MAX_PREVIEW_BYTES: usize = 4096;
+/// Deepest `arguments_preview`: the object itself is level 1.
+pub const MAX_PREVIEW_DEPTH: usize = 4;
+/// Longest string in an `arguments_preview`, in characters; a longer one is cut there
+/// and ends with `PREVIEW_TRUNCATED`.
+pub const MAX_PREVIEW_STRING: usize = 256;
+/// What ends a string an `arguments_preview` cut.
+pub const PREVIEW_TRUNCATED: &str = "…[truncated]";
+/// What replaces a value under a secret-looking key in an `arguments_preview`.
+pub const PREVIEW_REDACTED: &str = "[redacted]";
+/// A key whose value an `arguments_preview` never shows contains (lower-cased) one of
+/// these.
+pub const PREVIEW_SECRET_KEYS: &[&str] = &[
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "api_key",
+    "apikey",
+    "authorization",
+    "cookie",
+    "private_key",
+    "credential",
+];
 /// Longest a card may wait (a deployment may cap it lower:
 /// `TOLLGATE_MAX_CARD_TIMEOUT_SECONDS`, 24 h unless set).
 pub const MAX_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;

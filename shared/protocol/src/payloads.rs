@@ -68,6 +68,10 @@ pub struct ApprovalRequired {
     pub intention: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// What the agent showed of the call's arguments, as stored (redacted and bounded;
+    /// display only: the `arguments_hash` binds the call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_preview: Option<serde_json::Map<String, Value>>,
     #[serde(
         default,
         rename = "tool_call_id",
@@ -111,6 +115,9 @@ pub struct ApprovalResolved {
     /// Why an expired card ended (`run_ended`, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The operator's reason for the decision, when they gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_reason: Option<String>,
     #[serde(
         default,
         rename = "tool_call_id",
@@ -143,6 +150,9 @@ pub struct ChildApprovalResolved {
     /// `run_ended` when the child's end closed the card.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The operator's reason for the decision, when they gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_reason: Option<String>,
     #[serde(
         default,
         rename = "tool_call_id",
@@ -205,6 +215,9 @@ pub struct ChildApprovalRequired {
     pub tool_name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// The child card's argument preview (see `ApprovalRequired`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_preview: Option<serde_json::Map<String, Value>>,
     #[serde(
         default,
         rename = "tool_call_id",

@@ -707,6 +707,8 @@ fn approval_card(run_id: &str, coordinator: Option<&str>, i: usize) -> ApprovalR
         project_id: None,
         end_reason: None,
         auto_approval: None,
+        arguments_preview: None,
+        decision_reason: None,
         held_by_pod: false,
     }
 }
@@ -715,6 +717,7 @@ fn approve_once() -> Resolution {
     Resolution::Approved {
         scope: Scope::Once,
         by: "operator@example.com".into(),
+        reason: None,
     }
 }
 

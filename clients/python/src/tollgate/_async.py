@@ -559,11 +559,14 @@ class AsyncRun:
         approval_id: str | None = None,
         on_event: EventHook | None = None,
         on_pending: Callable[[str], None] | None = None,
+        arguments_preview: dict[str, Any] | None = None,
     ) -> Decision:
         """Arms a card and waits for its decision.
 
         The card is bound to ``arguments`` (its ``arguments_hash``), shows ``url``,
-        ``message`` and ``intention``, and expires after ``timeout`` seconds (default
+        ``message``, ``intention`` and ``arguments_preview`` (a JSON object, display
+        only: the server replaces values under secret-looking keys with
+        ``"[redacted]"`` and bounds it), and expires after ``timeout`` seconds (default
         300, rounded up to whole seconds). A policy covering the call approves it at
         once. Otherwise the gate waits for the card's ``tool.approval_resolved`` on the
         run's live stream, resuming with ``Last-Event-ID`` after every window or drop
@@ -588,6 +591,7 @@ class AsyncRun:
             intention=intention,
             message=message,
             arguments_hash=hashed,
+            arguments_preview=arguments_preview,
             timeout_seconds=max(1, math.ceil(timeout)),
         ).to_json()
         answer = await self._call("POST", ["approval-requests"], body)

@@ -253,6 +253,8 @@ class ArmApproval(Model):
     intention: str | None = None
     message: str | None = None
     arguments_hash: str | None = None
+    #: Shown to the operator, display only; the server redacts and bounds it.
+    arguments_preview: dict[str, Any] | None = None
     timeout_seconds: int | None = None
 
 
@@ -281,6 +283,8 @@ class Decide(Model):
     request_id: str
     scope: str | None = None
     tool_name: str | None = None
+    #: Why the operator decided so (at most 1024 characters, no control characters).
+    reason: str | None = None
 
 
 @dataclass
@@ -298,6 +302,7 @@ class Decided(Model):
     decided_by: str | None = None
     scope: str | None = None
     reason: str | None = None
+    decision_reason: str | None = None
     pod_applied: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -320,12 +325,14 @@ class Card(Model):
     intention: str | None = None
     message: str | None = None
     arguments_hash: str | None = None
+    arguments_preview: dict[str, Any] | None = None
     scope: str | None = None
     decided_by: str | None = None
     decided_at: str | None = None
     auto_approved: bool | None = None
     policy_id: str | None = None
     reason: str | None = None
+    decision_reason: str | None = None
     held_by: str | None = None
     coordinator_run_id: str | None = None
     subtask_id: int | str | None = None
@@ -498,6 +505,7 @@ class ApprovalRequired(Model):
     url: str | None = None
     intention: str | None = None
     message: str | None = None
+    argumentsPreview: dict[str, Any] | None = None
     tool_call_id: str | None = None
     approval_id: str | None = None
 
@@ -537,6 +545,7 @@ class ApprovalResolved(Model):
     decidedBy: str | None = None
     scope: str | None = None
     reason: str | None = None
+    decisionReason: str | None = None
     tool_call_id: str | None = None
     approval_id: str | None = None
 
@@ -576,6 +585,7 @@ class ChildApprovalRequired(Model):
     requestId: str
     toolName: str
     url: str | None = None
+    argumentsPreview: dict[str, Any] | None = None
     tool_call_id: str | None = None
     approval_id: str | None = None
 
@@ -593,6 +603,7 @@ class ChildApprovalResolved(Model):
     decidedBy: str | None = None
     scope: str | None = None
     reason: str | None = None
+    decisionReason: str | None = None
     tool_call_id: str | None = None
     approval_id: str | None = None
 

@@ -168,6 +168,7 @@ class Run:
         approval_id: str | None = None,
         on_event: EventHook | None = None,
         on_pending: Callable[[str], None] | None = None,
+        arguments_preview: dict[str, Any] | None = None,
     ) -> Decision:
         """Arms a card and waits for its decision (see :meth:`AsyncRun.gate`)."""
         result: Decision = self._loop.call(
@@ -183,6 +184,7 @@ class Run:
             approval_id=approval_id,
             on_event=on_event,
             on_pending=on_pending,
+            arguments_preview=arguments_preview,
         )
         return result
 

@@ -46,21 +46,43 @@ class AsyncOperator:
         return CardPage.from_json(answer.expect(200), answer.status).approvals
 
     async def _decide(
-        self, verb: str, run_id: str, request_id: str, scope: str | None, tool_name: str | None
+        self,
+        verb: str,
+        run_id: str,
+        request_id: str,
+        scope: str | None,
+        tool_name: str | None,
+        reason: str | None = None,
     ) -> Decided:
-        body = Decide(request_id=request_id, scope=scope, tool_name=tool_name).to_json()
+        body = Decide(
+            request_id=request_id, scope=scope, tool_name=tool_name, reason=reason
+        ).to_json()
         answer = await self._http.send("POST", ["api", "runs", run_id, verb], self._token, body)
         return Decided.from_json(answer.expect(200), answer.status)
 
     async def approve(
-        self, run_id: str, request_id: str, *, scope: str = "once", tool_name: str | None = None
+        self,
+        run_id: str,
+        request_id: str,
+        *,
+        scope: str = "once",
+        tool_name: str | None = None,
+        reason: str | None = None,
     ) -> Decided:
-        """Approves a card; the answer reports its real state (a later click is safe)."""
-        return await self._decide("tool-approvals", run_id, request_id, scope, tool_name)
+        """Approves a card, saying why when ``reason`` is given; the answer reports its
+        real state (a later click is safe)."""
+        return await self._decide("tool-approvals", run_id, request_id, scope, tool_name, reason)
 
-    async def deny(self, run_id: str, request_id: str, *, tool_name: str | None = None) -> Decided:
-        """Denies a card."""
-        return await self._decide("tool-denials", run_id, request_id, None, tool_name)
+    async def deny(
+        self,
+        run_id: str,
+        request_id: str,
+        *,
+        tool_name: str | None = None,
+        reason: str | None = None,
+    ) -> Decided:
+        """Denies a card, saying why when ``reason`` is given."""
+        return await self._decide("tool-denials", run_id, request_id, None, tool_name, reason)
 
     async def reconcile(
         self, run_id: str, tool_call_id: str, approval_id: str, observed: str
@@ -99,15 +121,35 @@ class Operator:
         return result
 
     def approve(
-        self, run_id: str, request_id: str, *, scope: str = "once", tool_name: str | None = None
+        self,
+        run_id: str,
+        request_id: str,
+        *,
+        scope: str = "once",
+        tool_name: str | None = None,
+        reason: str | None = None,
     ) -> Decided:
         result: Decided = self._loop.call(
-            self.inner.approve, run_id, request_id, scope=scope, tool_name=tool_name
+            self.inner.approve,
+            run_id,
+            request_id,
+            scope=scope,
+            tool_name=tool_name,
+            reason=reason,
         )
         return result
 
-    def deny(self, run_id: str, request_id: str, *, tool_name: str | None = None) -> Decided:
-        result: Decided = self._loop.call(self.inner.deny, run_id, request_id, tool_name=tool_name)
+    def deny(
+        self,
+        run_id: str,
+        request_id: str,
+        *,
+        tool_name: str | None = None,
+        reason: str | None = None,
+    ) -> Decided:
+        result: Decided = self._loop.call(
+            self.inner.deny, run_id, request_id, tool_name=tool_name, reason=reason
+        )
         return result
 
     def reconcile(

@@ -328,6 +328,7 @@
           url: ev.url,
           intention: ev.intention,
           message: ev.message,
+          argumentsPreview: ev.argumentsPreview,
           expiresAt: null,
         };
         if (found) found.set(keyOf(run.id, ev.requestId), data);
@@ -338,7 +339,7 @@
         const key = keyOf(run.id, ev.requestId);
         if (found) found.delete(key);
         const outcome = ev.approved ? 'approved' : ev.expired ? 'expired' : 'denied';
-        resolveCard(key, { state: outcome, by: ev.decidedBy, scope: ev.scope });
+        resolveCard(key, { state: outcome, by: ev.decidedBy, scope: ev.scope, reason: ev.decisionReason });
         break;
       }
       case 'run_completed':
@@ -534,6 +535,7 @@
       const titleId = 'card-' + n + '-title';
       const scopeId = 'card-' + n + '-scope';
       const hintId = 'card-' + n + '-scope-hint';
+      const reasonId = 'card-' + n + '-reason';
       this.title = el('h3', { id: titleId, tabindex: '-1' },
         el('span', { class: 'tool', text: data.toolName || 'tool' }),
         el('span', { class: 'display-id', text: data.displayId || String(data.requestId).slice(0, 8) }),
@@ -548,17 +550,26 @@
         ['Request', el('dd', {}, el('code', { class: 'request-id', text: data.requestId }))],
       );
       if (data.intention) rows.push(['Intention', el('dd', { class: 'intention', text: data.intention })]);
+      // What the agent chose to show of the arguments, as the server stored it (secrets
+      // redacted there). Display only: the approval binds the arguments' hash.
+      const preview = data.argumentsPreview;
+      if (preview && typeof preview === 'object' && !Array.isArray(preview) && Object.keys(preview).length) {
+        rows.push(['Arguments', el('dd', {}, el('pre', { class: 'arguments', text: JSON.stringify(preview, null, 2) }))]);
+      }
       rows.push(['Expires', el('dd', {}, this.time)]);
       const dl = el('dl', {});
       for (const [k, v] of rows) dl.append(el('dt', { text: k }), v);
       this.scope = el('select', { id: scopeId, class: 'scope', 'aria-describedby': hintId });
       this.scopeHint = el('p', { id: hintId, class: 'scope-hint' });
+      this.reason = el('input', { id: reasonId, class: 'reason', type: 'text', maxlength: '1024', autocomplete: 'off', placeholder: 'optional' });
       this.approveBtn = el('button', { type: 'button', class: 'approve', text: 'Approve' });
       this.denyBtn = el('button', { type: 'button', class: 'deny', text: 'Deny' });
       this.approveBtn.addEventListener('click', () => this.decide('approve'));
       this.denyBtn.addEventListener('click', () => this.decide('deny'));
       this.actions = el('div', { class: 'actions' },
-        el('label', { for: scopeId, text: 'Scope' }), this.scope, this.approveBtn, this.denyBtn, this.scopeHint);
+        el('label', { for: scopeId, text: 'Scope' }), this.scope,
+        el('label', { for: reasonId, text: 'Reason' }), this.reason,
+        this.approveBtn, this.denyBtn, this.scopeHint);
       this.outcome = el('p', { class: 'outcome', role: 'status' });
       this.node = el('li', {
         class: 'card',
@@ -620,6 +631,7 @@
       this.approveBtn.disabled = busy;
       this.denyBtn.disabled = busy;
       this.scope.disabled = busy;
+      this.reason.disabled = busy;
     }
 
     async decide(verb, scopeOverride) {
@@ -631,6 +643,10 @@
       // The tool goes with the decision: the server refuses it if the card is for another.
       const body = verb === 'approve' ? { request_id: this.requestId, scope } : { request_id: this.requestId };
       if (this.toolName) body.tool_name = this.toolName;
+      // Control characters are refused by the server; a pasted line break is a space.
+      // eslint-disable-next-line no-control-regex
+      const reason = this.reason.value.replace(/[\u0000-\u001f\u007f-\u009f]/g, ' ').trim();
+      if (reason) body.reason = reason;
       let r;
       try {
         r = await api(path, { method: 'POST', body });
@@ -644,7 +660,7 @@
       if (r.status === 200 && b.resolved) {
         // The decision won, or the card had already ended: no longer offered.
         const mine = verb === 'approve' && b.state === 'approved' && b.decided_by === state.me;
-        resolveCard(this.key, { state: b.state, by: b.decided_by, scope: mine ? scope : undefined });
+        resolveCard(this.key, { state: b.state, by: b.decided_by, scope: mine ? scope : undefined, reason: b.decision_reason });
       } else if (r.status === 404 && b.state === 'unknown') {
         hideCard(this.key, 'Request ' + this.requestId.slice(0, 8) + ' no longer exists.');
       } else if (r.status === 503 && b.state === 'agenthost_unreachable') {
@@ -680,6 +696,7 @@
       else if (this.state === 'denied') text = 'Denied' + by;
       else if (this.state === 'expired') text = 'Expired — nobody decided in time';
       else text = 'Resolved' + by;
+      if (info.reason && this.state !== 'expired') text += ': “' + info.reason + '”';
       setText(this.outcome, text);
       setText(this.time, '—');
       announce(this.toolName + ' ' + this.requestId.slice(0, 8) + ': ' + text + '.');
@@ -787,6 +804,7 @@
           url: c.url,
           intention: c.intention,
           message: c.message,
+          argumentsPreview: c.arguments_preview,
           expiresAt,
         });
       }

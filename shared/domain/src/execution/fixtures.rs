@@ -55,6 +55,8 @@ pub(super) fn pending_card() -> ApprovalRequest {
         project_id: None,
         end_reason: None,
         auto_approval: None,
+        arguments_preview: None,
+        decision_reason: None,
         held_by_pod: false,
     }
 }
@@ -64,6 +66,7 @@ pub(super) fn card() -> ApprovalRequest {
         &Resolution::Approved {
             scope: Scope::Once,
             by: "alice".into(),
+            reason: None,
         },
         10,
     )

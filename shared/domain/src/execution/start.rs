@@ -600,7 +600,13 @@ mod tests {
     fn expired_and_denied_cards_are_recorded_not_executed_without_a_start_event() {
         for (resolution, reason) in [
             (Resolution::Expired, "approval_expired"),
-            (Resolution::Denied { by: "bob".into() }, "approval_denied"),
+            (
+                Resolution::Denied {
+                    by: "bob".into(),
+                    reason: None,
+                },
+                "approval_denied",
+            ),
         ] {
             let c = pending_card().resolved(&resolution, 10);
             let d = start(

@@ -140,6 +140,7 @@ pub async fn one_resolution_wins(stores: Vec<Store>) {
                 } else {
                     Resolution::Denied {
                         by: format!("op{i}"),
+                        reason: None,
                     }
                 };
                 store

@@ -116,6 +116,8 @@ fn card_for(run_id: &str, request_id: &str, coordinator: Option<&str>) -> Approv
         project_id: None,
         end_reason: None,
         auto_approval: None,
+        arguments_preview: None,
+        decision_reason: None,
         held_by_pod: false,
     }
 }
@@ -147,6 +149,7 @@ fn approve(by: &str) -> Resolution {
     Resolution::Approved {
         scope: Scope::Once,
         by: by.into(),
+        reason: None,
     }
 }
 

@@ -147,7 +147,10 @@ pub async fn policies_come_only_from_winning_approvals(store: Store) {
         .resolve(
             &run_id,
             "p-2",
-            Resolution::Denied { by: "bob".into() },
+            Resolution::Denied {
+                by: "bob".into(),
+                reason: None,
+            },
             at,
             None,
         )

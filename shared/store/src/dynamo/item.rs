@@ -348,6 +348,7 @@ pub(crate) fn card_to_item(c: &tollgate_domain::ApprovalRequest) -> Item {
         ("message", &c.message),
         ("arguments_hash", &c.arguments_hash),
         ("decided_by", &c.decided_by),
+        ("decision_reason", &c.decision_reason),
         ("coordinator_run_id", &c.coordinator_run_id),
         ("project_id", &c.project_id),
         ("end_reason", &c.end_reason),
@@ -365,6 +366,12 @@ pub(crate) fn card_to_item(c: &tollgate_domain::ApprovalRequest) -> Item {
     }
     if let Some(v) = &c.subtask_id {
         item.insert("subtask_id".into(), s(v.to_string()));
+    }
+    if let Some(preview) = &c.arguments_preview {
+        item.insert(
+            "arguments_preview".into(),
+            s(serde_json::Value::Object(preview.clone()).to_string()),
+        );
     }
     if c.state == ApprovalState::Pending {
         item.insert("pending_key".into(), s(pending_key(c)));
@@ -398,6 +405,12 @@ pub(crate) fn card_from_item(item: &Item) -> Result<tollgate_domain::ApprovalReq
         state: ApprovalState::parse(&get_s(item, "state")?).ok_or_else(|| corrupt("state"))?,
         scope: opt_s(item, "scope").map(|v| Scope::parse(Some(&v))),
         decided_by: opt_s(item, "decided_by"),
+        decision_reason: opt_s(item, "decision_reason"),
+        arguments_preview: match opt_json(item, "arguments_preview")? {
+            Some(serde_json::Value::Object(map)) => Some(map),
+            Some(_) => return Err(corrupt("arguments_preview")),
+            None => None,
+        },
         decided_at: item
             .get("decided_at")
             .map(|_| get_n(item, "decided_at"))

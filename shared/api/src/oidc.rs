@@ -1,0 +1,617 @@
+//! Operators signed in through a company identity provider (OpenID Connect): JWTs from
+//! one configured issuer, verified against the issuer's published keys (JWKS) with
+//! `ring` — RS256 (RSA keys) and ES256 (P-256 keys) only (docs/architecture.md §5).
+//!
+//! - **Which tokens.** With OIDC configured, a JWT whose header `alg` is not `HS256`, or
+//!   whose payload carries an `iss`, is the issuer's and is verified here only: it never
+//!   falls back to the HS256 secret (and an `HS256` token naming an issuer is refused
+//!   here, so a token "signed" with a public key as an HMAC secret is never accepted).
+//! - **Algorithm.** The key is picked by the header's `kid`; the header's `alg` must be
+//!   the one the key's type allows (`RSA` → `RS256`, `EC`/`P-256` → `ES256`, and the key's
+//!   own `alg` when it names one). `none`, HMAC and every other algorithm are refused
+//!   before any key is used: algorithm confusion is impossible by construction.
+//! - **Claims.** `iss` exactly the issuer; `aud` the audience or an array holding it;
+//!   `exp` required; `nbf` and `iat` honoured; [`crate::jwt::LEEWAY_SECS`] of clock skew
+//!   and the same maximum lifetime as Tollgate's own tokens. The subject comes from the
+//!   subject claim (`sub` unless configured), the operator role from the role claim (a
+//!   string or an array of strings that must hold the configured operator role), the
+//!   project from the project claim when one is configured (then required).
+//! - **Keys.** Fetched over HTTPS (plain HTTP only from a loopback host), from the
+//!   configured JWKS URL or the one the issuer's discovery document names; kept for a
+//!   TTL; an unknown `kid` fetches again at most once per refetch interval. Verification
+//!   itself never waits on the network: [`Oidc::ready`] (run by every router before any
+//!   handler) brings the keys a token needs, and [`Oidc::verify`] reads them. Without
+//!   keys fetched within the TTL nothing verifies: 503 (the provider cannot be asked, so
+//!   the token is neither known good nor known bad; the caller may retry) — fail closed.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+use std::time::{Duration, Instant};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use serde_json::{Map, Value};
+
+use crate::auth::{Claims, Role};
+use crate::{ApiError, ConfigError};
+
+/// Largest JWKS or discovery document read, in bytes.
+const MAX_DOCUMENT_BYTES: usize = 256 * 1024;
+/// How long one fetch of the keys or the discovery document may take.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How OIDC operators are recognised (`TOLLGATE_OIDC_*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OidcConfig {
+    /// `TOLLGATE_OIDC_ISSUER`: the exact `iss`.
+    pub issuer: String,
+    /// `TOLLGATE_OIDC_AUDIENCE`: what `aud` must be or hold.
+    pub audience: String,
+    /// `TOLLGATE_OIDC_JWKS_URL`; unset: the `jwks_uri` of
+    /// `{issuer}/.well-known/openid-configuration`.
+    pub jwks_url: Option<String>,
+    /// `TOLLGATE_OIDC_ROLE_CLAIM` (default `cognito:groups`): a string or an array of
+    /// strings.
+    pub role_claim: String,
+    /// `TOLLGATE_OIDC_OPERATOR_ROLE` (default `tollgate-operators`): the role claim must
+    /// be or hold it.
+    pub operator_role: String,
+    /// `TOLLGATE_OIDC_SUBJECT_CLAIM` (default `sub`): the operator's name (`decided_by`).
+    pub subject_claim: String,
+    /// `TOLLGATE_OIDC_PROJECT_CLAIM`: when set, the operator's project (required), with
+    /// the meaning of an operator token's `project_id`.
+    pub project_claim: Option<String>,
+    /// `TOLLGATE_OIDC_JWKS_TTL_SECONDS` (default 600): how long fetched keys are used.
+    pub jwks_ttl: Duration,
+    /// `TOLLGATE_OIDC_JWKS_REFETCH_SECONDS` (default 60): the keys are fetched again for
+    /// an unknown `kid` at most this often.
+    pub refetch_interval: Duration,
+}
+
+impl OidcConfig {
+    pub const DEFAULT_ROLE_CLAIM: &'static str = "cognito:groups";
+    pub const DEFAULT_OPERATOR_ROLE: &'static str = "tollgate-operators";
+
+    /// A configuration with the defaults for `issuer` and `audience`.
+    pub fn new(issuer: &str, audience: &str) -> Self {
+        Self {
+            issuer: issuer.to_owned(),
+            audience: audience.to_owned(),
+            jwks_url: None,
+            role_claim: Self::DEFAULT_ROLE_CLAIM.into(),
+            operator_role: Self::DEFAULT_OPERATOR_ROLE.into(),
+            subject_claim: "sub".into(),
+            project_claim: None,
+            jwks_ttl: Duration::from_secs(600),
+            refetch_interval: Duration::from_secs(60),
+        }
+    }
+
+    /// The configuration from the environment; `None` without `TOLLGATE_OIDC_ISSUER`.
+    pub fn from_env() -> Result<Option<Self>, ConfigError> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let Some(issuer) = var("TOLLGATE_OIDC_ISSUER") else {
+            return Ok(None);
+        };
+        let audience = var("TOLLGATE_OIDC_AUDIENCE").ok_or_else(|| {
+            ConfigError::Invalid(
+                "TOLLGATE_OIDC_AUDIENCE must be set with TOLLGATE_OIDC_ISSUER".into(),
+            )
+        })?;
+        let mut config = Self::new(issuer.trim(), audience.trim());
+        config.jwks_url = var("TOLLGATE_OIDC_JWKS_URL");
+        if let Some(v) = var("TOLLGATE_OIDC_ROLE_CLAIM") {
+            config.role_claim = v;
+        }
+        if let Some(v) = var("TOLLGATE_OIDC_OPERATOR_ROLE") {
+            config.operator_role = v;
+        }
+        if let Some(v) = var("TOLLGATE_OIDC_SUBJECT_CLAIM") {
+            config.subject_claim = v;
+        }
+        config.project_claim = var("TOLLGATE_OIDC_PROJECT_CLAIM");
+        let seconds = |name: &str, default: Duration| -> Result<Duration, ConfigError> {
+            match var(name) {
+                None => Ok(default),
+                Some(v) => v.parse().map(Duration::from_secs).map_err(|_| {
+                    ConfigError::Invalid(format!("{name} must be a whole number of seconds"))
+                }),
+            }
+        };
+        config.jwks_ttl = seconds("TOLLGATE_OIDC_JWKS_TTL_SECONDS", config.jwks_ttl)?;
+        config.refetch_interval = seconds(
+            "TOLLGATE_OIDC_JWKS_REFETCH_SECONDS",
+            config.refetch_interval,
+        )?;
+        for url in std::iter::once(&config.issuer).chain(config.jwks_url.as_ref()) {
+            fetchable(url).map_err(|why| ConfigError::Invalid(format!("{url}: {why}")))?;
+        }
+        Ok(Some(config))
+    }
+}
+
+/// Whether `url` may be fetched: `https://`, or `http://` to a loopback host.
+fn fetchable(url: &str) -> Result<reqwest::Url, &'static str> {
+    let parsed = reqwest::Url::parse(url).map_err(|_| "not a URL")?;
+    match parsed.scheme() {
+        "https" => Ok(parsed),
+        "http" => {
+            let host = parsed.host_str().unwrap_or_default();
+            let loopback = host.eq_ignore_ascii_case("localhost")
+                || host
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback());
+            if loopback {
+                Ok(parsed)
+            } else {
+                Err("must be https (plain http only to a loopback host)")
+            }
+        }
+        _ => Err("must be https (plain http only to a loopback host)"),
+    }
+}
+
+/// The algorithms accepted, each tied to one key type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Alg {
+    Rs256,
+    Es256,
+}
+
+impl Alg {
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "RS256" => Some(Alg::Rs256),
+            "ES256" => Some(Alg::Es256),
+            _ => None,
+        }
+    }
+}
+
+/// A verification key of the issuer.
+#[derive(Clone)]
+enum PublicKey {
+    Rsa {
+        n: Vec<u8>,
+        e: Vec<u8>,
+    },
+    /// The uncompressed P-256 point `04 ‖ x ‖ y`.
+    P256(Vec<u8>),
+}
+
+impl PublicKey {
+    fn alg(&self) -> Alg {
+        match self {
+            PublicKey::Rsa { .. } => Alg::Rs256,
+            PublicKey::P256(_) => Alg::Es256,
+        }
+    }
+
+    fn verify(&self, message: &[u8], signature: &[u8]) -> bool {
+        use ring::signature;
+        match self {
+            PublicKey::Rsa { n, e } => signature::RsaPublicKeyComponents { n, e }
+                .verify(&signature::RSA_PKCS1_2048_8192_SHA256, message, signature)
+                .is_ok(),
+            PublicKey::P256(point) => {
+                signature::UnparsedPublicKey::new(&signature::ECDSA_P256_SHA256_FIXED, point)
+                    .verify(message, signature)
+                    .is_ok()
+            }
+        }
+    }
+
+    /// A JWK this verifier can use: `RSA` (`n`, `e`) or `EC` on `P-256` (`x`, `y`), not
+    /// meant for encryption only, its `alg` (when named) the one its type allows.
+    /// Anything else is skipped.
+    fn from_jwk(jwk: &Map<String, Value>) -> Option<(String, Self)> {
+        let text = |k: &str| jwk.get(k).and_then(Value::as_str);
+        let bytes = |k: &str| text(k).and_then(|v| URL_SAFE_NO_PAD.decode(v).ok());
+        let kid = text("kid")?.to_owned();
+        if text("use").is_some_and(|u| u != "sig") {
+            return None;
+        }
+        let key = match text("kty")? {
+            "RSA" => PublicKey::Rsa {
+                n: bytes("n")?,
+                e: bytes("e")?,
+            },
+            "EC" if text("crv") == Some("P-256") => {
+                let (x, y) = (bytes("x")?, bytes("y")?);
+                if x.len() != 32 || y.len() != 32 {
+                    return None;
+                }
+                let mut point = vec![4];
+                point.extend_from_slice(&x);
+                point.extend_from_slice(&y);
+                PublicKey::P256(point)
+            }
+            _ => return None,
+        };
+        match text("alg") {
+            Some(alg) if Alg::parse(alg) != Some(key.alg()) => None,
+            _ => Some((kid, key)),
+        }
+    }
+}
+
+/// The keys as last fetched.
+#[derive(Default)]
+struct Keys {
+    by_kid: HashMap<String, PublicKey>,
+    /// When the keys were last fetched successfully.
+    fetched_at: Option<Instant>,
+    /// When a fetch was last tried (successful or not).
+    tried_at: Option<Instant>,
+    /// The JWKS URL discovery named (kept once found).
+    discovered_url: Option<String>,
+}
+
+/// Why an OIDC token was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OidcError {
+    /// Not a valid token of the issuer (401); the text names the check (for logs).
+    Invalid(&'static str),
+    Expired,
+    NotYetValid,
+    IssuedInFuture,
+    TooLong,
+    /// A valid token of the issuer that does not make its holder an operator (403).
+    NotOperator(&'static str),
+    /// The issuer's keys could not be had within their TTL (503).
+    KeysUnavailable,
+}
+
+impl From<OidcError> for ApiError {
+    fn from(e: OidcError) -> Self {
+        match e {
+            OidcError::Invalid(_) => ApiError::unauthorized("invalid token"),
+            OidcError::Expired => ApiError::unauthorized("token has expired"),
+            OidcError::NotYetValid => ApiError::unauthorized("token is not valid yet (nbf)"),
+            OidcError::IssuedInFuture => {
+                ApiError::unauthorized("token is issued in the future (iat)")
+            }
+            OidcError::TooLong => {
+                ApiError::unauthorized("token lifetime is over the maximum this server accepts")
+            }
+            OidcError::NotOperator(why) => ApiError::forbidden(why),
+            OidcError::KeysUnavailable => ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "the identity provider's keys cannot be fetched now; retry",
+            ),
+        }
+    }
+}
+
+/// The verifier of one issuer's tokens, with its key cache.
+pub struct Oidc {
+    config: OidcConfig,
+    http: reqwest::Client,
+    keys: RwLock<Keys>,
+    /// One fetch at a time; the others wait for it and read its keys.
+    fetching: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Oidc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Oidc")
+            .field("issuer", &self.config.issuer)
+            .finish()
+    }
+}
+
+/// A token split and its header and payload decoded, nothing verified.
+struct Parts<'a> {
+    header: Map<String, Value>,
+    payload: Map<String, Value>,
+    signing_input: &'a str,
+    signature: &'a str,
+}
+
+fn split(token: &str) -> Option<Parts<'_>> {
+    let mut it = token.split('.');
+    let (h, p, s) = (it.next()?, it.next()?, it.next()?);
+    if it.next().is_some() {
+        return None;
+    }
+    let object = |b64: &str| -> Option<Map<String, Value>> {
+        let raw = URL_SAFE_NO_PAD.decode(b64).ok()?;
+        match serde_json::from_slice(&raw).ok()? {
+            Value::Object(m) => Some(m),
+            _ => None,
+        }
+    };
+    Some(Parts {
+        header: object(h)?,
+        payload: object(p)?,
+        signing_input: &token[..h.len() + 1 + p.len()],
+        signature: s,
+    })
+}
+
+impl Oidc {
+    pub fn new(config: OidcConfig) -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(FETCH_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap_or_default();
+        Self {
+            config,
+            http,
+            keys: RwLock::new(Keys::default()),
+            fetching: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn config(&self) -> &OidcConfig {
+        &self.config
+    }
+
+    /// Whether `token` is one for this verifier (never for the HS256 secret): a JWT whose
+    /// header `alg` is not `HS256`, or whose payload names an issuer.
+    pub fn claims_token(&self, token: &str) -> bool {
+        match split(token) {
+            Some(parts) => {
+                parts.header.get("alg").and_then(Value::as_str) != Some("HS256")
+                    || parts.payload.contains_key("iss")
+            }
+            // Not a JWT at all: the HS256 path refuses it.
+            None => false,
+        }
+    }
+
+    /// Makes sure the keys `token` needs are here, when it is this issuer's: fetches them
+    /// when they are older than the TTL, or when its `kid` is unknown and the last fetch
+    /// is at least the refetch interval old. A failed fetch leaves the keys as they were
+    /// ([`Oidc::verify`] then decides). Never fails.
+    pub async fn ready(&self, token: &str) {
+        let Some(parts) = split(token) else { return };
+        if parts.payload.get("iss").and_then(Value::as_str) != Some(self.config.issuer.as_str()) {
+            return;
+        }
+        let Some(kid) = parts.header.get("kid").and_then(Value::as_str) else {
+            return;
+        };
+        if !self.wants_fetch(kid) {
+            return;
+        }
+        let _one = self.fetching.lock().await;
+        // Another request may have fetched meanwhile.
+        if !self.wants_fetch(kid) {
+            return;
+        }
+        let fetched = self.fetch().await;
+        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        keys.tried_at = Some(Instant::now());
+        match fetched {
+            Ok((url, by_kid)) => {
+                keys.by_kid = by_kid;
+                keys.fetched_at = Some(Instant::now());
+                if self.config.jwks_url.is_none() {
+                    keys.discovered_url = Some(url);
+                }
+            }
+            Err(why) => {
+                tracing::warn!(why = %why, "the identity provider's keys could not be fetched")
+            }
+        }
+    }
+
+    fn wants_fetch(&self, kid: &str) -> bool {
+        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        let fresh = keys
+            .fetched_at
+            .is_some_and(|at| at.elapsed() < self.config.jwks_ttl);
+        let may_retry = keys
+            .tried_at
+            .is_none_or(|at| at.elapsed() >= self.config.refetch_interval);
+        if !fresh {
+            // Stale or never fetched: fetch — though, while the provider fails, not
+            // more often than the refetch interval.
+            return may_retry || keys.tried_at == keys.fetched_at;
+        }
+        !keys.by_kid.contains_key(kid) && may_retry
+    }
+
+    async fn fetch(&self) -> Result<(String, HashMap<String, PublicKey>), String> {
+        let known = self
+            .keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .discovered_url
+            .clone();
+        let url = match self.config.jwks_url.clone().or(known) {
+            Some(url) => url,
+            None => {
+                let discovery = format!(
+                    "{}/.well-known/openid-configuration",
+                    self.config.issuer.trim_end_matches('/')
+                );
+                let doc = self.get_json(&discovery).await?;
+                doc.get("jwks_uri")
+                    .and_then(Value::as_str)
+                    .ok_or("the discovery document names no jwks_uri")?
+                    .to_owned()
+            }
+        };
+        let jwks = self.get_json(&url).await?;
+        let by_kid = jwks
+            .get("keys")
+            .and_then(Value::as_array)
+            .ok_or("the JWKS has no keys array")?
+            .iter()
+            .filter_map(Value::as_object)
+            .filter_map(PublicKey::from_jwk)
+            .collect();
+        Ok((url, by_kid))
+    }
+
+    async fn get_json(&self, url: &str) -> Result<Map<String, Value>, String> {
+        let url = fetchable(url).map_err(|why| format!("{url}: {why}"))?;
+        let mut answer = self
+            .http
+            .get(url.clone())
+            .send()
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        if !answer.status().is_success() {
+            return Err(format!("{url}: HTTP {}", answer.status()));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = answer.chunk().await.map_err(|e| format!("{url}: {e}"))? {
+            body.extend_from_slice(&chunk);
+            if body.len() > MAX_DOCUMENT_BYTES {
+                return Err(format!("{url}: larger than {MAX_DOCUMENT_BYTES} bytes"));
+            }
+        }
+        match serde_json::from_slice(&body) {
+            Ok(Value::Object(m)) => Ok(m),
+            _ => Err(format!("{url}: not a JSON object")),
+        }
+    }
+
+    /// Verifies `token` (one [`Oidc::claims_token`] claims) against the keys at hand, at
+    /// `now` (seconds), with `max_lifetime` as for Tollgate's own tokens.
+    pub fn verify(&self, token: &str, now: u64, max_lifetime: u64) -> Result<Claims, OidcError> {
+        let parts = split(token).ok_or(OidcError::Invalid("shape"))?;
+        // The algorithm decides nothing by itself: it must be one we accept, and the
+        // key's own (below).
+        let alg = parts
+            .header
+            .get("alg")
+            .and_then(Value::as_str)
+            .and_then(Alg::parse)
+            .ok_or(OidcError::Invalid("alg"))?;
+        let kid = parts
+            .header
+            .get("kid")
+            .and_then(Value::as_str)
+            .ok_or(OidcError::Invalid("kid"))?;
+        // Another issuer's token is refused whatever the keys (checked again once signed).
+        if parts.payload.get("iss").and_then(Value::as_str) != Some(self.config.issuer.as_str()) {
+            return Err(OidcError::Invalid("iss"));
+        }
+        let key = {
+            let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+            let fresh = keys
+                .fetched_at
+                .is_some_and(|at| at.elapsed() < self.config.jwks_ttl);
+            if !fresh {
+                return Err(OidcError::KeysUnavailable);
+            }
+            keys.by_kid
+                .get(kid)
+                .cloned()
+                .ok_or(OidcError::Invalid("unknown kid"))?
+        };
+        if key.alg() != alg {
+            return Err(OidcError::Invalid("alg does not match the key"));
+        }
+        let signature = URL_SAFE_NO_PAD
+            .decode(parts.signature)
+            .map_err(|_| OidcError::Invalid("signature encoding"))?;
+        if !key.verify(parts.signing_input.as_bytes(), &signature) {
+            return Err(OidcError::Invalid("signature"));
+        }
+        let claims = parts.payload;
+        let text = |k: &str| claims.get(k).and_then(Value::as_str);
+        if text("iss") != Some(self.config.issuer.as_str()) {
+            return Err(OidcError::Invalid("iss"));
+        }
+        let audience_ok = match claims.get("aud") {
+            Some(Value::String(aud)) => *aud == self.config.audience,
+            Some(Value::Array(auds)) => auds
+                .iter()
+                .any(|a| a.as_str() == Some(self.config.audience.as_str())),
+            _ => false,
+        };
+        if !audience_ok {
+            return Err(OidcError::Invalid("aud"));
+        }
+        use crate::jwt::JwtError;
+        let exp =
+            crate::jwt::check_times(&claims, now, Some(max_lifetime)).map_err(|e| match e {
+                JwtError::Expired => OidcError::Expired,
+                JwtError::NotYetValid => OidcError::NotYetValid,
+                JwtError::IssuedInFuture => OidcError::IssuedInFuture,
+                JwtError::TooLong => OidcError::TooLong,
+                JwtError::Invalid(why) => OidcError::Invalid(why),
+            })?;
+        let sub = text(&self.config.subject_claim)
+            .filter(|s| !s.is_empty())
+            .ok_or(OidcError::Invalid("subject claim"))?;
+        let operator = match claims.get(&self.config.role_claim) {
+            Some(Value::String(role)) => *role == self.config.operator_role,
+            Some(Value::Array(roles)) => roles
+                .iter()
+                .any(|r| r.as_str() == Some(self.config.operator_role.as_str())),
+            _ => false,
+        };
+        if !operator {
+            return Err(OidcError::NotOperator(
+                "the token's role claim does not hold the operator role",
+            ));
+        }
+        let project_id = match &self.config.project_claim {
+            None => None,
+            Some(name) => Some(
+                text(name)
+                    .ok_or(OidcError::NotOperator(
+                        "the token has no project claim; operators here belong to a project",
+                    ))?
+                    .to_owned(),
+            ),
+        };
+        Ok(Claims {
+            sub: sub.to_owned(),
+            role: Role::Operator,
+            exp,
+            project_id,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_https_or_loopback_http_is_fetched() {
+        for ok in [
+            "https://idp.example.com/.well-known/jwks.json",
+            "http://127.0.0.1:8080/jwks",
+            "http://localhost/jwks",
+            "http://[::1]:9/jwks",
+        ] {
+            assert!(fetchable(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "http://idp.example.com/jwks",
+            "http://10.0.0.1/jwks",
+            "ftp://127.0.0.1/jwks",
+            "file:///etc/passwd",
+            "not a url",
+        ] {
+            assert!(fetchable(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_jwk_is_used_only_for_the_algorithm_its_type_allows() {
+        let ec = serde_json::json!({"kty": "EC", "crv": "P-256", "kid": "a",
+            "x": URL_SAFE_NO_PAD.encode([1u8; 32]), "y": URL_SAFE_NO_PAD.encode([2u8; 32])});
+        let (_, key) = PublicKey::from_jwk(ec.as_object().unwrap()).unwrap();
+        assert_eq!(key.alg(), Alg::Es256);
+        let mut lying = ec.as_object().unwrap().clone();
+        lying.insert("alg".into(), "RS256".into());
+        assert!(PublicKey::from_jwk(&lying).is_none());
+        let oct = serde_json::json!({"kty": "oct", "kid": "h", "k": "c2VjcmV0"});
+        assert!(PublicKey::from_jwk(oct.as_object().unwrap()).is_none());
+        let p384 = serde_json::json!({"kty": "EC", "crv": "P-384", "kid": "b",
+            "x": URL_SAFE_NO_PAD.encode([1u8; 48]), "y": URL_SAFE_NO_PAD.encode([2u8; 48])});
+        assert!(PublicKey::from_jwk(p384.as_object().unwrap()).is_none());
+    }
+}

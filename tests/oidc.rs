@@ -1,0 +1,631 @@
+//! Operators signed in through an OpenID Connect identity provider, as a client sees it:
+//! a test IdP on loopback publishes its discovery document and JWKS (an ECDSA P-256 key
+//! generated here, a fixed RSA test key from `fixtures/oidc/`), the tokens are signed
+//! here, and every check is made over HTTP against `tollgate serve`'s app (and the
+//! operators-only stream function) on the embedded store and on DynamoDB (`dynamo::`).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use reqwest::StatusCode;
+use ring::rand::SystemRandom;
+use ring::signature::{self, EcdsaKeyPair, KeyPair, RsaKeyPair};
+use serde_json::{json, Value};
+use tollgate_api::oidc::{Oidc, OidcConfig};
+use tollgate_api::{Auth, Deps, GateConfig, Role};
+use tollgate_tests::{store_for, Backend, TestServer, TEST_SECRET};
+
+const RSA_KEY: &[u8] = include_bytes!("../fixtures/oidc/test-rsa-2048.der");
+const AUDIENCE: &str = "tollgate-console";
+const OPERATORS: &str = "tollgate-operators";
+
+fn b64(raw: &[u8]) -> String {
+    URL_SAFE_NO_PAD.encode(raw)
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A signing key of the test IdP.
+enum Key {
+    Ec(EcdsaKeyPair),
+    Rsa(RsaKeyPair),
+}
+
+struct SigningKey {
+    kid: String,
+    key: Key,
+}
+
+impl SigningKey {
+    fn ec(kid: &str) -> Self {
+        let rng = SystemRandom::new();
+        let alg = &signature::ECDSA_P256_SHA256_FIXED_SIGNING;
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(alg, &rng).unwrap();
+        Self {
+            kid: kid.into(),
+            key: Key::Ec(EcdsaKeyPair::from_pkcs8(alg, pkcs8.as_ref(), &rng).unwrap()),
+        }
+    }
+
+    fn rsa(kid: &str) -> Self {
+        Self {
+            kid: kid.into(),
+            key: Key::Rsa(RsaKeyPair::from_der(RSA_KEY).unwrap()),
+        }
+    }
+
+    fn jwk(&self) -> Value {
+        match &self.key {
+            Key::Ec(k) => {
+                let point = k.public_key().as_ref();
+                json!({"kty": "EC", "crv": "P-256", "kid": self.kid, "use": "sig", "alg": "ES256",
+                       "x": b64(&point[1..33]), "y": b64(&point[33..])})
+            }
+            Key::Rsa(k) => {
+                let c = ring::rsa::PublicKeyComponents::<Vec<u8>>::from(k.public());
+                json!({"kty": "RSA", "kid": self.kid, "use": "sig", "alg": "RS256",
+                       "n": b64(&c.n), "e": b64(&c.e)})
+            }
+        }
+    }
+
+    /// The public key's bytes, as an attacker would use them as an HMAC secret.
+    fn public_bytes(&self) -> Vec<u8> {
+        match &self.key {
+            Key::Ec(k) => k.public_key().as_ref().to_vec(),
+            Key::Rsa(k) => k.public().as_ref().to_vec(),
+        }
+    }
+
+    fn alg(&self) -> &'static str {
+        match self.key {
+            Key::Ec(_) => "ES256",
+            Key::Rsa(_) => "RS256",
+        }
+    }
+
+    /// `claims` signed with this key under its own `alg` and `kid`.
+    fn token(&self, claims: &Value) -> String {
+        self.token_with(
+            json!({"alg": self.alg(), "kid": self.kid, "typ": "JWT"}),
+            claims,
+        )
+    }
+
+    /// `claims` under any `header`, signed with this key's own algorithm.
+    fn token_with(&self, header: Value, claims: &Value) -> String {
+        let input = format!(
+            "{}.{}",
+            b64(header.to_string().as_bytes()),
+            b64(claims.to_string().as_bytes())
+        );
+        let rng = SystemRandom::new();
+        let sig = match &self.key {
+            Key::Ec(k) => k.sign(&rng, input.as_bytes()).unwrap().as_ref().to_vec(),
+            Key::Rsa(k) => {
+                let mut sig = vec![0; k.public().modulus_len()];
+                k.sign(
+                    &signature::RSA_PKCS1_SHA256,
+                    &rng,
+                    input.as_bytes(),
+                    &mut sig,
+                )
+                .unwrap();
+                sig
+            }
+        };
+        format!("{input}.{}", b64(&sig))
+    }
+}
+
+/// An HMAC-SHA256 token under `secret`.
+fn hs256(header: Value, claims: &Value, secret: &[u8]) -> String {
+    let input = format!(
+        "{}.{}",
+        b64(header.to_string().as_bytes()),
+        b64(claims.to_string().as_bytes())
+    );
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+    format!(
+        "{input}.{}",
+        b64(ring::hmac::sign(&key, input.as_bytes()).as_ref())
+    )
+}
+
+/// The test identity provider: discovery and JWKS on loopback; keys, availability and
+/// the count of JWKS fetches under the test's control.
+struct Idp {
+    issuer: String,
+    jwks: Arc<Mutex<Vec<Value>>>,
+    down: Arc<AtomicBool>,
+    fetches: Arc<AtomicUsize>,
+}
+
+impl Idp {
+    async fn start(keys: &[&SigningKey]) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let issuer = format!("http://{}", listener.local_addr().unwrap());
+        let jwks = Arc::new(Mutex::new(keys.iter().map(|k| k.jwk()).collect::<Vec<_>>()));
+        let down = Arc::new(AtomicBool::new(false));
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let discovery = json!({"issuer": issuer, "jwks_uri": format!("{issuer}/keys")});
+        let (j, d, f) = (jwks.clone(), down.clone(), fetches.clone());
+        let app = axum::Router::new()
+            .route(
+                "/.well-known/openid-configuration",
+                axum::routing::get(move || async move { axum::Json(discovery) }),
+            )
+            .route(
+                "/keys",
+                axum::routing::get(move || async move {
+                    use axum::response::IntoResponse;
+                    f.fetch_add(1, Ordering::SeqCst);
+                    if d.load(Ordering::SeqCst) {
+                        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+                    }
+                    let keys = j.lock().unwrap().clone();
+                    axum::Json(json!({ "keys": keys })).into_response()
+                }),
+            );
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self {
+            issuer,
+            jwks,
+            down,
+            fetches,
+        }
+    }
+
+    fn publish(&self, key: &SigningKey) {
+        self.jwks.lock().unwrap().push(key.jwk());
+    }
+
+    fn fetches(&self) -> usize {
+        self.fetches.load(Ordering::SeqCst)
+    }
+
+    /// Valid operator claims of this issuer (`groups` as the role claim holds them).
+    fn claims(&self, sub: &str, groups: Value) -> Value {
+        let now = now();
+        json!({"iss": self.issuer, "aud": AUDIENCE, "sub": sub, "email": format!("{sub}@example.com"),
+               "iat": now, "exp": now + 600, "cognito:groups": groups})
+    }
+
+    fn config(&self) -> OidcConfig {
+        OidcConfig::new(&self.issuer, AUDIENCE)
+    }
+}
+
+async fn server(backend: Backend, config: OidcConfig) -> TestServer {
+    let auth = Auth::new(TEST_SECRET.as_bytes()).with_oidc(Oidc::new(config));
+    TestServer::with_deps(Deps::embedded(
+        store_for(backend).await,
+        GateConfig::default(),
+        auth,
+    ))
+    .await
+}
+
+/// A run (of `project`, when given) with one pending card; `(run_id, request_id)`.
+async fn pending_card(srv: &TestServer, project: Option<&str>) -> (String, String) {
+    let agent = srv
+        .auth
+        .mint_jwt("agent", Role::Agent, 600, project.map(Into::into));
+    let body = match project {
+        Some(p) => json!({"project_id": p}),
+        None => json!({}),
+    };
+    let (status, run) = srv.post("/api/runs", &agent, &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let token = run["run_token"].as_str().unwrap();
+    let rid = uuid::Uuid::new_v4().to_string();
+    let (status, v) = srv
+        .post(
+            &format!("/api/runs/{run_id}/approval-requests"),
+            token,
+            &json!({"request_id": rid, "tool_name": "shell"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    (run_id, rid)
+}
+
+async fn approve(srv: &TestServer, run: &str, rid: &str, token: &str) -> (StatusCode, Value) {
+    srv.post(
+        &format!("/api/runs/{run}/tool-approvals"),
+        token,
+        &json!({"request_id": rid, "reason": "checked"}),
+    )
+    .await
+}
+
+/// The card's state as the agent's coordinator of record (an HS256 operator) reads it,
+/// and the run's event count.
+async fn standing(srv: &TestServer, run: &str) -> (Vec<String>, usize) {
+    let (_, cards) = srv
+        .get(&format!("/api/runs/{run}/approvals"), &srv.operator_token)
+        .await;
+    let pending = cards["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["request_id"].as_str().unwrap().to_owned())
+        .collect();
+    let events = srv.replay_all(run, &srv.operator_token, 100).await;
+    (pending, events.len())
+}
+
+/// GIVEN an IdP found by discovery WHEN operators present its ES256 and RS256 tokens
+/// (the role claim an array, or a string) THEN they decide cards as themselves; the
+/// stack's own HS256 operator tokens keep working beside them; the same tokens open the
+/// live stream and the replay.
+async fn valid_tokens_decide(backend: Backend) {
+    let (ec, rsa) = (SigningKey::ec("ec-1"), SigningKey::rsa("rsa-1"));
+    let idp = Idp::start(&[&ec, &rsa]).await;
+    let srv = server(backend, idp.config()).await;
+    let (run, rid) = pending_card(&srv, None).await;
+    let token = ec.token(&idp.claims("alice", json!(["staff", OPERATORS])));
+    let (status, v) = approve(&srv, &run, &rid, &token).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(
+        (
+            v["state"].as_str(),
+            v["decided_by"].as_str(),
+            v["decision_reason"].as_str()
+        ),
+        (Some("approved"), Some("alice"), Some("checked"))
+    );
+    let events = srv.replay_all(&run, &token, 100).await;
+    assert_eq!(events.last().unwrap()["decidedBy"], "alice");
+    let (run, rid) = pending_card(&srv, None).await;
+    let mut claims = idp.claims("bob", json!(OPERATORS));
+    claims["aud"] = json!(["other-app", AUDIENCE]);
+    let (status, v) = approve(&srv, &run, &rid, &rsa.token(&claims)).await;
+    assert_eq!(
+        (status, v["decided_by"].as_str()),
+        (StatusCode::OK, Some("bob")),
+        "{v}"
+    );
+    let (run, rid) = pending_card(&srv, None).await;
+    let (status, v) = approve(&srv, &run, &rid, &srv.operator_token).await;
+    assert_eq!(
+        (status, v["decided_by"].as_str()),
+        (StatusCode::OK, Some("test-operator")),
+        "{v}"
+    );
+    // One discovery, one JWKS fetch for all of it (the keys are cached).
+    assert_eq!(idp.fetches(), 1);
+    // The operators-only stream function admits the same token, and refuses a forged one.
+    let deps = Deps::embedded(
+        store_for(backend).await,
+        GateConfig::default(),
+        Auth::new(TEST_SECRET.as_bytes()).with_oidc(Oidc::new(idp.config())),
+    );
+    let router = tollgate_api::functions::OPERATOR_STREAM
+        .router(deps)
+        .expect("an HTTP function");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let http = reqwest::Client::new();
+    let events = |token: String| {
+        http.get(format!("{base}/api/runs/no-such-run/events"))
+            .bearer_auth(token)
+            .send()
+    };
+    let ok = events(token.clone()).await.unwrap();
+    assert_eq!(
+        ok.status(),
+        StatusCode::NOT_FOUND,
+        "past the operators' check"
+    );
+    let mut forged = token.clone();
+    forged.push('A');
+    assert_eq!(
+        events(forged).await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+/// GIVEN a project claim WHEN an operator of one project decides THEN only that
+/// project's cards, as with an HS256 token's `project_id`; the subject may be `email`.
+async fn project_and_subject_claims(backend: Backend) {
+    let ec = SigningKey::ec("ec-p");
+    let idp = Idp::start(&[&ec]).await;
+    let mut config = idp.config();
+    config.project_claim = Some("custom:project".into());
+    config.subject_claim = "email".into();
+    let srv = server(backend, config).await;
+    let (mine, mine_rid) = pending_card(&srv, Some("p-1")).await;
+    let (theirs, their_rid) = pending_card(&srv, Some("p-2")).await;
+    let mut claims = idp.claims("carol", json!([OPERATORS]));
+    claims["custom:project"] = json!("p-1");
+    let token = ec.token(&claims);
+    let (status, v) = approve(&srv, &theirs, &their_rid, &token).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
+    let (status, v) = approve(&srv, &mine, &mine_rid, &token).await;
+    assert_eq!(
+        (status, v["decided_by"].as_str()),
+        (StatusCode::OK, Some("carol@example.com")),
+        "{v}"
+    );
+    // Without the project claim, no project: refused, not every project.
+    let (run, rid) = pending_card(&srv, Some("p-1")).await;
+    let token = ec.token(&idp.claims("carol", json!([OPERATORS])));
+    let (status, v) = approve(&srv, &run, &rid, &token).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
+    assert_eq!(standing(&srv, &run).await.0, [rid]);
+}
+
+/// GIVEN a pending card WHEN tokens that are not valid operator tokens of the issuer
+/// try to approve it THEN 401 (not the issuer's valid token) or 403 (valid, but no
+/// operator role), each with a JSON error, and nothing is decided or written.
+async fn refused_tokens_decide_nothing(backend: Backend) {
+    let (ec, rsa) = (SigningKey::ec("ec-1"), SigningKey::rsa("rsa-1"));
+    let stranger = SigningKey::ec("ec-1");
+    let idp = Idp::start(&[&ec, &rsa]).await;
+    let srv = server(backend, idp.config()).await;
+    let (run, rid) = pending_card(&srv, None).await;
+    // Warm the keys with a valid read, so each refusal below is the token's own fault.
+    let good = idp.claims("alice", json!([OPERATORS]));
+    let (status, _) = srv
+        .get(&format!("/api/runs/{run}/approvals"), &ec.token(&good))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let before = standing(&srv, &run).await;
+    let with = |edit: &dyn Fn(&mut Value)| {
+        let mut c = good.clone();
+        edit(&mut c);
+        c
+    };
+    let now = now();
+    let ec_header = |alg: &str, kid: &str| json!({"alg": alg, "kid": kid, "typ": "JWT"});
+    let tampered = {
+        let t = ec.token(&good);
+        let parts: Vec<&str> = t.split('.').collect();
+        let evil = with(&|c| c["sub"] = json!("mallory"));
+        format!(
+            "{}.{}.{}",
+            parts[0],
+            b64(evil.to_string().as_bytes()),
+            parts[2]
+        )
+    };
+    let unsigned = format!(
+        "{}.{}.",
+        b64(json!({"alg": "none", "kid": "ec-1"}).to_string().as_bytes()),
+        b64(good.to_string().as_bytes())
+    );
+    let cases: Vec<(&str, String, StatusCode)> = vec![
+        (
+            "wrong issuer",
+            ec.token(&with(&|c| c["iss"] = json!("https://evil.example.com"))),
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "wrong audience",
+            ec.token(&with(&|c| c["aud"] = json!("another-app"))),
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "audience array without ours",
+            ec.token(&with(&|c| c["aud"] = json!(["a", "b"]))),
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "no audience",
+            ec.token(&with(&|c| {
+                c.as_object_mut().unwrap().remove("aud");
+            })),
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "expired",
+            ec.token(&with(&|c| {
+                c["iat"] = json!(now - 7200);
+                c["exp"] = json!(now - 3600);
+            })),
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "not yet valid",
+            ec.token(&with(&|c| c["nbf"] = json!(now + 3600))),
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "no exp",
+            ec.token(&with(&|c| {
+                c.as_object_mut().unwrap().remove("exp");
+            })),
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "RS256 header naming the EC key",
+            rsa.token_with(ec_header("RS256", "ec-1"), &good),
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "ES256 header naming the RSA key",
+            ec.token_with(ec_header("ES256", "rsa-1"), &good),
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "HS256 with the EC public key as the secret",
+            hs256(ec_header("HS256", "ec-1"), &good, &ec.public_bytes()),
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "HS256 with the RSA public key as the secret",
+            hs256(ec_header("HS256", "rsa-1"), &good, &rsa.public_bytes()),
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "HS256 with the JWKS entry as the secret",
+            hs256(
+                ec_header("HS256", "ec-1"),
+                &good,
+                ec.jwk().to_string().as_bytes(),
+            ),
+            StatusCode::UNAUTHORIZED,
+        ),
+        ("alg none", unsigned, StatusCode::UNAUTHORIZED),
+        (
+            "unknown kid",
+            ec.token_with(ec_header("ES256", "nobody"), &good),
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "a key the issuer never published",
+            stranger.token(&good),
+            StatusCode::UNAUTHORIZED,
+        ),
+        ("tampered payload", tampered, StatusCode::UNAUTHORIZED),
+        (
+            "no role claim",
+            ec.token(&with(&|c| {
+                c.as_object_mut().unwrap().remove("cognito:groups");
+            })),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "role claim without the operator role",
+            ec.token(&with(&|c| {
+                c["cognito:groups"] = json!(["staff", "tollgate-viewers"])
+            })),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "role claim a string, another role",
+            ec.token(&with(&|c| c["cognito:groups"] = json!("staff"))),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "role claim of the wrong type",
+            ec.token(&with(&|c| {
+                c["cognito:groups"] = json!({"tollgate-operators": true})
+            })),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "the issuer's token with HS256 under the stack's own secret",
+            hs256(
+                json!({"alg": "HS256", "typ": "JWT"}),
+                &with(&|c| c["role"] = json!("operator")),
+                TEST_SECRET.as_bytes(),
+            ),
+            StatusCode::UNAUTHORIZED,
+        ),
+    ];
+    for (name, token, expected) in cases {
+        let (status, v) = approve(&srv, &run, &rid, &token).await;
+        assert_eq!(status, expected, "{name}: {v}");
+        assert!(v["error"].is_string(), "{name}: {v}");
+    }
+    assert_eq!(standing(&srv, &run).await, before, "nothing decided");
+    // An operator of the IdP is not an agent.
+    let (status, _) = srv.post("/api/runs", &ec.token(&good), &json!({})).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}
+
+/// GIVEN keys cached WHEN the IdP rotates to a new key THEN a token under the new `kid`
+/// fetches the keys again and verifies — but never more than once per refetch interval:
+/// with a long interval, unknown kids do not reach the IdP again and are refused.
+async fn jwks_rotation(backend: Backend) {
+    let old = SigningKey::ec("old");
+    let idp = Idp::start(&[&old]).await;
+    let mut config = idp.config();
+    config.refetch_interval = Duration::ZERO;
+    let srv = server(backend, config).await;
+    let (run, rid) = pending_card(&srv, None).await;
+    let listed = format!("/api/runs/{run}/approvals");
+    let claims = idp.claims("dave", json!([OPERATORS]));
+    let (status, _) = srv.get(&listed, &old.token(&claims)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(idp.fetches(), 1);
+    let new = SigningKey::rsa("new");
+    idp.publish(&new);
+    let (status, v) = approve(&srv, &run, &rid, &new.token(&claims)).await;
+    assert_eq!(
+        (status, v["decided_by"].as_str()),
+        (StatusCode::OK, Some("dave")),
+        "{v}"
+    );
+    assert_eq!(idp.fetches(), 2);
+
+    // A long refetch interval: the rotation is not seen until then.
+    let old = SigningKey::ec("old");
+    let idp = Idp::start(&[&old]).await;
+    let mut config = idp.config();
+    config.refetch_interval = Duration::from_secs(3600);
+    let srv = server(backend, config).await;
+    let (run, rid) = pending_card(&srv, None).await;
+    let claims = idp.claims("dave", json!([OPERATORS]));
+    let (status, _) = srv
+        .get(&format!("/api/runs/{run}/approvals"), &old.token(&claims))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let new = SigningKey::ec("new");
+    idp.publish(&new);
+    for _ in 0..5 {
+        let (status, _) = approve(&srv, &run, &rid, &new.token(&claims)).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(
+        idp.fetches(),
+        1,
+        "unknown kids fetched nothing within the interval"
+    );
+    assert_eq!(standing(&srv, &run).await.0, [rid]);
+}
+
+/// GIVEN the IdP's JWKS endpoint down WHEN an operator presents a valid token THEN 503
+/// (fail closed: the token can be neither verified nor refused; the client may retry)
+/// and nothing is decided; HS256 operators are unaffected; once the endpoint is back,
+/// the same token decides.
+async fn jwks_down_fails_closed(backend: Backend) {
+    let ec = SigningKey::ec("ec-1");
+    let idp = Idp::start(&[&ec]).await;
+    idp.down.store(true, Ordering::SeqCst);
+    let mut config = idp.config();
+    config.refetch_interval = Duration::ZERO;
+    let srv = server(backend, config).await;
+    let (run, rid) = pending_card(&srv, None).await;
+    let token = ec.token(&idp.claims("erin", json!([OPERATORS])));
+    let (status, v) = approve(&srv, &run, &rid, &token).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert!(v["error"].is_string(), "{v}");
+    assert_eq!(standing(&srv, &run).await.0, std::slice::from_ref(&rid));
+    let (status, _) = srv
+        .get(&format!("/api/runs/{run}/approvals"), &srv.operator_token)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    // A token that names another issuer is refused outright, keys or not.
+    let mut other = idp.claims("erin", json!([OPERATORS]));
+    other["iss"] = json!("https://elsewhere.example.com");
+    let (status, _) = approve(&srv, &run, &rid, &ec.token(&other)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    idp.down.store(false, Ordering::SeqCst);
+    let (status, v) = approve(&srv, &run, &rid, &token).await;
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::OK, Some("approved")),
+        "{v}"
+    );
+}
+
+tollgate_tests::for_each_backend! {
+    valid_tokens_decide => super::valid_tokens_decide;
+    project_and_subject_claims => super::project_and_subject_claims;
+    refused_tokens_decide_nothing => super::refused_tokens_decide_nothing;
+    jwks_rotation => super::jwks_rotation;
+    jwks_down_fails_closed => super::jwks_down_fails_closed;
+}
