@@ -16,9 +16,9 @@ pub mod jwt;
 pub mod lambda;
 pub mod oidc;
 pub mod pod_cards;
+pub mod preview;
 #[cfg(feature = "push")]
 pub mod push;
-pub mod preview;
 pub mod replay;
 pub mod request;
 pub mod request_id;
