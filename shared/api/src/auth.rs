@@ -86,6 +86,15 @@ impl std::fmt::Debug for Credentials {
 }
 
 impl Credentials {
+    /// A bearer presented another way than `Authorization` (a WebSocket's subprotocol
+    /// or query); the same rules judge it.
+    pub fn from_token(token: String) -> Self {
+        Self {
+            bearer: Some(Ok(token)),
+            gateway: None,
+        }
+    }
+
     pub fn from_headers(headers: &HeaderMap) -> Self {
         Self {
             bearer: bearer(headers),

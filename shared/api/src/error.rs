@@ -219,23 +219,31 @@ impl From<tollgate_app::AppError> for ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let (state, reason, approval_id) = match self.execution {
-            Some(x) => (Some(x.state), x.reason, x.approval_id),
+impl ApiError {
+    /// The error as its JSON body says it (a WebSocket `error` frame's `data`).
+    pub fn body(&self, request_id: &str) -> ErrorBody {
+        let (state, reason, approval_id) = match &self.execution {
+            Some(x) => (Some(x.state), x.reason, x.approval_id.clone()),
             None => (self.state.map(ErrorState::as_str), None, None),
         };
-        let body = ErrorBody {
-            error: self.error,
+        ErrorBody {
+            error: self.error.clone(),
             code: self.code.as_str().into(),
             state: state.map(Into::into),
-            // Filled in by the request-id layer, which knows the request (request_id.rs).
-            request_id: String::new(),
+            request_id: request_id.to_owned(),
             status: self.run_ended.map(|(status, _)| status.into()),
             terminal_sequence: self.run_ended.map(|(_, sequence)| sequence),
             reason: reason.map(Into::into),
             approval_id,
-        };
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        // `request_id` is filled in by the request-id layer, which knows the request
+        // (request_id.rs).
+        let body = self.body("");
         let mut response = (self.status, axum::Json(body)).into_response();
         // Both ask the client to come back: say when (a client backs off from here).
         if self.status == StatusCode::SERVICE_UNAVAILABLE
