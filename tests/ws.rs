@@ -212,6 +212,19 @@ async fn backlog_live_and_done(backend: Backend) {
     assert_eq!(ids, vec![9, 10]);
 }
 
+/// A subscription to `run` is refused with an `error` frame of `code`; the connection
+/// stays open.
+async fn refused(ws: &mut Socket, run: &str, code: &str) {
+    subscribe(ws, run, 0).await;
+    let f = next(ws).await.expect("the connection stays open");
+    assert_eq!(f["event"], "error", "{f}");
+    assert_eq!(f["run_id"], json!(run));
+    assert_eq!(f["data"]["code"], code, "{f}");
+    assert!(f.get("id").is_none());
+    send(ws, json!({"action": "ping"})).await;
+    assert_eq!(next(ws).await.unwrap()["event"], "pong");
+}
+
 /// GIVEN runs of two agents in two projects WHEN clients connect without a token, with a
 /// bad one, with a run token naming another run (or none), and subscribe where they may
 /// not THEN the upgrade is refused with 401/403 JSON, and a refused subscription is an
@@ -265,29 +278,15 @@ async fn refusals_at_upgrade_and_subscribe(backend: Backend) {
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["code"], "invalid_request");
 
-    let refused = |ws: &mut Socket, run: String, code: &'static str| {
-        let ws = ws;
-        async move {
-            subscribe(ws, &run, 0).await;
-            let f = next(ws).await.expect("the connection stays open");
-            assert_eq!(f["event"], "error", "{f}");
-            assert_eq!(f["run_id"], json!(run));
-            assert_eq!(f["data"]["code"], code, "{f}");
-            assert!(f.get("id").is_none());
-            // Still open: a ping is answered.
-            send(ws, json!({"action": "ping"})).await;
-            assert_eq!(next(ws).await.unwrap()["event"], "pong");
-        }
-    };
     // At subscribe: the run token on another run; an agent on another agent's run; an
     // operator of another tenant; a run that does not exist.
     let mut ws = open(&srv.base, &token_a, &format!("?run_id={run_a}")).await;
-    refused(&mut ws, run_b.clone(), "forbidden").await;
+    refused(&mut ws, &run_b, "forbidden").await;
     let mut ws = open(&srv.base, &agent_b, "").await;
-    refused(&mut ws, run_a.clone(), "forbidden").await;
+    refused(&mut ws, &run_a, "forbidden").await;
     let mut ws = open(&srv.base, &operator_p2, "").await;
-    refused(&mut ws, run_a.clone(), "not_found").await;
-    refused(&mut ws, "no-such-run".into(), "not_found").await;
+    refused(&mut ws, &run_a, "not_found").await;
+    refused(&mut ws, "no-such-run", "not_found").await;
     // And the ones that may: the operator of the run's tenant, the run's own agent.
     for token in [&operator_p1, &agent_a] {
         let mut ws = open(&srv.base, token, "").await;
@@ -527,7 +526,7 @@ async fn client_follows_over_websocket_or_sse(backend: Backend) {
 async fn gate_waits_over_websocket(backend: Backend) {
     let srv = Arc::new(server(backend).await);
     let client = tollgate_client::Client::new(&srv.base, &srv.agent_token).unwrap();
-    let run = client.create_run(tollgate_client::RunSpec::new()).await.unwrap();
+    let run = client.create_run(tollgate_client::RunSpec::default()).await.unwrap();
     let armed = run
         .arm(tollgate_client::GateRequest::new("deploy", json!({"env": "prod"})).request_id("req-1"))
         .await
@@ -552,13 +551,13 @@ async fn gate_waits_over_websocket(backend: Backend) {
 }
 
 tollgate_tests::for_each_backend! {
-    backlog_live_and_done => backlog_live_and_done;
-    refusals_at_upgrade_and_subscribe => refusals_at_upgrade_and_subscribe;
-    bad_messages => bad_messages;
-    caps => caps;
-    dropped_twenty_times_misses_nothing => dropped_twenty_times_misses_nothing;
-    client_follows_over_websocket_or_sse => client_follows_over_websocket_or_sse;
-    gate_waits_over_websocket => gate_waits_over_websocket;
+    backlog_live_and_done => super::backlog_live_and_done;
+    refusals_at_upgrade_and_subscribe => super::refusals_at_upgrade_and_subscribe;
+    bad_messages => super::bad_messages;
+    caps => super::caps;
+    dropped_twenty_times_misses_nothing => super::dropped_twenty_times_misses_nothing;
+    client_follows_over_websocket_or_sse => super::client_follows_over_websocket_or_sse;
+    gate_waits_over_websocket => super::gate_waits_over_websocket;
 }
 
 /// GIVEN two `tollgate serve --backend aws` processes on the same DynamoDB tables (live

@@ -228,7 +228,7 @@ pub const OPERATIONS: &[Operation] = &[
             text("run_id", "With a run token: the run it is for (required then)."),
         ],
         request: None,
-        responses: &[(101, WebSocket), (401, ERR), (403, ERR), (429, ERR), (503, ERR)],
+        responses: &[(101, WebSocket), (400, ERR), (401, ERR), (403, ERR), (429, ERR), (503, ERR)],
     },
     Operation {
         method: "POST",
