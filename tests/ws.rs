@@ -39,9 +39,14 @@ async fn deps(backend: Backend) -> Deps {
             let store = dynamo_store().await;
             let events = store.tables().events.clone();
             let sdk = tollgate_store::dynamo::sdk_config().await;
-            TestServer::deps(Arc::new(store), GateConfig::default())
-                .with_wakes(Arc::new(Wakes::new(Duration::from_secs(3600))))
-                .with_stream_reader(&sdk, events)
+            let wakes = Arc::new(Wakes::new(Duration::from_secs(3600)));
+            let deps = TestServer::deps(Arc::new(store), GateConfig::default())
+                .with_wakes(wakes.clone())
+                .with_stream_reader(&sdk, events);
+            tokio::time::timeout(WAIT, wakes.reading())
+                .await
+                .expect("the stream reader reads the events table's stream");
+            deps
         }
     };
     deps.websocket_url = Some(WS_PATH.into());
@@ -95,17 +100,24 @@ async fn open(base: &str, token: &str, query: &str) -> Socket {
 }
 
 async fn send(ws: &mut Socket, msg: Value) {
-    ws.send(Message::Text(msg.to_string().into())).await.unwrap();
+    ws.send(Message::Text(msg.to_string().into()))
+        .await
+        .unwrap();
 }
 
 async fn subscribe(ws: &mut Socket, run_id: &str, after: u64) {
-    send(ws, json!({"action": "subscribe", "run_id": run_id, "after": after})).await;
+    send(
+        ws,
+        json!({"action": "subscribe", "run_id": run_id, "after": after}),
+    )
+    .await;
 }
 
 /// The next JSON frame (pings skipped); `None` once the connection closed.
 async fn next(ws: &mut Socket) -> Option<Value> {
+    let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let msg = tokio::time::timeout(WAIT, ws.next())
+        let msg = tokio::time::timeout_at(deadline, ws.next())
             .await
             .expect("a frame within the bound")?;
         match msg.ok()? {
@@ -118,8 +130,9 @@ async fn next(ws: &mut Socket) -> Option<Value> {
 
 /// The close frame's code once the server closes.
 async fn closed_with(ws: &mut Socket) -> Option<CloseCode> {
+    let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let msg = tokio::time::timeout(WAIT, ws.next())
+        let msg = tokio::time::timeout_at(deadline, ws.next())
             .await
             .expect("closed within the bound")?;
         match msg {
@@ -231,10 +244,18 @@ async fn refused(ws: &mut Socket, run: &str, code: &str) {
 /// `error` frame (`forbidden`, `not_found`) on a connection that stays open.
 async fn refusals_at_upgrade_and_subscribe(backend: Backend) {
     let srv = server(backend).await;
-    let agent_a = srv.auth.mint_jwt("agent-a", Role::Agent, 3600, Some("p1".into()));
-    let agent_b = srv.auth.mint_jwt("agent-b", Role::Agent, 3600, Some("p1".into()));
-    let operator_p2 = srv.auth.mint_jwt("op-2", Role::Operator, 3600, Some("p2".into()));
-    let operator_p1 = srv.auth.mint_jwt("op-1", Role::Operator, 3600, Some("p1".into()));
+    let agent_a = srv
+        .auth
+        .mint_jwt("agent-a", Role::Agent, 3600, Some("p1".into()));
+    let agent_b = srv
+        .auth
+        .mint_jwt("agent-b", Role::Agent, 3600, Some("p1".into()));
+    let operator_p2 = srv
+        .auth
+        .mint_jwt("op-2", Role::Operator, 3600, Some("p2".into()));
+    let operator_p1 = srv
+        .auth
+        .mint_jwt("op-1", Role::Operator, 3600, Some("p1".into()));
     let create = |token: String| {
         let srv = &srv;
         async move {
@@ -253,7 +274,10 @@ async fn refusals_at_upgrade_and_subscribe(backend: Backend) {
     let (status, body) = connect(&srv.base, None, "").await.err().unwrap();
     assert_eq!((status, body["code"].as_str()), (401, Some("unauthorized")));
     assert!(body["request_id"].is_string());
-    let (status, _) = connect(&srv.base, Some("not-a-token"), "").await.err().unwrap();
+    let (status, _) = connect(&srv.base, Some("not-a-token"), "")
+        .await
+        .err()
+        .unwrap();
     assert_eq!(status, 401);
     let forged = srv.auth.mint_jwt("x", Role::Operator, 3600, None);
     let forged = format!("{}x", &forged[..forged.len() - 1]);
@@ -319,7 +343,9 @@ async fn bad_messages(backend: Backend) {
     }
     send(&mut ws, json!({"action": "ping"})).await;
     assert_eq!(next(&mut ws).await.unwrap()["event"], "pong");
-    ws.send(Message::Binary(vec![1, 2, 3].into())).await.unwrap();
+    ws.send(Message::Binary(vec![1, 2, 3].into()))
+        .await
+        .unwrap();
     assert_eq!(closed_with(&mut ws).await, Some(CloseCode::Policy));
     let mut ws = open(&srv.base, &srv.operator_token, "").await;
     let big = json!({"action": "subscribe", "run_id": "x".repeat(5000)}).to_string();
@@ -375,7 +401,11 @@ async fn caps(backend: Backend) {
     }
     subscribe(&mut ws, &runs[3], 0).await;
     let f = next(&mut ws).await.unwrap();
-    assert_eq!((f["event"].as_str(), f["data"]["code"].as_str()), (Some("error"), Some("too_many_streams")), "{f}");
+    assert_eq!(
+        (f["event"].as_str(), f["data"]["code"].as_str()),
+        (Some("error"), Some("too_many_streams")),
+        "{f}"
+    );
     send(&mut ws, json!({"action": "unsubscribe", "run_id": runs[0]})).await;
     assert_eq!(next(&mut ws).await.unwrap()["event"], "unsubscribed");
     subscribe(&mut ws, &runs[3], 0).await;
@@ -408,7 +438,8 @@ async fn dropped_twenty_times_misses_nothing(backend: Backend) {
         let dropped = dropped.clone();
         tokio::spawn(async move {
             let mut batches = 0u64;
-            while batches < 100 || (dropped.load(Ordering::SeqCst) < 20 && Instant::now() < deadline)
+            while batches < 100
+                || (dropped.load(Ordering::SeqCst) < 20 && Instant::now() < deadline)
             {
                 append(&srv, &run_id, &token, 10).await;
                 batches += 1;
@@ -424,7 +455,11 @@ async fn dropped_twenty_times_misses_nothing(backend: Backend) {
     let mut seen: Vec<u64> = Vec::new();
     let mut drops = 0;
     'outer: loop {
-        assert!(Instant::now() < deadline, "took too long: {} seen", seen.len());
+        assert!(
+            Instant::now() < deadline,
+            "took too long: {} seen",
+            seen.len()
+        );
         let mut ws = open(&srv.base, &srv.agent_token, "").await;
         subscribe(&mut ws, &run_id, seen.last().copied().unwrap_or(0)).await;
         let cut_after = if drops < 20 {
@@ -499,7 +534,11 @@ async fn client_follows_over_websocket_or_sse(backend: Backend) {
             })
         };
         loop {
-            match tokio::time::timeout(WAIT, follow.next()).await.unwrap().unwrap() {
+            match tokio::time::timeout(WAIT, follow.next())
+                .await
+                .unwrap()
+                .unwrap()
+            {
                 tollgate_client::operator::FollowItem::Event { sequence, .. } => {
                     seqs.push(sequence.unwrap())
                 }
@@ -526,9 +565,14 @@ async fn client_follows_over_websocket_or_sse(backend: Backend) {
 async fn gate_waits_over_websocket(backend: Backend) {
     let srv = Arc::new(server(backend).await);
     let client = tollgate_client::Client::new(&srv.base, &srv.agent_token).unwrap();
-    let run = client.create_run(tollgate_client::RunSpec::default()).await.unwrap();
+    let run = client
+        .create_run(tollgate_client::RunSpec::default())
+        .await
+        .unwrap();
     let armed = run
-        .arm(tollgate_client::GateRequest::new("deploy", json!({"env": "prod"})).request_id("req-1"))
+        .arm(
+            tollgate_client::GateRequest::new("deploy", json!({"env": "prod"})).request_id("req-1"),
+        )
         .await
         .unwrap();
     assert!(armed.is_pending());
@@ -545,7 +589,10 @@ async fn gate_waits_over_websocket(backend: Backend) {
             .await
         })
     };
-    let decision = tokio::time::timeout(WAIT, run.wait(armed)).await.unwrap().unwrap();
+    let decision = tokio::time::timeout(WAIT, run.wait(armed))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(decision.is_approved());
     assert_eq!(decider.await.unwrap().0, StatusCode::OK);
 }
@@ -592,7 +639,9 @@ async fn dynamo_only_a_subscriber_on_one_process_sees_appends_through_another() 
     for round in 0..5 {
         append(&on_b, &run_id, &token, 4).await;
         for _ in 0..4 {
-            let f = next(&mut ws).await.unwrap_or_else(|| panic!("closed in round {round}"));
+            let f = next(&mut ws)
+                .await
+                .unwrap_or_else(|| panic!("closed in round {round}"));
             seen.push(f["id"].as_u64().unwrap());
         }
     }
@@ -613,9 +662,10 @@ async fn dynamo_only_a_subscriber_on_one_process_sees_appends_through_another() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_follows_over_websocket_and_falls_back_to_sse() {
     let serve = tollgate_tests::serve::ServeProcess::start(&[]);
-    let sse_only = TestServer::with_deps(
-        TestServer::deps(Arc::new(MemoryStore::new()), GateConfig::default()),
-    )
+    let sse_only = TestServer::with_deps(TestServer::deps(
+        Arc::new(MemoryStore::new()),
+        GateConfig::default(),
+    ))
     .await;
     for (base, websocket) in [(serve.base.clone(), true), (sse_only.base.clone(), false)] {
         let srv = TestServer::remote(&base);

@@ -12,9 +12,9 @@ pub mod forward;
 pub mod functions;
 pub mod ingress;
 pub mod jwt;
-pub mod live;
 #[cfg(feature = "lambda")]
 pub mod lambda;
+pub mod live;
 pub mod pod_cards;
 pub mod replay;
 pub mod request;

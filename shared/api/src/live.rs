@@ -78,6 +78,8 @@ pub struct Wakes {
     /// Calls to [`Wakes::watch`], to prune the map of runs nobody follows any more.
     watches: AtomicU64,
     safety: Duration,
+    /// Set once a stream reader feeding these wake-ups reads the stream.
+    reading: watch::Sender<bool>,
 }
 
 impl Default for Wakes {
@@ -92,7 +94,20 @@ impl Wakes {
             runs: Mutex::new(HashMap::new()),
             watches: AtomicU64::new(0),
             safety,
+            reading: watch::Sender::new(false),
         }
+    }
+
+    /// Marks that a stream reader reads the stream now (its shard iterators are set).
+    pub fn set_reading(&self) {
+        self.reading.send_replace(true);
+    }
+
+    /// Waits until a stream reader feeding these wake-ups reads the stream: writes
+    /// after that wake their followers without waiting for the safety poll.
+    pub async fn reading(&self) {
+        let mut rx = self.reading.subscribe();
+        let _ = rx.wait_for(|r| *r).await;
     }
 
     /// How often a tail reads the head even when nothing woke it.

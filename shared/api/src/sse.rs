@@ -421,7 +421,10 @@ pub(crate) trait Sink: Send {
         event: &tollgate_store::StoredEvent,
     ) -> impl std::future::Future<Output = Result<(), Stop>> + Send;
     /// After the run's terminal event.
-    fn done(&mut self, end: StreamEnd) -> impl std::future::Future<Output = Result<(), Stop>> + Send;
+    fn done(
+        &mut self,
+        end: StreamEnd,
+    ) -> impl std::future::Future<Output = Result<(), Stop>> + Send;
     /// When [`Sink::tick`] is due (a keep-alive), if ever.
     fn tick_at(&self) -> Option<Instant>;
     fn tick(&mut self) -> impl std::future::Future<Output = Result<(), Stop>> + Send;
@@ -650,7 +653,17 @@ impl Tail {
         if self.send(retry).await.is_ok() {
             let mut closing = self.closing.clone();
             let ends_at = Some(self.ends_at);
-            match follow(&log, &mut self, &mut wake, &mut closing, ends_at, head, after).await {
+            match follow(
+                &log,
+                &mut self,
+                &mut wake,
+                &mut closing,
+                ends_at,
+                head,
+                after,
+            )
+            .await
+            {
                 Ok(()) | Err(Stop::Gone) => {}
                 Err(Stop::Store) => {
                     tracing::warn!("live stream ended early: storage");

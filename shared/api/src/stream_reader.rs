@@ -74,21 +74,23 @@ pub fn spawn(
     })
 }
 
-async fn stream_arn(
-    dynamo: &aws_sdk_dynamodb::Client,
-    table: &str,
-) -> Result<String, String> {
+async fn stream_arn(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<String, String> {
     let out = dynamo
         .describe_table()
         .table_name(table)
         .send()
         .await
-        .map_err(|e| format!("describe {table}: {}", aws_sdk_dynamodb::error::DisplayErrorContext(e)))?;
-    out.table
-        .and_then(|t| t.latest_stream_arn)
-        .ok_or_else(|| {
-            format!("{table} has no stream (StreamSpecification NEW_IMAGE; `--create-tables` enables it)")
-        })
+        .map_err(|e| {
+            format!(
+                "describe {table}: {}",
+                aws_sdk_dynamodb::error::DisplayErrorContext(e)
+            )
+        })?;
+    out.table.and_then(|t| t.latest_stream_arn).ok_or_else(|| {
+        format!(
+            "{table} has no stream (StreamSpecification NEW_IMAGE; `--create-tables` enables it)"
+        )
+    })
 }
 
 /// Every shard of the stream: `(id, open)`.
@@ -102,7 +104,12 @@ async fn shards(streams: &Client, arn: &str) -> Result<Vec<(String, bool)>, Stri
             .set_exclusive_start_shard_id(start.clone())
             .send()
             .await
-            .map_err(|e| format!("describe stream: {}", aws_sdk_dynamodbstreams::error::DisplayErrorContext(e)))?;
+            .map_err(|e| {
+                format!(
+                    "describe stream: {}",
+                    aws_sdk_dynamodbstreams::error::DisplayErrorContext(e)
+                )
+            })?;
         let Some(desc) = out.stream_description() else {
             break;
         };
@@ -136,7 +143,12 @@ async fn iterator(
         .shard_iterator_type(kind)
         .send()
         .await
-        .map_err(|e| format!("shard iterator: {}", aws_sdk_dynamodbstreams::error::DisplayErrorContext(e)))?;
+        .map_err(|e| {
+            format!(
+                "shard iterator: {}",
+                aws_sdk_dynamodbstreams::error::DisplayErrorContext(e)
+            )
+        })?;
     Ok(out.shard_iterator().map(str::to_owned))
 }
 
@@ -159,7 +171,10 @@ async fn read(
         }
         known.insert(id);
     }
-    tracing::info!(shards = iterators.len(), "live delivery: reading the events table's stream");
+    tracing::info!(
+        shards = iterators.len(),
+        "live delivery: reading the events table's stream"
+    );
     let mut refreshed = Instant::now();
     loop {
         if refreshed.elapsed() >= SHARD_REFRESH {
@@ -186,7 +201,12 @@ async fn read(
                 .limit(1000)
                 .send()
                 .await
-                .map_err(|e| format!("get records: {}", aws_sdk_dynamodbstreams::error::DisplayErrorContext(e)))?;
+                .map_err(|e| {
+                    format!(
+                        "get records: {}",
+                        aws_sdk_dynamodbstreams::error::DisplayErrorContext(e)
+                    )
+                })?;
             let mut runs: HashSet<&str> = HashSet::new();
             for record in out.records() {
                 let run = record

@@ -139,7 +139,9 @@ async fn upgrade(
         }
         _ => None,
     };
-    let request_id = request_id.map(|axum::Extension(RequestId(id))| id).unwrap_or_default();
+    let request_id = request_id
+        .map(|axum::Extension(RequestId(id))| id)
+        .unwrap_or_default();
     Ok(ws
         .protocols([SUBPROTOCOL])
         .max_message_size(MAX_READ_BYTES)
@@ -197,10 +199,8 @@ impl Connection {
         let (mut sink, mut stream) = socket.split();
         let (tx, mut rx) = mpsc::channel::<String>(QUEUE);
         let mut closing = self.deps.closing();
-        let mut ping = tokio::time::interval_at(
-            tokio::time::Instant::now() + PING_EVERY,
-            PING_EVERY,
-        );
+        let mut ping =
+            tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
         let mut heard = Instant::now();
         let expiry = async move {
             match expires_at {
@@ -278,7 +278,7 @@ impl Connection {
     }
 
     /// One client message; the frame to answer at once, if any (a subscription's own
-    /// frames go through `tx`, in order after its `subscribed`).
+    /// frames go through `tx`, after its `subscribed`, which is answered here).
     async fn handle(&mut self, text: &str, tx: &mpsc::Sender<String>) -> Option<Frame> {
         let msg: ClientMessage = match serde_json::from_str(text) {
             Ok(m) => m,
@@ -310,7 +310,7 @@ impl Connection {
             }
             ClientMessage::Subscribe { run_id, after } => {
                 match self.subscribe(&run_id, after.unwrap_or(0), tx).await {
-                    Ok(()) => None,
+                    Ok(subscribed) => Some(subscribed),
                     Err(e) => {
                         let run = validate_run_id(&run_id).then_some(run_id.as_str());
                         Some(self.error(run, e))
@@ -325,7 +325,7 @@ impl Connection {
         run_id: &str,
         after: u64,
         tx: &mpsc::Sender<String>,
-    ) -> Result<(), ApiError> {
+    ) -> Result<Frame, ApiError> {
         if !validate_run_id(run_id) {
             return Err(ApiError::bad_request(tollgate_app::runs::RUN_ID_RULE));
         }
@@ -382,9 +382,6 @@ impl Connection {
             })
             .unwrap_or_default(),
         );
-        if tx.send(text(&subscribed)).await.is_err() {
-            return Ok(());
-        }
         let deps = self.deps.clone();
         let mut wake = Wake::for_run(&deps, run_id);
         let mut sink = Subscriber {
@@ -396,7 +393,17 @@ impl Connection {
         let task = tokio::spawn(async move {
             let mut closing = deps.closing();
             let run_id = sink.run_id.clone();
-            match follow(&deps.runs, &mut sink, &mut wake, &mut closing, None, head, after).await {
+            match follow(
+                &deps.runs,
+                &mut sink,
+                &mut wake,
+                &mut closing,
+                None,
+                head,
+                after,
+            )
+            .await
+            {
                 Ok(()) | Err(Stop::Gone) => {}
                 Err(Stop::Store) => {
                     tracing::warn!("live subscription ended early: storage");
@@ -421,7 +428,10 @@ impl Connection {
                 _places: places,
             },
         );
-        Ok(())
+        // Written by the connection's loop before anything the task queued (the loop
+        // drains the queue only after this): `subscribed` comes first. Nothing here
+        // waits on the queue, which only that loop drains.
+        Ok(subscribed)
     }
 }
 

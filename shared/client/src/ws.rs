@@ -272,14 +272,20 @@ impl WsFollow {
                     return Ok(self.reconnecting(why));
                 }
                 Ok(None) => return Ok(self.reconnecting("the connection closed".into())),
-                Ok(Some(Err(e))) => return Ok(self.reconnecting(format!("the connection broke: {e}"))),
+                Ok(Some(Err(e))) => {
+                    return Ok(self.reconnecting(format!("the connection broke: {e}")))
+                }
                 Ok(Some(Ok(msg))) => msg,
             };
             let text = match msg {
                 Message::Text(t) => t,
                 Message::Close(frame) => {
                     let why = match frame {
-                        Some(f) => format!("the server closed the connection ({} {})", u16::from(f.code), f.reason),
+                        Some(f) => format!(
+                            "the server closed the connection ({} {})",
+                            u16::from(f.code),
+                            f.reason
+                        ),
                         None => "the server closed the connection".into(),
                     };
                     return Ok(self.reconnecting(why));
@@ -352,18 +358,25 @@ mod tests {
     #[test]
     fn advertised_endpoints_resolve_against_the_base() {
         let base = Url::parse("http://127.0.0.1:8080/").unwrap();
-        assert_eq!(resolve(&base, "/api/ws").unwrap().as_str(), "ws://127.0.0.1:8080/api/ws");
+        assert_eq!(
+            resolve(&base, "/api/ws").unwrap().as_str(),
+            "ws://127.0.0.1:8080/api/ws"
+        );
         let base = Url::parse("https://api.example.com/prod/").unwrap();
         assert_eq!(
             resolve(&base, "/api/ws").unwrap().as_str(),
             "wss://api.example.com/prod/api/ws"
         );
         assert_eq!(
-            resolve(&base, "wss://ws.example.com/live").unwrap().as_str(),
+            resolve(&base, "wss://ws.example.com/live")
+                .unwrap()
+                .as_str(),
             "wss://ws.example.com/live"
         );
         assert_eq!(
-            resolve(&base, "https://ws.example.com/live").unwrap().as_str(),
+            resolve(&base, "https://ws.example.com/live")
+                .unwrap()
+                .as_str(),
             "wss://ws.example.com/live"
         );
         assert_eq!(resolve(&base, "ftp://x"), None);

@@ -444,7 +444,9 @@ async fn main() {
             return;
         }
         Some(other) => {
-            eprintln!("usage: tollgate-bench [sse|ws]   (unknown phase {other:?}; none: every phase)");
+            eprintln!(
+                "usage: tollgate-bench [sse|ws]   (unknown phase {other:?}; none: every phase)"
+            );
             std::process::exit(2);
         }
     }
@@ -1508,9 +1510,8 @@ fn rss(pid: u32) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-type WsSocket = tokio_tungstenite::WebSocketStream<
-    tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
->;
+type WsSocket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// One watcher: connected with `token`, subscribed to `run_id`, its backlog read.
 async fn ws_watcher(url: &str, token: &str, run_id: &str) -> WsSocket {
@@ -1570,17 +1571,16 @@ async fn ws_watchers() {
         plan.push((token, run_id));
     }
     // Warm up (the first connections allocate the server's pools), then settle.
-    let warm: Vec<WsSocket> = futures::future::join_all(
-        plan.iter().take(8).map(|(t, r)| ws_watcher(&url, t, r)),
-    )
-    .await;
+    let warm: Vec<WsSocket> =
+        futures::future::join_all(plan.iter().take(8).map(|(t, r)| ws_watcher(&url, t, r))).await;
     drop(warm);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before = rss(serve.pid());
     let started = Instant::now();
     let mut watchers = Vec::with_capacity(WS_WATCHERS);
     for chunk in plan.chunks(50) {
-        let opened = futures::future::join_all(chunk.iter().map(|(t, r)| ws_watcher(&url, t, r))).await;
+        let opened =
+            futures::future::join_all(chunk.iter().map(|(t, r)| ws_watcher(&url, t, r))).await;
         watchers.extend(opened);
     }
     let opened_in = started.elapsed();
