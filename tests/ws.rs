@@ -43,9 +43,12 @@ async fn deps(backend: Backend) -> Deps {
             let deps = TestServer::deps(Arc::new(store), GateConfig::default())
                 .with_wakes(wakes.clone())
                 .with_stream_reader(&sdk, events);
-            tokio::time::timeout(WAIT, wakes.reading())
-                .await
-                .expect("the stream reader reads the events table's stream");
+            if tokio::time::timeout(WAIT, wakes.reading()).await.is_err() {
+                panic!(
+                    "the stream reader does not read the events table's stream: {:?}",
+                    wakes.failure()
+                );
+            }
             deps
         }
     };

@@ -80,6 +80,8 @@ pub struct Wakes {
     safety: Duration,
     /// Set once a stream reader feeding these wake-ups reads the stream.
     reading: watch::Sender<bool>,
+    /// The stream reader's last failure, if any (for diagnosis).
+    failure: Mutex<Option<String>>,
 }
 
 impl Default for Wakes {
@@ -95,12 +97,27 @@ impl Wakes {
             watches: AtomicU64::new(0),
             safety,
             reading: watch::Sender::new(false),
+            failure: Mutex::new(None),
         }
     }
 
     /// Marks that a stream reader reads the stream now (its shard iterators are set).
     pub fn set_reading(&self) {
         self.reading.send_replace(true);
+    }
+
+    /// Records the stream reader's failure.
+    pub fn set_failure(&self, failure: String) {
+        self.reading.send_replace(false);
+        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(failure);
+    }
+
+    /// The stream reader's last failure, if any.
+    pub fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Waits until a stream reader feeding these wake-ups reads the stream: writes

@@ -62,12 +62,15 @@ pub fn spawn(
             first = false;
             match read(&dynamo, &streams, &events_table, &wakes).await {
                 Ok(()) => {}
-                Err(e) => tracing::warn!(
-                    error = %e,
-                    "live delivery: the DynamoDB Streams reader failed; live tails fall back to \
-                     their safety poll (every {} s) until it is back",
-                    wakes.safety_poll().as_secs()
-                ),
+                Err(e) => {
+                    wakes.set_failure(e.clone());
+                    tracing::warn!(
+                        error = %e,
+                        "live delivery: the DynamoDB Streams reader failed; live tails fall back to \
+                         their safety poll (every {} s) until it is back",
+                        wakes.safety_poll().as_secs()
+                    )
+                }
             }
             tokio::time::sleep(RETRY_AFTER).await;
         }
@@ -122,9 +125,13 @@ async fn shards(streams: &Client, arn: &str) -> Result<Vec<(String, bool)>, Stri
                 all.push((id.to_owned(), open));
             }
         }
+        // The last page has no `LastEvaluatedShardId` (DynamoDB Local may repeat the
+        // last one on an empty page: stop there too).
         match desc.last_evaluated_shard_id() {
-            Some(last) => start = Some(last.to_owned()),
-            None => break,
+            Some(last) if !desc.shards().is_empty() && start.as_deref() != Some(last) => {
+                start = Some(last.to_owned())
+            }
+            _ => break,
         }
     }
     Ok(all)
@@ -175,6 +182,7 @@ async fn read(
         shards = iterators.len(),
         "live delivery: reading the events table's stream"
     );
+    wakes.set_reading();
     let mut refreshed = Instant::now();
     loop {
         if refreshed.elapsed() >= SHARD_REFRESH {
