@@ -179,7 +179,7 @@ mod tests {
     async fn a_wake_reaches_the_runs_watchers_only() {
         let wakes = Wakes::default();
         let mut a = wakes.watch("a");
-        let mut b = wakes.watch("b");
+        let b = wakes.watch("b");
         wakes.wake("a");
         assert!(a.has_changed().unwrap());
         assert!(!b.has_changed().unwrap());
