@@ -1546,8 +1546,8 @@ async fn ws_watchers() {
     let srv = TestServer::remote(&serve.base);
     let url = format!("{}/api/ws", serve.base.replacen("http://", "ws://", 1));
     // Operators and agents have a pool of 500 places each; agents are capped per agent
-    // and per project, so the agent half is spread over 10 agents in 10 projects.
-    let agents: Vec<String> = (0..10)
+    // and per project, so the agent half is spread over 20 agents in 20 projects.
+    let agents: Vec<String> = (0..20)
         .map(|i| {
             srv.auth.mint_jwt(
                 &format!("bench-agent-{i}"),
