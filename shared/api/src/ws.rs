@@ -144,6 +144,10 @@ async fn upgrade(
         .unwrap_or_default();
     Ok(ws
         .protocols([SUBPROTOCOL])
+        // Small socket buffers: an idle connection should cost little (the defaults
+        // reserve 128 KiB to read into).
+        .read_buffer_size(8 * 1024)
+        .write_buffer_size(8 * 1024)
         .max_message_size(MAX_READ_BYTES)
         .max_frame_size(MAX_READ_BYTES)
         .on_upgrade(move |socket| async move {
