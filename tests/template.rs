@@ -1367,8 +1367,9 @@ mod dynamo {
 /// answers, so a live stream is never routed through the HTTP API).
 const FUNCTION_URL_ONLY: &[&str] = &["GET /api/runs/{run_id}/stream"];
 
-/// Routes only `tollgate serve` answers (not deployed): the contract's document.
-const SERVE_ONLY: &[&str] = &["GET /api/openapi.json"];
+/// Routes only `tollgate serve` answers (not deployed): the contract's document, and the
+/// WebSocket endpoint (deployed, the API Gateway WebSocket API speaks its protocol).
+const SERVE_ONLY: &[&str] = &["GET /api/openapi.json", "GET /api/ws"];
 
 /// The other direction of `every_api_route_is_served_by_the_function_it_invokes`: every
 /// route the code declares is deployed — on the HTTP API, or (a live stream) through a

@@ -353,6 +353,21 @@ async fn main() {
             let sse = tollgate_api::sse::SseConfig::from_env().unwrap_or_else(|e| fail(e));
             let mut deps = Deps::serve(store, &timers, gate, auth).await;
             deps.sse = sse;
+            // `GET /api/live` advertises this server's WebSocket endpoint, or the one
+            // configured (a deployment's API Gateway URL).
+            deps.websocket_url = Some(
+                tollgate_api::live::websocket_url_from_env()
+                    .unwrap_or_else(|| tollgate_protocol::ws::WS_PATH.to_owned()),
+            );
+            // On DynamoDB, one stream reader wakes this process's live tails of the runs
+            // any process appends to (docs/architecture.md §5).
+            if config.backend == Backend::Aws {
+                let safety = tollgate_api::live::safety_poll_from_env().unwrap_or_else(|e| fail(e));
+                let sdk = tollgate_store::dynamo::sdk_config().await;
+                deps = deps
+                    .with_wakes(std::sync::Arc::new(tollgate_api::live::Wakes::new(safety)))
+                    .with_stream_reader(&sdk, config.tables.events.clone());
+            }
             let app = tollgate_api::app(deps.clone());
             // Ctrl-C, or SIGTERM (a process manager's stop): finish what is in hand; open
             // live streams end at once (their clients resume with Last-Event-ID).

@@ -3,7 +3,9 @@
 //! and the streaming Function URL serves both) and prints one line per event until the
 //! run's `done` frame.
 //!
-//! The following is [`tollgate_client::operator::Follow`]: every event once, in order,
+//! The following is [`tollgate_client::operator::Follow`] — over WebSocket when the
+//! server advertises an endpoint (`GET /api/live`; a note on stderr says so), else over
+//! SSE: every event once, in order,
 //! across windows and breaks (`Last-Event-ID`, the server's `retry:` hint, backoff,
 //! `Retry-After`); a line over 1 MiB breaks a response. Here: the lines, the reconnect
 //! notes on stderr, and the exit code — 400/401/403/404 end the command (exit 1). A
@@ -31,8 +33,14 @@ pub struct WatchArgs {
 
 pub async fn watch(operator: &Operator, args: &WatchArgs) -> Result<(), Failure> {
     let mut follow = operator.follow(&args.run, args.after);
+    let mut told = false;
     loop {
-        match follow.next().await {
+        let item = follow.next().await;
+        if !told && follow.transport() == "websocket" {
+            told = true;
+            eprintln!("tollgate: following live over WebSocket");
+        }
+        match item {
             Ok(FollowItem::Event {
                 sequence,
                 event,

@@ -171,6 +171,11 @@ impl ServeProcess {
 
     /// Everything it printed up to the blank line that ends its start-up banner (the
     /// line after the URL's block), waiting at most 10 s for the rest.
+    /// The process id (to read its resident memory, say).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn banner(&mut self) -> Vec<String> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.seen.last().is_none_or(|l| !l.is_empty()) {

@@ -91,10 +91,11 @@ impl Credentials {
         self.bearer.as_ref().map(|b| b.as_deref().map_err(|e| *e))
     }
 
-    /// A bare bearer token (as a WebSocket subprotocol or query carries it).
-    pub fn from_token(token: &str) -> Self {
+    /// A bearer presented another way than `Authorization` (a WebSocket's subprotocol
+    /// or query); the same rules judge it.
+    pub fn from_token(token: impl Into<String>) -> Self {
         Self {
-            bearer: Some(Ok(token.to_owned())),
+            bearer: Some(Ok(token.into())),
             gateway: None,
         }
     }

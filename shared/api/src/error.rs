@@ -220,18 +220,17 @@ impl From<tollgate_app::AppError> for ApiError {
 }
 
 impl ApiError {
-    /// The JSON body this error answers, with `request_id` (also what a WebSocket
-    /// `error` frame carries, docs/architecture.md §9).
-    pub fn body(self, request_id: String) -> ErrorBody {
-        let (state, reason, approval_id) = match self.execution {
-            Some(x) => (Some(x.state), x.reason, x.approval_id),
+    /// The error as its JSON body says it (a WebSocket `error` frame's `data`).
+    pub fn body(&self, request_id: &str) -> ErrorBody {
+        let (state, reason, approval_id) = match &self.execution {
+            Some(x) => (Some(x.state), x.reason, x.approval_id.clone()),
             None => (self.state.map(ErrorState::as_str), None, None),
         };
         ErrorBody {
-            error: self.error,
+            error: self.error.clone(),
             code: self.code.as_str().into(),
             state: state.map(Into::into),
-            request_id,
+            request_id: request_id.to_owned(),
             status: self.run_ended.map(|(status, _)| status.into()),
             terminal_sequence: self.run_ended.map(|(_, sequence)| sequence),
             reason: reason.map(Into::into),
@@ -242,11 +241,10 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = self.status;
         // `request_id` is filled in by the request-id layer, which knows the request
         // (request_id.rs).
-        let body = self.body(String::new());
-        let mut response = (status, axum::Json(body)).into_response();
+        let body = self.body("");
+        let mut response = (self.status, axum::Json(body)).into_response();
         // Both ask the client to come back: say when (a client backs off from here).
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             response

@@ -54,6 +54,7 @@ impl std::fmt::Debug for Routes {
 
 fn ingress_routes() -> Router<Deps> {
     ingress::routes()
+        .merge(crate::live::routes())
         .merge(approvals::arm_routes())
         .merge(settlement::receipt_routes())
 }
@@ -63,7 +64,8 @@ fn replay_routes() -> Router<Deps> {
 }
 
 impl Routes {
-    /// Create runs, append, end runs; arm and read approval cards; delivery receipts.
+    /// Create runs, append, end runs; arm and read approval cards; delivery receipts; the
+    /// live endpoints (`GET /api/live`).
     pub const INGRESS: Routes = Routes {
         name: "ingress",
         build: ingress_routes,

@@ -15,6 +15,7 @@ pub mod jwt;
 #[cfg(feature = "lambda")]
 pub mod lambda;
 pub mod oidc;
+pub mod live;
 pub mod pod_cards;
 pub mod preview;
 #[cfg(feature = "push")]
@@ -24,8 +25,12 @@ pub mod request;
 pub mod request_id;
 pub mod settlement;
 pub mod sse;
+#[cfg(feature = "ws")]
+pub mod stream_reader;
 pub mod telemetry;
 pub mod wire;
+#[cfg(feature = "ws")]
+pub mod ws;
 
 use std::sync::Arc;
 
@@ -73,6 +78,14 @@ pub struct Deps {
     /// Whose requests the replay routes answer here ([`functions::Callers`]): everyone's
     /// in `tollgate serve`; operators' only in the `operator-stream` function.
     pub(crate) callers: functions::Callers,
+    /// What `GET /api/live` advertises as the WebSocket endpoint (`TOLLGATE_WEBSOCKET_URL`,
+    /// or `/api/ws` in `tollgate serve`); `None`: SSE only.
+    pub websocket_url: Option<String>,
+    /// Per-run wake-ups for live tails where the store has no write signal
+    /// ([`live::Wakes`], fed by the process's DynamoDB Streams reader).
+    pub(crate) wakes: Option<Arc<live::Wakes>>,
+    /// The stream reader feeding [`Deps::wakes`] (stops when the deps are dropped).
+    _stream_reader: Option<Arc<AbortOnDrop>>,
 }
 
 /// Stops a background task when the last holder goes.
@@ -104,6 +117,9 @@ impl Deps {
             streams: Arc::new(sse::StreamSlots::new(sse::MAX_OPEN_STREAMS)),
             forwards: Arc::new(tokio::sync::Semaphore::new(forward::MAX_IN_FLIGHT)),
             callers: functions::Callers::Anyone,
+            websocket_url: None,
+            wakes: None,
+            _stream_reader: None,
         }
     }
 
@@ -194,6 +210,30 @@ impl Deps {
         self
     }
 
+    /// Live tails wait on `wakes` (when the store has no write signal) instead of
+    /// polling; whoever holds `wakes` wakes them ([`live::Wakes::wake`]).
+    pub fn with_wakes(mut self, wakes: Arc<live::Wakes>) -> Self {
+        self.wakes = Some(wakes);
+        self
+    }
+
+    /// The per-run wake-ups, if any ([`Deps::with_wakes`]).
+    pub fn wakes(&self) -> Option<Arc<live::Wakes>> {
+        self.wakes.clone()
+    }
+
+    /// Reads the DynamoDB Streams of `events_table` in this process and wakes the live
+    /// tails of the runs its records name ([`stream_reader`]): `tollgate serve --backend
+    /// aws`, so that processes sharing the tables push each other's events.
+    #[cfg(feature = "ws")]
+    pub fn with_stream_reader(self, sdk: &aws_config::SdkConfig, events_table: String) -> Self {
+        let wakes = self.wakes.clone().unwrap_or_default();
+        let task = stream_reader::spawn(sdk, events_table, wakes.clone());
+        let mut deps = self.with_wakes(wakes);
+        deps._stream_reader = Some(Arc::new(AbortOnDrop(task)));
+        deps
+    }
+
     /// Serves the run log from `store` instead (a wrapper in tests).
     pub fn with_run_store(mut self, store: Arc<dyn RunStore>) -> Self {
         self.runs = RunLog::new(store);
@@ -215,6 +255,7 @@ impl Deps {
                 .with_oidc_from_env()?,
         );
         deps.sse = sse::SseConfig::from_env()?;
+        deps.websocket_url = live::websocket_url_from_env();
         Ok(deps)
     }
 }
@@ -335,11 +376,14 @@ pub fn replay_router(deps: Deps) -> Router {
 }
 
 /// Every route of every HTTP function in [`functions::FUNCTIONS`], each set once, for
-/// `tollgate serve` — and the contract's OpenAPI document at `GET /api/openapi.json`
+/// `tollgate serve` — with the `ws` feature, the WebSocket endpoint `GET /api/ws`
+/// ([`ws`]) — and the contract's OpenAPI document at `GET /api/openapi.json`
 /// (the committed `openapi.json`, which `tests/openapi.rs` holds equal to the one
 /// `tollgate-protocol` generates; the deployed functions do not serve it).
 pub fn app(deps: Deps) -> Router {
     let routes = functions::all_routes().route("/api/openapi.json", axum::routing::get(openapi));
+    #[cfg(feature = "ws")]
+    let routes = routes.merge(ws::routes());
     with_fallbacks(routes.with_state(deps.clone()), &deps)
 }
 

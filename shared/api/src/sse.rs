@@ -9,12 +9,15 @@
 //!
 //! The stream is the replay pages one after the other (the gap-safe
 //! [`tollgate_store::read_page`], through [`RunLog::page`]: a page ends at the first
-//! sequence not yet visible), so catch-up and live tail are the same loop and their
-//! boundary has no gap and no duplicate. Between pages it waits: on the embedded store
-//! for the store's write signal ([`RunLog::appended`]); on DynamoDB it polls the run's
-//! head (one eventually consistent `GetItem`, half the read units of a strong one),
-//! backing off from `poll_min` to `poll_max` while nothing arrives, and once a poll sees
-//! the head moved it reads the head strongly, then the events.
+//! sequence not yet visible), so catch-up and live tail are the same loop ([`follow`],
+//! which the WebSocket subscriptions run too) and their boundary has no gap and no
+//! duplicate. Between pages it waits ([`Wake`]): on the embedded store for the store's
+//! write signal ([`RunLog::appended`]); in `tollgate serve --backend aws` for the run's
+//! wake-ups from the process's DynamoDB Streams reader ([`crate::live`]), with a slow
+//! safety poll; in a Lambda function it polls the run's head (one eventually consistent
+//! `GetItem`, half the read units of a strong one), backing off from `poll_min` to
+//! `poll_max` while nothing arrives, and once a poll sees the head moved it reads the
+//! head strongly, then the events. Either way it reads events only once the head moved.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -324,19 +327,19 @@ pub(crate) async fn open(
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     let log = deps.runs.clone();
     let closing = deps.closing();
+    let wake = Wake::for_run(&deps, &run_id);
     tokio::spawn(async move {
         // Both given back when this task ends, however the stream ends.
         let _permit = permit;
         let _places = places;
         let tail = Tail {
-            log: &log,
             tx,
             closing,
             config,
             ends_at: Instant::now() + window,
             last_sent: Instant::now(),
         };
-        tail.run(head, after).await;
+        tail.run(log, wake, head, after).await;
     });
     let body = Body::from_stream(futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
@@ -365,6 +368,17 @@ pub(crate) fn holder_keys(
     head: &RunHead,
     caps: &StreamCaps,
 ) -> Vec<(String, usize, &'static str)> {
+    let mut keys = caller_keys(caller, caps);
+    keys.push(tenant_key(head, caps));
+    keys
+}
+
+/// The cap a non-operator caller's streams count against: its run token's run, or its
+/// agent (`sub` in its project).
+pub(crate) fn caller_keys(
+    caller: &crate::auth::Caller,
+    caps: &StreamCaps,
+) -> Vec<(String, usize, &'static str)> {
     let mut keys = Vec::with_capacity(2);
     match caller {
         crate::auth::Caller::Run { run_id, .. } => {
@@ -380,17 +394,251 @@ pub(crate) fn holder_keys(
             ));
         }
     }
+    keys
+}
+
+/// The cap of the run's tenant (its project, or without one, the agent that created it).
+pub(crate) fn tenant_key(head: &RunHead, caps: &StreamCaps) -> (String, usize, &'static str) {
     let tenant = match &head.project_id {
         Some(p) => format!("project:{p:?}"),
         None => format!("creator:{:?}", head.created_by),
     };
-    keys.push((tenant, caps.per_project, "project"));
-    keys
+    (tenant, caps.per_project, "project")
 }
 
-/// One response's loop: pages while there are events, waits while there are none.
-struct Tail<'a> {
-    log: &'a RunLog,
+/// Why a tail stopped sending.
+pub(crate) enum Stop {
+    /// The client went away.
+    Gone,
+    /// The store failed: end the response (the client resumes).
+    Store,
+}
+
+/// What a tail sends into: an SSE response or a WebSocket subscription. The page loop
+/// ([`follow`]) is the same for both.
+pub(crate) trait Sink: Send {
+    /// One event, as replay serves it.
+    fn event(
+        &mut self,
+        event: &tollgate_store::StoredEvent,
+    ) -> impl std::future::Future<Output = Result<(), Stop>> + Send;
+    /// After the run's terminal event.
+    fn done(
+        &mut self,
+        end: StreamEnd,
+    ) -> impl std::future::Future<Output = Result<(), Stop>> + Send;
+    /// When [`Sink::tick`] is due (a keep-alive), if ever.
+    fn tick_at(&self) -> Option<Instant>;
+    fn tick(&mut self) -> impl std::future::Future<Output = Result<(), Stop>> + Send;
+    /// Resolves once the reader is gone.
+    fn closed(&self) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// What a tail waits on between pages (docs/architecture.md §5).
+pub(crate) enum Wake {
+    /// The embedded store's write signal: changes after every write of this process.
+    Signal(tokio::sync::watch::Receiver<u64>),
+    /// This run's wake-ups from the process's DynamoDB Streams reader
+    /// ([`crate::live::Wakes`]), and a slow safety poll in case the reader falls behind
+    /// or fails: a lost stream record delays an event, never skips it.
+    Run {
+        rx: tokio::sync::watch::Receiver<u64>,
+        safety: Duration,
+    },
+    /// Nothing tells this process of writes (a Lambda instance): poll the head, backing
+    /// off from `min` to `max` while nothing arrives.
+    Poll {
+        idle: Duration,
+        min: Duration,
+        max: Duration,
+    },
+}
+
+impl Wake {
+    /// How a tail of `run_id` waits here: the store's signal, else the stream reader's
+    /// wake-ups, else polling.
+    pub(crate) fn for_run(deps: &Deps, run_id: &str) -> Self {
+        if let Some(rx) = deps.runs.appended() {
+            return Wake::Signal(rx);
+        }
+        if let Some(wakes) = &deps.wakes {
+            return Wake::Run {
+                rx: wakes.watch(run_id),
+                safety: wakes.safety_poll(),
+            };
+        }
+        Wake::Poll {
+            idle: deps.sse.poll_min,
+            min: deps.sse.poll_min,
+            max: deps.sse.poll_max,
+        }
+    }
+
+    /// Whether this wait polls the head (nothing tells the process of writes).
+    fn polls(&self) -> bool {
+        matches!(self, Wake::Poll { .. })
+    }
+
+    /// Something arrived: poll eagerly again.
+    fn progressed(&mut self) {
+        if let Wake::Poll { idle, min, .. } = self {
+            *idle = *min;
+        }
+    }
+
+    /// Waits for a reason to read the head again (`true`), or until `until` (`false`).
+    async fn wait(&mut self, until: Option<Instant>) -> bool {
+        let sleep_until = |at: Option<Instant>| async move {
+            match at {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        match self {
+            Wake::Signal(rx) => {
+                tokio::select! {
+                    changed = rx.changed() => {
+                        if changed.is_err() {
+                            // The store is gone (shutting down): nothing more will come.
+                            sleep_until(until).await;
+                            return false;
+                        }
+                        true
+                    }
+                    _ = sleep_until(until) => false,
+                }
+            }
+            Wake::Run { rx, safety } => {
+                let poll_at = Instant::now() + *safety;
+                let at = until.map_or(poll_at, |u| u.min(poll_at));
+                tokio::select! {
+                    changed = rx.changed() => {
+                        if changed.is_err() {
+                            tokio::time::sleep_until(at.into()).await;
+                        }
+                        changed.is_ok() || at == poll_at
+                    }
+                    _ = tokio::time::sleep_until(at.into()) => {
+                        if at == poll_at {
+                            tracing::debug!("live tail: safety poll");
+                        }
+                        at == poll_at
+                    }
+                }
+            }
+            Wake::Poll { idle, max, .. } => {
+                let now = Instant::now();
+                let nap = match until {
+                    Some(u) => (*idle).min(u.saturating_duration_since(now)),
+                    None => *idle,
+                };
+                tokio::time::sleep(nap).await;
+                *idle = (*idle * 2).min(*max);
+                true
+            }
+        }
+    }
+}
+
+/// The page loop every live tail runs (SSE responses and WebSocket subscriptions): the
+/// gap-safe replay pages one after the other ([`RunLog::page`]), so catch-up and live
+/// tail are one loop with no gap and no duplicate at their boundary; between pages it
+/// waits on `wake`. Ends after the terminal event (`done` sent), at `ends_at`, or when
+/// the process closes.
+pub(crate) async fn follow<S: Sink>(
+    log: &RunLog,
+    sink: &mut S,
+    wake: &mut Wake,
+    closing: &mut tokio::sync::watch::Receiver<bool>,
+    ends_at: Option<Instant>,
+    mut head: RunHead,
+    mut after: u64,
+) -> Result<(), Stop> {
+    let run_id = head.run_id.clone();
+    let ended = |closing: &tokio::sync::watch::Receiver<bool>| {
+        ends_at.is_some_and(|e| Instant::now() >= e) || *closing.borrow()
+    };
+    loop {
+        let page = log
+            .page(&head, after, PAGE)
+            .await
+            .map_err(|_| Stop::Store)?;
+        let progressed = !page.events.is_empty();
+        for e in &page.events {
+            sink.event(e).await?;
+        }
+        after = page.next_after;
+        if page.terminal {
+            return sink
+                .done(StreamEnd {
+                    run_id: run_id.to_string(),
+                    terminal_sequence: after,
+                })
+                .await;
+        }
+        if progressed {
+            wake.progressed();
+            if page.has_more {
+                // A buffered answer (no time left) is one page: the client resumes.
+                if ended(closing) {
+                    return Ok(());
+                }
+                head = read_head(log, &run_id).await?;
+                continue;
+            }
+        }
+        // Nothing (more) to send now: wait for the head to move past `after`.
+        loop {
+            if ended(closing) {
+                return Ok(());
+            }
+            let tick_at = sink.tick_at();
+            if tick_at.is_some_and(|t| Instant::now() >= t) {
+                sink.tick().await?;
+                continue;
+            }
+            let until = match (tick_at, ends_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let woken = tokio::select! {
+                woken = wake.wait(until) => woken,
+                _ = sink.closed() => return Err(Stop::Gone),
+                // A closed sender (the deps are gone) is a shutdown too.
+                closed = closing.changed() => match closed {
+                    Ok(()) => continue,
+                    Err(_) => return Ok(()),
+                },
+            };
+            if !woken {
+                continue;
+            }
+            let moved = |h: &RunHead| h.next_seq > after.saturating_add(1) || page.has_more;
+            // Polling, the wait reads the head eventually consistently: a lagging answer
+            // only delays the frame to the next poll. Once it shows a change, the head the
+            // page is read against is read strongly (docs/architecture.md §2).
+            if wake.polls() && !page.has_more {
+                let seen = log.lagging_head(&run_id).await.map_err(|_| Stop::Store)?;
+                if seen.as_ref().is_some_and(|h| !moved(h)) {
+                    continue;
+                }
+            }
+            head = read_head(log, &run_id).await?;
+            // Past `after` (or the run ended with nothing new — the terminal event is
+            // after `after` then, so this holds): read the page.
+            if moved(&head) {
+                break;
+            }
+        }
+    }
+}
+
+async fn read_head(log: &RunLog, run_id: &str) -> Result<RunHead, Stop> {
+    log.head(run_id).await.ok().flatten().ok_or(Stop::Store)
+}
+
+/// One SSE response: its frames go to the response body.
+struct Tail {
     tx: mpsc::Sender<Bytes>,
     /// True once the process shuts down: the stream ends as at the end of its window.
     closing: tokio::sync::watch::Receiver<bool>,
@@ -399,15 +647,7 @@ struct Tail<'a> {
     last_sent: Instant,
 }
 
-/// Why a stream stopped sending.
-enum Stop {
-    /// The client went away.
-    Gone,
-    /// The store failed: end the response; the client resumes.
-    Store,
-}
-
-impl Tail<'_> {
+impl Tail {
     async fn send(&mut self, frame: String) -> Result<(), Stop> {
         self.last_sent = Instant::now();
         // A reader that takes nothing for a keep-alive interval past the window is gone.
@@ -425,10 +665,22 @@ impl Tail<'_> {
         }
     }
 
-    async fn run(mut self, head: RunHead, after: u64) {
+    async fn run(mut self, log: RunLog, mut wake: Wake, head: RunHead, after: u64) {
         let retry = format!("retry: {}\n\n", self.config.retry.as_millis());
         if self.send(retry).await.is_ok() {
-            match self.follow(head, after).await {
+            let mut closing = self.closing.clone();
+            let ends_at = Some(self.ends_at);
+            match follow(
+                &log,
+                &mut self,
+                &mut wake,
+                &mut closing,
+                ends_at,
+                head,
+                after,
+            )
+            .await
+            {
                 Ok(()) | Err(Stop::Gone) => {}
                 Err(Stop::Store) => {
                     tracing::warn!("live stream ended early: storage");
@@ -438,120 +690,31 @@ impl Tail<'_> {
             }
         }
     }
+}
 
-    async fn follow(&mut self, mut head: RunHead, mut after: u64) -> Result<(), Stop> {
-        let run_id = head.run_id.clone();
-        let mut signal = self.log.appended();
-        let mut idle = self.config.poll_min;
-        loop {
-            let page = self
-                .log
-                .page(&head, after, PAGE)
-                .await
-                .map_err(|_| Stop::Store)?;
-            let progressed = !page.events.is_empty();
-            for e in &page.events {
-                let frame = format!(
-                    "id: {}\nevent: {}\ndata: {}\n\n",
-                    e.sequence, e.event_type, e.body
-                );
-                self.send(frame).await?;
-            }
-            after = page.next_after;
-            if page.terminal {
-                let done = StreamEnd {
-                    run_id: run_id.to_string(),
-                    terminal_sequence: after,
-                };
-                let done = serde_json::to_string(&done).unwrap_or_default();
-                return self.send(format!("event: done\ndata: {done}\n\n")).await;
-            }
-            if progressed {
-                idle = self.config.poll_min;
-                if page.has_more {
-                    // A buffered answer (no time left) is one page: the client resumes.
-                    if Instant::now() >= self.ends_at || *self.closing.borrow() {
-                        return Ok(());
-                    }
-                    head = self.head(&run_id).await?;
-                    continue;
-                }
-            }
-            // Nothing (more) to send now: wait for the head to move past `after`.
-            loop {
-                let now = Instant::now();
-                if now >= self.ends_at || *self.closing.borrow() {
-                    return Ok(());
-                }
-                let keepalive_at = self.last_sent + self.config.keepalive;
-                if now >= keepalive_at {
-                    self.send(": keep-alive\n\n".into()).await?;
-                    continue;
-                }
-                let until = keepalive_at.min(self.ends_at);
-                let woken = match signal.as_mut() {
-                    Some(rx) => {
-                        tokio::select! {
-                            changed = rx.changed() => changed.is_ok(),
-                            _ = tokio::time::sleep_until(until.into()) => false,
-                            _ = self.tx.closed() => return Err(Stop::Gone),
-                            // A closed sender (the deps are gone) is a shutdown too.
-                            closed = self.closing.changed() => match closed {
-                                Ok(()) => continue,
-                                Err(_) => return Ok(()),
-                            },
-                        }
-                    }
-                    None => {
-                        let nap = idle.min(until.saturating_duration_since(now));
-                        tokio::select! {
-                            _ = tokio::time::sleep(nap) => {}
-                            _ = self.tx.closed() => return Err(Stop::Gone),
-                            // A closed sender (the deps are gone) is a shutdown too.
-                            closed = self.closing.changed() => match closed {
-                                Ok(()) => continue,
-                                Err(_) => return Ok(()),
-                            },
-                        }
-                        idle = (idle * 2).min(self.config.poll_max);
-                        true
-                    }
-                };
-                if !woken {
-                    continue;
-                }
-                // Polling (no write signal), the wait reads the head eventually
-                // consistently: a lagging answer only delays the frame to the next poll.
-                // Once it shows a change, the head the page is read against is read
-                // strongly (docs/architecture.md §2).
-                let moved = |h: &RunHead| h.next_seq > after.saturating_add(1) || page.has_more;
-                if signal.is_none() && !page.has_more {
-                    let seen = self.lagging_head(&run_id).await?;
-                    if !seen.as_ref().is_some_and(moved) && seen.is_some() {
-                        continue;
-                    }
-                }
-                head = self.head(&run_id).await?;
-                // Past `after` (or the run ended with nothing new — the terminal event
-                // is after `after` then, so this holds): read the page.
-                if moved(&head) {
-                    break;
-                }
-            }
-        }
+impl Sink for Tail {
+    async fn event(&mut self, e: &tollgate_store::StoredEvent) -> Result<(), Stop> {
+        let frame = format!(
+            "id: {}\nevent: {}\ndata: {}\n\n",
+            e.sequence, e.event_type, e.body
+        );
+        self.send(frame).await
     }
 
-    /// `None` when the lagging read found no head (read strongly to tell).
-    async fn lagging_head(&self, run_id: &str) -> Result<Option<RunHead>, Stop> {
-        self.log.lagging_head(run_id).await.map_err(|_| Stop::Store)
+    async fn done(&mut self, end: StreamEnd) -> Result<(), Stop> {
+        let done = serde_json::to_string(&end).unwrap_or_default();
+        self.send(format!("event: done\ndata: {done}\n\n")).await
     }
 
-    async fn head(&self, run_id: &str) -> Result<RunHead, Stop> {
-        self.log
-            .head(run_id)
-            .await
-            .ok()
-            .flatten()
-            .ok_or(Stop::Store)
+    fn tick_at(&self) -> Option<Instant> {
+        Some(self.last_sent + self.config.keepalive)
+    }
+
+    async fn tick(&mut self) -> Result<(), Stop> {
+        self.send(": keep-alive\n\n".into()).await
+    }
+
+    async fn closed(&self) {
+        self.tx.closed().await
     }
 }

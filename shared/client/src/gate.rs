@@ -420,12 +420,23 @@ impl Run {
         };
         let started = Instant::now();
         let give_up_at = started + timeout + self.client().config().expiry_grace;
+        // Over WebSocket when the server advertises one, else the SSE stream.
+        let ws = self.client().http().live_websocket().await.map(|url| {
+            crate::ws::WsFollow::new(
+                url,
+                self.token(),
+                self.id(),
+                after,
+                self.client().config().stream_stall,
+            )
+        });
         let mut watch = Watch {
             run: self,
             request_id: &request_id,
             after,
             streaming: true,
             retry_hint: Duration::from_secs(1),
+            ws,
         };
         let verdict = watch.until_resolved(started, give_up_at).await?;
         Ok(verdict.into_decision(call))
@@ -451,6 +462,8 @@ struct Watch<'a> {
     streaming: bool,
     /// The server's `retry:` hint.
     retry_hint: Duration,
+    /// The WebSocket follower, when the server advertises an endpoint.
+    ws: Option<crate::ws::WsFollow>,
 }
 
 /// How one stream response or one polling round ended.
@@ -499,7 +512,9 @@ impl Watch<'_> {
                 }
             }
             first = false;
-            let step = if self.streaming {
+            let step = if self.ws.is_some() {
+                self.ws_once(give_up_at).await?
+            } else if self.streaming {
                 self.stream_once(give_up_at).await?
             } else {
                 self.poll_once().await?
@@ -562,6 +577,45 @@ impl Watch<'_> {
         }
         data.filter(|d| d.request_id == self.request_id)
             .map(|d| Verdict::from_resolved_event(&d))
+    }
+
+    /// Frames from the WebSocket follower until the card resolves, the run ends, the
+    /// connection gives out (the follower reconnects on the next call, after its own
+    /// backoff) or it is time to give up.
+    async fn ws_once(&mut self, give_up_at: Instant) -> Result<Step, Error> {
+        use crate::ws::WsItem;
+        let request_id = self.request_id;
+        let Some(ws) = self.ws.as_mut() else {
+            return Ok(Step::Fallback);
+        };
+        loop {
+            let left = give_up_at.saturating_duration_since(Instant::now());
+            let item = match tokio::time::timeout(left, ws.next()).await {
+                Err(_) => return Ok(Step::Again(Duration::ZERO)),
+                Ok(Ok(item)) => item,
+                Ok(Err(refused)) => {
+                    return Err(Error::from_answer(refused.status, &refused.body, None))
+                }
+            };
+            self.after = ws.last();
+            match item {
+                WsItem::Event { event, data, .. } => {
+                    if event == APPROVAL_RESOLVED {
+                        let data: Option<ApprovalResolved> = serde_json::from_str::<Event>(&data)
+                            .ok()
+                            .and_then(|e| e.payload_as());
+                        // As `resolution` reads it (`self` is borrowed by the follower).
+                        if let Some(d) = data.filter(|d| d.request_id == request_id) {
+                            return Ok(Step::Resolved(Verdict::from_resolved_event(&d)));
+                        }
+                    }
+                }
+                WsItem::Done { .. } => return Ok(Step::RunEnded),
+                // The follower waits its backoff itself on the next call; the card is
+                // looked at in between (the safety net after every reconnect).
+                WsItem::Reconnecting { .. } => return Ok(Step::Again(Duration::ZERO)),
+            }
+        }
     }
 
     /// One live-stream response from `after`.

@@ -118,6 +118,25 @@ impl Http {
         })
     }
 
+    /// The WebSocket endpoint `GET /api/live` advertises, resolved against the base URL
+    /// (`http`→`ws`, `https`→`wss`); `None` when there is none, or the server does not
+    /// answer the question (an older server, a failure: the caller uses SSE).
+    pub async fn live_websocket(&self) -> Option<Url> {
+        let url = self.endpoint(&["api", "live"]);
+        let resp = self
+            .client
+            .get(url)
+            .timeout(self.config.request_timeout)
+            .send()
+            .await
+            .ok()?;
+        if resp.status().as_u16() != 200 {
+            return None;
+        }
+        let live: tollgate_protocol::ws::LiveEndpoints = resp.json().await.ok()?;
+        crate::ws::resolve(&self.base, &live.websocket_url?)
+    }
+
     /// `base/seg/seg/…`, every segment percent-encoded (a base path prefix is kept).
     pub fn endpoint(&self, segments: &[&str]) -> Url {
         let mut url = self.base.clone();

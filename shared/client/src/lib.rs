@@ -89,6 +89,7 @@ pub mod operator;
 pub mod pod;
 mod retry;
 pub mod sse;
+pub mod ws;
 
 pub use client::{
     Budget, Client, ClientConfig, Ended, Event, EventPage, ExecutionMode, Receipt, Run, RunKind,

@@ -417,6 +417,8 @@ impl Operator {
     pub fn follow(&self, run: &str, after: u64) -> Follow<'_> {
         Follow {
             operator: self,
+            run: run.to_owned(),
+            live: Live::Unknown,
             url: self.http.endpoint(&["api", "runs", run, "events"]),
             last: after,
             retry: DEFAULT_RETRY,
@@ -528,6 +530,9 @@ pub enum FollowItem {
 /// transient end it ([`OperatorError::Refused`]).
 pub struct Follow<'a> {
     operator: &'a Operator,
+    run: String,
+    /// Over WebSocket when the server advertises one (`GET /api/live`), else SSE.
+    live: Live,
     url: reqwest::Url,
     /// The last sequence handed out.
     last: u64,
@@ -556,16 +561,84 @@ impl fmt::Debug for Follow<'_> {
     }
 }
 
+/// How a [`Follow`] receives its run.
+enum Live {
+    /// Not asked yet (`GET /api/live` on the first call).
+    Unknown,
+    Sse,
+    WebSocket(Box<crate::ws::WsFollow>),
+}
+
 impl Follow<'_> {
     /// The last sequence handed out.
     pub fn last(&self) -> u64 {
         self.last
     }
 
-    /// The next event, the run's end, or a reconnect about to happen.
+    /// How the run is followed: `"websocket"`, `"sse"`, or `"unknown"` before the first
+    /// call.
+    pub fn transport(&self) -> &'static str {
+        match self.live {
+            Live::Unknown => "unknown",
+            Live::Sse => "sse",
+            Live::WebSocket(_) => "websocket",
+        }
+    }
+
+    /// The next event, the run's end, or a reconnect about to happen. Over WebSocket when
+    /// `GET /api/live` advertises an endpoint ([`crate::ws::WsFollow`]), else over SSE;
+    /// the items are the same either way.
     pub async fn next(&mut self) -> Result<FollowItem, OperatorError> {
         if let Some(data) = &self.done {
             return Ok(FollowItem::Done { data: data.clone() });
+        }
+        if matches!(self.live, Live::Unknown) {
+            let op = self.operator;
+            self.live = match op.http.live_websocket().await {
+                Some(url) => Live::WebSocket(Box::new(crate::ws::WsFollow::new(
+                    url,
+                    &op.token,
+                    &self.run,
+                    self.last,
+                    op.config.stream_stall,
+                ))),
+                None => Live::Sse,
+            };
+        }
+        if let Live::WebSocket(ws) = &mut self.live {
+            use crate::ws::WsItem;
+            return match ws.next().await {
+                Ok(WsItem::Event {
+                    sequence,
+                    event,
+                    data,
+                }) => {
+                    self.last = sequence;
+                    Ok(FollowItem::Event {
+                        sequence: Some(sequence),
+                        event,
+                        data,
+                    })
+                }
+                Ok(WsItem::Done { data }) => {
+                    self.done = Some(data.clone());
+                    Ok(FollowItem::Done { data })
+                }
+                Ok(WsItem::Reconnecting { why, after, delay }) => Ok(FollowItem::Reconnecting {
+                    why: Interruption::Broke(why),
+                    after,
+                    delay,
+                }),
+                Err(refused) => Err(OperatorError::Refused(Box::new(Refusal::from_answer(
+                    Answer {
+                        status: refused.status,
+                        body: refused.body,
+                        retry_after: None,
+                        not_json: None,
+                        request_id: None,
+                    },
+                )))),
+            };
         }
         loop {
             while let Some(item) = self.queue.pop_front() {

@@ -8,9 +8,19 @@ use schemars::{JsonSchema, SchemaGenerator};
 use serde_json::{json, Map, Value};
 
 use crate::operations::{Body, Credential, Operation, OPERATIONS};
-use crate::{approvals, console, errors, events, execution, payloads, runs};
+use crate::{approvals, console, errors, events, execution, payloads, runs, ws};
 
 /// The grammar of the live stream, for the stream operations' descriptions.
+/// The WebSocket protocol, for the upgrade's description.
+const WS_GRAMMAR: &str = "WebSocket (subprotocol `tollgate.v1`; the credential as a second \
+subprotocol `bearer.<token>`, or `?access_token=`; a run token also names its run with \
+`?run_id=`). The client sends `WsClientMessage`s (`{\"action\":\"subscribe\",\"run_id\",\"after\"}`, \
+`unsubscribe`, `ping`); the server sends `WsFrame`s: per subscription a `subscribed` frame, \
+every event after `after` (`id` = sequence, `data` = the event as replay serves it), live \
+events as they commit, and `done` after the terminal event; `error` frames carry an \
+`ErrorBody`. A client keeps the last sequence it delivered per run, drops frames at or \
+below it, and resubscribes with `after` on a gap or a reconnect.";
+
 const SSE_GRAMMAR: &str = "Server-Sent Events. The stream opens with `retry: 1000`; each \
 event is a frame `id: <sequence>`, `event: <type>`, `data: <the event's JSON envelope>` \
 and a blank line; `: keep-alive` comment lines come while nothing happens; when the run \
@@ -53,6 +63,9 @@ fn named(generator: &mut SchemaGenerator) -> Vec<(&'static str, Value)> {
             of::<execution::ExecutionAnswer>(generator),
         ),
         ("StreamEnd", of::<events::StreamEnd>(generator)),
+        ("LiveEndpoints", of::<ws::LiveEndpoints>(generator)),
+        ("WsClientMessage", of::<ws::ClientMessage>(generator)),
+        ("WsFrame", of::<ws::Frame>(generator)),
         ("ConsoleConfig", of::<console::ConsoleConfig>(generator)),
         ("RunStarted", of::<payloads::RunStarted>(generator)),
         (
@@ -146,6 +159,7 @@ fn content(body: Body) -> Value {
         }}}),
         Body::Html => json!({"text/html": {"schema": {"type": "string"}}}),
         Body::JavaScript => json!({"text/javascript": {"schema": {"type": "string"}}}),
+        Body::WebSocket => json!({}),
     }
 }
 
@@ -394,6 +408,7 @@ fn links(op: &Operation, status: u16) -> Option<Value> {
 
 fn status_text(status: u16) -> &'static str {
     match status {
+        101 => "Switching Protocols: the WebSocket is open",
         200 => "OK",
         201 => "Created",
         400 => "Invalid request: the body, a parameter or an id (nothing written)",
@@ -460,6 +475,9 @@ fn operation(op: &Operation) -> Value {
     });
     if op.responses.iter().any(|(_, b)| *b == Body::EventStream) {
         o["description"] = SSE_GRAMMAR.into();
+    }
+    if op.responses.iter().any(|(_, b)| *b == Body::WebSocket) {
+        o["description"] = WS_GRAMMAR.into();
     }
     if let Some(body) = op.request {
         o["requestBody"] =

@@ -42,6 +42,8 @@ pub enum Body {
     Html,
     /// `text/javascript`.
     JavaScript,
+    /// A WebSocket upgrade (101): the messages are [`crate::ws`]'s.
+    WebSocket,
 }
 
 /// A query parameter.
@@ -204,6 +206,29 @@ pub const OPERATIONS: &[Operation] = &[
         query: &[AFTER_SEQ],
         request: None,
         responses: responses![200 => EventStream, 400 => ERR, 404 => ERR, 429 => ERR],
+    },
+    Operation {
+        method: "GET",
+        path: "/api/live",
+        id: "liveEndpoints",
+        summary: "How to follow runs live here: the WebSocket endpoint (if any) and SSE.",
+        credentials: &[],
+        query: &[],
+        request: None,
+        responses: &[(200, Json("LiveEndpoints"))],
+    },
+    Operation {
+        method: "GET",
+        path: "/api/ws",
+        id: "liveWebSocket",
+        summary: "Live delivery over WebSocket (tollgate serve): subscribe to runs, receive their events.",
+        credentials: &[RunToken, Operator, Agent],
+        query: &[
+            text("access_token", "The credential, where the Sec-WebSocket-Protocol header (`tollgate.v1, bearer.<token>`) cannot carry it."),
+            text("run_id", "With a run token: the run it is for (required then)."),
+        ],
+        request: None,
+        responses: &[(101, WebSocket), (400, ERR), (401, ERR), (403, ERR), (429, ERR), (503, ERR)],
     },
     Operation {
         method: "POST",

@@ -25,6 +25,21 @@
 //! sees every sequence exactly once and in order, whatever the transport loses.
 //!
 //! Frames without an `id` are control frames; every event frame has one.
+//!
+//! **Run tokens.** A run token opens one run only, and is checked against it: a client
+//! connecting with a run token also names that run in the query, `?run_id=<run>` (a
+//! connection with a run token and no `run_id` is refused, 401). Agent and operator JWTs
+//! need no `run_id`; their subscriptions are checked run by run as replay checks them.
+//!
+//! **Closing.** The server closes a connection with code 1008 (policy) for a binary
+//! frame, a message over [`MAX_CLIENT_MESSAGE_BYTES`] or a JWT that expired, and with
+//! 1001 (going away) when it shuts down; a peer that answers no ping is dropped. A
+//! client reconnects and resubscribes with `after` (the delivery rule above).
+//!
+//! **Finding the endpoint.** `GET /api/live` ([`LIVE_PATH`], no credential) answers
+//! [`LiveEndpoints`]: the WebSocket URL (absolute, or a path on the same server that a
+//! client resolves against its base URL, `http`→`ws`, `https`→`wss`), or none where
+//! only the SSE stream serves.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -35,6 +50,25 @@ pub const SUBPROTOCOL: &str = "tollgate.v1";
 pub const BEARER_PREFIX: &str = "bearer.";
 /// The query parameter that may carry the credential instead.
 pub const TOKEN_QUERY: &str = "access_token";
+
+/// The query parameter naming the run a run token is for (connecting with a run token).
+pub const RUN_QUERY: &str = "run_id";
+/// `tollgate serve`'s WebSocket endpoint.
+pub const WS_PATH: &str = "/api/ws";
+/// Where a client learns the live endpoints ([`LiveEndpoints`]).
+pub const LIVE_PATH: &str = "/api/live";
+
+/// `GET /api/live`: how to follow runs live here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct LiveEndpoints {
+    /// The WebSocket endpoint: an absolute `ws://`/`wss://` URL (the deployed WebSocket
+    /// API), or a path on this server (`/api/ws`) to resolve against the base URL with
+    /// `http`→`ws`; `null` where no WebSocket endpoint serves (use SSE).
+    pub websocket_url: Option<String>,
+    /// Whether the SSE stream (`GET /api/runs/{run_id}/stream`) serves here (always).
+    pub sse: bool,
+}
 
 /// Runs one connection may follow at once; one more subscription is refused with an
 /// [`FRAME_ERROR`] frame (`too_many_streams`).

@@ -5,7 +5,8 @@
 
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType,
-    LocalSecondaryIndex, Projection, ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
+    LocalSecondaryIndex, Projection, ProjectionType, ScalarAttributeType, StreamSpecification,
+    StreamViewType, TimeToLiveSpecification,
 };
 use aws_sdk_dynamodb::Client;
 use serde_yaml_ng::Value;
@@ -28,7 +29,9 @@ pub struct TableDef {
     pub local_indexes: Vec<IndexDef>,
     pub global_indexes: Vec<IndexDef>,
     pub ttl_attribute: Option<String>,
-    /// `StreamSpecification.StreamViewType` (`NEW_IMAGE`, …) when the table has a stream.
+    /// `StreamSpecification.StreamViewType` (`NEW_IMAGE` on the events table: what the
+    /// live-delivery stream readers consume, docs/architecture.md §5), if the table has a
+    /// stream.
     pub stream_view: Option<String>,
 }
 
@@ -138,6 +141,10 @@ pub fn table_defs(template: &str) -> Result<Vec<TableDef>, String> {
                 .then(|| str_at(t, "AttributeName").map(str::to_owned))
                 .flatten()
         });
+        let stream_view = props
+            .get("StreamSpecification")
+            .and_then(|s| str_at(s, "StreamViewType"))
+            .map(str::to_owned);
         defs.push(TableDef {
             logical_id: id.as_str().unwrap_or_default().to_owned(),
             attributes: pairs(
@@ -149,10 +156,7 @@ pub fn table_defs(template: &str) -> Result<Vec<TableDef>, String> {
             local_indexes,
             global_indexes,
             ttl_attribute: ttl,
-            stream_view: props
-                .get("StreamSpecification")
-                .and_then(|spec| str_at(spec, "StreamViewType"))
-                .map(str::to_owned),
+            stream_view,
         });
     }
     Ok(defs)
@@ -203,6 +207,11 @@ pub async fn describe(
         })
         .collect();
     attributes.sort();
+    let stream_view = table
+        .stream_specification()
+        .filter(|s| s.stream_enabled())
+        .and_then(|s| s.stream_view_type())
+        .map(|v| v.as_str().to_owned());
     Ok(TableDef {
         logical_id: logical_id.to_owned(),
         attributes,
@@ -240,11 +249,7 @@ pub async fn describe(
             })
             .collect(),
         ttl_attribute: ttl,
-        stream_view: table
-            .stream_specification()
-            .filter(|spec| spec.stream_enabled())
-            .and_then(|spec| spec.stream_view_type())
-            .map(|v| v.as_str().to_owned()),
+        stream_view,
     })
 }
 
@@ -256,18 +261,41 @@ pub async fn ensure_tables(client: &Client, tables: &Tables) -> Result<(), Store
         let Some(name) = physical_name(tables, &def.logical_id) else {
             continue;
         };
-        if client
-            .describe_table()
-            .table_name(&name)
-            .send()
-            .await
-            .is_ok()
-        {
+        if let Ok(existing) = client.describe_table().table_name(&name).send().await {
+            // A table made before it had a stream gets one (the live-delivery readers
+            // need it); nothing else of an existing table is changed.
+            let has_stream = existing
+                .table
+                .as_ref()
+                .and_then(|t| t.stream_specification())
+                .is_some_and(|s| s.stream_enabled());
+            if let (Some(view), false) = (&def.stream_view, has_stream) {
+                client
+                    .update_table()
+                    .table_name(&name)
+                    .stream_specification(stream_spec(view)?)
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        StoreError::Unavailable(format!(
+                            "enable the stream of {name}: {}",
+                            aws_sdk_dynamodb::error::DisplayErrorContext(e)
+                        ))
+                    })?;
+            }
             continue;
         }
         create_table(client, &name, &def).await?;
     }
     Ok(())
+}
+
+fn stream_spec(view: &str) -> Result<StreamSpecification, StoreError> {
+    StreamSpecification::builder()
+        .stream_enabled(true)
+        .stream_view_type(StreamViewType::from(view))
+        .build()
+        .map_err(|e| StoreError::Unavailable(e.to_string()))
 }
 
 fn key_schema(key: &[(String, String)]) -> Result<Vec<KeySchemaElement>, StoreError> {
@@ -289,6 +317,9 @@ async fn create_table(client: &Client, name: &str, def: &TableDef) -> Result<(),
         .table_name(name)
         .billing_mode(BillingMode::PayPerRequest)
         .set_key_schema(Some(key_schema(&def.key)?));
+    if let Some(view) = &def.stream_view {
+        req = req.stream_specification(stream_spec(view)?);
+    }
     for (attr, ty) in &def.attributes {
         req = req.attribute_definitions(
             AttributeDefinition::builder()
@@ -318,15 +349,6 @@ async fn create_table(client: &Client, name: &str, def: &TableDef) -> Result<(),
                 .index_name(index)
                 .set_key_schema(Some(key_schema(key)?))
                 .projection(projection_of(projection))
-                .build()
-                .map_err(|e| err(e.to_string()))?,
-        );
-    }
-    if let Some(view) = &def.stream_view {
-        req = req.stream_specification(
-            aws_sdk_dynamodb::types::StreamSpecification::builder()
-                .stream_enabled(true)
-                .stream_view_type(aws_sdk_dynamodb::types::StreamViewType::from(view.as_str()))
                 .build()
                 .map_err(|e| err(e.to_string()))?,
         );
@@ -401,6 +423,7 @@ mod tests {
         );
         assert_eq!(events.local_indexes[0].0, crate::dynamo::BY_SEQUENCE_INDEX);
         assert_eq!(events.ttl_attribute.as_deref(), Some("expires_at"));
+        assert_eq!(events.stream_view.as_deref(), Some("NEW_IMAGE"));
         assert!(defs.iter().any(|d| d.logical_id == "RunsTable"));
     }
 }

@@ -441,6 +441,10 @@ async fn main() {
     // `tollgate-bench sse`: only the live-stream phase (needs DynamoDB).
     match std::env::args().nth(1).as_deref() {
         None => {}
+        Some("ws") => {
+            ws_watchers().await;
+            return;
+        }
         Some("sse") => {
             assert!(
                 aws_endpoint_configured(),
@@ -450,7 +454,9 @@ async fn main() {
             return;
         }
         Some(other) => {
-            eprintln!("usage: tollgate-bench [sse]   (unknown phase {other:?}; none: every phase)");
+            eprintln!(
+                "usage: tollgate-bench [sse|ws]   (unknown phase {other:?}; none: every phase)"
+            );
             std::process::exit(2);
         }
     }
@@ -489,6 +495,7 @@ async fn main() {
         baseline.as_ref(),
     )
     .await;
+    ws_watchers().await;
     if let (Some(d), Some(b)) = (dynamo, baseline.as_ref()) {
         let lanes = bench("DynamoDB", d.clone(), Some(b)).await;
         // Measured again right after the appends it is compared with: the emulator
@@ -1556,4 +1563,112 @@ async fn lifecycle_modes(measured: &Assumptions) {
             println!("      * {a}");
         }
     }
+}
+
+// ------------------------------------------------------------------- WebSocket watchers
+//
+// Idle WebSocket watchers on one `tollgate serve` (embedded store, loopback): the server
+// process's resident memory before and after 1,000 connections that each follow a run,
+// per connection.
+
+/// Idle watchers opened.
+const WS_WATCHERS: usize = 1000;
+
+/// `VmRSS` of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+type WsSocket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// One watcher: connected with `token`, subscribed to `run_id`, its backlog read.
+async fn ws_watcher(url: &str, token: &str, run_id: &str) -> WsSocket {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Message;
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut().insert(
+        "sec-websocket-protocol",
+        format!("tollgate.v1, bearer.{token}").parse().unwrap(),
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(req)
+        .await
+        .expect("the watcher connects");
+    let sub = json!({"action": "subscribe", "run_id": run_id, "after": 0}).to_string();
+    ws.send(Message::Text(sub.into())).await.unwrap();
+    // `subscribed`, then the run's first event.
+    let mut frames = 0;
+    while frames < 2 {
+        match tokio::time::timeout(Duration::from_secs(30), ws.next()).await {
+            Ok(Some(Ok(Message::Text(_)))) => frames += 1,
+            Ok(Some(Ok(_))) => {}
+            other => panic!("watcher: no frame ({other:?})"),
+        }
+    }
+    ws
+}
+
+async fn ws_watchers() {
+    println!("\nWebSocket: {WS_WATCHERS} idle watchers on one `tollgate serve` (embedded store, loopback)");
+    let serve = tollgate_tests::serve::ServeProcess::start(&[]);
+    let srv = TestServer::remote(&serve.base);
+    let url = format!("{}/api/ws", serve.base.replacen("http://", "ws://", 1));
+    // Operators and agents have a pool of 500 places each; agents are capped per agent
+    // and per project, so the agent half is spread over 20 agents in 20 projects.
+    let agents: Vec<String> = (0..20)
+        .map(|i| {
+            srv.auth.mint_jwt(
+                &format!("bench-agent-{i}"),
+                tollgate_api::Role::Agent,
+                3600,
+                Some(format!("bench-{i}")),
+            )
+        })
+        .collect();
+    let mut plan: Vec<(String, String)> = Vec::with_capacity(WS_WATCHERS);
+    for i in 0..WS_WATCHERS {
+        let agent = &agents[i % agents.len()];
+        let (status, body) = srv.post("/api/runs", agent, &json!({})).await;
+        assert_eq!(status, reqwest::StatusCode::CREATED, "{body}");
+        let run_id = body["run_id"].as_str().unwrap().to_owned();
+        let token = if i % 2 == 0 {
+            srv.operator_token.clone()
+        } else {
+            agent.clone()
+        };
+        plan.push((token, run_id));
+    }
+    // Warm up (the first connections allocate the server's pools), then settle.
+    let warm: Vec<WsSocket> =
+        futures::future::join_all(plan.iter().take(8).map(|(t, r)| ws_watcher(&url, t, r))).await;
+    drop(warm);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = rss(serve.pid());
+    let started = Instant::now();
+    let mut watchers = Vec::with_capacity(WS_WATCHERS);
+    for chunk in plan.chunks(50) {
+        let opened =
+            futures::future::join_all(chunk.iter().map(|(t, r)| ws_watcher(&url, t, r))).await;
+        watchers.extend(opened);
+    }
+    let opened_in = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = rss(serve.pid());
+    let per = after.saturating_sub(before) as f64 / WS_WATCHERS as f64;
+    println!(
+        "  server RSS {:.1} MiB before, {:.1} MiB with {} watchers: {:.1} KiB per idle watcher \
+         (opened and subscribed in {})",
+        before as f64 / 1048576.0,
+        after as f64 / 1048576.0,
+        watchers.len(),
+        per / 1024.0,
+        ms(opened_in)
+    );
+    drop(watchers);
 }

@@ -30,7 +30,7 @@ fn answer(status: StatusCode, body: Option<String>) -> ApiGatewayProxyResponse {
 
 fn refusal(err: ApiError, request_id: &str) -> ApiGatewayProxyResponse {
     let status = err.status;
-    let body = serde_json::to_string(&err.body(request_id.to_owned())).unwrap_or_default();
+    let body = serde_json::to_string(&err.body(request_id)).unwrap_or_default();
     answer(status, Some(body))
 }
 

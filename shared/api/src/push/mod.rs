@@ -85,7 +85,7 @@ pub fn done_frame(run_id: &str, terminal_sequence: u64) -> String {
 
 /// An `error` frame carrying `err`'s [`tollgate_protocol::ErrorBody`].
 pub fn error_frame(run_id: Option<&str>, err: ApiError, request_id: &str) -> String {
-    let body = err.body(request_id.to_owned());
+    let body = err.body(request_id);
     control_frame(
         FRAME_ERROR,
         run_id,
