@@ -7,6 +7,7 @@ import { RunEnded, TollgateError, TransportError, Unavailable, WaitTimedOut } fr
 import { argumentsHash } from "./hash.js";
 import { bearer, describe, readCapped, refusal, sleep, USER_AGENT } from "./http.js";
 import type { Run } from "./client.js";
+import { WsUnavailable } from "./live.js";
 import type { Armed, Card, DecisionState, Event, Scope } from "./types.js";
 
 /** The server's default card timeout. */
@@ -195,11 +196,14 @@ type Step =
   | { kind: "ended" }
   | { kind: "again"; delayMs: number }
   | { kind: "fallback" }
+  | { kind: "sse" }
   | { kind: "failed"; reason: ReconnectReason; error: unknown; retryAfterMs?: number | undefined; progressed: boolean };
 
 class Watch {
   private after: number;
   private streaming = true;
+  /** Over WebSocket (while one is advertised and opens), else the SSE stream. */
+  private websocket = true;
   private hintMs = 1000;
   private reconnects = 0;
 
@@ -234,7 +238,7 @@ class Watch {
         }
       }
       first = false;
-      const step = this.streaming ? await this.streamOnce(giveUpAt) : await this.pollOnce();
+      const step = !this.streaming ? await this.pollOnce() : this.websocket ? await this.wsOnce(giveUpAt) : await this.streamOnce(giveUpAt);
       let delayMs: number;
       let reason: ReconnectReason = "window_end";
       let error: unknown;
@@ -252,6 +256,10 @@ class Watch {
           break;
         case "fallback":
           this.streaming = false;
+          continue;
+        case "sse":
+          this.websocket = false;
+          first = true;
           continue;
         case "failed": {
           // A connection that brought new events was not a failing server.
@@ -290,6 +298,31 @@ class Watch {
       return verdictFromEvent(event);
     }
     return undefined;
+  }
+
+  /** The wait over WebSocket: the follower resumes across drops by itself. */
+  private async wsOnce(giveUpAt: number): Promise<Step> {
+    const live = await this.run.live().catch(() => undefined);
+    if (live === undefined) return { kind: "sse" };
+    const signal = this.options.signal;
+    const stop = () => live.close();
+    const timer = setTimeout(stop, Math.max(0, giveUpAt - Date.now()));
+    signal?.addEventListener("abort", stop, { once: true });
+    try {
+      for await (const event of live.follow(this.run.id, this.after)) {
+        const v = this.take(event.sequence, event.type, event.data);
+        if (v !== undefined) return { kind: "resolved", verdict: v };
+      }
+      return { kind: "ended" };
+    } catch (err) {
+      signal?.throwIfAborted();
+      if (err instanceof WsUnavailable) return live.connections === 0 ? { kind: "sse" } : { kind: "again", delayMs: 0 };
+      throw err;
+    } finally {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", stop);
+      live.close();
+    }
   }
 
   /** One live-stream response from `after`. */

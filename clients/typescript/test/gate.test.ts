@@ -21,6 +21,7 @@ describe("gate", () => {
     const proxy = await cuttingProxy(server.port, CUTS, 700);
     try {
       const client = new Client(server.url, {
+        websocket: false, // the SSE stream's own behaviour
         token: server.agentToken,
         streamUrl: proxy.url,
         reconnect: { maxDelayMs: 50 },
@@ -111,6 +112,7 @@ describe("gate", () => {
     let run: Awaited<ReturnType<Client["createRun"]>> | undefined;
     let decided: Promise<unknown> | undefined;
     const client = new Client(server.url, {
+      websocket: false, // the SSE stream's own behaviour
       token: server.agentToken,
       fetch: recordingFetch(sent, (s) => {
         if (s.path.endsWith("/stream") && decided === undefined) decided = decide(server, run!.id, requestId, "deny");
@@ -140,6 +142,7 @@ describe("gate", () => {
   test("the signal aborts the wait and leaves the card pending", async () => {
     const ctrl = new AbortController();
     const client = new Client(server.url, {
+      websocket: false, // the SSE stream's own behaviour
       token: server.agentToken,
       fetch: recordingFetch([], (s) => {
         if (s.path.endsWith("/stream")) setImmediate(() => ctrl.abort(new Error("stop waiting")));
@@ -155,6 +158,7 @@ describe("gate", () => {
     let run: Awaited<ReturnType<Client["createRun"]>> | undefined;
     let appended: Promise<unknown> | undefined;
     const client = new Client(server.url, {
+      websocket: false, // the SSE stream's own behaviour
       token: server.agentToken,
       fetch: recordingFetch([], (s) => {
         // Once the gate waits on the stream, the agent says something...
@@ -196,6 +200,7 @@ describe("gate", () => {
     try {
       const sent: Sent[] = [];
       const client = new Client(server.url, {
+        websocket: false, // the SSE stream's own behaviour
         token: server.agentToken,
         streamUrl,
         pollIntervalMs: 50,
