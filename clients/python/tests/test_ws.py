@@ -208,24 +208,46 @@ async def test_the_gate_falls_back_to_sse(server: Server, how: str) -> None:
     assert proxy.upgrades == 0
 
 
-async def test_follow_reads_pages_where_no_websocket_is_advertised(server: Server) -> None:
-    with WsProxy(upstream(server), advertise=False) as proxy:
+@pytest.mark.parametrize("sse", [True, False])
+async def test_follow_falls_back_to_sse_then_pages(server: Server, sse: bool) -> None:
+    """No WebSocket advertised: ``run.follow()`` reads the SSE stream; where that is not
+    offered either (404), the event pages. The same events either way."""
+    proxy = WsProxy(upstream(server), advertise=False, stream_status=None if sse else 404)
+    with proxy:
         config = ClientConfig(poll_interval=0.05)
         async with AsyncClient(proxy.url, token=server.agent_token, config=config) as client:
             run = await client.create_run(owner="alice")
             await run.append({"type": "agent.message"})
-            await run.complete()
-            async with aclosing(run.follow()) as events:
-                seen = [e async for e in events]
+            seen: list[dict[str, Any]] = []
+
+            async def follow() -> None:
+                async with aclosing(run.follow()) as events:
+                    async for event in events:
+                        seen.append(event)
+
+            task = asyncio.create_task(follow())
+            await until(lambda: len(seen) >= 2)
+            await writer(run, 5)
+            await asyncio.wait_for(task, 30)
             page = await run.events(0, 1000)
     assert seen == page.events
-    assert [e["sequence"] for e in seen] == [1, 2, 3]
+    assert [e["sequence"] for e in seen] == list(range(1, 9))
     assert seen[-1]["type"] == "run_completed"
-    assert "/api/ws" not in proxy.paths()
-    async with AsyncClient(proxy.url, token=server.agent_token) as client:
-        with pytest.raises(WsUnavailable):
-            async with client.live():
-                pass
+    paths = proxy.paths()
+    assert "/api/ws" not in paths
+    streams = [p for p in paths if p.endswith("/stream")]
+    assert len(streams) >= 1
+    # Page reads: the test's own one, and the follower's where it polled.
+    pages = [r for r in proxy.requests if r.startswith("GET ") and "/events?" in r]
+    assert (len(pages) == 1) == sse
+
+
+async def test_live_says_when_no_websocket_is_advertised(server: Server) -> None:
+    with WsProxy(upstream(server), advertise=False) as proxy:
+        async with AsyncClient(proxy.url, token=server.agent_token) as client:
+            with pytest.raises(WsUnavailable):
+                async with client.live():
+                    pass
 
 
 async def test_a_gate_resolves_over_websocket_across_cuts(server: Server) -> None:

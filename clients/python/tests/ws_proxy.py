@@ -1,7 +1,8 @@
 """A loopback TCP proxy in front of ``tollgate serve`` that breaks WebSocket connections.
 
 Plain requests go through one per connection (``Connection: close`` added), except
-``GET /api/live``, answered ``{"websocket_url": null}`` when ``advertise`` is off. A
+``GET /api/live``, answered ``{"websocket_url": null}`` when ``advertise`` is off, and
+the SSE stream, answered ``stream_status`` when that is set. A
 WebSocket upgrade (``GET /api/ws``) is refused with ``ws_status`` when that is set;
 otherwise its bytes go through both ways, and the server's frames are read one by one:
 while it has cuts left, the proxy closes a connection partway through its
@@ -23,6 +24,7 @@ class WsProxy:
     upstream_port: int
     advertise: bool = True
     ws_status: int | None = None
+    stream_status: int | None = None
     cut_every: int = 0
     max_cuts: int = 0
     drop_every: int = 0
@@ -96,6 +98,9 @@ class WsProxy:
         websocket = path == "/api/ws"
         if path == "/api/live" and not self.advertise:
             await self._answer(client_w, 200, b'{"websocket_url":null,"sse":true}')
+            return
+        if path.endswith("/stream") and self.stream_status is not None:
+            await self._answer(client_w, self.stream_status, b'{"error":"no such route"}')
             return
         if websocket and self.ws_status is not None:
             await self._answer(client_w, self.ws_status, b'{"error":"no such route"}')

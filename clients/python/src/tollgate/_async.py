@@ -53,7 +53,7 @@ from ._models import (
     RunEnded as RunEndedBody,
 )
 from ._retry import MIN_RECONNECT, reconnect_backoff
-from ._sse import MAX_FRAME_DATA, MAX_LINE, Comment, Retry, SseParser
+from ._sse import MAX_FRAME_DATA, MAX_LINE, Comment, Frame, Retry, SseParser
 from ._ws import LiveConnection, WsUnavailable, resolve
 
 log = logging.getLogger("tollgate")
@@ -744,9 +744,9 @@ class AsyncRun:
     async def follow(self, after: int = 0) -> AsyncGenerator[dict[str, Any], None]:
         """The run's events after ``after``, each once and in sequence order, until the run
         ended and every event was handed out: over WebSocket where ``GET /api/live``
-        advertises one, else (or when it cannot be opened) from the event pages, read
-        every ``poll_interval``. Use it under :func:`contextlib.aclosing` when leaving
-        early::
+        advertises one, else (or when it cannot be opened) on the SSE stream, resumed
+        with ``Last-Event-ID``, else from the event pages, read every ``poll_interval``.
+        Use it under :func:`contextlib.aclosing` when leaving early::
 
             async with aclosing(run.follow()) as events:
                 async for event in events:
@@ -761,7 +761,15 @@ class AsyncRun:
                             yield live_event.data
                     return
             except WsUnavailable as e:
-                log.debug("no WebSocket endpoint (%s); reading the event pages", e)
+                log.debug("no WebSocket endpoint (%s); following the SSE stream", e)
+        st = _Watch("", after, None)
+        async with aclosing(self._follow_sse(st)) as sse:
+            async for event in sse:
+                yield event
+        if st.streaming:
+            return  # the run ended
+        log.debug("no SSE stream here; reading the event pages")
+        after = st.after
         poll = self.client.config.poll_interval
         while True:
             page = await self.events(after, 1000)
@@ -776,6 +784,79 @@ class AsyncRun:
                 return
             if not page.has_more or not page.events:
                 await anyio.sleep(poll)
+
+    async def _follow_sse(self, st: _Watch) -> AsyncGenerator[dict[str, Any], None]:
+        """``follow`` on the SSE stream: the events after ``st.after``, once each and in
+        order, until the run ended; ``st.streaming`` turns false where the stream is not
+        offered (404/405, or not ``text/event-stream``)."""
+        config = self.client.config
+        http = self.client._http
+        failures = 0
+        while True:
+            progressed = False
+            error: TollgateError | None = None
+            try:
+                async with http.stream(
+                    ["api", "runs", self.run_id, "stream"], self._token, st.after
+                ) as resp:
+                    if resp.status_code in (404, 405) or (
+                        resp.status_code == 200 and not is_event_stream(resp)
+                    ):
+                        st.streaming = False
+                        return
+                    if resp.status_code != 200:
+                        answer = await http.read_refusal(resp)
+                        error = error_from_answer(answer.status, answer.body)
+                        if not error.retryable:
+                            raise error
+                    else:
+                        parser = SseParser()
+                        chunks = cast(AsyncGenerator[bytes, None], resp.aiter_bytes())
+                        try:
+                            while not parser.overflowed:
+                                chunk: bytes | None = None
+                                ended = False
+                                with anyio.move_on_after(config.stream_stall):
+                                    try:
+                                        chunk = await chunks.__anext__()
+                                    except StopAsyncIteration:
+                                        ended = True  # the end of a window
+                                if chunk is None:
+                                    break
+                                for item in parser.feed(chunk):
+                                    if isinstance(item, Retry):
+                                        st.retry_hint = min(
+                                            item.ms / 1000.0, config.max_reconnect_delay
+                                        )
+                                    if not isinstance(item, Frame):
+                                        continue
+                                    if item.done:
+                                        return
+                                    seq = item.sequence()
+                                    if seq is None or seq <= st.after:
+                                        continue
+                                    try:
+                                        event = json.loads(item.data)
+                                    except ValueError:
+                                        event = None
+                                    if not isinstance(event, dict):
+                                        event = {"sequence": seq, "type": item.event}
+                                    st.after = seq
+                                    progressed = True
+                                    yield event
+                                if ended:
+                                    break
+                        finally:
+                            await chunks.aclose()
+            except (TimeoutError, httpx.HTTPError) as e:
+                log.debug("follow: the SSE stream broke (%s)", type(e).__name__)
+            failures = 0 if progressed and error is None else failures + 1
+            wait = (
+                st.retry_hint
+                if failures == 0
+                else reconnect_backoff(st.retry_hint, failures, config.max_reconnect_delay)
+            )
+            await anyio.sleep(wait)
 
     async def _stream_once(self, w: _Watch, give_up_at: float) -> _Step:
         config = self.client.config
