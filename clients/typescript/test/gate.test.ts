@@ -247,7 +247,8 @@ describe("gate across windows", () => {
   });
 
   test("a wait longer than the stream's window resumes after each window's end", async () => {
-    const client = new Client(server.url, { token: server.agentToken, reconnect: { maxDelayMs: 100 } });
+    // The SSE stream's windows (over WebSocket there are none).
+    const client = new Client(server.url, { token: server.agentToken, websocket: false, reconnect: { maxDelayMs: 100 } });
     const run = await client.createRun({ owner: "ts-operator" });
     const requestId = randomUUID();
     const reconnects = new Waiter<ReconnectInfo>();
