@@ -2,7 +2,7 @@ import { randomUUID } from "node:crypto";
 import { inspect } from "node:util";
 import { UnexpectedResponse } from "./errors.js";
 import { executeCall, type ExecuteOptions, type Executed, type Execution } from "./execution.js";
-import { gateCall, type Decision, type GateOptions } from "./gate.js";
+import { followSse, gateCall, type Decision, type GateOptions } from "./gate.js";
 import { Http, sleep, type ClientOptions } from "./http.js";
 import { LiveConnection, WsUnavailable } from "./live.js";
 import type {
@@ -214,7 +214,8 @@ export class Run {
   /**
    * The run's events after `after`, each once and in sequence order, until the run ended
    * and every event was handed out: over WebSocket where `GET /api/live` advertises one,
-   * else (or when it cannot be opened) from the event pages, read every `pollIntervalMs`.
+   * else (or when it cannot be opened) on the SSE stream, resumed with `Last-Event-ID`,
+   * else from the event pages, read every `pollIntervalMs`.
    */
   async *follow(after = 0, init: { signal?: AbortSignal } = {}): AsyncGenerator<Event, void, undefined> {
     const live = await this.live();
@@ -232,6 +233,10 @@ export class Run {
         live.close();
       }
     }
+    const state = { after, streaming: true };
+    for await (const event of followSse(this, state, init.signal)) yield event;
+    if (state.streaming) return; // the run ended
+    after = state.after;
     for (;;) {
       const page = await this.events(after, 1000, init);
       for (const event of page.events) {

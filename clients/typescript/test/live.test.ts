@@ -204,23 +204,34 @@ describe("live over WebSocket", () => {
     });
   }
 
-  test("run.follow() reads the pages where no WebSocket is advertised; client.live() says so", async () => {
-    const proxy = await wsProxy(server.port, { advertise: false });
-    try {
-      const client = new Client(proxy.url, { token: server.agentToken, pollIntervalMs: 50 });
-      const run = await client.createRun({ owner: "alice" });
-      await run.append({ type: "agent.message" });
-      await run.complete();
-      const seen: Event[] = [];
-      for await (const e of run.follow()) seen.push(e);
-      assert.deepEqual(seen, (await run.events(0, 1000)).events);
-      assert.deepEqual(seen.map((e) => e.sequence), [1, 2, 3]);
-      assert.ok(!proxy.paths.includes("/api/ws"));
-      await assert.rejects(client.live(), WsUnavailable);
-    } finally {
-      await proxy.close();
-    }
-  });
+  for (const sse of [true, false]) {
+    test(`no WebSocket advertised: run.follow() reads ${sse ? "the SSE stream" : "the pages (no SSE either)"}; client.live() says so`, async () => {
+      const proxy = await wsProxy(server.port, { advertise: false, streamStatus: sse ? undefined : 404 });
+      try {
+        const client = new Client(proxy.url, { token: server.agentToken, pollIntervalMs: 50 });
+        const run = await client.createRun({ owner: "alice" });
+        await run.append({ type: "agent.message" });
+        const seen: Event[] = [];
+        const follow = (async () => {
+          for await (const e of run.follow()) seen.push(e);
+        })();
+        await until("the first events", () => seen.length >= 2);
+        await writer(run, 5);
+        await follow;
+        const page = await run.events(0, 1000);
+        assert.deepEqual(seen, page.events);
+        assert.deepEqual(seen.map((e) => e.sequence), range(1, 8));
+        assert.ok(!proxy.paths.includes("/api/ws"));
+        assert.ok(proxy.paths.some((p) => p.endsWith("/stream")));
+        // Page reads: the test's own, and the follower's where it polled.
+        const pages = proxy.targets.filter((t) => t.includes("/events?"));
+        assert.equal(pages.length === 1, sse);
+        await assert.rejects(client.live(), WsUnavailable);
+      } finally {
+        await proxy.close();
+      }
+    });
+  }
 
   test("a gate's wait resolves over WebSocket across three cuts, every event once and in order", async () => {
     const proxy = await wsProxy(server.port, { cutEvery: 4, maxCuts: 3 });

@@ -10,6 +10,8 @@ import { createConnection, createServer, type Server, type Socket } from "node:n
 export interface WsProxyOptions {
   advertise?: boolean;
   wsStatus?: number;
+  /** Answers the SSE stream with this status. */
+  streamStatus?: number;
   cutEvery?: number;
   maxCuts?: number;
   dropEvery?: number;
@@ -65,6 +67,7 @@ export async function wsProxy(upstreamPort: number, options: WsProxyOptions = {}
       proxy.targets.push(target);
       const websocket = path === "/api/ws";
       if (path === "/api/live" && options.advertise === false) return answer(client, 200, '{"websocket_url":null,"sse":true}');
+      if (path.endsWith("/stream") && options.streamStatus !== undefined) return answer(client, options.streamStatus, '{"error":"no such route"}');
       if (websocket && options.wsStatus !== undefined) return answer(client, options.wsStatus, '{"error":"no such route"}');
       const out = websocket ? lines : [...lines.filter((l) => !/^connection:/i.test(l)), "connection: close"];
       const upstream = createConnection({ host: "127.0.0.1", port: upstreamPort });
