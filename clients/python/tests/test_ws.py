@@ -157,9 +157,9 @@ async def test_refused_credentials_are_errors_not_retries(server: Server) -> Non
             with pytest.raises(Unauthorized):
                 await asyncio.wait_for(collect(live, run.run_id), 30)
             assert live.connections == 0
-        # A run token opened for another run: refused at the upgrade.
+        # A run token opened for another run: refused at the upgrade (403).
         async with LiveConnection(url, run.token, run_id=other.run_id) as live:
-            with pytest.raises((Unauthorized, Forbidden)):
+            with pytest.raises(Forbidden):
                 await asyncio.wait_for(collect(live, other.run_id), 30)
             assert live.connections == 0
         # A run token on its own run's connection, subscribing to another run: refused.

@@ -162,8 +162,8 @@ describe("live over WebSocket", () => {
     const cases: [LiveConnection, string, (err: unknown) => boolean, number][] = [
       // A forged JWT: the upgrade is refused (401), once.
       [new LiveConnection(url, forged), run.id, (e) => e instanceof Unauthorized, 0],
-      // A run token opened for another run: refused at the upgrade.
-      [new LiveConnection(url, run.token, { runId: other.id }), other.id, (e) => e instanceof Unauthorized || e instanceof Forbidden, 0],
+      // A run token opened for another run: refused at the upgrade (403).
+      [new LiveConnection(url, run.token, { runId: other.id }), other.id, (e) => e instanceof Forbidden, 0],
       // A run token on its own run's connection subscribing to another run: refused.
       [new LiveConnection(url, run.token, { runId: run.id }), other.id, (e) => e instanceof Forbidden, 1],
       // An agent that may not read the run.
