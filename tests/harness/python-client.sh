@@ -59,15 +59,15 @@ wheel=$(ls "$work"/dist/tollgate-*.whl)
 "$VENV/bin/python" - "$wheel" <<'PY'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-for needed in ("tollgate/__init__.py", "tollgate/py.typed", "tollgate/pod.py",
+for needed in ("tollgate/__init__.py", "tollgate/py.typed", "tollgate/pod.py", "tollgate/_ws.py",
                "tollgate/adapters/langgraph.py", "tollgate/adapters/openai_agents.py"):
     if needed not in names:
         sys.exit(f"python-client.sh: the wheel lacks {needed}")
 meta = [n for n in names if n.endswith("METADATA")]
 text = zipfile.ZipFile(sys.argv[1]).read(meta[0]).decode()
 deps = [l for l in text.splitlines() if l.startswith("Requires-Dist:") and "extra ==" not in l]
-if sorted(d.split()[1].split(">")[0].split("<")[0] for d in deps) != ["anyio", "httpx"]:
-    sys.exit(f"python-client.sh: the core must need only httpx and anyio: {deps}")
+if sorted(d.split()[1].split(">")[0].split("<")[0] for d in deps) != ["anyio", "httpx", "websockets"]:
+    sys.exit(f"python-client.sh: the core must need only httpx, anyio and websockets: {deps}")
 print(f"python-client.sh: built {sys.argv[1].rsplit('/', 1)[1]} ({len(names)} files)")
 PY
 "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall "$wheel"

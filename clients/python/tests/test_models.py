@@ -44,9 +44,14 @@ def test_each_model_is_its_schema(model: type[Model]) -> None:
         assert not keeps_extra, model.schema_name
 
 
+#: Schemas the client writes without a model: the WebSocket messages it sends (a
+#: ``oneOf`` of three small objects, written as dicts by the follower).
+UNMODELLED = {"WsClientMessage"}
+
+
 def test_every_body_schema_has_a_model() -> None:
     modelled = {m.schema_name for m in MODELS}
-    assert set(schemas()) == modelled
+    assert set(schemas()) == modelled | UNMODELLED
 
 
 def test_the_server_serves_these_schemas(server: Server) -> None:

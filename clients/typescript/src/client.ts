@@ -2,12 +2,14 @@ import { randomUUID } from "node:crypto";
 import { inspect } from "node:util";
 import { UnexpectedResponse } from "./errors.js";
 import { executeCall, type ExecuteOptions, type Executed, type Execution } from "./execution.js";
-import { gateCall, type Decision, type GateOptions } from "./gate.js";
-import { Http, type ClientOptions } from "./http.js";
+import { followSse, gateCall, type Decision, type GateOptions } from "./gate.js";
+import { Http, sleep, type ClientOptions } from "./http.js";
+import { LiveConnection, WsUnavailable } from "./live.js";
 import type {
   Appended,
   Card,
   CreateRunOptions,
+  Event,
   EventInput,
   EventPage,
   MutationRecord,
@@ -33,6 +35,17 @@ export class Client {
     }
     this.#http = new Http(baseUrl, options);
     this.#token = options.token.trim();
+  }
+
+  /**
+   * One WebSocket connection following several runs with the agent's token (close it when
+   * done). Throws WsUnavailable where `GET /api/live` advertises no WebSocket endpoint.
+   */
+  async live(): Promise<LiveConnection> {
+    const url = await this.#http.websocketUrl(this.#token);
+    if (url === undefined) throw new WsUnavailable("no WebSocket endpoint is advertised here");
+    const c = this.#http.config;
+    return new LiveConnection(url, this.#token, { maxBackoffMs: c.reconnectMaxMs, stallMs: c.streamStallMs, WebSocket: this.#http.websocket.ctor });
   }
 
   /**
@@ -183,6 +196,58 @@ export class Run {
       sequences.push(...body.sequences);
     }
     return sequences;
+  }
+
+  /** @internal A WebSocket connection for this run with its token (undefined where none is advertised). */
+  async live(): Promise<LiveConnection | undefined> {
+    const url = await this.#http.websocketUrl(this.#token);
+    if (url === undefined) return undefined;
+    const c = this.#http.config;
+    return new LiveConnection(url, this.#token, {
+      runId: this.id,
+      maxBackoffMs: c.reconnectMaxMs,
+      stallMs: c.streamStallMs,
+      WebSocket: this.#http.websocket.ctor,
+    });
+  }
+
+  /**
+   * The run's events after `after`, each once and in sequence order, until the run ended
+   * and every event was handed out: over WebSocket where `GET /api/live` advertises one,
+   * else (or when it cannot be opened) on the SSE stream, resumed with `Last-Event-ID`,
+   * else from the event pages, read every `pollIntervalMs`.
+   */
+  async *follow(after = 0, init: { signal?: AbortSignal } = {}): AsyncGenerator<Event, void, undefined> {
+    const live = await this.live();
+    if (live !== undefined) {
+      try {
+        for await (const event of live.follow(this.id, after)) {
+          init.signal?.throwIfAborted();
+          after = event.sequence;
+          yield event.data;
+        }
+        return;
+      } catch (err) {
+        if (!(err instanceof WsUnavailable) || live.connections > 0) throw err;
+      } finally {
+        live.close();
+      }
+    }
+    const state = { after, streaming: true };
+    for await (const event of followSse(this, state, init.signal)) yield event;
+    if (state.streaming) return; // the run ended
+    after = state.after;
+    for (;;) {
+      const page = await this.events(after, 1000, init);
+      for (const event of page.events) {
+        if (event.sequence <= after) continue;
+        after = event.sequence;
+        yield event;
+      }
+      after = Math.max(after, page.next_after);
+      if (page.terminal && !page.has_more) return;
+      if (!page.has_more || page.events.length === 0) await sleep(this.#http.config.pollIntervalMs, init.signal);
+    }
   }
 
   /** One page of the run's events after `after` (`limit` 1–1000, default 100). */

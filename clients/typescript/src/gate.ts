@@ -7,6 +7,7 @@ import { RunEnded, TollgateError, TransportError, Unavailable, WaitTimedOut } fr
 import { argumentsHash } from "./hash.js";
 import { bearer, describe, readCapped, refusal, sleep, USER_AGENT } from "./http.js";
 import type { Run } from "./client.js";
+import { WsUnavailable } from "./live.js";
 import type { Armed, Card, DecisionState, Event, Scope } from "./types.js";
 
 /** The server's default card timeout. */
@@ -203,11 +204,14 @@ type Step =
   | { kind: "ended" }
   | { kind: "again"; delayMs: number }
   | { kind: "fallback" }
+  | { kind: "sse" }
   | { kind: "failed"; reason: ReconnectReason; error: unknown; retryAfterMs?: number | undefined; progressed: boolean };
 
 class Watch {
   private after: number;
   private streaming = true;
+  /** Over WebSocket (while one is advertised and opens), else the SSE stream. */
+  private websocket = true;
   private hintMs = 1000;
   private reconnects = 0;
 
@@ -242,7 +246,7 @@ class Watch {
         }
       }
       first = false;
-      const step = this.streaming ? await this.streamOnce(giveUpAt) : await this.pollOnce();
+      const step = !this.streaming ? await this.pollOnce() : this.websocket ? await this.wsOnce(giveUpAt) : await this.streamOnce(giveUpAt);
       let delayMs: number;
       let reason: ReconnectReason = "window_end";
       let error: unknown;
@@ -260,6 +264,10 @@ class Watch {
           break;
         case "fallback":
           this.streaming = false;
+          continue;
+        case "sse":
+          this.websocket = false;
+          first = true;
           continue;
         case "failed": {
           // A connection that brought new events was not a failing server.
@@ -298,6 +306,31 @@ class Watch {
       return verdictFromEvent(event);
     }
     return undefined;
+  }
+
+  /** The wait over WebSocket: the follower resumes across drops by itself. */
+  private async wsOnce(giveUpAt: number): Promise<Step> {
+    const live = await this.run.live().catch(() => undefined);
+    if (live === undefined) return { kind: "sse" };
+    const signal = this.options.signal;
+    const stop = () => live.close();
+    const timer = setTimeout(stop, Math.max(0, giveUpAt - Date.now()));
+    signal?.addEventListener("abort", stop, { once: true });
+    try {
+      for await (const event of live.follow(this.run.id, this.after)) {
+        const v = this.take(event.sequence, event.type, event.data);
+        if (v !== undefined) return { kind: "resolved", verdict: v };
+      }
+      return { kind: "ended" };
+    } catch (err) {
+      signal?.throwIfAborted();
+      if (err instanceof WsUnavailable) return live.connections === 0 ? { kind: "sse" } : { kind: "again", delayMs: 0 };
+      throw err;
+    } finally {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", stop);
+      live.close();
+    }
   }
 
   /** One live-stream response from `after`. */
@@ -453,5 +486,119 @@ class Watch {
       if (page.terminal) return { kind: "ended" };
       if (!page.has_more || page.events.length === 0) return { kind: "again", delayMs: poll };
     }
+  }
+}
+
+/**
+ * @internal `run.follow()` on the SSE stream: the events after `state.after`, once each and
+ * in order, resumed with `Last-Event-ID` after each window's end or drop, until the run
+ * ended; `state.streaming` turns false where the stream is not offered (404/405, or an
+ * answer that is not `text/event-stream`).
+ */
+export async function* followSse(run: Run, state: { after: number; streaming: boolean }, signal?: AbortSignal): AsyncGenerator<Event, void, undefined> {
+  const http = run.http;
+  let hintMs = 1000;
+  let failures = 0;
+  for (;;) {
+    signal?.throwIfAborted();
+    let progressed = false;
+    let failed = false;
+    const ctrl = new AbortController();
+    const onAbort = () => ctrl.abort(signal?.reason);
+    signal?.addEventListener("abort", onAbort, { once: true });
+    try {
+      let resp: Response | undefined;
+      const openTimer = setTimeout(() => ctrl.abort(new TransportError("opening the live stream timed out")), http.config.requestTimeoutMs);
+      try {
+        resp = await http.fetch(http.url(["api", "runs", run.id, "stream"], undefined, http.streamBase), {
+          headers: { authorization: bearer(run.token), accept: "text/event-stream", "last-event-id": String(state.after), "user-agent": USER_AGENT },
+          redirect: "manual",
+          signal: ctrl.signal,
+        });
+      } catch {
+        signal?.throwIfAborted();
+        failed = true;
+      } finally {
+        clearTimeout(openTimer);
+      }
+      if (resp !== undefined && (resp.status === 404 || resp.status === 405 || (resp.status === 200 && !(resp.headers.get("content-type") ?? "").startsWith("text/event-stream")) || resp.body === null)) {
+        await resp.body?.cancel().catch(() => undefined);
+        state.streaming = false;
+        return;
+      }
+      if (resp !== undefined && resp.status !== 200) {
+        let body: unknown = null;
+        try {
+          const t = await readCapped(resp);
+          body = t ? JSON.parse(t) : null;
+        } catch {
+          body = null;
+        }
+        const error = refusal({ status: resp.status, body, requestId: resp.headers.get("x-request-id") ?? undefined, retryAfterMs: undefined });
+        if (!(error instanceof Unavailable)) throw error;
+        failed = true;
+      } else if (resp?.body != null) {
+        const frames: EventSourceMessage[] = [];
+        let overflow = false;
+        const parser = createParser({
+          onEvent: (frame) => frames.push(frame),
+          onRetry: (retry) => (hintMs = Math.min(retry, http.config.reconnectMaxMs)),
+          onError: (err) => {
+            if (err.type === "max-buffer-size-exceeded") overflow = true;
+          },
+          maxBufferSize: MAX_FRAME_CHARS,
+        });
+        const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
+        for (;;) {
+          let timer: NodeJS.Timeout | undefined;
+          const stalled = new Promise<"stalled">((resolve) => (timer = setTimeout(() => resolve("stalled"), http.config.streamStallMs)));
+          let chunk: ReadableStreamReadResult<string> | "stalled";
+          try {
+            chunk = await Promise.race([reader.read(), stalled]);
+          } catch {
+            signal?.throwIfAborted();
+            failed = true;
+            break;
+          } finally {
+            clearTimeout(timer);
+          }
+          if (chunk === "stalled") {
+            failed = true;
+            break;
+          }
+          if (chunk.done) break; // the end of a window
+          try {
+            parser.feed(chunk.value);
+          } catch {
+            overflow = true;
+          }
+          for (const frame of frames.splice(0)) {
+            if (frame.event === "done" && frame.id === undefined) return;
+            const seq = frame.id === undefined ? NaN : Number(frame.id);
+            if (!Number.isSafeInteger(seq) || seq <= state.after) continue;
+            let event: Event;
+            try {
+              event = JSON.parse(frame.data) as Event;
+            } catch {
+              event = { sequence: seq, type: frame.event ?? "" } as Event;
+            }
+            state.after = seq;
+            progressed = true;
+            yield event;
+          }
+          if (overflow) {
+            failed = true;
+            break;
+          }
+        }
+      }
+    } finally {
+      signal?.removeEventListener("abort", onAbort);
+      ctrl.abort();
+    }
+    failures = failed && !progressed ? failures + 1 : 0;
+    const { reconnectMinMs: min, reconnectMaxMs: max } = http.config;
+    const base = Math.min(Math.max(hintMs, min), max);
+    await sleep(failures === 0 ? base : Math.min(base * 2 ** Math.min(failures - 1, 16), max), signal);
   }
 }

@@ -1,6 +1,7 @@
 // One server, requests with bounded retries, answers as JSON. Tokens go only into the
 // Authorization header and never into an error message.
-import { TransportError, UnexpectedResponse, errorFromAnswer, type TollgateError } from "./errors.js";
+import { TransportError, UnexpectedResponse, errorFromAnswer, TollgateError } from "./errors.js";
+import { resolveWebSocketUrl, type WebSocketConstructor } from "./live.js";
 
 /** How often, and how far apart, a request is tried. */
 export interface RetryOptions {
@@ -34,6 +35,13 @@ export interface ClientOptions {
   reconnect?: { minDelayMs?: number; maxDelayMs?: number };
   /** The fetch to use (default: the global one). */
   fetch?: typeof fetch;
+  /**
+   * Follow runs over WebSocket where `GET /api/live` advertises an endpoint (default
+   * true; else, or when it cannot be opened, the SSE stream, then the event pages).
+   */
+  websocket?: boolean;
+  /** The WebSocket implementation (default: `globalThis.WebSocket`, else the `ws` package). */
+  WebSocket?: WebSocketConstructor;
 }
 
 export interface Config {
@@ -133,6 +141,34 @@ export class Http {
     this.streamBase = options.streamUrl === undefined ? this.base : parseBase(options.streamUrl);
     this.config = config(options);
     this.fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
+    this.websocket = { enabled: options.websocket ?? true, ctor: options.WebSocket };
+  }
+
+  /** @internal The WebSocket settings. */
+  readonly websocket: { enabled: boolean; ctor: WebSocketConstructor | undefined };
+  #websocketUrl: Promise<string | undefined> | undefined;
+
+  /**
+   * @internal The WebSocket endpoint `GET /api/live` advertises, resolved against the
+   * base URL; learnt once per client (undefined: none, or turned off).
+   */
+  websocketUrl(token: string): Promise<string | undefined> {
+    if (!this.websocket.enabled) return Promise.resolve(undefined);
+    if (this.#websocketUrl === undefined) {
+      const learnt = this.json<{ websocket_url?: string | null; sse: boolean }>("GET", this.url(["api", "live"]), token, [200]).then(
+        ({ body }) => {
+          const advertised = body.websocket_url;
+          return typeof advertised === "string" && advertised !== "" ? resolveWebSocketUrl(this.base, advertised) : undefined;
+        },
+        (err: unknown) => {
+          // A server from before the endpoint (404) answers the same next time; anything else may not.
+          if (!(err instanceof TollgateError && (err.status === 404 || err.status === 405))) this.#websocketUrl = undefined;
+          return undefined;
+        },
+      );
+      this.#websocketUrl = learnt;
+    }
+    return this.#websocketUrl;
   }
 
   /** `base/seg/seg/…`, every segment percent-encoded (a base path prefix is kept). */

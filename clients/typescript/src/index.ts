@@ -27,5 +27,15 @@ export {
   type ErrorDetails,
 } from "./errors.js";
 export type { ClientOptions, RetryOptions } from "./http.js";
+export {
+  LiveConnection,
+  WsUnavailable,
+  MAX_SUBSCRIPTIONS,
+  resolveWebSocketUrl,
+  type LiveEvent,
+  type LiveOptions,
+  type WebSocketConstructor,
+  type WebSocketLike,
+} from "./live.js";
 export { argumentsHash, canonicalJson } from "./hash.js";
 export type * from "./types.js";

@@ -127,6 +127,43 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/live": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** How to follow runs live here: the WebSocket endpoint (if any) and SSE. */
+        get: operations["liveEndpoints"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/ws": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Live delivery over WebSocket (tollgate serve): subscribe to runs, receive their events.
+         * @description WebSocket (subprotocol `tollgate.v1`; the credential as a second subprotocol `bearer.<token>`, or `?access_token=`; a run token also names its run with `?run_id=`). The client sends `WsClientMessage`s (`{"action":"subscribe","run_id","after"}`, `unsubscribe`, `ping`); the server sends `WsFrame`s: per subscription a `subscribed` frame, every event after `after` (`id` = sequence, `data` = the event as replay serves it), live events as they commit, and `done` after the terminal event; `error` frames carry an `ErrorBody`. A client keeps the last sequence it delivered per run, drops frames at or below it, and resubscribes with `after` on a gap or a reconnect.
+         */
+        get: operations["liveWebSocket"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/runs/{run_id}/approval-requests": {
         parameters: {
             query?: never;
@@ -1012,6 +1049,52 @@ export interface components {
             run_id: string;
             /** Format: uint64 */
             terminal_sequence: number;
+        };
+        /** @description `GET /api/live`: how to follow runs live here. */
+        LiveEndpoints: {
+            /**
+             * @description The WebSocket endpoint: an absolute `ws://`/`wss://` URL (the deployed WebSocket
+             *     API), or a path on this server (`/api/ws`) to resolve against the base URL with
+             *     `http`→`ws`; `null` where no WebSocket endpoint serves (use SSE).
+             */
+            websocket_url?: string | null;
+            /** @description Whether the SSE stream (`GET /api/runs/{run_id}/stream`) serves here (always). */
+            sse: boolean;
+        };
+        /** @description A message a client sends (one JSON text frame). API Gateway routes on `action`. */
+        WsClientMessage: {
+            /** @constant */
+            action: "subscribe";
+            run_id: string;
+            /** Format: uint64 */
+            after?: number | null;
+        } | {
+            /** @constant */
+            action: "unsubscribe";
+            run_id: string;
+        } | {
+            /** @constant */
+            action: "ping";
+        };
+        /**
+         * @description A frame the server sends (one JSON text frame): an event (`id` set) or a control
+         *     frame (`id` absent; `event` one of the `FRAME_*` names).
+         */
+        WsFrame: {
+            /**
+             * @description The run the frame is about (absent only on a `pong` and on an `error` about a
+             *     message that named no run).
+             */
+            run_id?: string | null;
+            /**
+             * Format: uint64
+             * @description The event's sequence; absent on control frames.
+             */
+            id?: number | null;
+            /** @description The event's type, or the control frame's name. */
+            event: string;
+            /** @description The event as replay serves it ([`crate::Event`]), or the control frame's body. */
+            data: unknown;
         };
         /** @description `GET /api/console/config`: who the operator token is and what it may grant. */
         ConsoleConfig: {
@@ -2003,6 +2086,101 @@ export interface operations {
             };
             /** @description No such run, card, record or route (or not the caller's to see) */
             404: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A tenant's cap or a stream limit is reached; retry after Retry-After */
+            429: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    /** @description Seconds to wait before retrying. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Storage or a pod is unavailable; retry after Retry-After (nothing written) */
+            503: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    /** @description Seconds to wait before retrying. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    liveEndpoints: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LiveEndpoints"];
+                };
+            };
+        };
+    };
+    liveWebSocket: {
+        parameters: {
+            query?: {
+                /** @description The credential, where the Sec-WebSocket-Protocol header (`tollgate.v1, bearer.<token>`) cannot carry it. */
+                access_token?: string;
+                /** @description With a run token: the run it is for (required then). */
+                run_id?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Switching Protocols: the WebSocket is open */
+            101: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description No credential, or one that does not verify */
+            401: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The credential may not do this */
+            403: {
                 headers: {
                     /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
                     "x-request-id"?: string;

@@ -40,6 +40,7 @@ describe("execution guard", () => {
     server = await startServer();
     sent = [];
     client = new Client(server.url, {
+      websocket: false, // the SSE stream's own behaviour
       token: server.agentToken,
       fetch: recordingFetch(sent, (s) => {
         // The gate has armed its card when it opens the stream: decide it then.

@@ -21,6 +21,7 @@ describe("gate", () => {
     const proxy = await cuttingProxy(server.port, CUTS, 700);
     try {
       const client = new Client(server.url, {
+        websocket: false, // the SSE stream's own behaviour
         token: server.agentToken,
         streamUrl: proxy.url,
         reconnect: { maxDelayMs: 50 },
@@ -111,6 +112,7 @@ describe("gate", () => {
     let run: Awaited<ReturnType<Client["createRun"]>> | undefined;
     let decided: Promise<unknown> | undefined;
     const client = new Client(server.url, {
+      websocket: false, // the SSE stream's own behaviour
       token: server.agentToken,
       fetch: recordingFetch(sent, (s) => {
         if (s.path.endsWith("/stream") && decided === undefined) decided = decide(server, run!.id, requestId, "deny");
@@ -169,6 +171,7 @@ describe("gate", () => {
   test("the signal aborts the wait and leaves the card pending", async () => {
     const ctrl = new AbortController();
     const client = new Client(server.url, {
+      websocket: false, // the SSE stream's own behaviour
       token: server.agentToken,
       fetch: recordingFetch([], (s) => {
         if (s.path.endsWith("/stream")) setImmediate(() => ctrl.abort(new Error("stop waiting")));
@@ -184,6 +187,7 @@ describe("gate", () => {
     let run: Awaited<ReturnType<Client["createRun"]>> | undefined;
     let appended: Promise<unknown> | undefined;
     const client = new Client(server.url, {
+      websocket: false, // the SSE stream's own behaviour
       token: server.agentToken,
       fetch: recordingFetch([], (s) => {
         // Once the gate waits on the stream, the agent says something...
@@ -225,6 +229,7 @@ describe("gate", () => {
     try {
       const sent: Sent[] = [];
       const client = new Client(server.url, {
+        websocket: false, // the SSE stream's own behaviour
         token: server.agentToken,
         streamUrl,
         pollIntervalMs: 50,
@@ -271,7 +276,8 @@ describe("gate across windows", () => {
   });
 
   test("a wait longer than the stream's window resumes after each window's end", async () => {
-    const client = new Client(server.url, { token: server.agentToken, reconnect: { maxDelayMs: 100 } });
+    // The SSE stream's windows (over WebSocket there are none).
+    const client = new Client(server.url, { token: server.agentToken, websocket: false, reconnect: { maxDelayMs: 100 } });
     const run = await client.createRun({ owner: "ts-operator" });
     const requestId = randomUUID();
     const reconnects = new Waiter<ReconnectInfo>();

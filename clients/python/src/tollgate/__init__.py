@@ -54,6 +54,7 @@ from ._http import ClientConfig, __version__
 from ._models import Budget
 from ._retry import RetryPolicy
 from ._sync import Client, Execution, Run
+from ._ws import LiveConnection, LiveEvent, WsUnavailable
 
 __all__ = [
     "APPROVAL_RESOLVED",
@@ -73,6 +74,8 @@ __all__ = [
     "Forbidden",
     "InvalidEvent",
     "InvalidRequest",
+    "LiveConnection",
+    "LiveEvent",
     "NotExecuted",
     "NotFound",
     "NotSent",
@@ -90,6 +93,7 @@ __all__ = [
     "Unavailable",
     "UnexpectedAnswer",
     "WaitTimedOut",
+    "WsUnavailable",
     "__version__",
     "arguments_hash",
     "canonical_json",

@@ -11,6 +11,7 @@ import logging
 import math
 import uuid
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, cast
@@ -42,6 +43,7 @@ from ._models import (
     CreateRun,
     EventPage,
     ExecutionAnswer,
+    LiveEndpoints,
     MutationRecord,
     RunReceipt,
     Settle,
@@ -51,7 +53,8 @@ from ._models import (
     RunEnded as RunEndedBody,
 )
 from ._retry import MIN_RECONNECT, reconnect_backoff
-from ._sse import MAX_FRAME_DATA, MAX_LINE, Comment, Retry, SseParser
+from ._sse import MAX_FRAME_DATA, MAX_LINE, Comment, Frame, Retry, SseParser
+from ._ws import LiveConnection, WsUnavailable, resolve
 
 log = logging.getLogger("tollgate")
 
@@ -405,6 +408,8 @@ class _Step:
     RUN_ENDED = "run_ended"
     AGAIN = "again"
     FALLBACK = "fallback"
+    #: No WebSocket here: the SSE stream next.
+    SSE = "sse"
     FAILED = "failed"
 
     def __init__(
@@ -430,6 +435,8 @@ class _Watch:
     after: int
     on_event: EventHook | None
     streaming: bool = True
+    #: Over WebSocket (while one is advertised and opens), else the SSE stream.
+    websocket: bool = True
     retry_hint: float = 1.0
     #: Live-stream responses opened (the first and every reconnect).
     connections: int = 0
@@ -656,7 +663,12 @@ class AsyncRun:
                 if v is not None:
                     return v
             first = False
-            step = await (self._stream_once(w, give_up_at) if w.streaming else self._poll_once(w))
+            if not w.streaming:
+                step = await self._poll_once(w)
+            elif w.websocket:
+                step = await self._ws_once(w, give_up_at)
+            else:
+                step = await self._stream_once(w, give_up_at)
             if step.kind == _Step.RESOLVED and step.verdict is not None:
                 return step.verdict
             if step.kind == _Step.RUN_ENDED:
@@ -664,6 +676,11 @@ class AsyncRun:
                 if v is not None:
                     return v
                 raise RunEnded(self.run_id, w.request_id)
+            if step.kind == _Step.SSE:
+                log.debug("no WebSocket endpoint (%s); following the SSE stream", step.error)
+                w.websocket = False
+                first = True
+                continue
             if step.kind == _Step.FALLBACK:
                 log.debug("live stream unavailable; polling the event pages")
                 w.streaming = False
@@ -699,6 +716,151 @@ class AsyncRun:
         if event.get("type") == APPROVAL_RESOLVED and event.get("requestId") == w.request_id:
             return _verdict_from_event(event)
         return None
+
+    def _live(self) -> LiveConnection:
+        config = self.client.config
+        return LiveConnection(
+            None,
+            self._token,
+            discover=self.client._websocket_url,
+            run_id=self.run_id,
+            open_timeout=config.connect_timeout,
+            max_backoff=config.max_reconnect_delay,
+        )
+
+    async def _ws_once(self, w: _Watch, give_up_at: float) -> _Step:
+        """The wait over WebSocket: the follower resumes across drops by itself."""
+        try:
+            async with self._live() as live:
+                w.connections += 1
+                with anyio.move_on_after(max(0.0, give_up_at - anyio.current_time())):
+                    async with aclosing(live.follow(self.run_id, w.after)) as events:
+                        async for event in events:
+                            w.after = event.sequence
+                            verdict = self._seen(w, event.data)
+                            if verdict is not None:
+                                return _Step(_Step.RESOLVED, verdict=verdict)
+                    return _Step(_Step.RUN_ENDED)
+                return _Step(_Step.AGAIN)
+        except WsUnavailable as e:
+            return _Step(_Step.SSE, error=e)
+
+    async def follow(self, after: int = 0) -> AsyncGenerator[dict[str, Any], None]:
+        """The run's events after ``after``, each once and in sequence order, until the run
+        ended and every event was handed out: over WebSocket where ``GET /api/live``
+        advertises one, else (or when it cannot be opened) on the SSE stream, resumed
+        with ``Last-Event-ID``, else from the event pages, read every ``poll_interval``.
+        Use it under :func:`contextlib.aclosing` when leaving early::
+
+            async with aclosing(run.follow()) as events:
+                async for event in events:
+                    ...
+        """
+        if await self.client._websocket_url() is not None:
+            try:
+                async with self._live() as live:
+                    async with aclosing(live.follow(self.run_id, after)) as events:
+                        async for live_event in events:
+                            after = live_event.sequence
+                            yield live_event.data
+                    return
+            except WsUnavailable as e:
+                log.debug("no WebSocket endpoint (%s); following the SSE stream", e)
+        st = _Watch("", after, None)
+        async with aclosing(self._follow_sse(st)) as sse:
+            async for event in sse:
+                yield event
+        if st.streaming:
+            return  # the run ended
+        log.debug("no SSE stream here; reading the event pages")
+        after = st.after
+        poll = self.client.config.poll_interval
+        while True:
+            page = await self.events(after, 1000)
+            for event in page.events:
+                seq = event.get("sequence")
+                if not isinstance(seq, int) or seq <= after:
+                    continue
+                after = seq
+                yield event
+            after = max(after, page.next_after)
+            if page.terminal and not page.has_more:
+                return
+            if not page.has_more or not page.events:
+                await anyio.sleep(poll)
+
+    async def _follow_sse(self, st: _Watch) -> AsyncGenerator[dict[str, Any], None]:
+        """``follow`` on the SSE stream: the events after ``st.after``, once each and in
+        order, until the run ended; ``st.streaming`` turns false where the stream is not
+        offered (404/405, or not ``text/event-stream``)."""
+        config = self.client.config
+        http = self.client._http
+        failures = 0
+        while True:
+            progressed = False
+            error: TollgateError | None = None
+            try:
+                async with http.stream(
+                    ["api", "runs", self.run_id, "stream"], self._token, st.after
+                ) as resp:
+                    if resp.status_code in (404, 405) or (
+                        resp.status_code == 200 and not is_event_stream(resp)
+                    ):
+                        st.streaming = False
+                        return
+                    if resp.status_code != 200:
+                        answer = await http.read_refusal(resp)
+                        error = error_from_answer(answer.status, answer.body)
+                        if not error.retryable:
+                            raise error
+                    else:
+                        parser = SseParser()
+                        chunks = cast(AsyncGenerator[bytes, None], resp.aiter_bytes())
+                        try:
+                            while not parser.overflowed:
+                                chunk: bytes | None = None
+                                ended = False
+                                with anyio.move_on_after(config.stream_stall):
+                                    try:
+                                        chunk = await chunks.__anext__()
+                                    except StopAsyncIteration:
+                                        ended = True  # the end of a window
+                                if chunk is None:
+                                    break
+                                for item in parser.feed(chunk):
+                                    if isinstance(item, Retry):
+                                        st.retry_hint = min(
+                                            item.ms / 1000.0, config.max_reconnect_delay
+                                        )
+                                    if not isinstance(item, Frame):
+                                        continue
+                                    if item.done:
+                                        return
+                                    seq = item.sequence()
+                                    if seq is None or seq <= st.after:
+                                        continue
+                                    try:
+                                        event = json.loads(item.data)
+                                    except ValueError:
+                                        event = None
+                                    if not isinstance(event, dict):
+                                        event = {"sequence": seq, "type": item.event}
+                                    st.after = seq
+                                    progressed = True
+                                    yield event
+                                if ended:
+                                    break
+                        finally:
+                            await chunks.aclose()
+            except (TimeoutError, httpx.HTTPError) as e:
+                log.debug("follow: the SSE stream broke (%s)", type(e).__name__)
+            failures = 0 if progressed and error is None else failures + 1
+            wait = (
+                st.retry_hint
+                if failures == 0
+                else reconnect_backoff(st.retry_hint, failures, config.max_reconnect_delay)
+            )
+            await anyio.sleep(wait)
 
     async def _stream_once(self, w: _Watch, give_up_at: float) -> _Step:
         config = self.client.config
@@ -891,6 +1053,45 @@ class AsyncClient:
         self.config = config or ClientConfig()
         self._http = Http(base_url, self.config, transport)
         self._token = token.strip()
+        self._ws_url: str | None = None
+        self._ws_known = False
+
+    async def _websocket_url(self) -> str | None:
+        """The WebSocket endpoint ``GET /api/live`` advertises, resolved against the base
+        URL; learnt once per client (``None``: none, or ``config.websocket`` is off)."""
+        if not self.config.websocket:
+            return None
+        if self._ws_known:
+            return self._ws_url
+        try:
+            answer = await self._http.send("GET", ["api", "live"], self._token)
+        except TollgateError as e:
+            log.debug("GET /api/live failed (%s); following the SSE stream", e)
+            return None
+        if answer.status == 200:
+            try:
+                advertised = LiveEndpoints.from_json(answer.body).websocket_url
+            except UnexpectedAnswer as e:
+                log.debug("GET /api/live: %s; following the SSE stream", e)
+                advertised = None
+            self._ws_url = resolve(self._http.base, advertised) if advertised else None
+            self._ws_known = True
+        elif answer.status in (404, 405):
+            self._ws_known = True  # a server from before the WebSocket endpoint
+        return self._ws_url
+
+    def live(self) -> LiveConnection:
+        """One WebSocket connection following several runs with the agent's token (an
+        async context manager; :class:`~tollgate.LiveConnection`). Entering it raises
+        :class:`~tollgate.WsUnavailable` where no WebSocket endpoint is advertised or
+        it cannot be opened."""
+        return LiveConnection(
+            None,
+            self._token,
+            discover=self._websocket_url,
+            open_timeout=self.config.connect_timeout,
+            max_backoff=self.config.max_reconnect_delay,
+        )
 
     def __repr__(self) -> str:
         return f"AsyncClient(base_url={self._http.base!r})"

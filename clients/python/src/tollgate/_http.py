@@ -52,6 +52,9 @@ class ClientConfig:
     expiry_grace: float = 120.0
     #: The longest wait between reconnects of a live stream after failures.
     max_reconnect_delay: float = 30.0
+    #: Follow runs over WebSocket where ``GET /api/live`` advertises an endpoint (else,
+    #: or when it cannot be opened, the SSE stream, then the event pages).
+    websocket: bool = True
 
 
 @dataclass

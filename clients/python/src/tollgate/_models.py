@@ -475,6 +475,27 @@ class StreamEnd(Model):
 
 
 @dataclass
+class LiveEndpoints(Model):
+    """``GET /api/live``: the WebSocket endpoint (``None``: only the SSE stream)."""
+
+    schema_name: ClassVar[str] = "LiveEndpoints"
+    sse: bool
+    websocket_url: str | None = None
+
+
+@dataclass
+class WsFrame(Model):
+    """A WebSocket frame: an event (``id`` its sequence, ``data`` the event as replay
+    serves it) or a control frame (no ``id``: ``subscribed``, ``done``, ``error``, …)."""
+
+    schema_name: ClassVar[str] = "WsFrame"
+    event: str
+    data: Any
+    run_id: str | None = None
+    id: int | None = None
+
+
+@dataclass
 class Dropped(Model):
     """An event an append dropped (a pod card's heartbeat after it ended, …)."""
 
@@ -705,6 +726,8 @@ MODELS: tuple[type[Model], ...] = (
     MutationList,
     ExecutionAnswer,
     StreamEnd,
+    LiveEndpoints,
+    WsFrame,
     Dropped,
     ConsoleConfig,
     ApprovalRequired,
