@@ -109,7 +109,7 @@ impl Credentials {
 
     /// A bearer presented some other way than `Authorization` (a WebSocket
     /// subprotocol entry, `?access_token=`); `None` is no credential.
-    pub fn from_token(token: Option<&str>) -> Self {
+    pub fn from_optional_token(token: Option<&str>) -> Self {
         Self {
             bearer: token.map(|t| match t.trim() {
                 "" => Err("empty token"),
@@ -552,7 +552,7 @@ mod tests {
         let auth = Auth::new(b"0123456789abcdef0123456789abcdef");
         let token = auth.run_token("run-1", "0123456789abcdef");
         let (incarnation, digest) = auth
-            .unbound_run_token(&Credentials::from_token(Some(&token)))
+            .unbound_run_token(&Credentials::from_optional_token(Some(&token)))
             .unwrap();
         assert_eq!(incarnation, "0123456789abcdef");
         assert!(
@@ -567,7 +567,7 @@ mod tests {
         assert!(!other.run_token_digest_matches(&digest, "run-1", &incarnation));
         for bad in [None, Some(""), Some("nope"), Some("0123456789abcdefzz")] {
             let err = auth
-                .unbound_run_token(&Credentials::from_token(bad))
+                .unbound_run_token(&Credentials::from_optional_token(bad))
                 .unwrap_err();
             assert_eq!(err.status, StatusCode::UNAUTHORIZED, "{bad:?}");
         }

@@ -246,7 +246,9 @@ impl IntoResponse for ApiError {
         let body = self.body("");
         let mut response = (self.status, axum::Json(body)).into_response();
         // Both ask the client to come back: say when (a client backs off from here).
-        if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
+        if self.status == StatusCode::SERVICE_UNAVAILABLE
+            || self.status == StatusCode::TOO_MANY_REQUESTS
+        {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

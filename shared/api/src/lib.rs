@@ -14,8 +14,8 @@ pub mod ingress;
 pub mod jwt;
 #[cfg(feature = "lambda")]
 pub mod lambda;
-pub mod oidc;
 pub mod live;
+pub mod oidc;
 pub mod pod_cards;
 pub mod preview;
 #[cfg(feature = "push")]

@@ -153,7 +153,7 @@ impl Websocket {
         access_token: Option<&str>,
     ) -> Result<Connected, ApiError> {
         let (token, with_subprotocol) = upgrade_credential(headers, access_token)?;
-        let creds = Credentials::from_token(token);
+        let creds = Credentials::from_optional_token(token);
         let now = now_secs();
         let mut record = ConnectionRecord {
             connection_id: connection_id.to_owned(),

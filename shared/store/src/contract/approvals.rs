@@ -642,7 +642,10 @@ pub async fn remembered_cards_follow_other_instances(a: Store, b: Store) {
         .resolve(
             &run_id,
             "denied-elsewhere",
-            Resolution::Denied { by: "bob".into() },
+            Resolution::Denied {
+                by: "bob".into(),
+                reason: None,
+            },
             tollgate_domain::now_millis(),
             None,
         )
@@ -657,6 +660,7 @@ pub async fn remembered_cards_follow_other_instances(a: Store, b: Store) {
             Resolution::Approved {
                 scope: Scope::Tool,
                 by: "alice".into(),
+                reason: None,
             },
             tollgate_domain::now_millis(),
             Some(policy.clone()),
