@@ -406,6 +406,7 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                         "dynamodb:BatchWriteItem",
                         "dynamodb:DeleteItem",
                         "dynamodb:Query",
+                        "dynamodb:UpdateItem",
                     ],
                 ),
                 ("FanoutDeadLetterQueue", &["sqs:SendMessage"]),

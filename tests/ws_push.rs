@@ -176,6 +176,19 @@ impl Rig {
         .await
     }
 
+    /// `$connect` with a run token, which names its run in the query.
+    async fn connect_run(&self, connection: &str, token: &str, run_id: &str) -> Value {
+        self.invoke(
+            "$connect",
+            connection,
+            json!({
+                "headers": {"Sec-WebSocket-Protocol": format!("tollgate.v1, bearer.{token}")},
+                "queryStringParameters": {"run_id": run_id},
+            }),
+        )
+        .await
+    }
+
     async fn send(&self, connection: &str, message: Value) -> Value {
         let route = message["action"].as_str().unwrap_or("$default").to_owned();
         let route = if ["subscribe", "unsubscribe", "ping"].contains(&route.as_str()) {
@@ -361,7 +374,7 @@ mod dynamo {
         // The stream so far is read (and fanned out to nobody) before anyone subscribes.
         assert_eq!(rig.fan_out().await["batchItemFailures"], json!([]));
 
-        let connected = rig.connect("conn-a", &run_token).await;
+        let connected = rig.connect_run("conn-a", &run_token, &run_id).await;
         assert_eq!(connected["statusCode"], 200, "{connected}");
         assert_eq!(
             connected["headers"]["sec-websocket-protocol"], "tollgate.v1",
@@ -517,7 +530,28 @@ mod dynamo {
         assert_eq!(forged["statusCode"], 401, "{forged}");
         let none = rig.invoke("$connect", "conn-none", json!({})).await;
         assert_eq!(none["statusCode"], 401, "{none}");
-        for c in ["conn-bad", "conn-forged", "conn-none"] {
+        // A run token without its run, for another run, or forged in its run's shape.
+        let unbound = rig.connect("conn-unbound", &token_a).await;
+        assert_eq!(unbound["statusCode"], 401, "{unbound}");
+        let other = rig.connect_run("conn-other", &token_a, &run_b).await;
+        assert_eq!(other["statusCode"], 401, "{other}");
+        let forged_run: String = token_a
+            .chars()
+            .rev()
+            .map(|c| if c == '0' { '1' } else { '0' })
+            .collect();
+        let forged_run = rig
+            .connect_run("conn-forged-run", &forged_run, &run_a)
+            .await;
+        assert_eq!(forged_run["statusCode"], 401, "{forged_run}");
+        for c in [
+            "conn-bad",
+            "conn-forged",
+            "conn-none",
+            "conn-unbound",
+            "conn-other",
+            "conn-forged-run",
+        ] {
             assert!(rig.registry.get_connection(c).await.unwrap().is_none());
         }
         // ?access_token= works as well as the subprotocol (and then no subprotocol).
@@ -531,7 +565,7 @@ mod dynamo {
         assert_eq!(by_query["statusCode"], 200, "{by_query}");
         assert!(by_query["headers"].get("sec-websocket-protocol").is_none());
         assert_eq!(
-            rig.connect("conn-token-a", &token_a).await["statusCode"],
+            rig.connect_run("conn-token-a", &token_a, &run_a).await["statusCode"],
             200
         );
         assert_eq!(rig.connect("conn-b", &agent_b).await["statusCode"], 200);
@@ -594,7 +628,10 @@ mod dynamo {
         let s = &rig.server;
         let (run_id, run_token) = s.create_run(json!({})).await;
         for c in ["c1", "c2", "c3"] {
-            assert_eq!(rig.connect(c, &run_token).await["statusCode"], 200);
+            assert_eq!(
+                rig.connect_run(c, &run_token, &run_id).await["statusCode"],
+                200
+            );
             rig.send(c, json!({"action": "subscribe", "run_id": run_id}))
                 .await;
         }

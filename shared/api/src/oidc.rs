@@ -431,10 +431,17 @@ impl Oidc {
                     self.config.issuer.trim_end_matches('/')
                 );
                 let doc = self.get_json(&discovery).await?;
-                doc.get("jwks_uri")
+                let uri = doc
+                    .get("jwks_uri")
                     .and_then(Value::as_str)
-                    .ok_or("the discovery document names no jwks_uri")?
-                    .to_owned()
+                    .ok_or("the discovery document names no jwks_uri")?;
+                // Plain http to loopback is for a configured local issuer only: a
+                // discovered address may not point a deployed function at its own
+                // loopback services unless the issuer itself is one.
+                if !uri.starts_with("https://") && !discovery.starts_with("http://") {
+                    return Err("the discovered jwks_uri must be https".into());
+                }
+                uri.to_owned()
             }
         };
         let jwks = self.get_json(&url).await?;

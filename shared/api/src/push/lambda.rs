@@ -56,7 +56,13 @@ impl Websocket {
                 let token = request
                     .query_string_parameters
                     .first(tollgate_protocol::ws::TOKEN_QUERY);
-                match self.connect(&connection_id, &request.headers, token).await {
+                let run_id = request
+                    .query_string_parameters
+                    .first(tollgate_protocol::ws::RUN_QUERY);
+                match self
+                    .connect(&connection_id, &request.headers, token, run_id)
+                    .await
+                {
                     Ok(connected) => {
                         let mut response = answer(StatusCode::OK, None);
                         if let Some(p) = connected.subprotocol {

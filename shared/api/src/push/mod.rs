@@ -143,17 +143,22 @@ pub struct Connected {
 
 impl Websocket {
     /// `$connect`: the credential checked with the HTTP API's rules (a JWT fully; a run
-    /// token for its shape, and against a run at each subscribe), then the connection
-    /// recorded with who holds it and when it expires (at most [`MAX_CONNECTION_SECS`],
-    /// never past the JWT's `exp`). A refusal writes nothing.
+    /// token against the run its `?run_id=` names, and again against a run at each
+    /// subscribe), then the connection recorded with who holds it and when it expires
+    /// (at most [`MAX_CONNECTION_SECS`], never past the JWT's `exp`). A refusal writes
+    /// nothing.
     pub async fn connect(
         &self,
         connection_id: &str,
         headers: &HeaderMap,
         access_token: Option<&str>,
+        run_id: Option<&str>,
     ) -> Result<Connected, ApiError> {
         let (token, with_subprotocol) = upgrade_credential(headers, access_token)?;
         let creds = Credentials::from_optional_token(token);
+        // An identity provider's keys are fetched before its token is judged (the HTTP
+        // API does this in its credentials layer).
+        self.auth.ready(&creds).await;
         let now = now_secs();
         let mut record = ConnectionRecord {
             connection_id: connection_id.to_owned(),
@@ -179,6 +184,20 @@ impl Websocket {
             record.sub = Some(claims.sub);
             record.project_id = claims.project_id;
         } else {
+            // A run token is a MAC over its run: the connection names the run, so a forged
+            // token is refused here and holds no connection.
+            let run_id = run_id.ok_or_else(|| {
+                ApiError::unauthorized(format!(
+                    "a run token connects with ?{}=<its run>",
+                    ws::RUN_QUERY
+                ))
+            })?;
+            if !matches!(
+                self.auth.caller(&creds, Some(run_id)),
+                Ok(Caller::Run { .. })
+            ) {
+                return Err(ApiError::unauthorized("invalid token"));
+            }
             let (incarnation, digest) = self.auth.unbound_run_token(&creds)?;
             record.kind = "run".into();
             record.incarnation = Some(incarnation);

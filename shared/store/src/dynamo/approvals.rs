@@ -797,7 +797,10 @@ impl ApprovalStore for DynamoStore {
                     budget_used: None,
                 });
             }
-            match self.commit(&Plan { runs, side }).await? {
+            // An approval is not resent past the card's deadline (a resend could commit
+            // after it); a denial or an expiry may be.
+            let not_after = (ended.state == ApprovalState::Approved).then_some(ended.expires_at);
+            match self.commit_until(&Plan { runs, side }, not_after).await? {
                 Committed::Done { .. } => {
                     self.cards.forget(&ended.run_id, &ended.request_id);
                     return Ok(Resolved::Fresh(ended));

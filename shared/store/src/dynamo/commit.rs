@@ -136,6 +136,18 @@ pub(crate) async fn backoff(attempt: u32) {
 impl DynamoStore {
     /// Writes `plan` in one transaction, or reports item by item why it could not.
     pub(crate) async fn commit(&self, plan: &Plan) -> Result<Committed, StoreError> {
+        self.commit_until(plan, None).await
+    }
+
+    /// [`Self::commit`], resending after an unknown outcome only while the clock is
+    /// before `not_after` (epoch ms): an approval is not resent past its card's deadline
+    /// (docs/architecture.md §6); its outcome then stays unknown and the call fails
+    /// closed, so the card's expiry wins unless the first attempt had committed.
+    pub(crate) async fn commit_until(
+        &self,
+        plan: &Plan,
+        not_after: Option<i64>,
+    ) -> Result<Committed, StoreError> {
         let now = now_millis();
         let mut items = Vec::new();
         let mut layout = Vec::with_capacity(plan.runs.len());
@@ -153,7 +165,7 @@ impl DynamoStore {
         }
         let side_at = items.len();
         items.extend(plan.side.iter().cloned());
-        match self.transact(items).await {
+        match self.transact(items, not_after).await {
             Ok(()) => {
                 // What was written is what this instance remembers of each run
                 // (`RecentHeads`): the next append to it starts from there.
@@ -375,7 +387,11 @@ impl DynamoStore {
     /// `InternalServerError`, `TransactionInProgress`): DynamoDB answers a resend of a
     /// committed token with success and writes nothing, so an attempt never lands twice.
     /// If the outcome is still unknown after the ambiguity budget, fail closed.
-    async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<(), TxFailure> {
+    async fn transact(
+        &self,
+        items: Vec<TransactWriteItem>,
+        not_after: Option<i64>,
+    ) -> Result<(), TxFailure> {
         let token = uuid::Uuid::new_v4().to_string();
         let give_up = Instant::now() + AMBIGUITY_BUDGET;
         let mut attempt = 0u32;
@@ -395,7 +411,7 @@ impl DynamoStore {
                 Err(TxFailure::Ambiguous(why)) | Err(TxFailure::Retryable(why))
                     if unknown || why.starts_with(AMBIGUOUS) =>
                 {
-                    if Instant::now() >= give_up {
+                    if Instant::now() >= give_up || not_after.is_some_and(|t| now_millis() >= t) {
                         return Err(TxFailure::Fatal(format!("outcome unknown: {why}")));
                     }
                     unknown = true;
