@@ -211,7 +211,8 @@ fuzz:
 	PROPTEST_CASES=$${PROPTEST_CASES:-10000} cargo nextest run -p tollgate-tests --test fuzz_parsers --no-fail-fast
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 	cd fuzz && for t in $(FUZZ_TARGETS); do \
-	  cargo +nightly fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 || exit 1; \
+	  mkdir -p corpus/$$t && seeds= && if [ -d seeds/$$t ]; then seeds=seeds/$$t; fi && \
+	  cargo +nightly fuzz run $$t corpus/$$t $$seeds -- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 || exit 1; \
 	done
 
 bench:

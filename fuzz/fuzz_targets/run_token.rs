@@ -19,6 +19,10 @@ fuzz_target!(|data: &[u8]| {
     let creds = Credentials::from_headers(&headers);
     if let Ok(Caller::Run { .. }) = auth.caller(&creds, Some("run-1")) {
         let given = String::from_utf8_lossy(data);
-        assert_eq!(given.trim().to_ascii_lowercase(), real, "forged run token let in");
+        assert_eq!(
+            given.trim().to_ascii_lowercase(),
+            real,
+            "forged run token let in"
+        );
     }
 });
