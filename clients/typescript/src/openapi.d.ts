@@ -744,13 +744,16 @@ export interface components {
             arguments_hash?: string | null;
             /**
              * @description What the operator is shown of the call's arguments: a JSON object, display only
-             *     (the `arguments_hash` binds the call). Before storing, the server replaces the
-             *     value under any key containing (case-insensitive) `password`, `passwd`, `secret`,
-             *     `token`, `api_key`, `apikey`, `authorization`, `cookie`, `private_key` or
-             *     `credential` with `"[redacted]"`, at any depth, and cuts strings longer than
-             *     `MAX_PREVIEW_STRING` characters, marking the cut with `…[truncated]`. At most
-             *     `MAX_PREVIEW_DEPTH` levels deep and `MAX_PREVIEW_BYTES` serialized after that
-             *     (else 400).
+             *     (the `arguments_hash` binds the call). Before storing, the server replaces with
+             *     `"[redacted]"`, at any depth, the value under a secret key (the README's redaction
+             *     rule: the key lower-cased without non-alphanumerics contains `password`, `secret`,
+             *     `token`, `apikey`, `cookie`, `credential` and the like, or begins or ends with `auth`),
+             *     the value paired with one (`{"name": "Authorization", "value": …}`,
+             *     `["DB_PASSWORD", …]`), and the secrets inside strings (URL userinfo, secret query
+             *     parameters, `Bearer`/`Basic` credentials, JWTs, well-known key prefixes); then it cuts
+             *     strings longer than `MAX_PREVIEW_STRING` characters, marking the cut with
+             *     `…[truncated]`. At most `MAX_PREVIEW_DEPTH` levels deep and `MAX_PREVIEW_BYTES`
+             *     serialized after that (else 400).
              */
             arguments_preview?: {
                 [key: string]: unknown;

@@ -96,11 +96,23 @@ impl Resolution {
         }
     }
 
+    /// The time a resolution asked at `asked_at` is judged at, when the step that writes
+    /// it commits at `now`: a denial by the click's time (a denial clicked before the
+    /// deadline stays a denial, however late it commits); anything else by the later of
+    /// the two (an approval never commits past the deadline).
+    pub fn judged_at(&self, asked_at: i64, now: i64) -> i64 {
+        match self {
+            Resolution::Denied { .. } => asked_at,
+            _ => asked_at.max(now),
+        }
+    }
+
     /// What a resolution asked of a pending card becomes, given whether its run still
     /// runs and whether its deadline has passed at `at`: on an ended run every card
     /// ends as [`Resolution::RunEnded`]; past the deadline, as [`Resolution::Expired`].
-    /// The stores apply this in the same step that writes the card, with `at` read from
-    /// the clock as that step commits (never the click's earlier time).
+    /// The stores apply this in the same step that writes the card, with `at` from
+    /// [`Resolution::judged_at`] (for an approval, the clock as that step commits, never
+    /// the click's earlier time).
     pub fn effective(self, run_running: bool, at: i64, expires_at: i64) -> Resolution {
         if !run_running {
             Resolution::RunEnded
@@ -350,7 +362,9 @@ impl ApprovalRequest {
     }
 
     /// Whether `other` (an arm repeated with this card's `request_id`) asks about the same
-    /// call: tool, call identity, arguments, URL and the text the operator was shown. A
+    /// call: tool, call identity, arguments, URL and the text the operator was shown (the
+    /// `arguments_preview` is display only and not compared: a retry whose preview differs,
+    /// e.g. across a change of redaction, answers this card). A
     /// repeat that differs must not be answered with this card's decision — the human
     /// approved this call, not that one.
     pub fn same_call_as(&self, other: &ApprovalRequest) -> bool {
@@ -358,7 +372,6 @@ impl ApprovalRequest {
             && self.tool_call_id == other.tool_call_id
             && self.approval_id == other.approval_id
             && self.arguments_hash == other.arguments_hash
-            && self.arguments_preview == other.arguments_preview
             && self.url == other.url
             && self.intention == other.intention
             && self.message == other.message

@@ -35,20 +35,30 @@ pub const MAX_PREVIEW_STRING: usize = 256;
 pub const PREVIEW_TRUNCATED: &str = "…[truncated]";
 /// What replaces a value under a secret-looking key in an `arguments_preview`.
 pub const PREVIEW_REDACTED: &str = "[redacted]";
-/// A key whose value an `arguments_preview` never shows contains (lower-cased) one of
-/// these.
+/// A key whose value an `arguments_preview` never shows contains, normalised (lower-cased,
+/// every character that is not a letter or digit dropped: `X-Api-Key` reads `xapikey`),
+/// one of these. Substrings over-redact on purpose (`max_tokens` contains `token`).
 pub const PREVIEW_SECRET_KEYS: &[&str] = &[
     "password",
     "passwd",
+    "passphrase",
+    "pwd",
     "secret",
     "token",
-    "api_key",
     "apikey",
     "authorization",
     "cookie",
-    "private_key",
+    "privatekey",
     "credential",
+    "session",
+    "signature",
+    "dsn",
+    "databaseurl",
+    "connectionstring",
 ];
+/// A normalised key is secret too when it begins or ends with this (`auth`, `basicauth`,
+/// `authheader`), except where it begins with `author` (`author`, `authority`).
+pub const PREVIEW_SECRET_AUTH: &str = "auth";
 /// Longest a card may wait (a deployment may cap it lower:
 /// `TOLLGATE_MAX_CARD_TIMEOUT_SECONDS`, 24 h unless set).
 pub const MAX_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;

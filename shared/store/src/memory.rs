@@ -1101,9 +1101,10 @@ fn resolve_in(
     at: i64,
     grant: Option<Policy>,
 ) -> Result<Resolved, StoreError> {
-    // A decision commits only before the card's deadline by the clock at commit time
-    // (docs/architecture.md §6): `at` is when it was asked, the lock is held now.
-    let at = at.max(now_millis());
+    // An approval commits only before the card's deadline by the clock at commit time
+    // (docs/architecture.md §6): `at` is when it was asked, the lock is held now. A
+    // denial is judged by its click's time (`Resolution::judged_at`).
+    let at = resolution.judged_at(at, now_millis());
     let record = runs.get(run_id).ok_or(StoreError::NotFound)?;
     let card = record
         .cards

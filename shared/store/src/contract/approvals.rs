@@ -235,6 +235,36 @@ pub async fn deadlines_and_ended_runs(store: Store) {
         (last["approved"].clone(), last["expired"].clone()),
         (json!(false), json!(true))
     );
+    // A denial is judged by its click's time: one asked 2 s before the deadline whose
+    // write commits after it stays a denial, with who denied it and why.
+    let mut slow_no = card_for(&run_id, "slow-2", None);
+    slow_no.expires_at = tollgate_domain::now_millis() - 1;
+    let asked_at = slow_no.expires_at - 2_000;
+    store.arm(RunRef::any(&run_id), slow_no).await.unwrap();
+    let denial = Resolution::Denied {
+        by: "alice".into(),
+        reason: Some("not now".into()),
+    };
+    let Resolved::Fresh(card) = store
+        .resolve(&run_id, "slow-2", denial, asked_at, None)
+        .await
+        .unwrap()
+    else {
+        panic!("the slow denial moved the card")
+    };
+    assert_eq!(card.state, ApprovalState::Denied, "{card:?}");
+    assert_eq!(card.decided_by.as_deref(), Some("alice"));
+    assert_eq!(card.decision_reason.as_deref(), Some("not now"));
+    let events = all_events(&store, &run_id).await;
+    let last = events.last().unwrap();
+    assert_eq!(
+        (last["type"].clone(), last["requestId"].clone()),
+        (json!("tool.approval_resolved"), json!("slow-2"))
+    );
+    assert_eq!(
+        (last["approved"].clone(), last["expired"].clone()),
+        (json!(false), json!(false))
+    );
     // An unknown card is NotFound.
     assert_eq!(
         store

@@ -729,10 +729,11 @@ impl ApprovalStore for DynamoStore {
     ) -> Result<Resolved, StoreError> {
         let mut budget = Budget::new(self.contention_budget, "resolving an approval");
         loop {
-            // Each commit attempt decides by the clock as it commits, not the click's: a
-            // decision retried (contention) past the card's deadline expires it instead
-            // (docs/architecture.md §6).
-            let at = at.max(now_millis());
+            // Each commit attempt judges an approval by the clock as it commits, not the
+            // click's: an approval retried (contention) past the card's deadline expires
+            // it instead (docs/architecture.md §6). A denial is judged by its click's time
+            // (`Resolution::judged_at`).
+            let at = resolution.judged_at(at, now_millis());
             let card = &located.card;
             let head = located
                 .head
