@@ -6,8 +6,10 @@
 //!
 //! A record only wakes: the tail then reads the gap-safe page from the store. A record
 //! lost or late delays an event (until the tail's safety poll), never skips one. When
-//! the reader fails it logs it, waits, starts again from the stream's newest records and
-//! wakes every followed run (records of the gap may be lost).
+//! the reader fails it logs it, waits, starts again from the stream's newest records and,
+//! once reading, wakes every followed run (records of the gap may be lost); a shard
+//! whose iterator lapsed (trimmed records, an expired iterator) is read anew the same
+//! way without stopping the others.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -54,12 +56,7 @@ pub fn spawn(
     let dynamo = tollgate_store::dynamo::client(sdk);
     let streams = client(sdk);
     tokio::spawn(async move {
-        let mut first = true;
         loop {
-            if !first {
-                wakes.wake_all();
-            }
-            first = false;
             match read(&dynamo, &streams, &events_table, &wakes).await {
                 Ok(()) => {}
                 Err(e) => {
@@ -183,6 +180,11 @@ async fn read(
         "live delivery: reading the events table's stream"
     );
     wakes.set_reading();
+    // Only now that every open shard is read from here on: records written before (while
+    // the reader was down, or starting) were not seen, so every followed run reads its
+    // page again. (Woken earlier, a write between that page and these iterators would
+    // wait for the safety poll.)
+    wakes.wake_all();
     let mut refreshed = Instant::now();
     loop {
         if refreshed.elapsed() >= SHARD_REFRESH {
@@ -203,18 +205,41 @@ async fn read(
             let Some(it) = iterators.remove(&id) else {
                 continue;
             };
-            let out = streams
+            let out = match streams
                 .get_records()
                 .shard_iterator(it)
                 .limit(1000)
                 .send()
                 .await
-                .map_err(|e| {
-                    format!(
+            {
+                Ok(out) => out,
+                // The shard's records behind the iterator were trimmed, or the iterator
+                // expired: read that shard from its newest record again, and have every
+                // followed run read its page (what lay between may be unseen).
+                Err(e)
+                    if e.as_service_error().is_some_and(|se| {
+                        se.is_trimmed_data_access_exception() || se.is_expired_iterator_exception()
+                    }) =>
+                {
+                    tracing::info!(
+                        shard = %id,
+                        "live delivery: a shard iterator lapsed; reading that shard anew"
+                    );
+                    if let Some(it) =
+                        iterator(streams, &arn, &id, ShardIteratorType::Latest).await?
+                    {
+                        iterators.insert(id, it);
+                    }
+                    wakes.wake_all();
+                    continue;
+                }
+                Err(e) => {
+                    return Err(format!(
                         "get records: {}",
                         aws_sdk_dynamodbstreams::error::DisplayErrorContext(e)
-                    )
-                })?;
+                    ))
+                }
+            };
             let mut runs: HashSet<&str> = HashSet::new();
             for record in out.records() {
                 let run = record
