@@ -131,8 +131,10 @@ describe("gate", () => {
     const requestId = randomUUID();
     let run: Awaited<ReturnType<Client["createRun"]>> | undefined;
     let seen: Promise<unknown> | undefined;
+    // The decision is made once the gate's live stream is asked for: over SSE here.
     const client = new Client(server.url, {
       token: server.agentToken,
+      websocket: false,
       fetch: recordingFetch([], (s) => {
         if (s.path.endsWith("/stream") && seen === undefined) {
           seen = (async () => {
