@@ -294,7 +294,19 @@ async fn main() {
             let mut config = Config::from_env_with_secret(secret).unwrap_or_else(|e| fail(e));
             config.backend = backend.parse().unwrap_or_else(|e| fail(e));
             config.create_tables |= create_tables;
-            let store = config.connect_store().await.unwrap_or_else(|e| fail(e));
+            // The embedded store is made here so that the notifier can follow its writes.
+            let memory = (config.backend == Backend::Memory)
+                .then(|| std::sync::Arc::new(tollgate_store::memory::MemoryStore::new()));
+            let store: std::sync::Arc<dyn tollgate_store::Store> = match &memory {
+                Some(m) => m.clone(),
+                None => config.connect_store().await.unwrap_or_else(|e| fail(e)),
+            };
+            // Notification sinks (a signed webhook): a bad configuration stops here.
+            let sinks = tollgate_api::notify::sinks_from_env()
+                .await
+                .unwrap_or_else(|e| fail(e));
+            let notify_policy =
+                tollgate_api::notify::RetryPolicy::from_env().unwrap_or_else(|e| fail(e));
             let timers = config.serve_timers().await.unwrap_or_else(|e| fail(e));
             let max_lifetime = Auth::max_token_lifetime_from_env().unwrap_or_else(|e| fail(e));
             let auth = Auth::new(config.secret.expose())
@@ -351,7 +363,7 @@ async fn main() {
             // Timers (expiry, heartbeats) on the embedded queue or on SQS, consumed here;
             // the sweeper and the stall guard run in this process either way.
             let sse = tollgate_api::sse::SseConfig::from_env().unwrap_or_else(|e| fail(e));
-            let mut deps = Deps::serve(store, &timers, gate, auth).await;
+            let mut deps = Deps::serve(store.clone(), &timers, gate, auth).await;
             deps.sse = sse;
             // `GET /api/live` advertises this server's WebSocket endpoint, or the one
             // configured (a deployment's API Gateway URL).
@@ -367,6 +379,33 @@ async fn main() {
                 deps = deps
                     .with_wakes(std::sync::Arc::new(tollgate_api::live::Wakes::new(safety)))
                     .with_stream_reader(&sdk, config.tables.events.clone());
+            }
+            // Notifications (docs/architecture.md §10): fed by the embedded store's writes,
+            // or by this process's reader of the events table's stream.
+            if !sinks.is_empty() {
+                let names: Vec<&str> = sinks.iter().map(|s| s.name()).collect();
+                println!(
+                    "Notifications: {} (delivered from this process).",
+                    names.join(", ")
+                );
+                let notifier = std::sync::Arc::new(
+                    tollgate_api::notify::Notifier::new(store.clone(), sinks)
+                        .with_policy(notify_policy),
+                );
+                let feed = match &memory {
+                    Some(m) => {
+                        tollgate_api::notify::feed::spawn_embedded(notifier.clone(), m.clone())
+                    }
+                    None => {
+                        let sdk = tollgate_store::dynamo::sdk_config().await;
+                        tollgate_api::notify::feed::spawn_stream(
+                            notifier.clone(),
+                            &sdk,
+                            config.tables.events.clone(),
+                        )
+                    }
+                };
+                deps = deps.with_notifier(notifier, Some(feed));
             }
             let app = tollgate_api::app(deps.clone());
             // Ctrl-C, or SIGTERM (a process manager's stop): finish what is in hand; open

@@ -144,6 +144,18 @@ const SECRETS_OPERATION_TIMEOUT: Duration = Duration::from_secs(3);
 /// so an emulator works unchanged. Errors name the ARN, never the value.
 pub async fn signing_secret_from_secrets_manager() -> Result<Secret, ConfigError> {
     let secret_id = signing_secret_id(env)?;
+    let value = secret_string(&secret_id, "the signing secret", SECRET_ARN_VAR).await?;
+    Secret::new(value).map_err(|_| {
+        ConfigError::Invalid(format!(
+            "the signing secret {secret_id} ({SECRET_ARN_VAR}) must be at least {} bytes",
+            Secret::MIN_LEN
+        ))
+    })
+}
+
+/// One `GetSecretValue` of `secret_id` (named by the variable `var`, described as
+/// `what` in errors): its `SecretString`. Errors name the id, never the value.
+pub async fn secret_string(secret_id: &str, what: &str, var: &str) -> Result<String, ConfigError> {
     let sdk = tollgate_store::dynamo::sdk_config().await;
     let timeouts = aws_config::timeout::TimeoutConfig::builder()
         .connect_timeout(SECRETS_CONNECT_TIMEOUT)
@@ -157,26 +169,17 @@ pub async fn signing_secret_from_secrets_manager() -> Result<Secret, ConfigError
     );
     let answer = client
         .get_secret_value()
-        .secret_id(&secret_id)
+        .secret_id(secret_id)
         .send()
         .await
         .map_err(|e| {
             ConfigError::Invalid(format!(
-                "cannot read the signing secret {secret_id} ({SECRET_ARN_VAR}) from Secrets \
-                 Manager: {}",
+                "cannot read {what} {secret_id} ({var}) from Secrets Manager: {}",
                 aws_sdk_secretsmanager::error::DisplayErrorContext(&e)
             ))
         })?;
-    let value = answer.secret_string.ok_or_else(|| {
-        ConfigError::Invalid(format!(
-            "the signing secret {secret_id} ({SECRET_ARN_VAR}) has no SecretString"
-        ))
-    })?;
-    Secret::new(value).map_err(|_| {
-        ConfigError::Invalid(format!(
-            "the signing secret {secret_id} ({SECRET_ARN_VAR}) must be at least {} bytes",
-            Secret::MIN_LEN
-        ))
+    answer.secret_string.ok_or_else(|| {
+        ConfigError::Invalid(format!("{what} {secret_id} ({var}) has no SecretString"))
     })
 }
 

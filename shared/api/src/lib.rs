@@ -87,10 +87,15 @@ pub struct Deps {
     pub(crate) wakes: Option<Arc<live::Wakes>>,
     /// The stream reader feeding [`Deps::wakes`] (stops when the deps are dropped).
     _stream_reader: Option<Arc<AbortOnDrop>>,
+    /// Notifications (docs/architecture.md §10): the dead-letter routes read through it
+    /// (without sinks unless [`Deps::with_notifier`] gave one that has them).
+    pub(crate) notifier: Arc<notify::Notifier>,
+    /// The task feeding [`Deps::notifier`] in this process, if any.
+    _notify_feed: Option<Arc<AbortOnDrop>>,
 }
 
 /// Stops a background task when the last holder goes.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -107,6 +112,8 @@ impl Deps {
         auth: Auth,
     ) -> Self {
         Self {
+            notifier: Arc::new(notify::Notifier::new(store.clone(), Vec::new())),
+            _notify_feed: None,
             runs: RunLog::new(store.clone()),
             gate: Arc::new(Gate::new(store, timers, gate)),
             auth: Arc::new(auth),
@@ -233,6 +240,18 @@ impl Deps {
         let mut deps = self.with_wakes(wakes);
         deps._stream_reader = Some(Arc::new(AbortOnDrop(task)));
         deps
+    }
+
+    /// Notifications through `notifier` (its sinks), fed in this process by `feed` (a
+    /// task of [`notify::feed`], stopped when the deps are dropped).
+    pub fn with_notifier(
+        mut self,
+        notifier: Arc<notify::Notifier>,
+        feed: Option<tokio::task::JoinHandle<()>>,
+    ) -> Self {
+        self.notifier = notifier;
+        self._notify_feed = feed.map(|f| Arc::new(AbortOnDrop(f)));
+        self
     }
 
     /// Serves the run log from `store` instead (a wrapper in tests).

@@ -74,7 +74,10 @@ pub fn spawn(
     })
 }
 
-async fn stream_arn(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<String, String> {
+pub(crate) async fn stream_arn(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Result<String, String> {
     let out = dynamo
         .describe_table()
         .table_name(table)
@@ -94,7 +97,7 @@ async fn stream_arn(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<St
 }
 
 /// Every shard of the stream: `(id, open)`.
-async fn shards(streams: &Client, arn: &str) -> Result<Vec<(String, bool)>, String> {
+pub(crate) async fn shards(streams: &Client, arn: &str) -> Result<Vec<(String, bool)>, String> {
     let mut all = Vec::new();
     let mut start: Option<String> = None;
     loop {
@@ -134,7 +137,7 @@ async fn shards(streams: &Client, arn: &str) -> Result<Vec<(String, bool)>, Stri
     Ok(all)
 }
 
-async fn iterator(
+pub(crate) async fn iterator(
     streams: &Client,
     arn: &str,
     shard: &str,
