@@ -468,6 +468,10 @@ TOLLGATE_WEBSOCKET_ENDPOINT=$(head -n 1 "$WORK/fake-connections.url")
 [[ -n $TOLLGATE_WEBSOCKET_ENDPOINT ]] || die "the fake @connections endpoint did not start"
 export TOLLGATE_WEBSOCKET_ENDPOINT
 log "fake @connections endpoint: $TOLLGATE_WEBSOCKET_ENDPOINT"
+# The notifier posts its webhook to the same endpoint (its posts are $posts entries with
+# connection_id "webhook"), signed with the suite's secret; loopback http is allowed for it.
+export TOLLGATE_WEBHOOK_URL="$TOLLGATE_WEBSOCKET_ENDPOINT/@connections/webhook" \
+  TOLLGATE_WEBHOOK_SECRET_ARN=$TOLLGATE_SECRET_ARN TOLLGATE_ALLOW_LOOPBACK_ORIGINS=1
 
 free_port() {
   python3 -c 'import socket
