@@ -174,7 +174,10 @@ impl crate::DeliveryStore for DynamoStore {
         out.items()
             .iter()
             .map(from_item)
-            .filter(|d| d.as_ref().map_or(true, |d| d.state == DeliveryState::Dead))
+            .filter(|d| match d {
+                Ok(d) => d.state == DeliveryState::Dead,
+                Err(_) => true,
+            })
             .collect()
     }
 }
