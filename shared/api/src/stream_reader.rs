@@ -97,7 +97,7 @@ pub(crate) async fn stream_arn(
 }
 
 /// Every shard of the stream: `(id, open)`.
-pub(crate) async fn shards(streams: &Client, arn: &str) -> Result<Vec<(String, bool)>, String> {
+async fn shards(streams: &Client, arn: &str) -> Result<Vec<(String, bool)>, String> {
     let mut all = Vec::new();
     let mut start: Option<String> = None;
     loop {
@@ -137,7 +137,7 @@ pub(crate) async fn shards(streams: &Client, arn: &str) -> Result<Vec<(String, b
     Ok(all)
 }
 
-pub(crate) async fn iterator(
+async fn iterator(
     streams: &Client,
     arn: &str,
     shard: &str,
@@ -157,6 +157,24 @@ pub(crate) async fn iterator(
             )
         })?;
     Ok(out.shard_iterator().map(str::to_owned))
+}
+
+/// Shards of the stream not in `known` yet: each is remembered, and its iterator from its
+/// oldest record put in `iterators`.
+pub(crate) async fn read_new_shards(
+    streams: &Client,
+    arn: &str,
+    known: &mut HashSet<String>,
+    iterators: &mut HashMap<String, String>,
+) -> Result<(), String> {
+    for (id, _) in shards(streams, arn).await? {
+        if known.insert(id.clone()) {
+            if let Some(it) = iterator(streams, arn, &id, ShardIteratorType::TrimHorizon).await? {
+                iterators.insert(id, it);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Reads the stream until an error: the open shards from their newest record on, shards
@@ -192,15 +210,7 @@ async fn read(
     loop {
         if refreshed.elapsed() >= SHARD_REFRESH {
             refreshed = Instant::now();
-            for (id, _) in shards(streams, &arn).await? {
-                if known.insert(id.clone()) {
-                    if let Some(it) =
-                        iterator(streams, &arn, &id, ShardIteratorType::TrimHorizon).await?
-                    {
-                        iterators.insert(id, it);
-                    }
-                }
-            }
+            read_new_shards(streams, &arn, &mut known, &mut iterators).await?;
         }
         let mut any = false;
         let ids: Vec<String> = iterators.keys().cloned().collect();

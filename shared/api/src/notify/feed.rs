@@ -103,8 +103,7 @@ async fn read_stream(
     streams: &aws_sdk_dynamodbstreams::Client,
     table: &str,
 ) -> Result<(), String> {
-    use crate::stream_reader::{iterator, shards, stream_arn};
-    use aws_sdk_dynamodbstreams::types::ShardIteratorType;
+    use crate::stream_reader::{read_new_shards, stream_arn};
     use std::collections::HashSet;
 
     let arn = stream_arn(dynamo, table).await?;
@@ -114,15 +113,7 @@ async fn read_stream(
     loop {
         if refreshed.is_none_or(|at| at.elapsed() >= Duration::from_secs(10)) {
             refreshed = Some(tokio::time::Instant::now());
-            for (id, _) in shards(streams, &arn).await? {
-                if known.insert(id.clone()) {
-                    if let Some(it) =
-                        iterator(streams, &arn, &id, ShardIteratorType::TrimHorizon).await?
-                    {
-                        iterators.insert(id, it);
-                    }
-                }
-            }
+            read_new_shards(streams, &arn, &mut known, &mut iterators).await?;
         }
         let mut any = false;
         let ids: Vec<String> = iterators.keys().cloned().collect();

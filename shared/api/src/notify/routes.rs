@@ -70,18 +70,7 @@ async fn list(
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Operator)?;
     let query = query.as_deref();
-    let limit = match query_param(query, "limit") {
-        None => DEFAULT_DEAD_LETTERS,
-        Some(v) => v
-            .parse::<usize>()
-            .ok()
-            .filter(|l| (1..=MAX_DEAD_LETTERS).contains(l))
-            .ok_or_else(|| {
-                ApiError::bad_request(format!(
-                    "limit must be a whole number, 1 to {MAX_DEAD_LETTERS}"
-                ))
-            })?,
-    };
+    let limit = crate::request::limit_param(query, DEFAULT_DEAD_LETTERS, MAX_DEAD_LETTERS)?;
     let project = project_of(claims.project_id.as_deref(), query)?;
     let letters = deps.notifier.dead_letters(&project, limit).await?;
     Ok(Json(DeadLetters {
