@@ -193,6 +193,8 @@ fn the_documented_bounds_are_the_servers() {
         limits::MAX_LISTED_MUTATIONS,
         tollgate_store::MAX_MUTATIONS_LISTED
     );
+    assert_eq!(limits::MAX_LISTED_RUNS, tollgate_api::approvals::MAX_RUNS);
+    assert_eq!(limits::MAX_RUNS_EXAMINED, tollgate_store::MAX_RUNS_EXAMINED);
 }
 
 /// The bounds the document states on an arm's fields are where the server draws the
