@@ -508,6 +508,8 @@ fn every_example_is_a_value_of_its_type() {
         ("RunReceipt", round_trip::<runs::RunReceipt>),
         ("Appended", round_trip::<runs::Appended>),
         ("RunEnded", round_trip::<runs::RunEnded>),
+        ("RunSummary", round_trip::<runs::RunSummary>),
+        ("RunList", round_trip::<runs::RunList>),
         ("ArmApproval", round_trip::<approvals::ArmApproval>),
         ("Armed", round_trip::<approvals::Armed>),
         ("Decide", round_trip::<approvals::Decide>),
