@@ -1474,6 +1474,28 @@ async fn runs_after_load(client: &Client) -> Vec<String> {
     listed_runs(client).await
 }
 
+/// Replaces the text of input `id` with `text`.
+async fn type_into(client: &Client, id: &str, text: &str) {
+    let input = client.find(Locator::Id(id)).await.unwrap();
+    input.clear().await.unwrap();
+    if !text.is_empty() {
+        input.send_keys(text).await.unwrap();
+    }
+}
+
+/// Submits the runs screen's search; waits until it lists `rows` runs and has answered.
+async fn search_runs(client: &Client, rows: usize, what: &str) -> Vec<String> {
+    click_css(client, "#runs-form button[type=submit]").await;
+    wait_js(
+        client,
+        &format!("return document.querySelectorAll('#runs-rows tr').length === {rows}"),
+        Duration::from_secs(3),
+        what,
+    )
+    .await;
+    runs_after_load(client).await
+}
+
 /// Every run the API lists for `token` with `query`, following the cursor.
 async fn api_runs(server: &TestServer, token: &str, query: &str) -> Vec<String> {
     let mut all = Vec::new();
@@ -1599,18 +1621,13 @@ async fn the_runs_screen_lists_filters_and_pages_one_projects_runs() {
             .select_by_value("completed")
             .await
             .unwrap();
-        click_css(&client, "#runs-form button[type=submit]").await;
-        wait_js(
-            &client,
-            "return document.querySelectorAll('#runs-rows tr').length === 1",
-            Duration::from_secs(3),
-            "the status filter applied",
-        )
-        .await;
-        assert_eq!(runs_after_load(&client).await, [done_run.clone()]);
+        assert_eq!(
+            search_runs(&client, 1, "the status filter applied").await,
+            std::slice::from_ref(&done_run)
+        );
         assert_eq!(
             api_runs(&server, &ops, "&status=completed").await,
-            [done_run.clone()]
+            std::slice::from_ref(&done_run)
         );
         client
             .find(Locator::Id("runs-status"))
@@ -1619,51 +1636,17 @@ async fn the_runs_screen_lists_filters_and_pages_one_projects_runs() {
             .select_by_value("")
             .await
             .unwrap();
-        client
-            .find(Locator::Id("runs-owner"))
-            .await
-            .unwrap()
-            .send_keys("alice")
-            .await
-            .unwrap();
-        click_css(&client, "#runs-form button[type=submit]").await;
-        wait_js(
-            &client,
-            "return document.querySelectorAll('#runs-rows tr').length === 13",
-            Duration::from_secs(3),
-            "the owner filter applied",
-        )
-        .await;
-        let alice = runs_after_load(&client).await;
+        type_into(&client, "runs-owner", "alice").await;
+        let alice = search_runs(&client, 13, "the owner filter applied").await;
         assert_eq!(alice, api_runs(&server, &ops, "&owner=alice").await);
         assert!(alice.iter().all(|r| {
             let i: usize = r.rsplit('-').next().unwrap().parse().unwrap();
-            i % 4 == 0
+            i.is_multiple_of(4)
         }));
-        client
-            .find(Locator::Id("runs-owner"))
-            .await
-            .unwrap()
-            .clear()
-            .await
-            .unwrap();
+        type_into(&client, "runs-owner", "").await;
         let prefix = format!("run-{tag}-1");
-        client
-            .find(Locator::Id("runs-q"))
-            .await
-            .unwrap()
-            .send_keys(&prefix)
-            .await
-            .unwrap();
-        click_css(&client, "#runs-form button[type=submit]").await;
-        wait_js(
-            &client,
-            "return document.querySelectorAll('#runs-rows tr').length === 10",
-            Duration::from_secs(3),
-            "the run id search applied",
-        )
-        .await;
-        let searched = runs_after_load(&client).await;
+        type_into(&client, "runs-q", &prefix).await;
+        let searched = search_runs(&client, 10, "the run id search applied").await;
         assert_eq!(
             searched,
             api_runs(&server, &ops, &format!("&q={prefix}")).await
@@ -1698,15 +1681,22 @@ async fn the_runs_screen_lists_filters_and_pages_one_projects_runs() {
             json!(replayed.iter().map(|e| e["type"].clone()).collect::<Vec<_>>())
         );
 
+        // Another project's runs: the API's 403, as text, and the table left as it was.
+        type_into(&client, "runs-project", "other").await;
+        click_css(&client, "#runs-form button[type=submit]").await;
+        wait_js(
+            &client,
+            "return document.getElementById('runs-message').textContent === \
+             'Tollgate answered 403: an operator of a project lists only that project\\'s runs.'",
+            Duration::from_secs(3),
+            "the refusal shown",
+        )
+        .await;
+        assert_eq!(listed_runs(&client).await, searched);
+
         // A refusal is shown as text: an operator of another project reading a run.
         show_screen(&client, "reconcile").await;
-        client
-            .find(Locator::Id("reconcile-run"))
-            .await
-            .unwrap()
-            .send_keys(&theirs[0])
-            .await
-            .unwrap();
+        type_into(&client, "reconcile-run", &theirs[0]).await;
         click_css(&client, "#reconcile-form button[type=submit]").await;
         wait_js(
             &client,
@@ -2007,20 +1997,7 @@ async fn reconcile_settles_unknown_outcomes_through_the_console() {
             assert_eq!(shown, json!(state), "the row shows the API's state");
         }
         // Asked again, the run has nothing left to reconcile.
-        client
-            .find(Locator::Id("reconcile-run"))
-            .await
-            .unwrap()
-            .clear()
-            .await
-            .unwrap();
-        client
-            .find(Locator::Id("reconcile-run"))
-            .await
-            .unwrap()
-            .send_keys(&run_id)
-            .await
-            .unwrap();
+        type_into(&client, "reconcile-run", &run_id).await;
         click_css(&client, "#reconcile-form button[type=submit]").await;
         wait_js(
             &client,

@@ -557,11 +557,11 @@ async fn runs_are_listed_per_tenant(backend: Backend) {
     let global = srv.operator_token.clone();
     assert_eq!(
         list(global.clone(), format!("&project_id={other}")).await,
-        [theirs.clone()]
+        [theirs]
     );
     assert_eq!(
         list(global.clone(), format!("&owner=o-{tag}")).await,
-        [unowned.clone()],
+        [unowned],
         "without project_id: the runs without a project"
     );
     let (status, v) = srv

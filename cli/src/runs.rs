@@ -57,21 +57,8 @@ fn table(page: &RunList) -> String {
                 run.ended_at.map(utc).unwrap_or_else(|| "-".into()),
             ]);
         }
-        let mut widths = [0usize; 5];
-        for row in &rows {
-            for (w, c) in widths.iter_mut().zip(row) {
-                *w = (*w).max(c.chars().count());
-            }
-        }
-        for row in &rows {
-            let mut line = String::new();
-            for (i, (c, w)) in row.iter().zip(widths).enumerate() {
-                line.push_str(c);
-                if i + 1 < row.len() {
-                    line.extend(std::iter::repeat_n(' ', w - c.chars().count() + 2));
-                }
-            }
-            out.push_str(line.trim_end());
+        for line in crate::render::aligned(&rows) {
+            out.push_str(&line);
             out.push('\n');
         }
     }

@@ -972,7 +972,7 @@
   function runsQuery(filters, after, limit) {
     const params = new URLSearchParams();
     params.set('limit', String(limit || RUNS_PAGE));
-    for (const k of ['status', 'owner', 'q']) {
+    for (const k of ['status', 'owner', 'q', 'project_id']) {
       const v = filters && typeof filters[k] === 'string' ? filters[k].trim() : '';
       if (v) params.set(k, v);
     }
@@ -1047,7 +1047,12 @@
     const generation = ++view.generation;
     const message = $('runs-message');
     if (!more) {
-      view.filters = { status: $('runs-status').value, owner: $('runs-owner').value, q: $('runs-q').value };
+      view.filters = {
+        status: $('runs-status').value,
+        owner: $('runs-owner').value,
+        q: $('runs-q').value,
+        project_id: $('runs-project').value,
+      };
       view.cursor = null;
     }
     setText(message, 'Loading runs…');

@@ -93,6 +93,7 @@ test('the runs query carries the filters given, trimmed, and the cursor', () => 
   // Encoded, so an owner or a prefix with & = + # cannot add parameters.
   assert.equal(runsQuery({ owner: 'a&b=c', q: 'run+1#x' }, 'abc'), 'api/runs?limit=50&owner=a%26b%3Dc&q=run%2B1%23x&after=abc');
   assert.equal(runsQuery({ status: '   ' }, ''), 'api/runs?limit=50');
+  assert.equal(runsQuery({ project_id: 'acme' }, null, 5), 'api/runs?limit=5&project_id=acme');
 });
 
 test('times are shown in UTC to the second, blank when absent or not a time', () => {
