@@ -1395,3 +1395,620 @@ async fn a_listing_that_is_not_json_keeps_the_cards() {
     })
     .await;
 }
+
+// ---- The runs, policies and reconcile screens ---------------------------------------------
+
+/// An agent token of `project`.
+fn agent_of(server: &TestServer, sub: &str, project: &str) -> String {
+    server
+        .auth
+        .mint_jwt(sub, Role::Agent, 3600, Some(project.to_owned()))
+}
+
+/// An operator token of `project`.
+fn operator_of(server: &TestServer, sub: &str, project: &str) -> String {
+    server
+        .auth
+        .mint_jwt(sub, Role::Operator, 3600, Some(project.to_owned()))
+}
+
+/// Creates a run with `token` (an agent JWT); its id and run token.
+async fn create_run_as(server: &TestServer, token: &str, body: Value) -> (String, String) {
+    let (status, v) = server.post("/api/runs", token, &body).await;
+    assert_eq!(status, StatusCode::CREATED, "create run: {v}");
+    (
+        v["run_id"].as_str().unwrap().to_owned(),
+        v["run_token"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Clicks the element `css` names.
+async fn click_css(client: &Client, css: &str) {
+    client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap();
+}
+
+/// Shows screen `name` with the tab bar.
+async fn show_screen(client: &Client, name: &str) {
+    click_css(client, &format!("#screens button[data-screen=\"{name}\"]")).await;
+    wait_js(
+        client,
+        &format!(
+            "return !document.querySelector('section[data-screen=\"{name}\"]').hidden && \
+             document.querySelector('#screens button[data-screen=\"{name}\"]').getAttribute('aria-current') === 'page'"
+        ),
+        Duration::from_secs(2),
+        "the screen shown",
+    )
+    .await;
+}
+
+/// The runs table's run ids, in order.
+async fn listed_runs(client: &Client) -> Vec<String> {
+    let v = client
+        .execute(
+            "return [...document.querySelectorAll('#runs-rows tr')].map(r => r.dataset.runId)",
+            vec![],
+        )
+        .await
+        .unwrap();
+    serde_json::from_value(v).unwrap()
+}
+
+/// Waits until the runs screen has answered the request it made last (its message is no
+/// longer "Loading…") and returns the run ids it lists.
+async fn runs_after_load(client: &Client) -> Vec<String> {
+    wait_js(
+        client,
+        "const m = document.getElementById('runs-message').textContent; \
+         return m !== '' && !m.startsWith('Loading')",
+        Duration::from_secs(3),
+        "the runs loaded",
+    )
+    .await;
+    listed_runs(client).await
+}
+
+/// Replaces the text of input `id` with `text`.
+async fn type_into(client: &Client, id: &str, text: &str) {
+    let input = client.find(Locator::Id(id)).await.unwrap();
+    input.clear().await.unwrap();
+    if !text.is_empty() {
+        input.send_keys(text).await.unwrap();
+    }
+}
+
+/// Submits the runs screen's search; waits until it lists `rows` runs and has answered.
+async fn search_runs(client: &Client, rows: usize, what: &str) -> Vec<String> {
+    click_css(client, "#runs-form button[type=submit]").await;
+    wait_js(
+        client,
+        &format!("return document.querySelectorAll('#runs-rows tr').length === {rows}"),
+        Duration::from_secs(3),
+        what,
+    )
+    .await;
+    runs_after_load(client).await
+}
+
+/// Every run the API lists for `token` with `query`, following the cursor.
+async fn api_runs(server: &TestServer, token: &str, query: &str) -> Vec<String> {
+    let mut all = Vec::new();
+    let mut after = String::new();
+    loop {
+        let (status, v) = server
+            .get(&format!("/api/runs?limit=200{query}{after}"), token)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        for r in v["runs"].as_array().unwrap() {
+            all.push(r["run_id"].as_str().unwrap().to_owned());
+        }
+        match v["next_cursor"].as_str() {
+            Some(c) if v["has_more"] == true => after = format!("&after={c}"),
+            _ => return all,
+        }
+    }
+}
+
+/// The runs screen lists exactly the runs the API created in the operator's project,
+/// newest first and never another project's; "More runs" pages through them with the
+/// API's cursor; the status, owner and run-id filters narrow the list to what the API
+/// answers for them; clicking a run shows its replayed events; text from agents (an
+/// owner with markup) is shown as text; an API refusal is shown as text.
+#[tokio::test]
+async fn the_runs_screen_lists_filters_and_pages_one_projects_runs() {
+    bounded(async {
+        let server = server(&[]).await;
+        let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+        let acme = agent_of(&server, "agent-acme", "acme");
+        let other = agent_of(&server, "agent-other", "other");
+        let mut created = Vec::new();
+        let mut tokens = Vec::new();
+        for i in 0..52 {
+            let owner = if i % 4 == 0 { "alice" } else { "bob" };
+            let (run_id, token) = create_run_as(
+                &server,
+                &acme,
+                json!({"run_id": format!("run-{tag}-{i:02}"), "owner": owner,
+                       "project_id": "acme", "channel_id": "C-ops"}),
+            )
+            .await;
+            created.push(run_id);
+            tokens.push(token);
+        }
+        let marked_up = "<img src=x id=injected>";
+        let (odd_run, _) = create_run_as(
+            &server,
+            &acme,
+            json!({"run_id": format!("odd-{tag}"), "owner": marked_up, "project_id": "acme"}),
+        )
+        .await;
+        created.push(odd_run.clone());
+        let done_run = created[7].clone();
+        let (status, v) = server
+            .post(
+                &format!("/api/runs/{done_run}/complete"),
+                &tokens[7],
+                &json!({}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        let mut theirs = Vec::new();
+        for i in 0..3 {
+            let (run_id, _) = create_run_as(
+                &server,
+                &other,
+                json!({"run_id": format!("run-{tag}-other-{i}"), "owner": "alice",
+                       "project_id": "other"}),
+            )
+            .await;
+            theirs.push(run_id);
+        }
+        let ops = operator_of(&server, "olivia", "acme");
+        let api_all = api_runs(&server, &ops, "").await;
+        let mut expected_set = created.clone();
+        expected_set.sort();
+        let mut api_set = api_all.clone();
+        api_set.sort();
+        assert_eq!(api_set, expected_set, "the API lists the project's runs only");
+
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        open_console(&client, &server, &ops).await;
+        show_screen(&client, "runs").await;
+        let first = runs_after_load(&client).await;
+        assert_eq!(first, api_all[..50], "the first page, newest first");
+        let more_shown = client
+            .execute("return !document.getElementById('runs-more').hidden", vec![])
+            .await
+            .unwrap();
+        assert_eq!(more_shown, json!(true));
+        click_css(&client, "#runs-more").await;
+        wait_js(
+            &client,
+            "return document.querySelectorAll('#runs-rows tr').length === 53 && \
+             document.getElementById('runs-more').hidden",
+            Duration::from_secs(3),
+            "the second page appended",
+        )
+        .await;
+        let all = listed_runs(&client).await;
+        assert_eq!(all, api_all, "both pages, each run once, in the API's order");
+        for run in &theirs {
+            assert!(!all.contains(run), "another project's run {run} is listed");
+        }
+        // The owner with markup is text: no element was made of it.
+        let odd = client
+            .execute(
+                "const row = document.querySelector('#runs-rows tr[data-run-id=\"' + arguments[0] + '\"]'); \
+                 return [row.cells[2].textContent, document.getElementById('injected') === null]",
+                vec![json!(odd_run)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(odd, json!([marked_up, true]));
+
+        // Filters narrow to what the API answers for them.
+        client
+            .find(Locator::Id("runs-status"))
+            .await
+            .unwrap()
+            .select_by_value("completed")
+            .await
+            .unwrap();
+        assert_eq!(
+            search_runs(&client, 1, "the status filter applied").await,
+            std::slice::from_ref(&done_run)
+        );
+        assert_eq!(
+            api_runs(&server, &ops, "&status=completed").await,
+            std::slice::from_ref(&done_run)
+        );
+        client
+            .find(Locator::Id("runs-status"))
+            .await
+            .unwrap()
+            .select_by_value("")
+            .await
+            .unwrap();
+        type_into(&client, "runs-owner", "alice").await;
+        let alice = search_runs(&client, 13, "the owner filter applied").await;
+        assert_eq!(alice, api_runs(&server, &ops, "&owner=alice").await);
+        assert!(alice.iter().all(|r| {
+            let i: usize = r.rsplit('-').next().unwrap().parse().unwrap();
+            i.is_multiple_of(4)
+        }));
+        type_into(&client, "runs-owner", "").await;
+        let prefix = format!("run-{tag}-1");
+        type_into(&client, "runs-q", &prefix).await;
+        let searched = search_runs(&client, 10, "the run id search applied").await;
+        assert_eq!(
+            searched,
+            api_runs(&server, &ops, &format!("&q={prefix}")).await
+        );
+        assert!(searched.iter().all(|r| r.starts_with(&prefix)));
+
+        // A run's detail: its events as replay answers them.
+        let css = format!("#runs-rows tr[data-run-id=\"{}\"] button.run-link", searched[0]);
+        click_css(&client, &css).await;
+        let replayed = server.replay_all(&searched[0], &ops, 1000).await;
+        wait_js(
+            &client,
+            &format!(
+                "return document.querySelectorAll('#run-events tr').length === {} && \
+                 document.getElementById('run-events-message').textContent.startsWith('{} event')",
+                replayed.len(),
+                replayed.len()
+            ),
+            Duration::from_secs(3),
+            "the run's events shown",
+        )
+        .await;
+        let types = client
+            .execute(
+                "return [...document.querySelectorAll('#run-events tr td.type')].map(t => t.textContent)",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            types,
+            json!(replayed.iter().map(|e| e["type"].clone()).collect::<Vec<_>>())
+        );
+
+        // Another project's runs: the API's 403, as text, and the table left as it was.
+        type_into(&client, "runs-project", "other").await;
+        click_css(&client, "#runs-form button[type=submit]").await;
+        wait_js(
+            &client,
+            "return document.getElementById('runs-message').textContent === \
+             'Tollgate answered 403: an operator of a project lists only that project\\'s runs.'",
+            Duration::from_secs(3),
+            "the refusal shown",
+        )
+        .await;
+        assert_eq!(listed_runs(&client).await, searched);
+
+        // A refusal is shown as text: an operator of another project reading a run.
+        show_screen(&client, "reconcile").await;
+        type_into(&client, "reconcile-run", &theirs[0]).await;
+        click_css(&client, "#reconcile-form button[type=submit]").await;
+        wait_js(
+            &client,
+            &format!(
+                "return document.getElementById('reconcile-message').textContent === \
+                 'No run {} (or not visible to this token).'",
+                theirs[0]
+            ),
+            Duration::from_secs(3),
+            "another project's run refused",
+        )
+        .await;
+    })
+    .await;
+}
+
+/// The policies screen lists the grants of the operator's project only, and revokes one
+/// only after a confirm step: Cancel leaves it standing (the API still lists it live),
+/// Confirm revokes it (the API lists it revoked, by the operator) and the row says so;
+/// another project's grant is not listed and stays live.
+#[tokio::test]
+async fn the_policies_screen_revokes_a_grant_after_a_confirm() {
+    bounded(async {
+        let server = server(&[]).await;
+        let mut policy_of = Vec::new();
+        for project in ["acme", "other"] {
+            let agent = agent_of(&server, &format!("agent-{project}"), project);
+            let (run_id, run_token) = create_run_as(
+                &server,
+                &agent,
+                json!({"owner": "alice", "project_id": project}),
+            )
+            .await;
+            let request_id = arm(
+                &server,
+                &run_id,
+                &run_token,
+                json!({"tool_name": format!("deploy_{project}")}),
+            )
+            .await;
+            let (status, v) = server
+                .post(
+                    &format!("/api/runs/{run_id}/tool-approvals"),
+                    &operator_of(&server, "alice", project),
+                    &json!({"request_id": request_id, "scope": "tool"}),
+                )
+                .await;
+            assert_eq!(
+                (status, v["state"].as_str()),
+                (StatusCode::OK, Some("approved")),
+                "{v}"
+            );
+            let (_, page) = server
+                .get("/api/policies", &operator_of(&server, "alice", project))
+                .await;
+            let policies = page["policies"].as_array().unwrap();
+            assert_eq!(policies.len(), 1, "{page}");
+            policy_of.push(policies[0]["policy_id"].as_str().unwrap().to_owned());
+        }
+        let (mine, theirs) = (policy_of[0].clone(), policy_of[1].clone());
+        let ops = operator_of(&server, "olivia", "acme");
+        let live = |page: &Value, id: &str| {
+            page["policies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["policy_id"] == id)
+                .map(|p| p["revoked_at"].is_null())
+        };
+
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        open_console(&client, &server, &ops).await;
+        show_screen(&client, "policies").await;
+        wait_js(
+            &client,
+            "return document.querySelectorAll('#policies-rows tr').length === 1",
+            Duration::from_secs(3),
+            "the project's grant listed",
+        )
+        .await;
+        let row = client
+            .execute(
+                "const r = document.querySelector('#policies-rows tr'); \
+                 return [r.dataset.policyId, [...r.cells].map(c => c.textContent)]",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row[0], json!(mine), "only the project's grant: {row}");
+        let cells = row[1].as_array().unwrap();
+        assert_eq!(cells[0], "deploy_acme");
+        assert_eq!(cells[1], "tool");
+        assert_eq!(cells[3], "alice", "granted by");
+        assert_eq!(cells[5], "none — until revoked");
+        assert_eq!(cells[6], "Revoke");
+
+        // Cancel: nothing is revoked.
+        let row_css = format!("#policies-rows tr[data-policy-id=\"{mine}\"]");
+        click_css(&client, &format!("{row_css} button.revoke")).await;
+        let asked = client
+            .execute(
+                "return document.querySelector(arguments[0] + ' td.actions').textContent",
+                vec![json!(row_css)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            asked,
+            json!("Revoke deploy_acme (scope tool)? Confirm revokeCancel")
+        );
+        click_css(&client, &format!("{row_css} button.cancel")).await;
+        wait_js(
+            &client,
+            &format!("return document.querySelector('{row_css} button.revoke') !== null"),
+            Duration::from_secs(2),
+            "the revoke offered again",
+        )
+        .await;
+        let (_, page) = server.get("/api/policies", &ops).await;
+        assert_eq!(live(&page, &mine), Some(true), "cancel revokes nothing");
+
+        // Confirm: revoked, and the API says so.
+        click_css(&client, &format!("{row_css} button.revoke")).await;
+        click_css(&client, &format!("{row_css} button.confirm")).await;
+        wait_js(
+            &client,
+            &format!(
+                "const r = document.querySelector('{row_css}'); \
+                 return r.dataset.state === 'revoked' && r.querySelector('td.actions').textContent === 'Revoked'"
+            ),
+            Duration::from_secs(3),
+            "the grant shown revoked",
+        )
+        .await;
+        let (_, page) = server.get("/api/policies", &ops).await;
+        assert_eq!(live(&page, &mine), Some(false), "{page}");
+        assert_eq!(page["policies"][0]["revoked_by"], "olivia");
+        let expiry = client
+            .execute(
+                "return document.querySelector(arguments[0] + ' td.expiry').textContent",
+                vec![json!(row_css)],
+            )
+            .await
+            .unwrap();
+        assert!(
+            expiry.as_str().unwrap().ends_with(" by olivia"),
+            "{expiry}"
+        );
+        let (_, page) = server
+            .get("/api/policies", &operator_of(&server, "x", "other"))
+            .await;
+        assert_eq!(live(&page, &theirs), Some(true), "the other project's stands");
+    })
+    .await;
+}
+
+/// Reconcile from the runs screen: a run with two calls whose outcome is unknown (each
+/// settled `ambiguous`, as an agent does when its transport failed mid-call) shows both
+/// records; "Reconcile this run" lists them; "Mark succeeded" and "Mark failed", each
+/// after its confirm step, record `applied` and `not_applied`, the rows show the state
+/// the API answered, and the API's records agree.
+#[tokio::test]
+async fn reconcile_settles_unknown_outcomes_through_the_console() {
+    bounded(async {
+        let server = server(&[]).await;
+        let (run_id, run_token) = server
+            .create_run(json!({"owner": "alice",
+                               "budget": {"tools": {"send_email": 4}, "call_ceiling": 5}}))
+            .await;
+        let mut calls = Vec::new();
+        for n in 0..2 {
+            let tool_call_id = format!("call-{n}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+            let approval_id = format!("appr-{n}");
+            let request_id = arm(
+                &server,
+                &run_id,
+                &run_token,
+                json!({"tool_name": "send_email", "url": null,
+                       "tool_call_id": tool_call_id, "approval_id": approval_id}),
+            )
+            .await;
+            let (status, v) = server
+                .post(
+                    &format!("/api/runs/{run_id}/tool-approvals"),
+                    &server.operator_token,
+                    &json!({"request_id": request_id, "scope": "once"}),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{v}");
+            for (verb, body) in [
+                (
+                    "start",
+                    json!({"request_id": request_id, "approval_id": approval_id,
+                           "tool_name": "send_email"}),
+                ),
+                ("dispatch", json!({"approval_id": approval_id})),
+                (
+                    "settle",
+                    json!({"approval_id": approval_id, "evidence": "ambiguous",
+                           "error": {"kind": "timeout"}}),
+                ),
+            ] {
+                let (status, v) = server
+                    .post(
+                        &format!("/api/runs/{run_id}/tool-calls/{tool_call_id}/{verb}"),
+                        &run_token,
+                        &body,
+                    )
+                    .await;
+                assert_eq!(status, StatusCode::OK, "{verb}: {v}");
+            }
+            calls.push((tool_call_id, approval_id));
+        }
+        let records = |v: &Value| -> Vec<(String, String)> {
+            v["mutations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    (
+                        m["tool_call_id"].as_str().unwrap().to_owned(),
+                        m["state"].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect()
+        };
+        let (_, v) = server
+            .get(&format!("/api/runs/{run_id}/mutations"), &server.operator_token)
+            .await;
+        assert!(
+            records(&v).iter().all(|(_, s)| s == "outcome_unknown"),
+            "{v}"
+        );
+
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        open_console(&client, &server, &operator(&server, "olivia")).await;
+        show_screen(&client, "runs").await;
+        runs_after_load(&client).await;
+        click_css(
+            &client,
+            &format!("#runs-rows tr[data-run-id=\"{run_id}\"] button.run-link"),
+        )
+        .await;
+        wait_js(
+            &client,
+            "return [...document.querySelectorAll('#run-mutations tr')].filter(r => r.dataset.state === 'outcome_unknown').length === 2",
+            Duration::from_secs(3),
+            "the run's records shown",
+        )
+        .await;
+        click_css(&client, "#run-detail-reconcile").await;
+        wait_js(
+            &client,
+            "return !document.getElementById('reconcile-screen').hidden && \
+             document.querySelectorAll('#reconcile-rows tr').length === 2",
+            Duration::from_secs(3),
+            "the unknown outcomes listed",
+        )
+        .await;
+        for ((tool_call_id, approval_id), (button, observed_state)) in calls
+            .iter()
+            .zip([("mark-succeeded", "completed"), ("mark-failed", "not_executed")])
+        {
+            let row_css = format!(
+                "#reconcile-rows tr[data-tool-call-id=\"{tool_call_id}\"][data-approval-id=\"{approval_id}\"]"
+            );
+            click_css(&client, &format!("{row_css} button.{button}")).await;
+            click_css(&client, &format!("{row_css} button.confirm")).await;
+            wait_js(
+                &client,
+                &format!(
+                    "const r = document.querySelector('{row_css}'); \
+                     return r.dataset.state !== 'outcome_unknown' && \
+                     r.querySelector('td.actions').textContent.startsWith('Recorded: now ')"
+                ),
+                Duration::from_secs(3),
+                "the reconcile recorded",
+            )
+            .await;
+            let shown = client
+                .execute(
+                    "return document.querySelector(arguments[0]).dataset.state",
+                    vec![json!(row_css)],
+                )
+                .await
+                .unwrap();
+            let (_, v) = server
+                .get(&format!("/api/runs/{run_id}/mutations"), &server.operator_token)
+                .await;
+            let state = records(&v)
+                .into_iter()
+                .find(|(id, _)| id == tool_call_id)
+                .unwrap()
+                .1;
+            assert_eq!(state, observed_state, "{v}");
+            assert_eq!(shown, json!(state), "the row shows the API's state");
+        }
+        // Asked again, the run has nothing left to reconcile.
+        type_into(&client, "reconcile-run", &run_id).await;
+        click_css(&client, "#reconcile-form button[type=submit]").await;
+        wait_js(
+            &client,
+            &format!(
+                "return document.getElementById('reconcile-message').textContent === \
+                 'Run {run_id} has no call with an unknown outcome.'"
+            ),
+            Duration::from_secs(3),
+            "nothing left to reconcile",
+        )
+        .await;
+    })
+    .await;
+}

@@ -1,4 +1,4 @@
-//! The `tollgate` client commands (`watch`, `approvals`, `approve`, `deny`) as a user
+//! The `tollgate` client commands (`watch`, `approvals`, `approve`, `deny`, `runs`) as a user
 //! runs them: the built binary (`target/debug/tollgate`, or
 //! `$CARGO_TARGET_DIR/debug/tollgate`; `cargo build -p tollgate` builds it) against an
 //! in-process server on the embedded store, or against a small fake server for what
@@ -1335,4 +1335,80 @@ async fn serve_prints_tokens_only_for_a_secret_it_made_up() {
         .await
         .unwrap();
     assert_eq!(created.status(), StatusCode::CREATED);
+}
+
+/// GIVEN three runs (one completed) WHEN `tollgate runs` (a page of two, then `--after`
+/// the cursor it printed, then `--status completed`) THEN tables of the runs newest first,
+/// each run once, the next page's command, and the filter narrowing to the completed run.
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_lists_pages_and_filters() {
+    let srv = server(SseConfig::default()).await;
+    let owner = format!("owner-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    let mut ids = Vec::new();
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let (id, token) = srv.create_run(json!({"owner": owner})).await;
+        ids.push(id);
+        tokens.push(token);
+    }
+    let (status, v) = srv
+        .post(
+            &format!("/api/runs/{}/complete", ids[1]),
+            &tokens[1],
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let listed = |stdout: &str| -> Vec<String> {
+        stdout
+            .lines()
+            .skip(1)
+            .filter(|l| !l.starts_with('('))
+            .map(|l| l.split_whitespace().next().unwrap().to_owned())
+            .collect()
+    };
+    let out = run(tollgate(
+        &srv.base,
+        &srv.operator_token,
+        &["runs", "--owner", &owner, "--limit", "2"],
+    ))
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.starts_with("RUN "), "{out:?}");
+    let first = listed(&out.stdout);
+    assert_eq!(first.len(), 2, "{out:?}");
+    let cursor = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("(more: the same command with --after "))
+        .and_then(|l| l.strip_suffix(')'))
+        .expect("the next page's cursor")
+        .to_owned();
+    let out = run(tollgate(
+        &srv.base,
+        &srv.operator_token,
+        &[
+            "runs", "--owner", &owner, "--limit", "2", "--after", &cursor,
+        ],
+    ))
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let mut all = first.clone();
+    all.extend(listed(&out.stdout));
+    let mut sorted = all.clone();
+    sorted.sort();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(sorted, expected, "each run once: {all:?}");
+    let out = run(tollgate(
+        &srv.base,
+        &srv.operator_token,
+        &["runs", "--owner", &owner, "--status", "completed"],
+    ))
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(listed(&out.stdout), [ids[1].clone()], "{out:?}");
+    assert!(out.stdout.contains(" completed "), "{out:?}");
+    let out = run(tollgate(&srv.base, &srv.agent_token, &["runs"])).await;
+    assert_eq!(out.code, 1, "an agent token is refused: {out:?}");
 }

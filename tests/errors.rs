@@ -241,6 +241,15 @@ impl RunStore for Down {
     async fn read_events(&self, _: &str, _: u64, _: usize) -> Result<EventPage, StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }
+    async fn list_runs(
+        &self,
+        _: Option<&str>,
+        _: &tollgate_store::RunFilter,
+        _: Option<&str>,
+        _: usize,
+    ) -> Result<tollgate_store::RunPage, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
 }
 
 /// GIVEN storage that is down WHEN a client calls THEN 503 `unavailable` with the id.

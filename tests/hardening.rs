@@ -68,6 +68,17 @@ impl RunStore for ReadCommitted {
         }
         Ok(page)
     }
+    async fn list_runs(
+        &self,
+        project_id: Option<&str>,
+        filter: &tollgate_store::RunFilter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<tollgate_store::RunPage, StoreError> {
+        self.inner
+            .list_runs(project_id, filter, cursor, limit)
+            .await
+    }
 }
 
 /// GIVEN reads that see sequence 7 without 5 and a head that says `completed` before

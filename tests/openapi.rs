@@ -193,6 +193,8 @@ fn the_documented_bounds_are_the_servers() {
         limits::MAX_LISTED_MUTATIONS,
         tollgate_store::MAX_MUTATIONS_LISTED
     );
+    assert_eq!(limits::MAX_LISTED_RUNS, tollgate_api::approvals::MAX_RUNS);
+    assert_eq!(limits::MAX_RUNS_EXAMINED, tollgate_store::MAX_RUNS_EXAMINED);
 }
 
 /// The bounds the document states on an arm's fields are where the server draws the
@@ -506,6 +508,8 @@ fn every_example_is_a_value_of_its_type() {
         ("RunReceipt", round_trip::<runs::RunReceipt>),
         ("Appended", round_trip::<runs::Appended>),
         ("RunEnded", round_trip::<runs::RunEnded>),
+        ("RunSummary", round_trip::<runs::RunSummary>),
+        ("RunList", round_trip::<runs::RunList>),
         ("ArmApproval", round_trip::<approvals::ArmApproval>),
         ("Armed", round_trip::<approvals::Armed>),
         ("Decide", round_trip::<approvals::Decide>),

@@ -591,6 +591,17 @@ impl tollgate_store::RunStore for LaggingHead {
     ) -> Result<tollgate_store::EventPage, tollgate_store::StoreError> {
         self.inner.read_events(run_id, after, limit).await
     }
+    async fn list_runs(
+        &self,
+        project_id: Option<&str>,
+        filter: &tollgate_store::RunFilter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<tollgate_store::RunPage, tollgate_store::StoreError> {
+        self.inner
+            .list_runs(project_id, filter, cursor, limit)
+            .await
+    }
 }
 
 /// GIVEN a stream that waits by polling a head read that lags several polls behind the

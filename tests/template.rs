@@ -191,6 +191,7 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                     "PoliciesTable/index/policies_by_project",
                     &["dynamodb:Query"],
                 ),
+                ("RunsTable/index/runs_by_project", &["dynamodb:Query"]),
                 ("TimerQueue", &["sqs:SendMessage"]),
                 ("DeliveriesTable", &["dynamodb:GetItem", "dynamodb:PutItem"]),
                 ("DeliveriesTable/index/dead_by_project", &["dynamodb:Query"]),

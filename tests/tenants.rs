@@ -505,6 +505,108 @@ async fn listings_page_with_a_cursor(backend: Backend) {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
 }
 
+/// GIVEN runs of two projects, and one without a project WHEN operators list runs over
+/// HTTP THEN a project's operator pages through its own runs only (newest first, each
+/// once), naming another project is 403, an operator of every project lists the project
+/// it names (or, naming none, the runs without one), an agent is refused, and a bad
+/// `limit`, `status`, filter or cursor is a 400 `ErrorBody`.
+async fn runs_are_listed_per_tenant(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let (acme, other) = (format!("acme-{tag}"), format!("other-{tag}"));
+    let mut ours = Vec::new();
+    for _ in 0..5 {
+        ours.push(project_run(&srv, &acme).await.0);
+    }
+    let theirs = project_run(&srv, &other).await.0;
+    let (unowned, _) = srv.create_run(json!({"owner": format!("o-{tag}")})).await;
+    let ops = srv
+        .auth
+        .mint_jwt("olivia", Role::Operator, 600, Some(acme.clone()));
+    let list = |token: String, query: String| {
+        let srv = &srv;
+        async move {
+            let mut ids = Vec::new();
+            let mut after = String::new();
+            loop {
+                let (status, v) = srv
+                    .get(&format!("/api/runs?limit=2{query}{after}"), &token)
+                    .await;
+                assert_eq!(status, StatusCode::OK, "{v}");
+                let runs = v["runs"].as_array().unwrap();
+                assert!(runs.len() <= 2, "{v}");
+                ids.extend(
+                    runs.iter()
+                        .map(|r| r["run_id"].as_str().unwrap().to_owned()),
+                );
+                match v["next_cursor"].as_str() {
+                    Some(c) if v["has_more"] == true => after = format!("&after={c}"),
+                    _ => return ids,
+                }
+            }
+        }
+    };
+    let mut mine = list(ops.clone(), String::new()).await;
+    mine.sort();
+    let mut expected = ours.clone();
+    expected.sort();
+    assert_eq!(
+        mine, expected,
+        "the project's runs, each once, none of another's"
+    );
+    let global = srv.operator_token.clone();
+    assert_eq!(
+        list(global.clone(), format!("&project_id={other}")).await,
+        [theirs]
+    );
+    assert_eq!(
+        list(global.clone(), format!("&owner=o-{tag}")).await,
+        [unowned],
+        "without project_id: the runs without a project"
+    );
+    let (status, v) = srv
+        .get(&format!("/api/runs?project_id={other}"), &ops)
+        .await;
+    assert_eq!(
+        (status, v["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("forbidden")),
+        "{v}"
+    );
+    let (status, v) = srv.get("/api/runs", &srv.agent_token).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
+    let long = "x".repeat(257);
+    for bad in [
+        "limit=0".to_owned(),
+        "limit=201".to_owned(),
+        "limit=two".to_owned(),
+        "status=paused".to_owned(),
+        format!("owner={long}"),
+        "q=".to_owned(),
+        "after=nonsense".to_owned(),
+    ] {
+        let (status, v) = srv.get(&format!("/api/runs?{bad}"), &ops).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {v}");
+        assert!(v["error"].is_string(), "{bad}: {v}");
+    }
+    // Another tenant's cursor is refused too.
+    let (_, v) = srv
+        .get(&format!("/api/runs?limit=1&project_id={other}"), &global)
+        .await;
+    if let Some(cursor) = v["next_cursor"].as_str() {
+        let (status, v) = srv.get(&format!("/api/runs?after={cursor}"), &ops).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    }
+    let (_, v) = srv.get("/api/runs?limit=1", &ops).await;
+    let cursor = v["next_cursor"].as_str().expect("more than one run");
+    let (status, v) = srv
+        .get(
+            &format!("/api/runs?after={cursor}&project_id={other}"),
+            &global,
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -516,6 +618,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn listings_page_with_a_cursor() {
                 super::listings_page_with_a_cursor($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn runs_are_listed_per_tenant() {
+                super::runs_are_listed_per_tenant($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn card_timeouts_are_capped() {

@@ -79,21 +79,8 @@ fn table(cards: &[Card], has_more: bool, now: DateTime<Utc>) -> String {
                 text(&card.request_id).unwrap_or_else(|| "?".into()),
             ]);
         }
-        let mut widths = [0usize; 6];
-        for row in &rows {
-            for (w, c) in widths.iter_mut().zip(row) {
-                *w = (*w).max(c.chars().count());
-            }
-        }
-        for (n, row) in rows.iter().enumerate() {
-            let mut line = String::new();
-            for (i, (c, w)) in row.iter().zip(widths).enumerate() {
-                line.push_str(c);
-                if i + 1 < row.len() {
-                    line.extend(std::iter::repeat_n(' ', w - c.chars().count() + 2));
-                }
-            }
-            out.push_str(line.trim_end());
+        for (n, line) in crate::render::aligned(&rows).iter().enumerate() {
+            out.push_str(line);
             out.push('\n');
             // The card's argument preview (redacted by the server), on a line of its own.
             let preview = n

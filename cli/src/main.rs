@@ -7,6 +7,7 @@
 mod decide;
 mod remote;
 mod render;
+mod runs;
 mod stack;
 mod watch;
 
@@ -89,6 +90,29 @@ enum Command {
         /// Only this run's cards.
         #[arg(long, value_name = "RUN")]
         run: Option<String>,
+        #[command(flatten)]
+        conn: remote::Conn,
+    },
+    /// List the project's runs, newest first (one page; --after for the next).
+    Runs {
+        /// Only runs in this status.
+        #[arg(long, value_parser = ["running", "completed", "failed", "cancelled"])]
+        status: Option<String>,
+        /// Only this owner's runs.
+        #[arg(long)]
+        owner: Option<String>,
+        /// Only runs whose id starts with this.
+        #[arg(long, value_name = "PREFIX")]
+        q: Option<String>,
+        /// The project (an operator token without a project).
+        #[arg(long)]
+        project_id: Option<String>,
+        /// Most runs on the page (1–200; default 50).
+        #[arg(long)]
+        limit: Option<u32>,
+        /// The cursor the previous page printed.
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<String>,
         #[command(flatten)]
         conn: remote::Conn,
     },
@@ -182,6 +206,31 @@ async fn main() {
         Command::Approvals { run, conn } => exit_with(
             match remote::connect(conn, None) {
                 Ok(operator) => decide::list(&operator, run.as_deref()).await,
+                Err(f) => Err(f),
+            }
+            .map(|()| 0),
+        ),
+        Command::Runs {
+            status,
+            owner,
+            q,
+            project_id,
+            limit,
+            after,
+            conn,
+        } => exit_with(
+            match remote::connect(conn, None) {
+                Ok(operator) => {
+                    let query = tollgate_client::operator::RunQuery {
+                        limit,
+                        after,
+                        status,
+                        owner,
+                        run_id_prefix: q,
+                        project_id,
+                    };
+                    runs::list(&operator, &query).await
+                }
                 Err(f) => Err(f),
             }
             .map(|()| 0),

@@ -430,6 +430,29 @@ fn value(v: &Value) -> String {
     clean(&truncate(&shown, VALUE_MAX))
 }
 
+/// The rows of a table as lines, each column padded to its widest cell (two spaces
+/// apart), trailing spaces trimmed.
+pub fn aligned<const N: usize>(rows: &[[String; N]]) -> Vec<String> {
+    let mut widths = [0usize; N];
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    rows.iter()
+        .map(|row| {
+            let mut line = String::new();
+            for (i, (c, w)) in row.iter().zip(widths).enumerate() {
+                line.push_str(c);
+                if i + 1 < row.len() {
+                    line.extend(std::iter::repeat_n(' ', w - c.chars().count() + 2));
+                }
+            }
+            line.trim_end().to_owned()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,4 +1,5 @@
 export { Client, Run, MAX_BATCH_EVENTS } from "./client.js";
+export { Operator, type RunQuery } from "./operator.js";
 export {
   Decision,
   APPROVAL_RESOLVED,

@@ -11,7 +11,8 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        /** One project's runs, newest first, paged with a cursor. */
+        get: operations["listRuns"];
         put?: never;
         /** Create a run (idempotent with delivery_id); answers its run token. */
         post: operations["createRun"];
@@ -752,6 +753,65 @@ export interface components {
             sequence: number;
         };
         /**
+         * @description One run of `GET /api/runs`: the run head's listing fields.
+         * @example {
+         *       "run_id": "run-5f0c7a2e",
+         *       "kind": "single",
+         *       "status": "completed",
+         *       "owner": "alice",
+         *       "project_id": "acme",
+         *       "channel_id": "C0123",
+         *       "created_at": 1767225600000,
+         *       "ended_at": 1767225661000
+         *     }
+         */
+        RunSummary: {
+            run_id: string;
+            /** @description `single`, `coordinator` or `child`. */
+            kind: string;
+            /** @description `running`, `completed`, `failed` or `cancelled`. */
+            status: string;
+            owner?: string | null;
+            project_id?: string | null;
+            channel_id?: string | null;
+            /**
+             * Format: int64
+             * @description Milliseconds since the epoch.
+             */
+            created_at: number;
+            /**
+             * Format: int64
+             * @description When the terminal event was written (milliseconds since the epoch); absent while
+             *     the run is running.
+             */
+            ended_at?: number | null;
+        };
+        /**
+         * @description `GET /api/runs`: a page of one tenant's runs, newest first. A page may hold fewer
+         *     runs than `limit` (even none) while `has_more` is true: filters are applied to at most
+         *     `MAX_RUNS_EXAMINED` runs per page; follow `next_cursor` until `has_more` is false.
+         * @example {
+         *       "runs": [
+         *         {
+         *           "run_id": "run-5f0c7a2e",
+         *           "kind": "single",
+         *           "status": "running",
+         *           "owner": "alice",
+         *           "project_id": "acme",
+         *           "created_at": 1767225600000
+         *         }
+         *       ],
+         *       "has_more": true,
+         *       "next_cursor": "5b227275…"
+         *     }
+         */
+        RunList: {
+            runs: components["schemas"]["RunSummary"][];
+            has_more: boolean;
+            /** @description Pass back as `after` for the next page. */
+            next_cursor?: string | null;
+        };
+        /**
          * @description The body of `POST /api/runs/{run_id}/approval-requests` (run token). Unknown fields
          *     are refused.
          * @example {
@@ -1361,6 +1421,87 @@ export interface components {
 }
 export type $defs = Record<string, never>;
 export interface operations {
+    listRuns: {
+        parameters: {
+            query?: {
+                /** @description Most runs to answer (default 50, most 200). */
+                limit?: number;
+                /** @description The next_cursor of the previous page. */
+                after?: string;
+                /** @description Only runs in this status. */
+                status?: "running" | "completed" | "failed" | "cancelled";
+                /** @description Only runs of this owner (exact). */
+                owner?: string;
+                /** @description Only runs whose run_id starts with this. */
+                q?: string;
+                /** @description The project to list (an operator of every project; default: runs without a project). */
+                project_id?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunList"];
+                };
+            };
+            /** @description Invalid request: the body, a parameter or an id (nothing written) */
+            400: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No credential, or one that does not verify */
+            401: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The credential may not do this */
+            403: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Storage or a pod is unavailable; retry after Retry-After (nothing written) */
+            503: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    /** @description Seconds to wait before retrying. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     createRun: {
         parameters: {
             query?: never;

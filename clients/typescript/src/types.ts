@@ -40,6 +40,10 @@ export type StreamEnd = Schemas["StreamEnd"];
 export type MutationRecord = Schemas["MutationRecord"];
 /** A page of `GET /api/runs/{id}/mutations`. */
 export type MutationList = Schemas["MutationList"];
+/** One run of `GET /api/runs`. */
+export type RunSummary = Schemas["RunSummary"];
+/** A page of `GET /api/runs`: one project's runs, newest first. */
+export type RunList = Schemas["RunList"];
 
 /** An event to append: a JSON object with a `type`; `event_id` is filled in when absent. */
 export type EventInput = NonNullable<

@@ -46,6 +46,7 @@ pub fn decision_routes() -> Router<Deps> {
         .route("/api/runs/{run_id}/tool-denials", post(deny))
         .route("/api/runs/{run_id}/approvals", get(run_approvals))
         .route("/api/approvals", get(all_approvals))
+        .route("/api/runs", get(list_runs))
         .route("/api/policies", get(list_policies))
         .route(
             "/api/policies/{policy_id}",
@@ -1027,6 +1028,78 @@ async fn list_policies(
         .await?;
     Ok(Json(PolicyPage {
         policies: page.policies.iter().map(crate::wire::policy).collect(),
+        has_more: page.next_cursor.is_some(),
+        next_cursor: page.next_cursor,
+    })
+    .into_response())
+}
+
+/// Most runs one page of `GET /api/runs` holds (`limit`).
+pub const MAX_RUNS: usize = 200;
+const DEFAULT_RUNS: usize = 50;
+
+/// `GET /api/runs?limit=…&after=…&status=…&owner=…&q=…&project_id=…`: a page of one
+/// tenant's runs, newest first (docs/architecture.md invariant 9). `status` and `owner`
+/// match exactly, `q` is a prefix of the run id; the filters are applied to at most
+/// [`tollgate_store::MAX_RUNS_EXAMINED`] runs a page, so a page may be short with
+/// `has_more`. A bad parameter or cursor is 400; another project is 403.
+#[instrument(skip_all)]
+async fn list_runs(
+    State(deps): State<Deps>,
+    RawQuery(query): RawQuery,
+    creds: Credentials,
+) -> Result<Response, ApiError> {
+    let claims = deps.auth.require_role(&creds, Role::Operator)?;
+    // Decoded (`%40`, `+`): owners and run ids are matched as written.
+    let params: Vec<(String, String)> =
+        url::form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes())
+            .into_owned()
+            .collect();
+    let param = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let limit = match param("limit") {
+        None => DEFAULT_RUNS,
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|l| (1..=MAX_RUNS).contains(l))
+            .ok_or_else(|| {
+                ApiError::bad_request(format!("limit must be a whole number, 1 to {MAX_RUNS}"))
+            })?,
+    };
+    let status = match param("status") {
+        None => None,
+        Some(v) => Some(tollgate_domain::RunStatus::parse(v).ok_or_else(|| {
+            ApiError::bad_request("status must be running, completed, failed or cancelled")
+        })?),
+    };
+    let text = |name: &str| -> Result<Option<String>, ApiError> {
+        let value = param(name).map(str::to_owned);
+        bounded(name, &value, tollgate_protocol::limits::MAX_RUN_FILTER)?;
+        Ok(value)
+    };
+    let filter = tollgate_store::RunFilter {
+        status,
+        owner: text("owner")?,
+        run_id_prefix: text("q")?,
+    };
+    let project = text("project_id")?;
+    let page = deps
+        .runs
+        .list(
+            claims.project_id.as_deref(),
+            project.as_deref(),
+            &filter,
+            param("after"),
+            limit,
+        )
+        .await?;
+    Ok(Json(tollgate_protocol::runs::RunList {
+        runs: page.runs.iter().map(crate::wire::run_summary).collect(),
         has_more: page.next_cursor.is_some(),
         next_cursor: page.next_cursor,
     })

@@ -69,6 +69,20 @@ pub fn mutation(r: &MutationRecord) -> tollgate_protocol::execution::MutationRec
     }
 }
 
+/// A run of the runs listing (`GET /api/runs`).
+pub fn run_summary(r: &tollgate_store::RunSummary) -> tollgate_protocol::runs::RunSummary {
+    tollgate_protocol::runs::RunSummary {
+        run_id: r.run_id.clone(),
+        kind: r.kind.as_str().into(),
+        status: r.status.as_str().into(),
+        owner: r.owner.clone(),
+        project_id: r.project_id.clone(),
+        channel_id: r.channel_id.clone(),
+        created_at: r.created_at,
+        ended_at: r.ended_at,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -133,6 +133,30 @@ impl RunLog {
     pub async fn append(&self, run: RunRef<'_>, raw: Vec<Value>) -> Result<Vec<u64>, AppError> {
         append(self.store.as_ref(), run, raw).await
     }
+
+    /// A page of the runs an operator of `caller_project` (none: an operator of every
+    /// project) lists in `project`: its own project only (asking for another is 403);
+    /// an operator of every project names the project, or lists the runs without one
+    /// (docs/architecture.md invariant 9: a listing never reaches another tenant).
+    pub async fn list(
+        &self,
+        caller_project: Option<&str>,
+        project: Option<&str>,
+        filter: &tollgate_store::RunFilter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<tollgate_store::RunPage, AppError> {
+        let tenant = match (caller_project, project) {
+            (Some(own), Some(asked)) if own != asked => {
+                return Err(AppError::Forbidden(
+                    "an operator of a project lists only that project's runs".into(),
+                ))
+            }
+            (Some(own), _) => Some(own),
+            (None, asked) => asked,
+        };
+        Ok(self.store.list_runs(tenant, filter, cursor, limit).await?)
+    }
 }
 
 async fn create(

@@ -7,6 +7,8 @@
 //! - [`Operator::approve`] / [`Operator::deny`]: `POST /api/runs/{id}/tool-approvals`
 //!   or `/tool-denials` with `{request_id, scope?, tool_name?}`. Repeating a decision is
 //!   safe: a later click answers 200 with the card's real state.
+//! - [`Operator::list_runs`]: `GET /api/runs` (one project's runs, newest first, paged
+//!   with a cursor, narrowed by status, owner and run-id prefix).
 //! - [`Operator::follow`]: `GET /api/runs/{id}/events` with `Accept: text/event-stream`,
 //!   resumed with `Last-Event-ID` after every window or break, each event handed out
 //!   once, in order, until the run's `done` frame.
@@ -250,6 +252,26 @@ impl From<wire::RunCards> for CardPage {
     }
 }
 
+/// A page of runs (`GET /api/runs`; the contract's `RunList`).
+pub use tollgate_protocol::runs::{RunList, RunSummary};
+
+/// What [`Operator::list_runs`] asks for; every field is optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunQuery {
+    /// Most runs to answer (1–200; the server's default 50).
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the page before.
+    pub after: Option<String>,
+    /// `running`, `completed`, `failed` or `cancelled`.
+    pub status: Option<String>,
+    /// Only this owner's runs (exact).
+    pub owner: Option<String>,
+    /// Only runs whose id starts with this.
+    pub run_id_prefix: Option<String>,
+    /// The project to list (an operator token without a project only).
+    pub project_id: Option<String>,
+}
+
 /// What a decision asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verb {
@@ -341,6 +363,36 @@ impl Operator {
         parsed.map_err(|e| OperatorError::Unreadable {
             status: 200,
             message: format!("not a page of cards ({e})"),
+        })
+    }
+
+    /// One page of the runs the token's project holds (`GET /api/runs`), newest first:
+    /// `query` narrows it (status, owner, run-id prefix) and names the page (`after`, a
+    /// previous page's `next_cursor`). A page may hold fewer runs than `limit`, even
+    /// none, while `has_more` is true: follow `next_cursor` until it is false.
+    pub async fn list_runs(&self, query: &RunQuery) -> Result<RunList, OperatorError> {
+        let mut url = self.http.endpoint(&["api", "runs"]);
+        {
+            let mut pairs = url.query_pairs_mut();
+            if let Some(limit) = query.limit {
+                pairs.append_pair("limit", &limit.to_string());
+            }
+            for (name, value) in [
+                ("after", &query.after),
+                ("status", &query.status),
+                ("owner", &query.owner),
+                ("q", &query.run_id_prefix),
+                ("project_id", &query.project_id),
+            ] {
+                if let Some(value) = value {
+                    pairs.append_pair(name, value);
+                }
+            }
+        }
+        let answer = self.ok(Method::GET, url, None).await?;
+        serde_json::from_value(answer).map_err(|e| OperatorError::Unreadable {
+            status: 200,
+            message: format!("not a page of runs ({e})"),
         })
     }
 

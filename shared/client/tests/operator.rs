@@ -9,7 +9,7 @@ use axum::body::{Body, Bytes};
 use axum::response::IntoResponse;
 use serde_json::json;
 use tollgate_client::operator::{
-    FollowItem, Interruption, Operator, OperatorConfig, OperatorError, Verb,
+    FollowItem, Interruption, Operator, OperatorConfig, OperatorError, RunQuery, Verb,
 };
 use tollgate_client::{RetryPolicy, Scope};
 
@@ -22,6 +22,133 @@ fn operator(base: &str, token: &str) -> Operator {
         ..OperatorConfig::default()
     };
     Operator::with_config(base, token, config).unwrap()
+}
+
+/// GIVEN five runs of a project (one ended, owners alternating) and one of another
+/// WHEN an operator of the project lists them two at a time, then by status, owner and
+/// run-id prefix THEN every run of the project once, newest first, none of the other's,
+/// and each filter narrows to its runs; another project is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn lists_one_projects_runs_with_filters_and_a_cursor() {
+    bounded(async {
+        let srv = server().await;
+        let agent = |project: &str| {
+            srv.auth.mint_jwt(
+                "agent",
+                tollgate_api::Role::Agent,
+                600,
+                Some(project.to_owned()),
+            )
+        };
+        let tag = uuid::Uuid::new_v4().simple().to_string();
+        let mut ours = Vec::new();
+        for i in 0..5 {
+            let (status, v) = srv
+                .post(
+                    "/api/runs",
+                    &agent("acme"),
+                    &json!({"run_id": format!("r-{tag}-{i}"), "project_id": "acme",
+                            "owner": if i % 2 == 0 { "alice" } else { "bob" }}),
+                )
+                .await;
+            assert_eq!(status.as_u16(), 201, "{v}");
+            ours.push((
+                v["run_id"].as_str().unwrap().to_owned(),
+                v["run_token"].as_str().unwrap().to_owned(),
+            ));
+        }
+        let (status, v) = srv
+            .post(
+                "/api/runs",
+                &agent("other"),
+                &json!({"run_id": format!("r-{tag}-other"), "project_id": "other"}),
+            )
+            .await;
+        assert_eq!(status.as_u16(), 201, "{v}");
+        let (status, v) = srv
+            .post(
+                &format!("/api/runs/{}/complete", ours[2].0),
+                &ours[2].1,
+                &json!({}),
+            )
+            .await;
+        assert_eq!(status.as_u16(), 200, "{v}");
+        let ops = srv.auth.mint_jwt(
+            "olivia",
+            tollgate_api::Role::Operator,
+            600,
+            Some("acme".to_owned()),
+        );
+        let op = operator(&srv.base, &ops);
+
+        let mut listed = Vec::new();
+        let mut query = RunQuery {
+            limit: Some(2),
+            ..RunQuery::default()
+        };
+        loop {
+            let page = op.list_runs(&query).await.unwrap();
+            assert!(page.runs.len() <= 2);
+            assert!(page
+                .runs
+                .iter()
+                .all(|r| r.project_id.as_deref() == Some("acme")));
+            listed.extend(page.runs);
+            match (page.has_more, page.next_cursor) {
+                (true, Some(next)) => query.after = Some(next),
+                _ => break,
+            }
+        }
+        let mut ids: Vec<_> = listed.iter().map(|r| r.run_id.clone()).collect();
+        assert!(
+            listed
+                .windows(2)
+                .all(|w| w[0].created_at >= w[1].created_at),
+            "newest first"
+        );
+        ids.sort();
+        let mut expected: Vec<_> = ours.iter().map(|(id, _)| id.clone()).collect();
+        expected.sort();
+        assert_eq!(ids, expected);
+
+        let completed = op
+            .list_runs(&RunQuery {
+                status: Some("completed".into()),
+                ..RunQuery::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(completed.runs.len(), 1);
+        assert_eq!(completed.runs[0].run_id, ours[2].0);
+        assert!(completed.runs[0].ended_at.is_some());
+        let alice = op
+            .list_runs(&RunQuery {
+                owner: Some("alice".into()),
+                ..RunQuery::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(alice.runs.len(), 3);
+        let one = op
+            .list_runs(&RunQuery {
+                run_id_prefix: Some(ours[4].0.clone()),
+                ..RunQuery::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(one.runs.len(), 1);
+        match op
+            .list_runs(&RunQuery {
+                project_id: Some("other".into()),
+                ..RunQuery::default()
+            })
+            .await
+        {
+            Err(OperatorError::Refused(refusal)) => assert_eq!(refusal.status, 403),
+            other => panic!("another project: {other:?}"),
+        }
+    })
+    .await;
 }
 
 /// GIVEN a run with two armed cards WHEN the operator lists, approves one, denies the

@@ -72,6 +72,12 @@ pub const MAX_BUDGET_TOOLS: usize = 64;
 pub const MAX_LISTED_CARDS: usize = 500;
 /// Most grants one `GET /api/policies` page answers (`limit`).
 pub const MAX_LISTED_POLICIES: usize = 500;
+/// Most runs one `GET /api/runs` page answers (`limit`).
+pub const MAX_LISTED_RUNS: usize = 200;
+/// Most runs one `GET /api/runs` page reads, whatever its filters match.
+pub const MAX_RUNS_EXAMINED: usize = 1000;
+/// Most bytes of `GET /api/runs`' `owner` and `q`.
+pub const MAX_RUN_FILTER: usize = 256;
 /// Most records one `GET /api/runs/{run_id}/mutations` answers (`limit`).
 pub const MAX_LISTED_MUTATIONS: usize = 1000;
 /// A producer event's `type`, as a regular expression (server-owned types, and types

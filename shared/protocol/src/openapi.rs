@@ -43,6 +43,8 @@ fn named(generator: &mut SchemaGenerator) -> Vec<(&'static str, Value)> {
         ("AppendEvents", of::<runs::AppendEvents>(generator)),
         ("Appended", of::<runs::Appended>(generator)),
         ("RunEnded", of::<runs::RunEnded>(generator)),
+        ("RunSummary", of::<runs::RunSummary>(generator)),
+        ("RunList", of::<runs::RunList>(generator)),
         ("ArmApproval", of::<approvals::ArmApproval>(generator)),
         ("Armed", of::<approvals::Armed>(generator)),
         ("Decide", of::<approvals::Decide>(generator)),

@@ -128,6 +128,15 @@ const POLICY_LIMIT: Query = integer(
     "Most grants to answer (default and most 500).",
     (1, crate::limits::MAX_LISTED_POLICIES as u64),
 );
+const RUN_LIMIT: Query = integer(
+    "limit",
+    "Most runs to answer (default 50, most 200).",
+    (1, crate::limits::MAX_LISTED_RUNS as u64),
+);
+const RUN_STATUS: Query = Query {
+    values: &["running", "completed", "failed", "cancelled"],
+    ..text("status", "Only runs in this status.")
+};
 const MUTATION_LIMIT: Query = integer(
     "limit",
     "Most records to answer (default 100).",
@@ -293,6 +302,26 @@ pub const OPERATIONS: &[Operation] = &[
         ],
         request: None,
         responses: responses![200 => Json("CardPage"), 400 => ERR],
+    },
+    Operation {
+        method: "GET",
+        path: "/api/runs",
+        id: "listRuns",
+        summary: "One project's runs, newest first, paged with a cursor.",
+        credentials: &[Operator],
+        query: &[
+            RUN_LIMIT,
+            text("after", "The next_cursor of the previous page."),
+            RUN_STATUS,
+            text("owner", "Only runs of this owner (exact)."),
+            text("q", "Only runs whose run_id starts with this."),
+            text(
+                "project_id",
+                "The project to list (an operator of every project; default: runs without a project).",
+            ),
+        ],
+        request: None,
+        responses: responses![200 => Json("RunList"), 400 => ERR, 403 => ERR],
     },
     Operation {
         method: "GET",

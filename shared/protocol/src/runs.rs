@@ -194,3 +194,41 @@ pub struct RunEnded {
     /// The terminal event's sequence.
     pub sequence: u64,
 }
+
+/// One run of `GET /api/runs`: the run head's listing fields.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"run_id": "run-5f0c7a2e", "kind": "single", "status": "completed", "owner": "alice", "project_id": "acme", "channel_id": "C0123", "created_at": 1767225600000_i64, "ended_at": 1767225661000_i64})))]
+pub struct RunSummary {
+    pub run_id: String,
+    /// `single`, `coordinator` or `child`.
+    pub kind: String,
+    /// `running`, `completed`, `failed` or `cancelled`.
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel_id: Option<String>,
+    /// Milliseconds since the epoch.
+    pub created_at: i64,
+    /// When the terminal event was written (milliseconds since the epoch); absent while
+    /// the run is running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<i64>,
+}
+
+/// `GET /api/runs`: a page of one tenant's runs, newest first. A page may hold fewer
+/// runs than `limit` (even none) while `has_more` is true: filters are applied to at most
+/// `MAX_RUNS_EXAMINED` runs per page; follow `next_cursor` until `has_more` is false.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(example = serde_json::json!({"runs": [{"run_id": "run-5f0c7a2e", "kind": "single", "status": "running", "owner": "alice", "project_id": "acme", "created_at": 1767225600000_i64}], "has_more": true, "next_cursor": "5b227275…"})))]
+pub struct RunList {
+    pub runs: Vec<RunSummary>,
+    pub has_more: bool,
+    /// Pass back as `after` for the next page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}

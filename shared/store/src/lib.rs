@@ -100,6 +100,56 @@ pub struct PolicyPage {
     pub next_cursor: Option<String>,
 }
 
+/// What the runs listing narrows to ([`RunStore::list_runs`]): every given field must
+/// hold. `run_id_prefix` matches the start of the run id (case-sensitive).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunFilter {
+    pub status: Option<RunStatus>,
+    pub owner: Option<String>,
+    pub run_id_prefix: Option<String>,
+}
+
+impl RunFilter {
+    /// Whether a run matches.
+    pub fn matches(&self, run: &RunSummary) -> bool {
+        self.status.is_none_or(|s| s == run.status)
+            && self
+                .owner
+                .as_deref()
+                .is_none_or(|o| run.owner.as_deref() == Some(o))
+            && self
+                .run_id_prefix
+                .as_deref()
+                .is_none_or(|p| run.run_id.starts_with(p))
+    }
+}
+
+/// One run as the runs listing shows it: the head's listing fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunSummary {
+    pub run_id: String,
+    pub kind: tollgate_domain::RunKind,
+    pub status: RunStatus,
+    pub owner: Option<String>,
+    pub project_id: Option<String>,
+    pub channel_id: Option<String>,
+    pub created_at: i64,
+    /// When the terminal event was written (`None` while running).
+    pub ended_at: Option<i64>,
+}
+
+/// Most index entries one page of [`RunStore::list_runs`] reads, whatever its filters
+/// match: a page with filters may hold fewer runs than asked (even none) and still have
+/// a cursor, so the work of one request stays bounded.
+pub const MAX_RUNS_EXAMINED: usize = 1000;
+
+/// One page of runs and the cursor of the next (`None`: this was the last).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunPage {
+    pub runs: Vec<RunSummary>,
+    pub next_cursor: Option<String>,
+}
+
 /// Encodes a listing position as an opaque cursor: hex of its JSON (what a client gives
 /// back is only ever read as a position, checked by the listing that made it).
 pub(crate) fn encode_cursor(position: &serde_json::Value) -> String {
@@ -241,6 +291,21 @@ pub trait RunStore: Send + Sync + 'static {
         after: u64,
         limit: usize,
     ) -> Result<EventPage, StoreError>;
+
+    /// One tenant's runs, newest first (`created_at`, descending): the runs of
+    /// `project_id`, or of no project when `None` — never another tenant's. A page reads
+    /// at most `limit` matching runs and at most [`MAX_RUNS_EXAMINED`] runs in all, from
+    /// `cursor` (the `next_cursor` of the page before) or the start; `filter` is applied
+    /// to what is read, so a page may hold fewer than `limit` runs (even none) with a
+    /// cursor. Every matching run present throughout the paging is listed exactly once.
+    /// `InvalidCursor` for a cursor this listing did not hand out (or another tenant's).
+    async fn list_runs(
+        &self,
+        project_id: Option<&str>,
+        filter: &RunFilter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<RunPage, StoreError>;
 
     /// A signal that changes after every write of this store instance, for a live
     /// stream to wait on instead of polling — `None` when writes can come from elsewhere

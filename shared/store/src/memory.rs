@@ -337,6 +337,76 @@ impl RunStore for MemoryStore {
     fn appended(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         Some(self.appended.subscribe())
     }
+
+    async fn list_runs(
+        &self,
+        project_id: Option<&str>,
+        filter: &crate::RunFilter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<crate::RunPage, StoreError> {
+        // Newest first; ties by run id, so a position is exact.
+        let order = |r: &crate::RunSummary| (std::cmp::Reverse(r.created_at), r.run_id.clone());
+        let after = match cursor {
+            None => None,
+            Some(c) => {
+                let v = crate::decode_cursor(c)?;
+                match (v["created_at"].as_i64(), v["run_id"].as_str()) {
+                    (Some(at), Some(id)) if v["project"] == serde_json::json!(project_id) => {
+                        Some((std::cmp::Reverse(at), id.to_owned()))
+                    }
+                    _ => return Err(StoreError::InvalidCursor),
+                }
+            }
+        };
+        let mut tenant: Vec<crate::RunSummary> = self
+            .read()
+            .values()
+            .filter_map(|r| r.head.as_ref())
+            .filter(|h| h.project_id.as_deref() == project_id)
+            .map(summary)
+            .filter(|r| after.as_ref().is_none_or(|a| order(r) > *a))
+            .collect();
+        tenant.sort_by_key(order);
+        let limit = limit.max(1);
+        let mut runs = Vec::new();
+        let mut examined = 0;
+        for run in &tenant {
+            examined += 1;
+            if filter.matches(run) {
+                runs.push(run.clone());
+            }
+            if runs.len() >= limit || examined >= crate::MAX_RUNS_EXAMINED {
+                break;
+            }
+        }
+        let next_cursor = match tenant.get(examined.wrapping_sub(1)) {
+            Some(last) if examined < tenant.len() => {
+                Some(crate::encode_cursor(&serde_json::json!({
+                    "project": project_id,
+                    "created_at": last.created_at,
+                    "run_id": last.run_id,
+                })))
+            }
+            _ => None,
+        };
+        Ok(crate::RunPage { runs, next_cursor })
+    }
+}
+
+/// A head as the runs listing shows it; a run's last event is its terminal one once it
+/// has ended.
+fn summary(h: &RunHead) -> crate::RunSummary {
+    crate::RunSummary {
+        run_id: h.run_id.clone(),
+        kind: h.kind,
+        status: h.status,
+        owner: h.owner.clone(),
+        project_id: h.project_id.clone(),
+        channel_id: h.channel_id.clone(),
+        created_at: h.created_at,
+        ended_at: h.status.is_terminal().then_some(h.last_event_at),
+    }
 }
 
 /// `tool.policy_revoked` on each running stream `policy` reached, keyed: a stream

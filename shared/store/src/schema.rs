@@ -135,8 +135,11 @@ pub fn table_defs(template: &str) -> Result<Vec<TableDef>, String> {
                 })
                 .unwrap_or_default()
         };
-        let local_indexes = indexes("LocalSecondaryIndexes");
-        let global_indexes = indexes("GlobalSecondaryIndexes");
+        // By name: DynamoDB describes a table's indexes in no particular order.
+        let mut local_indexes = indexes("LocalSecondaryIndexes");
+        local_indexes.sort();
+        let mut global_indexes = indexes("GlobalSecondaryIndexes");
+        global_indexes.sort();
         let ttl = props.get("TimeToLiveSpecification").and_then(|t| {
             (t.get("Enabled").and_then(Value::as_bool) == Some(true))
                 .then(|| str_at(t, "AttributeName").map(str::to_owned))
@@ -213,7 +216,7 @@ pub async fn describe(
         .filter(|s| s.stream_enabled())
         .and_then(|s| s.stream_view_type())
         .map(|v| v.as_str().to_owned());
-    Ok(TableDef {
+    let mut def = TableDef {
         logical_id: logical_id.to_owned(),
         attributes,
         key: key(table.key_schema()),
@@ -251,7 +254,11 @@ pub async fn describe(
             .collect(),
         ttl_attribute: ttl,
         stream_view,
-    })
+    };
+    // By name, as the template's are read.
+    def.local_indexes.sort();
+    def.global_indexes.sort();
+    Ok(def)
 }
 
 /// Creates every table the template declares that does not exist yet, on-demand, with

@@ -389,6 +389,32 @@ class PolicyPage(Model):
 
 
 @dataclass
+class RunSummary(Model):
+    """One run of ``GET /api/runs``."""
+
+    schema_name: ClassVar[str] = "RunSummary"
+    run_id: str
+    kind: str
+    status: str
+    created_at: int
+    owner: str | None = None
+    project_id: str | None = None
+    channel_id: str | None = None
+    ended_at: int | None = None
+
+
+@dataclass
+class RunList(Model):
+    """``GET /api/runs``: one project's runs, newest first; a page may be short (even
+    empty) while ``has_more`` is true."""
+
+    schema_name: ClassVar[str] = "RunList"
+    runs: list[dict[str, Any]]
+    has_more: bool
+    next_cursor: str | None = None
+
+
+@dataclass
 class Start(Model):
     """``POST …/tool-calls/{tool_call_id}/start``'s body."""
 
@@ -718,6 +744,8 @@ MODELS: tuple[type[Model], ...] = (
     RunCards,
     Policy,
     PolicyPage,
+    RunSummary,
+    RunList,
     Start,
     Dispatch,
     Settle,

@@ -1,4 +1,5 @@
-"""The operator side: the pending cards, approve / deny, reconcile (operator JWT)."""
+"""The operator side: the pending cards, approve / deny, reconcile, the runs listing
+(operator JWT)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 import httpx
 
 from ._http import ClientConfig, Http
-from ._models import CardPage, Decide, Decided, Reconcile, RunCards
+from ._models import CardPage, Decide, Decided, Reconcile, RunCards, RunList
 from ._sync import _Loop
 
 
@@ -44,6 +45,31 @@ class AsyncOperator:
             return RunCards.from_json(answer.expect(200), answer.status).approvals
         answer = await self._http.send("GET", ["api", "approvals"], self._token, params=params)
         return CardPage.from_json(answer.expect(200), answer.status).approvals
+
+    async def list_runs(
+        self,
+        *,
+        limit: int | None = None,
+        after: str | None = None,
+        status: str | None = None,
+        owner: str | None = None,
+        q: str | None = None,
+        project_id: str | None = None,
+    ) -> RunList:
+        """One page of the project's runs, newest first (``GET /api/runs``): ``status``
+        and ``owner`` match exactly, ``q`` is a run-id prefix, ``after`` the previous
+        page's ``next_cursor``. A page may be short, even empty, while ``has_more``."""
+        given = {
+            "limit": None if limit is None else str(limit),
+            "after": after,
+            "status": status,
+            "owner": owner,
+            "q": q,
+            "project_id": project_id,
+        }
+        params = {k: v for k, v in given.items() if v is not None}
+        answer = await self._http.send("GET", ["api", "runs"], self._token, params=params)
+        return RunList.from_json(answer.expect(200), answer.status)
 
     async def _decide(
         self,
@@ -118,6 +144,27 @@ class Operator:
 
     def pending(self, run_id: str | None = None) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._loop.call(self.inner.pending, run_id)
+        return result
+
+    def list_runs(
+        self,
+        *,
+        limit: int | None = None,
+        after: str | None = None,
+        status: str | None = None,
+        owner: str | None = None,
+        q: str | None = None,
+        project_id: str | None = None,
+    ) -> RunList:
+        result: RunList = self._loop.call(
+            self.inner.list_runs,
+            limit=limit,
+            after=after,
+            status=status,
+            owner=owner,
+            q=q,
+            project_id=project_id,
+        )
         return result
 
     def approve(

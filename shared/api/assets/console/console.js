@@ -855,6 +855,7 @@
     clearTimeout(state.pollTimer);
     clearCards();
     stopAudit();
+    resetScreens();
     $('session').hidden = true;
     $('token-form').hidden = false;
     setConnection('Not connected');
@@ -947,6 +948,448 @@
     }).catch(() => {});
   }
 
+  // ---- Screens: runs, policies, reconcile ----------------------------------------------------
+  //
+  // Each screen is a <section data-screen> shown by the tab bar; each loads when shown
+  // (and on its own buttons), through the same api() as the cards, and shows every answer
+  // as text. Runs: GET /api/runs (one project's, newest first, a cursor for "more");
+  // a run's detail: its events (replay pages), pending cards and tool-call records.
+  // Policies: GET /api/policies, DELETE /api/policies/{id} after a confirm step.
+  // Reconcile: a run's records in outcome_unknown, each settled by what the operator
+  // observed (POST …/reconcile {observed: applied | not_applied}) after a confirm step.
+
+  const RUNS_PAGE = 50;
+  const POLICIES_PAGE = 100;
+  // Events of one run the detail view reads at most (replay pages of 1000).
+  const DETAIL_EVENTS_MAX = 5000;
+  const OBSERVED_LABELS = { applied: 'Mark succeeded', not_applied: 'Mark failed' };
+  const OBSERVED_QUESTIONS = {
+    applied: 'The call took effect at the tool?',
+    not_applied: 'The call did not take effect at the tool?',
+  };
+
+  // The path and query of GET /api/runs for the runs screen's filters (blank ones left out).
+  function runsQuery(filters, after, limit) {
+    const params = new URLSearchParams();
+    params.set('limit', String(limit || RUNS_PAGE));
+    for (const k of ['status', 'owner', 'q', 'project_id']) {
+      const v = filters && typeof filters[k] === 'string' ? filters[k].trim() : '';
+      if (v) params.set(k, v);
+    }
+    if (after) params.set('after', after);
+    return 'api/runs?' + params.toString();
+  }
+
+  // A time (milliseconds since the epoch, or RFC 3339) as "YYYY-MM-DD HH:MM:SS" UTC; ''
+  // when absent or not a time.
+  function utc(t) {
+    if (t === null || t === undefined || t === '') return '';
+    const ms = typeof t === 'number' ? t : Date.parse(String(t));
+    if (!Number.isFinite(ms)) return '';
+    const d = new Date(ms);
+    if (Number.isNaN(d.getTime())) return '';
+    return d.toISOString().slice(0, 19).replace('T', ' ');
+  }
+
+  // The records a reconcile applies to: those whose outcome is unknown.
+  const unknownOutcomes = (mutations) =>
+    (Array.isArray(mutations) ? mutations : []).filter((m) => m && m.state === 'outcome_unknown');
+
+  // What a policy's expiry column says: grants have no expiry, they last until revoked.
+  function policyExpiry(p) {
+    if (p.revoked_at) return 'revoked ' + utc(p.revoked_at) + (p.revoked_by ? ' by ' + p.revoked_by : '');
+    if (p.covers_nothing) return 'covers nothing (an older key form)';
+    return 'none — until revoked';
+  }
+
+  // An answer that is not a success, as one line of text.
+  function refusal(r) {
+    const b = (r && r.body) || {};
+    return 'Tollgate answered ' + r.status + (typeof b.error === 'string' && b.error ? ': ' + b.error : '') + '.';
+  }
+
+  const quiet = (e) => e instanceof Unauthorized || (e && e.name === 'AbortError');
+
+  const views = {
+    runs: { generation: 0, cursor: null, filters: {}, loaded: false, selected: null, detail: 0 },
+    policies: { generation: 0, cursor: null },
+    reconcile: { generation: 0 },
+  };
+
+  function showScreen(name) {
+    for (const b of document.querySelectorAll('#screens button')) {
+      if (b.dataset.screen === name) b.setAttribute('aria-current', 'page');
+      else b.removeAttribute('aria-current');
+    }
+    for (const section of document.querySelectorAll('main > section[data-screen]')) {
+      section.hidden = section.dataset.screen !== name;
+    }
+    if (!state.token) return;
+    if (name === 'runs' && !views.runs.loaded) loadRuns(false);
+    if (name === 'policies') loadPolicies(false);
+  }
+
+  // A confirm step in `cell`: the question, then Confirm (runs `act`) or Cancel
+  // (runs `cancel`). Focus moves to Cancel, the safe choice.
+  function confirmIn(cell, question, confirmLabel, act, cancel) {
+    const yes = el('button', { type: 'button', class: 'confirm', text: confirmLabel });
+    const no = el('button', { type: 'button', class: 'cancel', text: 'Cancel' });
+    yes.addEventListener('click', () => { yes.disabled = true; no.disabled = true; act(); });
+    no.addEventListener('click', cancel);
+    cell.replaceChildren(el('span', { text: question + ' ' }), yes, no);
+    no.focus();
+  }
+
+  // ---- Runs screen ----
+
+  async function loadRuns(more) {
+    const view = views.runs;
+    const generation = ++view.generation;
+    const message = $('runs-message');
+    if (!more) {
+      view.filters = {
+        status: $('runs-status').value,
+        owner: $('runs-owner').value,
+        q: $('runs-q').value,
+        project_id: $('runs-project').value,
+      };
+      view.cursor = null;
+    }
+    setText(message, 'Loading runs…');
+    $('runs-more').disabled = true;
+    let r;
+    try {
+      r = await api(runsQuery(view.filters, more ? view.cursor : null));
+    } catch (e) {
+      if (generation === view.generation && !quiet(e)) setText(message, 'Could not reach Tollgate.');
+      return;
+    } finally {
+      if (generation === view.generation) $('runs-more').disabled = false;
+    }
+    if (generation !== view.generation) return;
+    if (!r.ok) { setText(message, refusal(r)); return; }
+    const rows = $('runs-rows');
+    if (!more) rows.replaceChildren();
+    for (const run of Array.isArray(r.body.runs) ? r.body.runs : []) rows.append(runRow(run));
+    view.loaded = true;
+    view.cursor = r.body.has_more && typeof r.body.next_cursor === 'string' ? r.body.next_cursor : null;
+    $('runs-table').hidden = false;
+    $('runs-more').hidden = !view.cursor;
+    const n = rows.childElementCount;
+    let text;
+    if (n === 0) text = view.cursor ? 'No matching run yet; more runs to search.' : 'No runs match.';
+    else text = n + (n === 1 ? ' run' : ' runs') + ' shown' + (view.cursor ? '; more available.' : '.');
+    setText(message, text);
+  }
+
+  function runRow(run) {
+    const open = el('button', { type: 'button', class: 'run-link', 'aria-label': 'Show run ' + run.run_id, text: run.run_id });
+    open.addEventListener('click', () => showRun(run.run_id));
+    return el('tr', { 'data-run-id': run.run_id, 'data-status': run.status },
+      el('td', {}, open),
+      el('td', { class: 'status', text: run.status }),
+      el('td', { text: run.owner || '' }),
+      el('td', { text: run.channel_id || '' }),
+      el('td', { class: 'time', text: utc(run.created_at) }),
+      el('td', { class: 'time', text: utc(run.ended_at) }));
+  }
+
+  // A run's detail: its events, pending cards and tool-call records, each read once.
+  function showRun(runId) {
+    const view = views.runs;
+    const generation = ++view.detail;
+    view.selected = runId;
+    $('run-detail').hidden = false;
+    setText($('run-detail-heading'), 'Run ' + runId);
+    $('run-detail-heading').focus();
+    const path = 'api/runs/' + encodeURIComponent(runId);
+    const current = () => generation === view.detail && state.token !== null;
+    loadRunEvents(path, current).catch(() => {});
+    loadRunCards(path, current).catch(() => {});
+    loadRunMutations(path, current).catch(() => {});
+  }
+
+  async function loadRunEvents(path, current) {
+    const message = $('run-events-message');
+    const rows = $('run-events');
+    rows.replaceChildren();
+    $('run-events-table').hidden = true;
+    setText(message, 'Loading events…');
+    let after = 0;
+    let read = 0;
+    for (;;) {
+      let r;
+      try {
+        r = await api(path + '/events?after=' + after + '&limit=1000');
+      } catch (e) {
+        if (current() && !quiet(e)) setText(message, 'Could not reach Tollgate.');
+        return;
+      }
+      if (!current()) return;
+      if (!r.ok) { setText(message, refusal(r)); return; }
+      const events = Array.isArray(r.body.events) ? r.body.events : [];
+      for (const ev of events) rows.append(auditRow(ev));
+      read += events.length;
+      $('run-events-table').hidden = read === 0;
+      const next = Number(r.body.next_after);
+      if (!r.body.has_more || !(next > after) || read >= DETAIL_EVENTS_MAX) {
+        let text = read + (read === 1 ? ' event' : ' events');
+        if (r.body.terminal) text += ' · the run has ended';
+        else if (r.body.has_more) text += ' · more not shown';
+        setText(message, text + '.');
+        return;
+      }
+      after = next;
+    }
+  }
+
+  async function loadRunCards(path, current) {
+    const message = $('run-cards-message');
+    const list = $('run-cards');
+    list.replaceChildren();
+    setText(message, 'Loading cards…');
+    let r;
+    try { r = await api(path + '/approvals?state=pending'); } catch (e) {
+      if (current() && !quiet(e)) setText(message, 'Could not reach Tollgate.');
+      return;
+    }
+    if (!current()) return;
+    if (!r.ok) { setText(message, refusal(r)); return; }
+    const cards = Array.isArray(r.body.approvals) ? r.body.approvals : [];
+    for (const c of cards) {
+      list.append(el('li', { 'data-request-id': c.request_id },
+        el('code', { text: c.tool_name }), ' · request ' + c.request_id + (c.expires_at ? ' · expires ' + utc(c.expires_at) + ' UTC' : '')));
+    }
+    setText(message, cards.length ? cards.length + ' pending (decide them under Approvals).' : 'No pending cards.');
+  }
+
+  async function loadRunMutations(path, current) {
+    const message = $('run-mutations-message');
+    const rows = $('run-mutations');
+    rows.replaceChildren();
+    $('run-mutations-table').hidden = true;
+    setText(message, 'Loading records…');
+    let r;
+    try { r = await api(path + '/mutations'); } catch (e) {
+      if (current() && !quiet(e)) setText(message, 'Could not reach Tollgate.');
+      return;
+    }
+    if (!current()) return;
+    if (!r.ok) { setText(message, refusal(r)); return; }
+    const records = Array.isArray(r.body.mutations) ? r.body.mutations : [];
+    for (const m of records) {
+      rows.append(el('tr', { 'data-tool-call-id': m.tool_call_id, 'data-approval-id': m.approval_id, 'data-state': m.state },
+        el('td', {}, el('code', { text: m.tool_name })),
+        el('td', {}, el('code', { text: m.tool_call_id })),
+        el('td', {}, el('code', { text: m.approval_id })),
+        el('td', { text: m.state }),
+        el('td', { text: m.reason || '' })));
+    }
+    $('run-mutations-table').hidden = records.length === 0;
+    const unknown = unknownOutcomes(records).length;
+    setText(message, records.length
+      ? records.length + (records.length === 1 ? ' record' : ' records') + (unknown ? ', ' + unknown + ' with an unknown outcome (Reconcile this run).' : '.')
+      : 'No tool-call records.');
+  }
+
+  // ---- Policies screen ----
+
+  async function loadPolicies(more) {
+    const view = views.policies;
+    const generation = ++view.generation;
+    const message = $('policies-message');
+    if (!more) view.cursor = null;
+    setText(message, 'Loading policies…');
+    let query = 'api/policies?limit=' + POLICIES_PAGE;
+    if (more && view.cursor) query += '&cursor=' + encodeURIComponent(view.cursor);
+    let r;
+    try { r = await api(query); } catch (e) {
+      if (generation === view.generation && !quiet(e)) setText(message, 'Could not reach Tollgate.');
+      return;
+    }
+    if (generation !== view.generation) return;
+    if (!r.ok) { setText(message, refusal(r)); return; }
+    const rows = $('policies-rows');
+    if (!more) rows.replaceChildren();
+    for (const p of Array.isArray(r.body.policies) ? r.body.policies : []) rows.append(policyRow(p));
+    view.cursor = r.body.has_more && typeof r.body.next_cursor === 'string' ? r.body.next_cursor : null;
+    $('policies-table').hidden = rows.childElementCount === 0;
+    $('policies-more').hidden = !view.cursor;
+    const n = rows.childElementCount;
+    setText(message, n ? n + (n === 1 ? ' grant' : ' grants') + ' shown' + (view.cursor ? '; more available.' : '.') : 'No grants.');
+  }
+
+  function policyRow(p) {
+    const action = el('td', { class: 'actions' });
+    const expiry = el('td', { class: 'expiry', text: policyExpiry(p) });
+    const row = el('tr', { 'data-policy-id': p.policy_id, 'data-state': p.revoked_at ? 'revoked' : 'live' },
+      el('td', {}, el('code', { text: p.tool_name })),
+      el('td', { text: p.scope }),
+      el('td', { text: p.owner || '' }),
+      el('td', { text: p.granted_by }),
+      el('td', { class: 'time', text: utc(p.granted_at) }),
+      expiry,
+      action);
+    if (!p.revoked_at) offerRevoke(p, row, action, expiry);
+    return row;
+  }
+
+  function offerRevoke(p, row, action, expiry, note) {
+    const what = p.tool_name + ' (scope ' + p.scope + ')';
+    const button = el('button', { type: 'button', class: 'revoke', 'aria-label': 'Revoke the grant of ' + what, text: 'Revoke' });
+    button.addEventListener('click', () => {
+      confirmIn(action, 'Revoke ' + what + '?', 'Confirm revoke',
+        () => revokePolicy(p, row, action, expiry),
+        () => { offerRevoke(p, row, action, expiry); action.querySelector('button').focus(); });
+    });
+    action.replaceChildren(button);
+    if (note) action.append(el('span', { class: 'error', role: 'alert', text: ' ' + note }));
+  }
+
+  async function revokePolicy(p, row, action, expiry) {
+    let r;
+    try {
+      r = await api('api/policies/' + encodeURIComponent(p.policy_id), { method: 'DELETE' });
+    } catch (e) {
+      if (!quiet(e)) offerRevoke(p, row, action, expiry, 'Could not reach Tollgate; the grant stands.');
+      return;
+    }
+    if (!r.ok) {
+      offerRevoke(p, row, action, expiry, refusal(r));
+      return;
+    }
+    const revoked = r.body && r.body.revoked_at ? r.body : Object.assign({}, p, { revoked_at: new Date().toISOString() });
+    row.dataset.state = 'revoked';
+    setText(expiry, policyExpiry(revoked));
+    action.replaceChildren(el('span', { class: 'result', role: 'status', text: 'Revoked' }));
+    announce('Revoked the grant of ' + p.tool_name + ' (scope ' + p.scope + ').');
+  }
+
+  // ---- Reconcile screen ----
+
+  async function loadReconcile(runId) {
+    const view = views.reconcile;
+    const generation = ++view.generation;
+    const message = $('reconcile-message');
+    const rows = $('reconcile-rows');
+    rows.replaceChildren();
+    $('reconcile-table').hidden = true;
+    setText(message, 'Loading the records of run ' + runId + '…');
+    let r;
+    try { r = await api('api/runs/' + encodeURIComponent(runId) + '/mutations'); } catch (e) {
+      if (generation === view.generation && !quiet(e)) setText(message, 'Could not reach Tollgate.');
+      return;
+    }
+    if (generation !== view.generation) return;
+    if (!r.ok) {
+      setText(message, r.status === 404 ? 'No run ' + runId + ' (or not visible to this token).' : refusal(r));
+      return;
+    }
+    const unknown = unknownOutcomes(r.body.mutations);
+    for (const m of unknown) rows.append(reconcileRow(runId, m));
+    setText($('reconcile-caption'), 'Calls of run ' + runId + ' whose outcome is unknown');
+    $('reconcile-table').hidden = unknown.length === 0;
+    setText(message, unknown.length
+      ? unknown.length + (unknown.length === 1 ? ' call' : ' calls') + ' with an unknown outcome.'
+      : 'Run ' + runId + ' has no call with an unknown outcome.');
+  }
+
+  function reconcileRow(runId, m) {
+    const action = el('td', { class: 'actions' });
+    const row = el('tr', { 'data-tool-call-id': m.tool_call_id, 'data-approval-id': m.approval_id, 'data-state': m.state },
+      el('td', {}, el('code', { text: m.tool_name })),
+      el('td', {}, el('code', { text: m.tool_call_id })),
+      el('td', {}, el('code', { text: m.approval_id })),
+      el('td', {}, el('code', { text: m.error === undefined || m.error === null ? '' : JSON.stringify(m.error) })),
+      action);
+    offerReconcile(runId, m, row, action);
+    return row;
+  }
+
+  function offerReconcile(runId, m, row, action, note) {
+    const buttons = Object.keys(OBSERVED_LABELS).map((observed) => {
+      const b = el('button', {
+        type: 'button',
+        class: observed === 'applied' ? 'mark-succeeded' : 'mark-failed',
+        'aria-label': OBSERVED_LABELS[observed] + ': ' + m.tool_name + ' call ' + m.tool_call_id + ', attempt ' + m.approval_id,
+        text: OBSERVED_LABELS[observed],
+      });
+      b.addEventListener('click', () => {
+        confirmIn(action, OBSERVED_QUESTIONS[observed], 'Confirm ' + OBSERVED_LABELS[observed].toLowerCase(),
+          () => reconcileOne(runId, m, observed, row, action),
+          () => { offerReconcile(runId, m, row, action); action.querySelector('button').focus(); });
+      });
+      return b;
+    });
+    action.replaceChildren(...buttons);
+    if (note) action.append(el('span', { class: 'error', role: 'alert', text: ' ' + note }));
+  }
+
+  async function reconcileOne(runId, m, observed, row, action) {
+    const path = 'api/runs/' + encodeURIComponent(runId) + '/mutations/' + encodeURIComponent(m.tool_call_id) +
+      '/' + encodeURIComponent(m.approval_id) + '/reconcile';
+    let r;
+    try {
+      r = await api(path, { method: 'POST', body: { observed } });
+    } catch (e) {
+      if (!quiet(e)) offerReconcile(runId, m, row, action, 'Could not reach Tollgate; nothing was recorded.');
+      return;
+    }
+    if (!r.ok) {
+      offerReconcile(runId, m, row, action, refusal(r));
+      return;
+    }
+    const now = typeof r.body.state === 'string' ? r.body.state : 'recorded';
+    row.dataset.state = now;
+    const text = 'Recorded: now ' + now + (r.body.reason ? ' (' + r.body.reason + ')' : '') + '.';
+    action.replaceChildren(el('span', { class: 'result', role: 'status', text }));
+    announce(m.tool_name + ' call ' + m.tool_call_id + ': ' + text);
+  }
+
+  // Signed out: every screen forgets what it showed.
+  function resetScreens() {
+    for (const view of Object.values(views)) view.generation++;
+    views.runs.detail++;
+    views.runs.loaded = false;
+    views.runs.cursor = null;
+    views.runs.selected = null;
+    views.policies.cursor = null;
+    for (const id of ['runs-rows', 'run-events', 'run-cards', 'run-mutations', 'policies-rows', 'reconcile-rows']) $(id).replaceChildren();
+    for (const id of ['runs-table', 'runs-more', 'run-detail', 'policies-table', 'policies-more', 'reconcile-table']) $(id).hidden = true;
+    for (const id of ['runs-message', 'policies-message', 'reconcile-message']) setText($(id), '');
+  }
+
+  function initScreens() {
+    for (const b of document.querySelectorAll('#screens button')) {
+      b.addEventListener('click', () => showScreen(b.dataset.screen));
+    }
+    $('runs-form').addEventListener('submit', (e) => {
+      e.preventDefault();
+      if (!state.token) { setText($('runs-message'), 'Paste an operator token first.'); return; }
+      loadRuns(false);
+    });
+    $('runs-more').addEventListener('click', () => loadRuns(true));
+    $('policies-refresh').addEventListener('click', () => {
+      if (!state.token) { setText($('policies-message'), 'Paste an operator token first.'); return; }
+      loadPolicies(false);
+    });
+    $('policies-more').addEventListener('click', () => loadPolicies(true));
+    $('run-detail-reconcile').addEventListener('click', () => {
+      const runId = views.runs.selected;
+      if (!runId) return;
+      $('reconcile-run').value = runId;
+      showScreen('reconcile');
+      loadReconcile(runId);
+    });
+    $('reconcile-form').addEventListener('submit', (e) => {
+      e.preventDefault();
+      const runId = $('reconcile-run').value.trim();
+      if (!runId) return;
+      if (!state.token) { setText($('reconcile-message'), 'Paste an operator token first.'); return; }
+      loadReconcile(runId);
+    });
+  }
+
   // ---- Start-up ----------------------------------------------------------------------------------
 
   function init() {
@@ -970,6 +1413,7 @@
       if (!state.token) { setText($('audit-status'), 'Paste an operator token first.'); return; }
       startAudit(runId);
     });
+    initScreens();
     setInterval(() => { for (const card of state.cards.values()) if (card.state === 'pending') card.tick(); }, 1000);
     renderCount();
     let saved;
@@ -982,7 +1426,10 @@
   }
 
   if (!inBrowser) {
-    module.exports = { readSse, BrokenStream, isEventStream, keyOf, markerOf, HIDDEN_CHARS, MAX_SSE_LINE };
+    module.exports = {
+      readSse, BrokenStream, isEventStream, keyOf, markerOf, HIDDEN_CHARS, MAX_SSE_LINE,
+      runsQuery, utc, unknownOutcomes, policyExpiry, refusal,
+    };
     return;
   }
   init();

@@ -82,3 +82,51 @@ test('cards are keyed by run and request', () => {
   assert.equal(keyOf('run-1', 'req-1'), 'run-1 req-1');
   assert.notEqual(keyOf('run-1', 'req-12'), keyOf('run-1r', 'eq-12'));
 });
+
+// ---- The screens' helpers ----
+
+const { runsQuery, utc, unknownOutcomes, policyExpiry, refusal } = require('./console.js');
+
+test('the runs query carries the filters given, trimmed, and the cursor', () => {
+  assert.equal(runsQuery({}, null), 'api/runs?limit=50');
+  assert.equal(runsQuery({ status: 'running', owner: ' alice ', q: '' }, null, 3), 'api/runs?limit=3&status=running&owner=alice');
+  // Encoded, so an owner or a prefix with & = + # cannot add parameters.
+  assert.equal(runsQuery({ owner: 'a&b=c', q: 'run+1#x' }, 'abc'), 'api/runs?limit=50&owner=a%26b%3Dc&q=run%2B1%23x&after=abc');
+  assert.equal(runsQuery({ status: '   ' }, ''), 'api/runs?limit=50');
+  assert.equal(runsQuery({ project_id: 'acme' }, null, 5), 'api/runs?limit=5&project_id=acme');
+});
+
+test('times are shown in UTC to the second, blank when absent or not a time', () => {
+  assert.equal(utc(0), '1970-01-01 00:00:00');
+  assert.equal(utc(1767225661000), '2026-01-01 00:01:01');
+  assert.equal(utc('2026-01-01T00:01:01.500Z'), '2026-01-01 00:01:01');
+  for (const none of [null, undefined, '', 'soon', NaN]) assert.equal(utc(none), '');
+});
+
+test('only records whose outcome is unknown are offered for reconcile', () => {
+  const records = [
+    { tool_call_id: 'a', state: 'completed' },
+    { tool_call_id: 'b', state: 'outcome_unknown' },
+    { tool_call_id: 'c', state: 'dispatched' },
+    null,
+    { tool_call_id: 'd', state: 'outcome_unknown' },
+  ];
+  assert.deepEqual(unknownOutcomes(records).map((m) => m.tool_call_id), ['b', 'd']);
+  assert.deepEqual(unknownOutcomes(undefined), []);
+  assert.deepEqual(unknownOutcomes({ state: 'outcome_unknown' }), []);
+});
+
+test("a policy's expiry says it lasts until revoked, or when and by whom it was", () => {
+  assert.equal(policyExpiry({}), 'none — until revoked');
+  assert.equal(policyExpiry({ covers_nothing: true }), 'covers nothing (an older key form)');
+  assert.equal(
+    policyExpiry({ revoked_at: '2026-01-01T00:00:05Z', revoked_by: 'bob' }),
+    'revoked 2026-01-01 00:00:05 by bob',
+  );
+});
+
+test('a refusal is one line with the status and the error text', () => {
+  assert.equal(refusal({ status: 403, body: { error: 'forbidden' } }), 'Tollgate answered 403: forbidden.');
+  assert.equal(refusal({ status: 503, body: {} }), 'Tollgate answered 503.');
+  assert.equal(refusal({ status: 400, body: { error: { nested: 1 } } }), 'Tollgate answered 400.');
+});

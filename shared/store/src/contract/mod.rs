@@ -217,6 +217,10 @@ macro_rules! contract_suite {
             $factory.await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn runs_are_listed_per_tenant_newest_first() {
+            $crate::contract::runs_are_listed_per_tenant_newest_first(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn create_is_idempotent_and_starts_at_one() {
             $crate::contract::create_is_idempotent_and_starts_at_one(__store().await).await
         }

@@ -608,3 +608,214 @@ pub async fn remembered_heads_follow_other_instances(a: Store, b: Store) {
     assert_eq!(ids, ["a-1", "b-1", "b-2", "a-2", "b-3"], "each id once");
     assert_eq!(events[6]["type"], "run_completed");
 }
+
+/// Every run of one tenant's listing, paged with `limit` from the start to the end.
+async fn all_listed(
+    store: &Store,
+    project_id: Option<&str>,
+    filter: &crate::RunFilter,
+    limit: usize,
+) -> Vec<crate::RunSummary> {
+    let mut all = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = store
+            .list_runs(project_id, filter, cursor.as_deref(), limit)
+            .await
+            .unwrap();
+        assert!(page.runs.len() <= limit);
+        all.extend(page.runs);
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return all,
+        }
+    }
+}
+
+/// GIVEN seven runs of a project (two ended) and two of another WHEN the project's runs
+/// are listed three at a time THEN pages of 3, 3 and 1, newest first, each run once and
+/// none of the other project's; the status, owner and run-id-prefix filters narrow the
+/// listing and page through what they match exactly once; a run without a project is in
+/// no project's listing and a project's run in no listing but its own; a cursor of another
+/// project, or one the store never handed out, is `InvalidCursor`.
+pub async fn runs_are_listed_per_tenant_newest_first(store: Store) {
+    let project = fresh_id("proj");
+    let other = fresh_id("proj");
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        let run_id = format!("list-{tag}-{i}");
+        store
+            .create_run(NewRun {
+                run_id: run_id.clone(),
+                created_by: "contract".into(),
+                owner: Some(if i % 2 == 0 { "alice" } else { "bob" }.into()),
+                project_id: Some(project.clone()),
+                channel_id: Some("C1".into()),
+                ..NewRun::default()
+            })
+            .await
+            .unwrap();
+        ids.push(run_id);
+        // Distinct creation times, so "newest first" is one order on every store.
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    }
+    for (i, p) in [(0, &other), (1, &other)] {
+        store
+            .create_run(NewRun {
+                run_id: format!("list-{tag}-other-{i}"),
+                created_by: "contract".into(),
+                owner: Some("alice".into()),
+                project_id: Some(p.clone()),
+                ..NewRun::default()
+            })
+            .await
+            .unwrap();
+    }
+    let no_project = format!("list-{tag}-none");
+    store
+        .create_run(NewRun {
+            run_id: no_project.clone(),
+            created_by: "contract".into(),
+            ..NewRun::default()
+        })
+        .await
+        .unwrap();
+    let completed = store
+        .finish_run(RunRef::any(&ids[1]), TerminalKind::Complete, Map::new())
+        .await
+        .unwrap();
+    assert!(!completed.already_finished);
+    store
+        .finish_run(RunRef::any(&ids[3]), TerminalKind::Fail, Map::new())
+        .await
+        .unwrap();
+
+    let none = crate::RunFilter::default();
+    let run_ids =
+        |runs: &[crate::RunSummary]| runs.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>();
+    let newest_first: Vec<String> = ids.iter().rev().cloned().collect();
+    let first = store
+        .list_runs(Some(&project), &none, None, 3)
+        .await
+        .unwrap();
+    let second_cursor = first
+        .next_cursor
+        .clone()
+        .expect("more after the first page");
+    let second = store
+        .list_runs(Some(&project), &none, Some(&second_cursor), 3)
+        .await
+        .unwrap();
+    let third = store
+        .list_runs(Some(&project), &none, second.next_cursor.as_deref(), 3)
+        .await
+        .unwrap();
+    assert_eq!(run_ids(&first.runs), newest_first[0..3]);
+    assert_eq!(run_ids(&second.runs), newest_first[3..6]);
+    assert_eq!(run_ids(&third.runs), newest_first[6..7]);
+    if third.next_cursor.is_some() {
+        // A store may only learn at the next read that nothing follows.
+        let rest = store
+            .list_runs(Some(&project), &none, third.next_cursor.as_deref(), 3)
+            .await
+            .unwrap();
+        assert!(rest.runs.is_empty() && rest.next_cursor.is_none());
+    }
+    let all = all_listed(&store, Some(&project), &none, 100).await;
+    assert_eq!(run_ids(&all), newest_first, "only the project's runs");
+    let first_listed = &all[6];
+    assert_eq!(first_listed.owner.as_deref(), Some("alice"));
+    assert_eq!(first_listed.channel_id.as_deref(), Some("C1"));
+    assert_eq!(first_listed.project_id.as_deref(), Some(project.as_str()));
+    assert_eq!(first_listed.kind, tollgate_domain::RunKind::Single);
+    assert_eq!(first_listed.status, RunStatus::Running);
+    assert_eq!(first_listed.ended_at, None);
+    let ended = all.iter().find(|r| r.run_id == ids[1]).unwrap();
+    assert_eq!(ended.status, RunStatus::Completed);
+    let ended_at = ended.ended_at.expect("an ended run has ended_at");
+    assert!(ended_at >= ended.created_at);
+
+    // Filters narrow, and page through their matches once.
+    let by_status = |status| crate::RunFilter {
+        status: Some(status),
+        ..Default::default()
+    };
+    assert_eq!(
+        run_ids(&all_listed(&store, Some(&project), &by_status(RunStatus::Completed), 2).await),
+        [ids[1].clone()]
+    );
+    assert_eq!(
+        run_ids(&all_listed(&store, Some(&project), &by_status(RunStatus::Failed), 2).await),
+        [ids[3].clone()]
+    );
+    assert_eq!(
+        all_listed(&store, Some(&project), &by_status(RunStatus::Running), 2)
+            .await
+            .len(),
+        5
+    );
+    let alice = crate::RunFilter {
+        owner: Some("alice".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        run_ids(&all_listed(&store, Some(&project), &alice, 2).await),
+        [&ids[6], &ids[4], &ids[2], &ids[0]].map(String::clone)
+    );
+    let prefix = |p: &str| crate::RunFilter {
+        run_id_prefix: Some(p.into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        run_ids(&all_listed(&store, Some(&project), &prefix(&ids[4]), 2).await),
+        [ids[4].clone()]
+    );
+    assert_eq!(
+        all_listed(&store, Some(&project), &prefix(&format!("list-{tag}")), 2)
+            .await
+            .len(),
+        7
+    );
+    let alice_running = crate::RunFilter {
+        status: Some(RunStatus::Running),
+        owner: Some("alice".into()),
+        run_id_prefix: Some(format!("list-{tag}")),
+    };
+    assert_eq!(
+        all_listed(&store, Some(&project), &alice_running, 1)
+            .await
+            .len(),
+        4
+    );
+
+    // Tenants never mix.
+    let mut theirs = run_ids(&all_listed(&store, Some(&other), &none, 100).await);
+    theirs.sort();
+    assert_eq!(
+        theirs,
+        [format!("list-{tag}-other-0"), format!("list-{tag}-other-1")]
+    );
+    let unowned = all_listed(&store, None, &prefix(&format!("list-{tag}")), 1000).await;
+    assert_eq!(run_ids(&unowned), [no_project]);
+    assert_eq!(unowned[0].project_id, None);
+
+    // Cursors are checked.
+    for bad in ["zz", "7b7d", "", "0"] {
+        assert_eq!(
+            store.list_runs(Some(&project), &none, Some(bad), 3).await,
+            Err(StoreError::InvalidCursor),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(
+        store
+            .list_runs(Some(&other), &none, Some(&second_cursor), 3)
+            .await,
+        Err(StoreError::InvalidCursor)
+    );
+    assert_eq!(
+        store.list_runs(None, &none, Some(&second_cursor), 3).await,
+        Err(StoreError::InvalidCursor)
+    );
+}

@@ -329,7 +329,8 @@ impl DynamoStore {
         }
         let mut remove = "";
         if let Some(kind) = end {
-            set.push_str(", #status = :terminal, terminal_seq = :tseq");
+            // `ended_at` is listed by `runs_by_project`, which gets one write at the end.
+            set.push_str(", #status = :terminal, terminal_seq = :tseq, ended_at = :now");
             update = update
                 .expression_attribute_values(":terminal", s(kind.status().as_str()))
                 .expression_attribute_values(":tseq", n(new_next_seq - 1));

@@ -119,6 +119,11 @@ pub(crate) fn head_to_item(h: &RunHead) -> HashMap<String, AttributeValue> {
     if let Some(t) = h.terminal_seq {
         item.insert("terminal_seq".into(), n(t));
     }
+    // The runs listing's index (`runs_by_project`): the run's tenant, by creation.
+    item.insert(
+        "project_runs".into(),
+        s(super::runs::project_runs_key(h.project_id.as_deref())),
+    );
     item
 }
 

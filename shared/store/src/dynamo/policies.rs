@@ -25,7 +25,7 @@ fn project_key(project_id: Option<&str>) -> String {
 }
 
 /// A `LastEvaluatedKey` as an opaque cursor: its attributes' values in `names` order.
-fn cursor_from_key(
+pub(super) fn cursor_from_key(
     key: &HashMap<String, AttributeValue>,
     names: &[(&'static str, bool)],
 ) -> Option<String> {
@@ -48,6 +48,18 @@ fn start_key_from_cursor(
     names: &[(&'static str, bool)],
     project_id: Option<&str>,
 ) -> Result<HashMap<String, AttributeValue>, StoreError> {
+    let tenant = project_id.map(|p| ("project_key", project_key(Some(p))));
+    start_key_of_tenant(cursor, names, tenant)
+}
+
+/// [`start_key_from_cursor`] for any listing: `tenant` names the index's partition
+/// attribute and the value the cursor must hold there (a cursor of another tenant is
+/// `InvalidCursor`, so no start key can reach another tenant's items).
+pub(super) fn start_key_of_tenant(
+    cursor: &str,
+    names: &[(&'static str, bool)],
+    tenant: Option<(&str, String)>,
+) -> Result<HashMap<String, AttributeValue>, StoreError> {
     let values = crate::decode_cursor(cursor)?;
     let values = values.as_array().ok_or(StoreError::InvalidCursor)?;
     if values.len() != names.len() {
@@ -64,8 +76,10 @@ fn start_key_from_cursor(
         };
         key.insert((*name).to_owned(), value);
     }
-    if project_id.is_some() && key.get("project_key") != Some(&s(project_key(project_id))) {
-        return Err(StoreError::InvalidCursor);
+    if let Some((name, value)) = tenant {
+        if key.get(name) != Some(&s(value)) {
+            return Err(StoreError::InvalidCursor);
+        }
     }
     Ok(key)
 }

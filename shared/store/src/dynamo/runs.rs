@@ -1,18 +1,136 @@
 //! The run log's port ([`RunStore`]) on DynamoDB: create, append and end are plans for
-//! the commit engine; appends from one process share a lane (group commit).
+//! the commit engine; appends from one process share a lane (group commit). The runs
+//! listing reads the index `runs_by_project` (`project_runs`, `created_at`), which
+//! projects only the listing's fields: appends never write it, only a run's creation
+//! and its end do.
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 use tollgate_domain::{now_millis, EventDraft, NewRun, RunHead, TerminalKind};
 
 use super::commit::{Budget, Committed, Plan, RunWrite, WriteKind};
+use super::item::{get_n, get_s, opt_s, s, unavailable};
 use super::lanes::{approx_stored_bytes, Lane, QueuedAppend};
+use super::policies::{cursor_from_key, start_key_of_tenant};
 use super::DynamoStore;
 use crate::{
     check_batch, ended_run_answer, CreateOutcome, EventPage, Finished, RunRef, RunStore, StoreError,
 };
 
+/// The index of the runs table by tenant, newest first.
+pub const RUNS_BY_PROJECT: &str = "runs_by_project";
+
+/// The partition of a run's tenant in [`RUNS_BY_PROJECT`]: `p:<project>`, or `~` for
+/// the runs without a project.
+pub(crate) fn project_runs_key(project_id: Option<&str>) -> String {
+    match project_id {
+        Some(p) => format!("p:{p}"),
+        None => "~".to_owned(),
+    }
+}
+
+fn summary_from_item(
+    item: &std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>,
+) -> Result<crate::RunSummary, StoreError> {
+    let corrupt = |what: &str| StoreError::Unavailable(format!("corrupt run index item: {what}"));
+    Ok(crate::RunSummary {
+        run_id: get_s(item, "run_id")?,
+        kind: tollgate_domain::RunKind::parse(&get_s(item, "kind")?)
+            .ok_or_else(|| corrupt("kind"))?,
+        status: tollgate_domain::RunStatus::parse(&get_s(item, "status")?)
+            .ok_or_else(|| corrupt("status"))?,
+        owner: opt_s(item, "owner"),
+        project_id: opt_s(item, "project_id"),
+        channel_id: opt_s(item, "channel_id"),
+        created_at: get_n(item, "created_at")?,
+        ended_at: item
+            .get("ended_at")
+            .map(|_| get_n(item, "ended_at"))
+            .transpose()?,
+    })
+}
+
 impl DynamoStore {
+    /// A page of one tenant's runs from [`RUNS_BY_PROJECT`], newest first. Each `Query`
+    /// asks for at most what the page still lacks (and what is left of
+    /// [`crate::MAX_RUNS_EXAMINED`]), the filter applied by DynamoDB
+    /// (`FilterExpression`): its `LastEvaluatedKey` is the position right after the last
+    /// run read, and that key is the cursor.
+    async fn runs_page(
+        &self,
+        project_id: Option<&str>,
+        filter: &crate::RunFilter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<crate::RunPage, StoreError> {
+        let names = [
+            ("run_id", false),
+            ("project_runs", false),
+            ("created_at", true),
+        ];
+        let partition = project_runs_key(project_id);
+        let mut start = match cursor {
+            None => None,
+            Some(c) => Some(start_key_of_tenant(
+                c,
+                &names,
+                Some(("project_runs", partition.clone())),
+            )?),
+        };
+        let limit = limit.max(1);
+        let mut conditions = Vec::new();
+        let mut values = vec![(":pk", s(&partition))];
+        let mut attribute_names = Vec::new();
+        if let Some(status) = filter.status {
+            conditions.push("#status = :status");
+            attribute_names.push(("#status", "status"));
+            values.push((":status", s(status.as_str())));
+        }
+        if let Some(owner) = &filter.owner {
+            conditions.push("#owner = :owner");
+            attribute_names.push(("#owner", "owner"));
+            values.push((":owner", s(owner)));
+        }
+        if let Some(prefix) = &filter.run_id_prefix {
+            conditions.push("begins_with(run_id, :prefix)");
+            values.push((":prefix", s(prefix)));
+        }
+        let mut runs = Vec::new();
+        let mut examined = 0usize;
+        loop {
+            let want = (limit - runs.len()).min(crate::MAX_RUNS_EXAMINED - examined);
+            let mut query = self
+                .client
+                .query()
+                .table_name(&self.tables.runs)
+                .index_name(RUNS_BY_PROJECT)
+                .key_condition_expression("project_runs = :pk")
+                .scan_index_forward(false)
+                .limit(want as i32)
+                .set_exclusive_start_key(start.take());
+            if !conditions.is_empty() {
+                query = query.filter_expression(conditions.join(" AND "));
+            }
+            for (name, attribute) in &attribute_names {
+                query = query.expression_attribute_names(*name, *attribute);
+            }
+            for (name, value) in &values {
+                query = query.expression_attribute_values(*name, value.clone());
+            }
+            let out = query.send().await.map_err(unavailable)?;
+            examined += out.scanned_count().max(0) as usize;
+            for item in out.items.unwrap_or_default() {
+                runs.push(summary_from_item(&item)?);
+            }
+            start = out.last_evaluated_key;
+            if start.is_none() || runs.len() >= limit || examined >= crate::MAX_RUNS_EXAMINED {
+                break;
+            }
+        }
+        let next_cursor = start.and_then(|key| cursor_from_key(&key, &names));
+        Ok(crate::RunPage { runs, next_cursor })
+    }
+
     /// Writes one group of queued appends (all naming one incarnation) and answers each.
     async fn write_group(&self, run_id: &str, group: Vec<QueuedAppend>, lane: &mut Lane) {
         let combined: Vec<EventDraft> = group
@@ -329,5 +447,15 @@ impl RunStore for DynamoStore {
         limit: usize,
     ) -> Result<EventPage, StoreError> {
         self.query_events(run_id, after, limit).await
+    }
+
+    async fn list_runs(
+        &self,
+        project_id: Option<&str>,
+        filter: &crate::RunFilter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<crate::RunPage, StoreError> {
+        self.runs_page(project_id, filter, cursor, limit).await
     }
 }
