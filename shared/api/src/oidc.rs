@@ -188,7 +188,14 @@ impl OidcConfig {
 
     /// The configuration from the environment; `None` without `TOLLGATE_OIDC_ISSUER`.
     pub fn from_env() -> Result<Option<Self>, ConfigError> {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// The configuration from `TOLLGATE_OIDC_*` variables as `lookup` reads them.
+    pub fn from_vars(
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Self>, ConfigError> {
+        let var = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         let Some(issuer) = var("TOLLGATE_OIDC_ISSUER") else {
             return Ok(None);
         };
@@ -842,6 +849,107 @@ mod tests {
         ] {
             assert!(fetchable(bad).is_err(), "{bad}");
         }
+    }
+
+    fn vars(pairs: &[(&str, &str)]) -> Result<Option<OidcConfig>, ConfigError> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        OidcConfig::from_vars(|name| map.get(name).cloned())
+    }
+
+    const ISSUER: (&str, &str) = ("TOLLGATE_OIDC_ISSUER", "https://idp.example.com");
+    const AUDIENCE: (&str, &str) = ("TOLLGATE_OIDC_AUDIENCE", "console-app");
+
+    #[test]
+    fn the_projects_of_the_providers_operators_are_never_implied() {
+        assert_eq!(vars(&[]).unwrap(), None);
+        let err = vars(&[ISSUER, AUDIENCE]).unwrap_err().to_string();
+        assert!(err.contains("TOLLGATE_OIDC_PROJECT_CLAIM"), "{err}");
+        assert!(err.contains("TOLLGATE_OIDC_PROJECTS=*"), "{err}");
+        let projects = |extra: &[(&str, &str)]| {
+            let mut all = vec![ISSUER, AUDIENCE];
+            all.extend_from_slice(extra);
+            vars(&all).map(|c| c.unwrap().projects)
+        };
+        assert_eq!(
+            projects(&[("TOLLGATE_OIDC_PROJECTS", "*")]).unwrap(),
+            OidcProjects::All
+        );
+        assert_eq!(
+            projects(&[("TOLLGATE_OIDC_PROJECTS", " p-1 ")]).unwrap(),
+            OidcProjects::One("p-1".into())
+        );
+        assert!(projects(&[("TOLLGATE_OIDC_PROJECTS", "p-1,p-2")]).is_err());
+        assert!(projects(&[("TOLLGATE_OIDC_PROJECTS", "*,p-2")]).is_err());
+        assert_eq!(
+            projects(&[("TOLLGATE_OIDC_PROJECT_CLAIM", "custom:project")]).unwrap(),
+            OidcProjects::Claim {
+                claim: "custom:project".into(),
+                allowed: None
+            }
+        );
+        assert_eq!(
+            projects(&[
+                ("TOLLGATE_OIDC_PROJECT_CLAIM", "custom:project"),
+                ("TOLLGATE_OIDC_PROJECTS", "p-1, p-2")
+            ])
+            .unwrap(),
+            OidcProjects::Claim {
+                claim: "custom:project".into(),
+                allowed: Some(vec!["p-1".into(), "p-2".into()])
+            }
+        );
+    }
+
+    #[test]
+    fn the_console_client_is_the_audience_and_asks_for_an_id_token() {
+        let base = [ISSUER, AUDIENCE, ("TOLLGATE_OIDC_PROJECTS", "*")];
+        let with = |extra: &[(&str, &str)]| {
+            let mut all = base.to_vec();
+            all.extend_from_slice(extra);
+            vars(&all).map(|c| c.unwrap().console)
+        };
+        assert_eq!(with(&[]).unwrap(), None);
+        let console = with(&[("TOLLGATE_OIDC_CONSOLE_CLIENT_ID", "console-app")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (console.provider.as_str(), console.scopes.as_str()),
+            ("idp.example.com", "openid profile email")
+        );
+        assert!(with(&[("TOLLGATE_OIDC_CONSOLE_CLIENT_ID", "another-app")]).is_err());
+        assert!(with(&[
+            ("TOLLGATE_OIDC_CONSOLE_CLIENT_ID", "console-app"),
+            ("TOLLGATE_OIDC_CONSOLE_SCOPES", "email profile")
+        ])
+        .is_err());
+        assert!(with(&[
+            ("TOLLGATE_OIDC_CONSOLE_CLIENT_ID", "console-app"),
+            ("TOLLGATE_OIDC_CONSOLE_REDIRECT_URI", "http://console.example.com/console")
+        ])
+        .is_err());
+    }
+
+    #[test]
+    fn discovered_endpoints_are_https_unless_the_issuer_is_a_local_one() {
+        let remote = Oidc::new(OidcConfig::new(
+            "https://idp.example.com",
+            "a",
+            OidcProjects::All,
+        ));
+        assert!(remote.discovered_ok("https://idp.example.com/token"));
+        assert!(!remote.discovered_ok("http://127.0.0.1:9/token"));
+        assert!(!remote.discovered_ok("http://idp.example.com/token"));
+        let local = Oidc::new(OidcConfig::new(
+            "http://127.0.0.1:8080",
+            "a",
+            OidcProjects::All,
+        ));
+        assert!(local.discovered_ok("http://127.0.0.1:9/token"));
+        assert!(local.discovered_ok("https://idp.example.com/token"));
+        assert!(!local.discovered_ok("http://idp.example.com/token"));
     }
 
     #[test]
