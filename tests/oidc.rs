@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use tollgate_api::oidc::{Oidc, OidcConfig, OidcProjects};
+use tollgate_api::oidc::{ConsoleClient, Oidc, OidcConfig, OidcProjects};
 use tollgate_api::{Auth, Deps, GateConfig, Role};
 use tollgate_tests::idp::{b64, hs256, now, Idp, SigningKey, AUDIENCE, OPERATORS};
 use tollgate_tests::{store_for, Backend, TestServer, TEST_SECRET};
@@ -434,7 +434,178 @@ async fn jwks_down_fails_closed(backend: Backend) {
     );
 }
 
+/// GIVEN operators' projects configured without a claim (one project for all) or with a
+/// claim and a list WHEN they decide THEN only that project's cards; a claimed project
+/// outside the list is refused (403) and decides nothing.
+async fn configured_projects(backend: Backend) {
+    let ec = SigningKey::ec("ec-p");
+    let idp = Idp::start(&[&ec]).await;
+    let srv = server(backend, idp.config(OidcProjects::One("p-1".into()))).await;
+    let (mine, mine_rid) = pending_card(&srv, Some("p-1")).await;
+    let (theirs, their_rid) = pending_card(&srv, Some("p-2")).await;
+    let token = ec.token(&idp.claims("dave", json!([OPERATORS])));
+    let (status, v) = approve(&srv, &theirs, &their_rid, &token).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
+    let (status, v) = approve(&srv, &mine, &mine_rid, &token).await;
+    assert_eq!(
+        (status, v["decided_by"].as_str()),
+        (StatusCode::OK, Some("oidc:dave")),
+        "{v}"
+    );
+    assert_eq!(standing(&srv, &theirs).await.0, [their_rid]);
+
+    let srv = server(
+        backend,
+        idp.config(OidcProjects::Claim {
+            claim: "custom:project".into(),
+            allowed: Some(vec!["p-1".into(), "p-2".into()]),
+        }),
+    )
+    .await;
+    let (run, rid) = pending_card(&srv, Some("p-3")).await;
+    let mut claims = idp.claims("dave", json!([OPERATORS]));
+    claims["custom:project"] = json!("p-3");
+    let (status, v) = approve(&srv, &run, &rid, &ec.token(&claims)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
+    assert!(v["error"].is_string(), "{v}");
+    let (before, events) = standing(&srv, &run).await;
+    assert_eq!(before, std::slice::from_ref(&rid));
+    claims["custom:project"] = json!("p-2");
+    let (run2, rid2) = pending_card(&srv, Some("p-2")).await;
+    let (status, v) = approve(&srv, &run2, &rid2, &ec.token(&claims)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(standing(&srv, &run).await, (vec![rid], events));
+}
+
+/// GIVEN an IdP operator named `alice` WHEN Tollgate's own tokens (an HS256 operator's,
+/// an agent's) name the subject `oidc:alice` THEN they are refused (401): the provider's
+/// operators' namespace is theirs only; a local operator named `alice` stays another one.
+async fn the_providers_namespace_is_its_own(backend: Backend) {
+    let ec = SigningKey::ec("ec-n");
+    let idp = Idp::start(&[&ec]).await;
+    let srv = server(backend, idp.config(OidcProjects::All)).await;
+    let (run, rid) = pending_card(&srv, None).await;
+    let forged = srv.auth.mint_jwt("oidc:alice", Role::Operator, 600, None);
+    let (status, v) = approve(&srv, &run, &rid, &forged).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
+    let agent = srv.auth.mint_jwt("oidc:alice", Role::Agent, 600, None);
+    let (status, v) = srv.post("/api/runs", &agent, &json!({})).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
+    assert_eq!(standing(&srv, &run).await.0, std::slice::from_ref(&rid));
+    let local = srv.auth.mint_jwt("alice", Role::Operator, 600, None);
+    let (status, v) = srv.get("/api/console/config", &local).await;
+    assert_eq!((status, v["sub"].as_str()), (StatusCode::OK, Some("alice")));
+    let theirs = ec.token(&idp.claims("alice", json!([OPERATORS])));
+    let (status, v) = srv.get("/api/console/config", &theirs).await;
+    assert_eq!(
+        (status, v["sub"].as_str()),
+        (StatusCode::OK, Some("oidc:alice"))
+    );
+}
+
+/// GIVEN the console's sign-in configured WHEN a client reads `GET /api/console/sign-in`
+/// and `GET /console` THEN the endpoints discovered from the issuer and a policy that lets
+/// the page connect to exactly the token endpoint's origin; the code flow with PKCE at
+/// the test IdP gives an ID token (a wrong verifier: 400, nothing issued) that decides a
+/// card as `oidc:<sub>`. Without the console client: `oidc: null`, the policy unchanged.
+async fn console_sign_in_with_pkce(backend: Backend) {
+    let idp = Idp::start_login(SigningKey::ec("login"), "frank", json!([OPERATORS])).await;
+    let plain = server(backend, idp.config(OidcProjects::All)).await;
+    let (status, v) = plain
+        .send(plain.http.get(plain.url("/api/console/sign-in")))
+        .await;
+    assert_eq!((status, &v), (StatusCode::OK, &json!({"oidc": null})));
+    let mut config = idp.config(OidcProjects::All);
+    config.console = Some(ConsoleClient::new(AUDIENCE, &idp.issuer));
+    let srv = server(backend, config).await;
+    let (status, v) = srv.send(srv.http.get(srv.url("/api/console/sign-in"))).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let host = idp.issuer.trim_start_matches("http://");
+    assert_eq!(
+        v["oidc"],
+        json!({"provider": host.split(':').next().unwrap(), "issuer": idp.issuer,
+               "authorization_endpoint": format!("{}/authorize", idp.issuer),
+               "token_endpoint": format!("{}/token", idp.issuer),
+               "client_id": AUDIENCE, "scopes": "openid profile email", "redirect_uri": null})
+    );
+    let page = srv.http.get(srv.url("/console")).send().await.unwrap();
+    let csp = page.headers()["content-security-policy"].to_str().unwrap();
+    assert!(
+        csp.contains(&format!("; connect-src 'self' {}; ", idp.issuer)),
+        "{csp}"
+    );
+    let page = plain.http.get(plain.url("/console")).send().await.unwrap();
+    let csp = page.headers()["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("; connect-src 'self'; "), "{csp}");
+
+    // The code flow, as the console runs it.
+    let verifier = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk";
+    let redirect = srv.url("/console");
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let authorize = |nonce: &str| {
+        no_redirects
+            .get(format!("{}/authorize", idp.issuer))
+            .query(&[
+                ("response_type", "code"),
+                ("client_id", AUDIENCE),
+                ("redirect_uri", redirect.as_str()),
+                ("scope", "openid"),
+                ("state", "s-1"),
+                ("nonce", nonce),
+                ("code_challenge", "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"),
+                ("code_challenge_method", "S256"),
+            ])
+            .send()
+    };
+    let code = |answer: reqwest::Response| {
+        assert_eq!(answer.status(), StatusCode::FOUND);
+        let back = reqwest::Url::parse(answer.headers()["location"].to_str().unwrap()).unwrap();
+        let q: std::collections::HashMap<_, _> = back.query_pairs().into_owned().collect();
+        assert_eq!(q["state"], "s-1");
+        q["code"].clone()
+    };
+    let exchange = |code: String, verifier: &str| {
+        no_redirects
+            .post(format!("{}/token", idp.issuer))
+            .form(&[
+                ("grant_type", "authorization_code"),
+                ("code", code.as_str()),
+                ("redirect_uri", redirect.as_str()),
+                ("client_id", AUDIENCE),
+                ("code_verifier", verifier),
+            ])
+            .send()
+    };
+    let wrong = exchange(
+        code(authorize("n-1").await.unwrap()),
+        "another-verifier-of-the-right-length-0123456789",
+    )
+    .await
+    .unwrap();
+    assert_eq!(wrong.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(idp.refused_verifiers(), 1);
+    let answer = exchange(code(authorize("n-2").await.unwrap()), verifier)
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    let answer: Value = answer.json().await.unwrap();
+    let id_token = answer["id_token"].as_str().unwrap();
+    let (run, rid) = pending_card(&srv, None).await;
+    let (status, v) = approve(&srv, &run, &rid, id_token).await;
+    assert_eq!(
+        (status, v["decided_by"].as_str()),
+        (StatusCode::OK, Some("oidc:frank")),
+        "{v}"
+    );
+}
+
 tollgate_tests::for_each_backend! {
+    configured_projects => super::configured_projects;
+    the_providers_namespace_is_its_own => super::the_providers_namespace_is_its_own;
+    console_sign_in_with_pkce => super::console_sign_in_with_pkce;
     valid_tokens_decide => super::valid_tokens_decide;
     project_and_subject_claims => super::project_and_subject_claims;
     refused_tokens_decide_nothing => super::refused_tokens_decide_nothing;

@@ -166,6 +166,10 @@ struct Login {
     codes: Mutex<HashMap<String, Grant>>,
     /// Token requests refused for a wrong code verifier.
     refused: AtomicUsize,
+    /// Token requests answered.
+    issued: AtomicUsize,
+    /// The authorization endpoint sends back another `state` than it was given.
+    tamper_state: AtomicBool,
 }
 
 /// The test identity provider: discovery and JWKS on loopback; keys, availability and
@@ -197,6 +201,8 @@ impl Idp {
             console_origin: Mutex::new(None),
             codes: Mutex::new(HashMap::new()),
             refused: AtomicUsize::new(0),
+            issued: AtomicUsize::new(0),
+            tamper_state: AtomicBool::new(false),
         });
         Self::serve(jwks, Some(login)).await
     }
@@ -271,6 +277,20 @@ impl Idp {
         *login.console_origin.lock().unwrap() = Some(origin.into());
     }
 
+    /// From now on the authorization endpoint sends back a `state` other than the one it
+    /// was given (as an attacker's answer would).
+    pub fn tamper_state(&self) {
+        let login = self.login.as_ref().expect("an IdP started with start_login");
+        login.tamper_state.store(true, Ordering::SeqCst);
+    }
+
+    /// ID tokens the token endpoint issued.
+    pub fn issued(&self) -> usize {
+        self.login
+            .as_ref()
+            .map_or(0, |l| l.issued.load(Ordering::SeqCst))
+    }
+
     /// Token requests refused for a code verifier that does not match the challenge.
     pub fn refused_verifiers(&self) -> usize {
         self.login
@@ -328,9 +348,13 @@ async fn authorize(login: Arc<Login>, uri: Uri) -> Response {
             nonce: q.get("nonce").cloned(),
         },
     );
+    let mut state = field("state");
+    if login.tamper_state.load(Ordering::SeqCst) {
+        state.push_str("-tampered");
+    }
     back.query_pairs_mut()
         .append_pair("code", &code)
-        .append_pair("state", &field("state"));
+        .append_pair("state", &state);
     (
         StatusCode::FOUND,
         [(header::LOCATION, back.to_string())],
@@ -393,6 +417,7 @@ async fn token(login: Arc<Login>, issuer: String, headers: HeaderMap, body: Stri
         if let Some(nonce) = grant.nonce {
             claims["nonce"] = json!(nonce);
         }
+        login.issued.fetch_add(1, Ordering::SeqCst);
         let mut response = axum::Json(json!({
             "id_token": login.signer.token(&claims),
             "token_type": "Bearer",
