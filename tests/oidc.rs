@@ -368,7 +368,7 @@ async fn jwks_rotation(backend: Backend) {
     let (status, v) = approve(&srv, &run, &rid, &new.token(&claims)).await;
     assert_eq!(
         (status, v["decided_by"].as_str()),
-        (StatusCode::OK, Some("dave")),
+        (StatusCode::OK, Some("oidc:dave")),
         "{v}"
     );
     assert_eq!(idp.fetches(), 2);

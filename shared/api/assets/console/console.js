@@ -1196,6 +1196,7 @@
     if (oidcButton) oidcButton.addEventListener('click', () => { startOidcSignIn(); });
     await loadSignIn();
     if (await finishOidcSignIn()) return;
+    if (state.token) return; // a token was pasted meanwhile
     let saved;
     try { saved = sessionStorage.getItem(TOKEN_KEY); } catch (_) { saved = null; }
     if (saved) signIn(saved);
