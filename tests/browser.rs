@@ -27,9 +27,9 @@ use fantoccini::wd::Capabilities;
 use fantoccini::{Client, ClientBuilder, Locator};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+use tollgate_api::oidc::{ConsoleClient, Oidc, OidcProjects};
 use tollgate_api::{GateConfig, Role};
 use tollgate_store::memory::MemoryStore;
-use tollgate_api::oidc::{ConsoleClient, Oidc, OidcProjects};
 use tollgate_tests::idp::{Idp, SigningKey, AUDIENCE, OPERATORS};
 use tollgate_tests::TestServer;
 
@@ -1407,7 +1407,8 @@ async fn oidc_server(idp: &Idp) -> TestServer {
     config.console = Some(ConsoleClient::new(AUDIENCE, &idp.issuer));
     let mut deps = TestServer::deps(Arc::new(MemoryStore::new()), GateConfig::default());
     deps.auth = Arc::new(
-        tollgate_api::Auth::new(tollgate_tests::TEST_SECRET.as_bytes()).with_oidc(Oidc::new(config)),
+        tollgate_api::Auth::new(tollgate_tests::TEST_SECRET.as_bytes())
+            .with_oidc(Oidc::new(config)),
     );
     let server = TestServer::with_deps(deps).await;
     idp.allow_console(&server.url(""));
@@ -1424,7 +1425,10 @@ async fn click_oidc_sign_in(client: &Client, provider: &str) {
     )
     .await;
     let button = client.find(Locator::Id("oidc-sign-in")).await.unwrap();
-    assert_eq!(button.text().await.unwrap(), format!("Sign in with {provider}"));
+    assert_eq!(
+        button.text().await.unwrap(),
+        format!("Sign in with {provider}")
+    );
     button.click().await.unwrap();
 }
 
@@ -1468,13 +1472,27 @@ async fn signs_in_with_the_identity_provider_and_decides_as_its_subject() {
         let token = stored[0].as_str().expect("the ID token in sessionStorage");
         assert_eq!((&stored[1], &stored[2]), (&json!(0), &Value::Null));
         let (status, v) = server.get("/api/console/config", token).await;
-        assert_eq!((status, v["sub"].as_str()), (StatusCode::OK, Some("oidc:grace")));
+        assert_eq!(
+            (status, v["sub"].as_str()),
+            (StatusCode::OK, Some("oidc:grace"))
+        );
 
-        wait_card(&client, &request_id, Duration::from_secs(3), "shown", pending).await;
+        wait_card(
+            &client,
+            &request_id,
+            Duration::from_secs(3),
+            "shown",
+            pending,
+        )
+        .await;
         click(&client, &request_id, "approve").await;
-        wait_card(&client, &request_id, Duration::from_secs(3), "approved", |c| {
-            c["state"] == "approved"
-        })
+        wait_card(
+            &client,
+            &request_id,
+            Duration::from_secs(3),
+            "approved",
+            |c| c["state"] == "approved",
+        )
         .await;
         let resolved = resolution(&server, &run, &request_id)
             .await
@@ -1490,7 +1508,10 @@ async fn signs_in_with_the_identity_provider_and_decides_as_its_subject() {
             .await
             .unwrap();
         let gone = client
-            .execute("return sessionStorage.getItem('tollgate.operatorToken')", vec![])
+            .execute(
+                "return sessionStorage.getItem('tollgate.operatorToken')",
+                vec![],
+            )
             .await
             .unwrap();
         assert_eq!(gone, Value::Null);

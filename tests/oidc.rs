@@ -518,7 +518,9 @@ async fn console_sign_in_with_pkce(backend: Backend) {
     let mut config = idp.config(OidcProjects::All);
     config.console = Some(ConsoleClient::new(AUDIENCE, &idp.issuer));
     let srv = server(backend, config).await;
-    let (status, v) = srv.send(srv.http.get(srv.url("/api/console/sign-in"))).await;
+    let (status, v) = srv
+        .send(srv.http.get(srv.url("/api/console/sign-in")))
+        .await;
     assert_eq!(status, StatusCode::OK, "{v}");
     let host = idp.issuer.trim_start_matches("http://");
     assert_eq!(
@@ -555,7 +557,10 @@ async fn console_sign_in_with_pkce(backend: Backend) {
                 ("scope", "openid"),
                 ("state", "s-1"),
                 ("nonce", nonce),
-                ("code_challenge", "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"),
+                (
+                    "code_challenge",
+                    "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM",
+                ),
                 ("code_challenge_method", "S256"),
             ])
             .send()

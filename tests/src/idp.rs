@@ -273,14 +273,20 @@ impl Idp {
 
     /// The token endpoint answers CORS for `origin` (the console's).
     pub fn allow_console(&self, origin: &str) {
-        let login = self.login.as_ref().expect("an IdP started with start_login");
+        let login = self
+            .login
+            .as_ref()
+            .expect("an IdP started with start_login");
         *login.console_origin.lock().unwrap() = Some(origin.into());
     }
 
     /// From now on the authorization endpoint sends back a `state` other than the one it
     /// was given (as an attacker's answer would).
     pub fn tamper_state(&self) {
-        let login = self.login.as_ref().expect("an IdP started with start_login");
+        let login = self
+            .login
+            .as_ref()
+            .expect("an IdP started with start_login");
         login.tamper_state.store(true, Ordering::SeqCst);
     }
 
@@ -355,11 +361,7 @@ async fn authorize(login: Arc<Login>, uri: Uri) -> Response {
     back.query_pairs_mut()
         .append_pair("code", &code)
         .append_pair("state", &state);
-    (
-        StatusCode::FOUND,
-        [(header::LOCATION, back.to_string())],
-    )
-        .into_response()
+    (StatusCode::FOUND, [(header::LOCATION, back.to_string())]).into_response()
 }
 
 fn cors(login: &Login, headers: &HeaderMap, mut response: Response) -> Response {
@@ -405,7 +407,8 @@ async fn token(login: Arc<Login>, issuer: String, headers: HeaderMap, body: Stri
             return oauth_error(StatusCode::BAD_REQUEST, "invalid_grant");
         }
         let verifier = field("code_verifier");
-        let challenge = b64(ring::digest::digest(&ring::digest::SHA256, verifier.as_bytes()).as_ref());
+        let challenge =
+            b64(ring::digest::digest(&ring::digest::SHA256, verifier.as_bytes()).as_ref());
         if verifier.len() < 43 || challenge != grant.challenge {
             login.refused.fetch_add(1, Ordering::SeqCst);
             return oauth_error(StatusCode::BAD_REQUEST, "invalid_grant");

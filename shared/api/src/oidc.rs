@@ -109,7 +109,10 @@ impl std::fmt::Display for OidcProjects {
             OidcProjects::Claim {
                 claim,
                 allowed: None,
-            } => write!(f, "each operator's project is its {claim:?} claim (required)"),
+            } => write!(
+                f,
+                "each operator's project is its {claim:?} claim (required)"
+            ),
             OidcProjects::Claim {
                 claim,
                 allowed: Some(list),
@@ -192,9 +195,7 @@ impl OidcConfig {
     }
 
     /// The configuration from `TOLLGATE_OIDC_*` variables as `lookup` reads them.
-    pub fn from_vars(
-        lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<Option<Self>, ConfigError> {
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, ConfigError> {
         let var = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         let Some(issuer) = var("TOLLGATE_OIDC_ISSUER") else {
             return Ok(None);
@@ -232,13 +233,11 @@ impl OidcConfig {
             },
             (None, Some(list)) if list == ["*"] => OidcProjects::All,
             (None, Some(list)) if list.len() == 1 => OidcProjects::One(list[0].clone()),
-            (None, Some(_)) => {
-                return Err(ConfigError::Invalid(
-                    "TOLLGATE_OIDC_PROJECTS lists several projects: set TOLLGATE_OIDC_PROJECT_CLAIM \
+            (None, Some(_)) => return Err(ConfigError::Invalid(
+                "TOLLGATE_OIDC_PROJECTS lists several projects: set TOLLGATE_OIDC_PROJECT_CLAIM \
                      to say which one each operator acts on"
-                        .into(),
-                ))
-            }
+                    .into(),
+            )),
             (None, None) => {
                 return Err(ConfigError::Invalid(
                     "with TOLLGATE_OIDC_ISSUER, say which projects the provider's operators act \
@@ -553,8 +552,7 @@ impl Oidc {
     /// that is not https (the console then offers no sign-in with the provider).
     pub async fn console_endpoints(&self) -> Option<Result<ConsoleEndpoints, String>> {
         self.config.console.as_ref()?;
-        if let Some((at, endpoints)) = &*self.endpoints.read().unwrap_or_else(|e| e.into_inner())
-        {
+        if let Some((at, endpoints)) = &*self.endpoints.read().unwrap_or_else(|e| e.into_inner()) {
             if at.elapsed() < self.config.jwks_ttl {
                 return Some(Ok(endpoints.clone()));
             }
@@ -585,7 +583,9 @@ impl Oidc {
                 *self.endpoints.write().unwrap_or_else(|e| e.into_inner()) =
                     Some((Instant::now(), endpoints.clone()))
             }
-            Err(why) => tracing::warn!(why = %why, "the identity provider's endpoints could not be discovered"),
+            Err(why) => {
+                tracing::warn!(why = %why, "the identity provider's endpoints could not be discovered")
+            }
         }
         Some(found)
     }
@@ -927,7 +927,10 @@ mod tests {
         .is_err());
         assert!(with(&[
             ("TOLLGATE_OIDC_CONSOLE_CLIENT_ID", "console-app"),
-            ("TOLLGATE_OIDC_CONSOLE_REDIRECT_URI", "http://console.example.com/console")
+            (
+                "TOLLGATE_OIDC_CONSOLE_REDIRECT_URI",
+                "http://console.example.com/console"
+            )
         ])
         .is_err());
     }
