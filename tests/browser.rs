@@ -1565,3 +1565,40 @@ async fn a_tampered_state_signs_nobody_in() {
     })
     .await;
 }
+
+/// GIVEN an ID token valid for a few seconds WHEN it expires THEN the console signs out by
+/// itself, forgets the token and offers the sign-in again, saying why.
+#[tokio::test]
+async fn an_expired_sign_in_goes_back_to_the_sign_in() {
+    bounded(async {
+        let idp = Idp::start_login(SigningKey::ec("login"), "heidi", json!([OPERATORS])).await;
+        idp.token_lifetime(3);
+        let server = oidc_server(&idp).await;
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        load_console(&client, &server).await;
+        click_oidc_sign_in(&client, "127.0.0.1").await;
+        wait_js(
+            &client,
+            "return !document.getElementById('session').hidden",
+            Duration::from_secs(10),
+            "signed in through the provider",
+        )
+        .await;
+        wait_js(
+            &client,
+            "return document.getElementById('session').hidden && \
+             !document.getElementById('oidc-sign-in').hidden && \
+             sessionStorage.getItem('tollgate.operatorToken') === null",
+            Duration::from_secs(15),
+            "signed out at the token's expiry",
+        )
+        .await;
+        let error = client.find(Locator::Id("token-error")).await.unwrap();
+        assert_eq!(
+            error.text().await.unwrap(),
+            "Your sign-in has expired. Sign in again."
+        );
+    })
+    .await;
+}

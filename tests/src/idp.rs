@@ -170,6 +170,8 @@ struct Login {
     issued: AtomicUsize,
     /// The authorization endpoint sends back another `state` than it was given.
     tamper_state: AtomicBool,
+    /// How long the ID tokens it issues are valid, in seconds.
+    lifetime: AtomicUsize,
 }
 
 /// The test identity provider: discovery and JWKS on loopback; keys, availability and
@@ -203,6 +205,7 @@ impl Idp {
             refused: AtomicUsize::new(0),
             issued: AtomicUsize::new(0),
             tamper_state: AtomicBool::new(false),
+            lifetime: AtomicUsize::new(600),
         });
         Self::serve(jwks, Some(login)).await
     }
@@ -288,6 +291,15 @@ impl Idp {
             .as_ref()
             .expect("an IdP started with start_login");
         login.tamper_state.store(true, Ordering::SeqCst);
+    }
+
+    /// The ID tokens issued from now on are valid for `seconds`.
+    pub fn token_lifetime(&self, seconds: usize) {
+        let login = self
+            .login
+            .as_ref()
+            .expect("an IdP started with start_login");
+        login.lifetime.store(seconds, Ordering::SeqCst);
     }
 
     /// ID tokens the token endpoint issued.
@@ -415,7 +427,7 @@ async fn token(login: Arc<Login>, issuer: String, headers: HeaderMap, body: Stri
         }
         let now = now();
         let mut claims = json!({"iss": issuer, "aud": AUDIENCE, "sub": login.subject,
-            "email": format!("{}@example.com", login.subject), "iat": now, "exp": now + 600,
+            "email": format!("{}@example.com", login.subject), "iat": now, "exp": now + login.lifetime.load(Ordering::SeqCst) as u64,
             "cognito:groups": login.groups});
         if let Some(nonce) = grant.nonce {
             claims["nonce"] = json!(nonce);
