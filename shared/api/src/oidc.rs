@@ -474,6 +474,9 @@ pub struct Oidc {
     fetching: tokio::sync::Mutex<()>,
     /// The console's endpoints as last discovered, and when.
     endpoints: RwLock<Option<(Instant, ConsoleEndpoints)>>,
+    /// When discovering them last failed: not tried again within the refetch interval,
+    /// so a provider that is down does not hold up every console page.
+    endpoints_failed_at: RwLock<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Oidc {
@@ -526,6 +529,7 @@ impl Oidc {
             keys: RwLock::new(Keys::default()),
             fetching: tokio::sync::Mutex::new(()),
             endpoints: RwLock::new(None),
+            endpoints_failed_at: RwLock::new(None),
         }
     }
 
@@ -557,6 +561,13 @@ impl Oidc {
                 return Some(Ok(endpoints.clone()));
             }
         }
+        let failed_at = *self
+            .endpoints_failed_at
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        if failed_at.is_some_and(|at| at.elapsed() < self.config.refetch_interval) {
+            return Some(Err("the discovery failed moments ago".into()));
+        }
         let found = async {
             let doc = self.get_json(&self.discovery_url()).await?;
             let endpoint = |name: &str| -> Result<reqwest::Url, String> {
@@ -584,6 +595,10 @@ impl Oidc {
                     Some((Instant::now(), endpoints.clone()))
             }
             Err(why) => {
+                *self
+                    .endpoints_failed_at
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
                 tracing::warn!(why = %why, "the identity provider's endpoints could not be discovered")
             }
         }
