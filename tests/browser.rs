@@ -27,8 +27,10 @@ use fantoccini::wd::Capabilities;
 use fantoccini::{Client, ClientBuilder, Locator};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+use tollgate_api::oidc::{ConsoleClient, Oidc, OidcProjects};
 use tollgate_api::{GateConfig, Role};
 use tollgate_store::memory::MemoryStore;
+use tollgate_tests::idp::{Idp, SigningKey, AUDIENCE, OPERATORS};
 use tollgate_tests::TestServer;
 
 /// Wall-clock bound of each test.
@@ -1392,6 +1394,211 @@ async fn a_listing_that_is_not_json_keeps_the_cards() {
         .await;
         assert!(pending(&card(&client, &id).await));
         client.close().await.unwrap();
+    })
+    .await;
+}
+
+// ---- Sign-in with the identity provider ---------------------------------------------------
+
+/// The app configured for operators of the test IdP, with the console's sign-in; the
+/// IdP's token endpoint answers the console's origin (CORS).
+async fn oidc_server(idp: &Idp) -> TestServer {
+    let mut config = idp.config(OidcProjects::All);
+    config.console = Some(ConsoleClient::new(AUDIENCE, &idp.issuer));
+    let mut deps = TestServer::deps(Arc::new(MemoryStore::new()), GateConfig::default());
+    deps.auth = Arc::new(
+        tollgate_api::Auth::new(tollgate_tests::TEST_SECRET.as_bytes())
+            .with_oidc(Oidc::new(config)),
+    );
+    let server = TestServer::with_deps(deps).await;
+    idp.allow_console(&server.url(""));
+    server
+}
+
+/// Clicks "Sign in with …" once it is offered.
+async fn click_oidc_sign_in(client: &Client, provider: &str) {
+    wait_js(
+        client,
+        "return !document.getElementById('oidc-sign-in').hidden",
+        Duration::from_secs(5),
+        "the provider's sign-in offered",
+    )
+    .await;
+    let button = client.find(Locator::Id("oidc-sign-in")).await.unwrap();
+    assert_eq!(
+        button.text().await.unwrap(),
+        format!("Sign in with {provider}")
+    );
+    button.click().await.unwrap();
+}
+
+/// GIVEN the console configured for the identity provider WHEN the operator clicks
+/// "Sign in with …" THEN the authorization code flow with PKCE brings them back signed
+/// in as `oidc:<subject>` (the address without `code`/`state`, the ID token in
+/// sessionStorage only), and a card they approve is decided by `oidc:<subject>` as the
+/// API records it; signing out forgets the token.
+#[tokio::test]
+async fn signs_in_with_the_identity_provider_and_decides_as_its_subject() {
+    bounded(async {
+        let idp = Idp::start_login(SigningKey::ec("login"), "grace", json!([OPERATORS])).await;
+        let server = oidc_server(&idp).await;
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        let (run, run_token) = server.create_run(json!({})).await;
+        let request_id = arm(&server, &run, &run_token, json!({})).await;
+        load_console(&client, &server).await;
+        click_oidc_sign_in(&client, "127.0.0.1").await;
+        wait_js(
+            &client,
+            "return !document.getElementById('session').hidden",
+            Duration::from_secs(10),
+            "signed in through the provider",
+        )
+        .await;
+        assert_eq!(idp.issued(), 1);
+        // Back on the console's own address: no code, no state.
+        let url = client.current_url().await.unwrap();
+        assert_eq!(url.as_str(), server.url("/console"));
+        let me = client.find(Locator::Id("me")).await.unwrap();
+        assert_eq!(me.text().await.unwrap(), "oidc:grace");
+        let stored = client
+            .execute(
+                "return [sessionStorage.getItem('tollgate.operatorToken'), localStorage.length, \
+                 sessionStorage.getItem('tollgate.oidcPending')]",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let token = stored[0].as_str().expect("the ID token in sessionStorage");
+        assert_eq!((&stored[1], &stored[2]), (&json!(0), &Value::Null));
+        let (status, v) = server.get("/api/console/config", token).await;
+        assert_eq!(
+            (status, v["sub"].as_str()),
+            (StatusCode::OK, Some("oidc:grace"))
+        );
+
+        wait_card(
+            &client,
+            &request_id,
+            Duration::from_secs(3),
+            "shown",
+            pending,
+        )
+        .await;
+        click(&client, &request_id, "approve").await;
+        wait_card(
+            &client,
+            &request_id,
+            Duration::from_secs(3),
+            "approved",
+            |c| c["state"] == "approved",
+        )
+        .await;
+        let resolved = resolution(&server, &run, &request_id)
+            .await
+            .expect("the decision is recorded");
+        assert_eq!(resolved["decidedBy"], "oidc:grace", "{resolved}");
+        assert_eq!(resolved["approved"], true, "{resolved}");
+
+        client
+            .find(Locator::Id("sign-out"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        let gone = client
+            .execute(
+                "return sessionStorage.getItem('tollgate.operatorToken')",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(gone, Value::Null);
+        // Back to the sign-in: the provider's button offered again.
+        let button = client.find(Locator::Id("oidc-sign-in")).await.unwrap();
+        assert!(button.is_displayed().await.unwrap());
+    })
+    .await;
+}
+
+/// GIVEN the provider's answer carries another `state` than the sign-in sent WHEN the
+/// browser comes back THEN the console exchanges no code, is not signed in and says why;
+/// the pasted token still works.
+#[tokio::test]
+async fn a_tampered_state_signs_nobody_in() {
+    bounded(async {
+        let idp = Idp::start_login(SigningKey::ec("login"), "mallory", json!([OPERATORS])).await;
+        let server = oidc_server(&idp).await;
+        idp.tamper_state();
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        load_console(&client, &server).await;
+        click_oidc_sign_in(&client, "127.0.0.1").await;
+        wait_js(
+            &client,
+            "return document.getElementById('token-error').textContent.includes('state')",
+            Duration::from_secs(10),
+            "the state refused",
+        )
+        .await;
+        let error = client.find(Locator::Id("token-error")).await.unwrap();
+        assert_eq!(
+            error.text().await.unwrap(),
+            "Sign-in with the identity provider failed: the answer's state is not this tab's \
+             sign-in. Not signed in."
+        );
+        let signed_in = client
+            .execute(
+                "return [document.getElementById('session').hidden, \
+                 sessionStorage.getItem('tollgate.operatorToken'), location.search]",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(signed_in, json!([true, null, ""]));
+        assert_eq!(idp.issued(), 0, "no code was exchanged");
+        // The pasted token stays available.
+        sign_in(&client, &server, &operator(&server, "local-op")).await;
+        let me = client.find(Locator::Id("me")).await.unwrap();
+        assert_eq!(me.text().await.unwrap(), "local-op");
+    })
+    .await;
+}
+
+/// GIVEN an ID token valid for a few seconds WHEN it expires THEN the console signs out by
+/// itself, forgets the token and offers the sign-in again, saying why.
+#[tokio::test]
+async fn an_expired_sign_in_goes_back_to_the_sign_in() {
+    bounded(async {
+        let idp = Idp::start_login(SigningKey::ec("login"), "heidi", json!([OPERATORS])).await;
+        idp.token_lifetime(3);
+        let server = oidc_server(&idp).await;
+        let driver = Driver::start().await;
+        let client = driver.browser().await;
+        load_console(&client, &server).await;
+        click_oidc_sign_in(&client, "127.0.0.1").await;
+        wait_js(
+            &client,
+            "return !document.getElementById('session').hidden",
+            Duration::from_secs(10),
+            "signed in through the provider",
+        )
+        .await;
+        wait_js(
+            &client,
+            "return document.getElementById('session').hidden && \
+             !document.getElementById('oidc-sign-in').hidden && \
+             sessionStorage.getItem('tollgate.operatorToken') === null",
+            Duration::from_secs(15),
+            "signed out at the token's expiry",
+        )
+        .await;
+        let error = client.find(Locator::Id("token-error")).await.unwrap();
+        assert_eq!(
+            error.text().await.unwrap(),
+            "Your sign-in has expired. Sign in again."
+        );
     })
     .await;
 }

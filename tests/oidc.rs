@@ -1,208 +1,18 @@
 //! Operators signed in through an OpenID Connect identity provider, as a client sees it:
-//! a test IdP on loopback publishes its discovery document and JWKS (an ECDSA P-256 key
-//! generated here, a fixed RSA test key from `fixtures/oidc/`), the tokens are signed
-//! here, and every check is made over HTTP against `tollgate serve`'s app (and the
+//! a test IdP on loopback (`tollgate_tests::idp`) publishes its discovery document and
+//! JWKS (an ECDSA P-256 key generated here, a fixed RSA test key from `fixtures/oidc/`),
+//! the tokens are signed here, and every check is made over HTTP against `tollgate serve`'s app (and the
 //! operators-only stream function) on the embedded store and on DynamoDB (`dynamo::`).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use reqwest::StatusCode;
-use ring::rand::SystemRandom;
-use ring::signature::{self, EcdsaKeyPair, KeyPair, RsaKeyPair};
 use serde_json::{json, Value};
-use tollgate_api::oidc::{Oidc, OidcConfig};
+use tollgate_api::oidc::{ConsoleClient, Oidc, OidcConfig, OidcProjects};
 use tollgate_api::{Auth, Deps, GateConfig, Role};
+use tollgate_tests::idp::{b64, hs256, now, Idp, SigningKey, AUDIENCE, OPERATORS};
 use tollgate_tests::{store_for, Backend, TestServer, TEST_SECRET};
-
-const RSA_KEY: &[u8] = include_bytes!("../fixtures/oidc/test-rsa-2048.der");
-const AUDIENCE: &str = "tollgate-console";
-const OPERATORS: &str = "tollgate-operators";
-
-fn b64(raw: &[u8]) -> String {
-    URL_SAFE_NO_PAD.encode(raw)
-}
-
-fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-/// A signing key of the test IdP.
-enum Key {
-    Ec(EcdsaKeyPair),
-    Rsa(RsaKeyPair),
-}
-
-struct SigningKey {
-    kid: String,
-    key: Key,
-}
-
-impl SigningKey {
-    fn ec(kid: &str) -> Self {
-        let rng = SystemRandom::new();
-        let alg = &signature::ECDSA_P256_SHA256_FIXED_SIGNING;
-        let pkcs8 = EcdsaKeyPair::generate_pkcs8(alg, &rng).unwrap();
-        Self {
-            kid: kid.into(),
-            key: Key::Ec(EcdsaKeyPair::from_pkcs8(alg, pkcs8.as_ref(), &rng).unwrap()),
-        }
-    }
-
-    fn rsa(kid: &str) -> Self {
-        Self {
-            kid: kid.into(),
-            key: Key::Rsa(RsaKeyPair::from_der(RSA_KEY).unwrap()),
-        }
-    }
-
-    fn jwk(&self) -> Value {
-        match &self.key {
-            Key::Ec(k) => {
-                let point = k.public_key().as_ref();
-                json!({"kty": "EC", "crv": "P-256", "kid": self.kid, "use": "sig", "alg": "ES256",
-                       "x": b64(&point[1..33]), "y": b64(&point[33..])})
-            }
-            Key::Rsa(k) => {
-                let c = ring::rsa::PublicKeyComponents::<Vec<u8>>::from(k.public());
-                json!({"kty": "RSA", "kid": self.kid, "use": "sig", "alg": "RS256",
-                       "n": b64(&c.n), "e": b64(&c.e)})
-            }
-        }
-    }
-
-    /// The public key's bytes, as an attacker would use them as an HMAC secret.
-    fn public_bytes(&self) -> Vec<u8> {
-        match &self.key {
-            Key::Ec(k) => k.public_key().as_ref().to_vec(),
-            Key::Rsa(k) => k.public().as_ref().to_vec(),
-        }
-    }
-
-    fn alg(&self) -> &'static str {
-        match self.key {
-            Key::Ec(_) => "ES256",
-            Key::Rsa(_) => "RS256",
-        }
-    }
-
-    /// `claims` signed with this key under its own `alg` and `kid`.
-    fn token(&self, claims: &Value) -> String {
-        self.token_with(
-            json!({"alg": self.alg(), "kid": self.kid, "typ": "JWT"}),
-            claims,
-        )
-    }
-
-    /// `claims` under any `header`, signed with this key's own algorithm.
-    fn token_with(&self, header: Value, claims: &Value) -> String {
-        let input = format!(
-            "{}.{}",
-            b64(header.to_string().as_bytes()),
-            b64(claims.to_string().as_bytes())
-        );
-        let rng = SystemRandom::new();
-        let sig = match &self.key {
-            Key::Ec(k) => k.sign(&rng, input.as_bytes()).unwrap().as_ref().to_vec(),
-            Key::Rsa(k) => {
-                let mut sig = vec![0; k.public().modulus_len()];
-                k.sign(
-                    &signature::RSA_PKCS1_SHA256,
-                    &rng,
-                    input.as_bytes(),
-                    &mut sig,
-                )
-                .unwrap();
-                sig
-            }
-        };
-        format!("{input}.{}", b64(&sig))
-    }
-}
-
-/// An HMAC-SHA256 token under `secret`.
-fn hs256(header: Value, claims: &Value, secret: &[u8]) -> String {
-    let input = format!(
-        "{}.{}",
-        b64(header.to_string().as_bytes()),
-        b64(claims.to_string().as_bytes())
-    );
-    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
-    format!(
-        "{input}.{}",
-        b64(ring::hmac::sign(&key, input.as_bytes()).as_ref())
-    )
-}
-
-/// The test identity provider: discovery and JWKS on loopback; keys, availability and
-/// the count of JWKS fetches under the test's control.
-struct Idp {
-    issuer: String,
-    jwks: Arc<Mutex<Vec<Value>>>,
-    down: Arc<AtomicBool>,
-    fetches: Arc<AtomicUsize>,
-}
-
-impl Idp {
-    async fn start(keys: &[&SigningKey]) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let issuer = format!("http://{}", listener.local_addr().unwrap());
-        let jwks = Arc::new(Mutex::new(keys.iter().map(|k| k.jwk()).collect::<Vec<_>>()));
-        let down = Arc::new(AtomicBool::new(false));
-        let fetches = Arc::new(AtomicUsize::new(0));
-        let discovery = json!({"issuer": issuer, "jwks_uri": format!("{issuer}/keys")});
-        let (j, d, f) = (jwks.clone(), down.clone(), fetches.clone());
-        let app = axum::Router::new()
-            .route(
-                "/.well-known/openid-configuration",
-                axum::routing::get(move || async move { axum::Json(discovery) }),
-            )
-            .route(
-                "/keys",
-                axum::routing::get(move || async move {
-                    use axum::response::IntoResponse;
-                    f.fetch_add(1, Ordering::SeqCst);
-                    if d.load(Ordering::SeqCst) {
-                        return StatusCode::SERVICE_UNAVAILABLE.into_response();
-                    }
-                    let keys = j.lock().unwrap().clone();
-                    axum::Json(json!({ "keys": keys })).into_response()
-                }),
-            );
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self {
-            issuer,
-            jwks,
-            down,
-            fetches,
-        }
-    }
-
-    fn publish(&self, key: &SigningKey) {
-        self.jwks.lock().unwrap().push(key.jwk());
-    }
-
-    fn fetches(&self) -> usize {
-        self.fetches.load(Ordering::SeqCst)
-    }
-
-    /// Valid operator claims of this issuer (`groups` as the role claim holds them).
-    fn claims(&self, sub: &str, groups: Value) -> Value {
-        let now = now();
-        json!({"iss": self.issuer, "aud": AUDIENCE, "sub": sub, "email": format!("{sub}@example.com"),
-               "iat": now, "exp": now + 600, "cognito:groups": groups})
-    }
-
-    fn config(&self) -> OidcConfig {
-        OidcConfig::new(&self.issuer, AUDIENCE)
-    }
-}
 
 async fn server(backend: Backend, config: OidcConfig) -> TestServer {
     let auth = Auth::new(TEST_SECRET.as_bytes()).with_oidc(Oidc::new(config));
@@ -271,7 +81,7 @@ async fn standing(srv: &TestServer, run: &str) -> (Vec<String>, usize) {
 async fn valid_tokens_decide(backend: Backend) {
     let (ec, rsa) = (SigningKey::ec("ec-1"), SigningKey::rsa("rsa-1"));
     let idp = Idp::start(&[&ec, &rsa]).await;
-    let srv = server(backend, idp.config()).await;
+    let srv = server(backend, idp.config(OidcProjects::All)).await;
     let (run, rid) = pending_card(&srv, None).await;
     let token = ec.token(&idp.claims("alice", json!(["staff", OPERATORS])));
     let (status, v) = approve(&srv, &run, &rid, &token).await;
@@ -282,17 +92,17 @@ async fn valid_tokens_decide(backend: Backend) {
             v["decided_by"].as_str(),
             v["decision_reason"].as_str()
         ),
-        (Some("approved"), Some("alice"), Some("checked"))
+        (Some("approved"), Some("oidc:alice"), Some("checked"))
     );
     let events = srv.replay_all(&run, &token, 100).await;
-    assert_eq!(events.last().unwrap()["decidedBy"], "alice");
+    assert_eq!(events.last().unwrap()["decidedBy"], "oidc:alice");
     let (run, rid) = pending_card(&srv, None).await;
     let mut claims = idp.claims("bob", json!(OPERATORS));
     claims["aud"] = json!(["other-app", AUDIENCE]);
     let (status, v) = approve(&srv, &run, &rid, &rsa.token(&claims)).await;
     assert_eq!(
         (status, v["decided_by"].as_str()),
-        (StatusCode::OK, Some("bob")),
+        (StatusCode::OK, Some("oidc:bob")),
         "{v}"
     );
     let (run, rid) = pending_card(&srv, None).await;
@@ -308,7 +118,7 @@ async fn valid_tokens_decide(backend: Backend) {
     let deps = Deps::embedded(
         store_for(backend).await,
         GateConfig::default(),
-        Auth::new(TEST_SECRET.as_bytes()).with_oidc(Oidc::new(idp.config())),
+        Auth::new(TEST_SECRET.as_bytes()).with_oidc(Oidc::new(idp.config(OidcProjects::All))),
     );
     let router = tollgate_api::functions::OPERATOR_STREAM
         .router(deps)
@@ -341,8 +151,10 @@ async fn valid_tokens_decide(backend: Backend) {
 async fn project_and_subject_claims(backend: Backend) {
     let ec = SigningKey::ec("ec-p");
     let idp = Idp::start(&[&ec]).await;
-    let mut config = idp.config();
-    config.project_claim = Some("custom:project".into());
+    let mut config = idp.config(OidcProjects::Claim {
+        claim: "custom:project".into(),
+        allowed: None,
+    });
     config.subject_claim = "email".into();
     let srv = server(backend, config).await;
     let (mine, mine_rid) = pending_card(&srv, Some("p-1")).await;
@@ -355,7 +167,7 @@ async fn project_and_subject_claims(backend: Backend) {
     let (status, v) = approve(&srv, &mine, &mine_rid, &token).await;
     assert_eq!(
         (status, v["decided_by"].as_str()),
-        (StatusCode::OK, Some("carol@example.com")),
+        (StatusCode::OK, Some("oidc:carol@example.com")),
         "{v}"
     );
     // Without the project claim, no project: refused, not every project.
@@ -373,7 +185,7 @@ async fn refused_tokens_decide_nothing(backend: Backend) {
     let (ec, rsa) = (SigningKey::ec("ec-1"), SigningKey::rsa("rsa-1"));
     let stranger = SigningKey::ec("ec-1");
     let idp = Idp::start(&[&ec, &rsa]).await;
-    let srv = server(backend, idp.config()).await;
+    let srv = server(backend, idp.config(OidcProjects::All)).await;
     let (run, rid) = pending_card(&srv, None).await;
     // Warm the keys with a valid read, so each refusal below is the token's own fault.
     let good = idp.claims("alice", json!([OPERATORS]));
@@ -542,7 +354,7 @@ async fn refused_tokens_decide_nothing(backend: Backend) {
 async fn jwks_rotation(backend: Backend) {
     let old = SigningKey::ec("old");
     let idp = Idp::start(&[&old]).await;
-    let mut config = idp.config();
+    let mut config = idp.config(OidcProjects::All);
     config.refetch_interval = Duration::ZERO;
     let srv = server(backend, config).await;
     let (run, rid) = pending_card(&srv, None).await;
@@ -556,7 +368,7 @@ async fn jwks_rotation(backend: Backend) {
     let (status, v) = approve(&srv, &run, &rid, &new.token(&claims)).await;
     assert_eq!(
         (status, v["decided_by"].as_str()),
-        (StatusCode::OK, Some("dave")),
+        (StatusCode::OK, Some("oidc:dave")),
         "{v}"
     );
     assert_eq!(idp.fetches(), 2);
@@ -564,7 +376,7 @@ async fn jwks_rotation(backend: Backend) {
     // A long refetch interval: the rotation is not seen until then.
     let old = SigningKey::ec("old");
     let idp = Idp::start(&[&old]).await;
-    let mut config = idp.config();
+    let mut config = idp.config(OidcProjects::All);
     config.refetch_interval = Duration::from_secs(3600);
     let srv = server(backend, config).await;
     let (run, rid) = pending_card(&srv, None).await;
@@ -595,7 +407,7 @@ async fn jwks_down_fails_closed(backend: Backend) {
     let ec = SigningKey::ec("ec-1");
     let idp = Idp::start(&[&ec]).await;
     idp.down.store(true, Ordering::SeqCst);
-    let mut config = idp.config();
+    let mut config = idp.config(OidcProjects::All);
     config.refetch_interval = Duration::ZERO;
     let srv = server(backend, config).await;
     let (run, rid) = pending_card(&srv, None).await;
@@ -622,7 +434,183 @@ async fn jwks_down_fails_closed(backend: Backend) {
     );
 }
 
+/// GIVEN operators' projects configured without a claim (one project for all) or with a
+/// claim and a list WHEN they decide THEN only that project's cards; a claimed project
+/// outside the list is refused (403) and decides nothing.
+async fn configured_projects(backend: Backend) {
+    let ec = SigningKey::ec("ec-p");
+    let idp = Idp::start(&[&ec]).await;
+    let srv = server(backend, idp.config(OidcProjects::One("p-1".into()))).await;
+    let (mine, mine_rid) = pending_card(&srv, Some("p-1")).await;
+    let (theirs, their_rid) = pending_card(&srv, Some("p-2")).await;
+    let token = ec.token(&idp.claims("dave", json!([OPERATORS])));
+    let (status, v) = approve(&srv, &theirs, &their_rid, &token).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
+    let (status, v) = approve(&srv, &mine, &mine_rid, &token).await;
+    assert_eq!(
+        (status, v["decided_by"].as_str()),
+        (StatusCode::OK, Some("oidc:dave")),
+        "{v}"
+    );
+    assert_eq!(standing(&srv, &theirs).await.0, [their_rid]);
+
+    let srv = server(
+        backend,
+        idp.config(OidcProjects::Claim {
+            claim: "custom:project".into(),
+            allowed: Some(vec!["p-1".into(), "p-2".into()]),
+        }),
+    )
+    .await;
+    let (run, rid) = pending_card(&srv, Some("p-3")).await;
+    let mut claims = idp.claims("dave", json!([OPERATORS]));
+    claims["custom:project"] = json!("p-3");
+    let (status, v) = approve(&srv, &run, &rid, &ec.token(&claims)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
+    assert!(v["error"].is_string(), "{v}");
+    let (before, events) = standing(&srv, &run).await;
+    assert_eq!(before, std::slice::from_ref(&rid));
+    claims["custom:project"] = json!("p-2");
+    let (run2, rid2) = pending_card(&srv, Some("p-2")).await;
+    let (status, v) = approve(&srv, &run2, &rid2, &ec.token(&claims)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(standing(&srv, &run).await, (vec![rid], events));
+}
+
+/// GIVEN an IdP operator named `alice` WHEN Tollgate's own tokens (an HS256 operator's,
+/// an agent's) name the subject `oidc:alice` THEN they are refused (401): the provider's
+/// operators' namespace is theirs only; a local operator named `alice` stays another one.
+async fn the_providers_namespace_is_its_own(backend: Backend) {
+    let ec = SigningKey::ec("ec-n");
+    let idp = Idp::start(&[&ec]).await;
+    let srv = server(backend, idp.config(OidcProjects::All)).await;
+    let (run, rid) = pending_card(&srv, None).await;
+    let forged = srv.auth.mint_jwt("oidc:alice", Role::Operator, 600, None);
+    let (status, v) = approve(&srv, &run, &rid, &forged).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
+    let agent = srv.auth.mint_jwt("oidc:alice", Role::Agent, 600, None);
+    let (status, v) = srv.post("/api/runs", &agent, &json!({})).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
+    assert_eq!(standing(&srv, &run).await.0, std::slice::from_ref(&rid));
+    let local = srv.auth.mint_jwt("alice", Role::Operator, 600, None);
+    let (status, v) = srv.get("/api/console/config", &local).await;
+    assert_eq!((status, v["sub"].as_str()), (StatusCode::OK, Some("alice")));
+    let theirs = ec.token(&idp.claims("alice", json!([OPERATORS])));
+    let (status, v) = srv.get("/api/console/config", &theirs).await;
+    assert_eq!(
+        (status, v["sub"].as_str()),
+        (StatusCode::OK, Some("oidc:alice"))
+    );
+}
+
+/// GIVEN the console's sign-in configured WHEN a client reads `GET /api/console/sign-in`
+/// and `GET /console` THEN the endpoints discovered from the issuer and a policy that lets
+/// the page connect to exactly the token endpoint's origin; the code flow with PKCE at
+/// the test IdP gives an ID token (a wrong verifier: 400, nothing issued) that decides a
+/// card as `oidc:<sub>`. Without the console client: `oidc: null`, the policy unchanged.
+async fn console_sign_in_with_pkce(backend: Backend) {
+    let idp = Idp::start_login(SigningKey::ec("login"), "frank", json!([OPERATORS])).await;
+    let plain = server(backend, idp.config(OidcProjects::All)).await;
+    let (status, v) = plain
+        .send(plain.http.get(plain.url("/api/console/sign-in")))
+        .await;
+    assert_eq!((status, &v), (StatusCode::OK, &json!({"oidc": null})));
+    let mut config = idp.config(OidcProjects::All);
+    config.console = Some(ConsoleClient::new(AUDIENCE, &idp.issuer));
+    let srv = server(backend, config).await;
+    let (status, v) = srv
+        .send(srv.http.get(srv.url("/api/console/sign-in")))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let host = idp.issuer.trim_start_matches("http://");
+    assert_eq!(
+        v["oidc"],
+        json!({"provider": host.split(':').next().unwrap(), "issuer": idp.issuer,
+               "authorization_endpoint": format!("{}/authorize", idp.issuer),
+               "token_endpoint": format!("{}/token", idp.issuer),
+               "client_id": AUDIENCE, "scopes": "openid profile email", "redirect_uri": null})
+    );
+    let page = srv.http.get(srv.url("/console")).send().await.unwrap();
+    let csp = page.headers()["content-security-policy"].to_str().unwrap();
+    assert!(
+        csp.contains(&format!("; connect-src 'self' {}; ", idp.issuer)),
+        "{csp}"
+    );
+    let page = plain.http.get(plain.url("/console")).send().await.unwrap();
+    let csp = page.headers()["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("; connect-src 'self'; "), "{csp}");
+
+    // The code flow, as the console runs it.
+    let verifier = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk";
+    let redirect = srv.url("/console");
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let authorize = |nonce: &str| {
+        no_redirects
+            .get(format!("{}/authorize", idp.issuer))
+            .query(&[
+                ("response_type", "code"),
+                ("client_id", AUDIENCE),
+                ("redirect_uri", redirect.as_str()),
+                ("scope", "openid"),
+                ("state", "s-1"),
+                ("nonce", nonce),
+                (
+                    "code_challenge",
+                    "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM",
+                ),
+                ("code_challenge_method", "S256"),
+            ])
+            .send()
+    };
+    let code = |answer: reqwest::Response| {
+        assert_eq!(answer.status(), StatusCode::FOUND);
+        let back = reqwest::Url::parse(answer.headers()["location"].to_str().unwrap()).unwrap();
+        let q: std::collections::HashMap<_, _> = back.query_pairs().into_owned().collect();
+        assert_eq!(q["state"], "s-1");
+        q["code"].clone()
+    };
+    let exchange = |code: String, verifier: &str| {
+        no_redirects
+            .post(format!("{}/token", idp.issuer))
+            .form(&[
+                ("grant_type", "authorization_code"),
+                ("code", code.as_str()),
+                ("redirect_uri", redirect.as_str()),
+                ("client_id", AUDIENCE),
+                ("code_verifier", verifier),
+            ])
+            .send()
+    };
+    let wrong = exchange(
+        code(authorize("n-1").await.unwrap()),
+        "another-verifier-of-the-right-length-0123456789",
+    )
+    .await
+    .unwrap();
+    assert_eq!(wrong.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(idp.refused_verifiers(), 1);
+    let answer = exchange(code(authorize("n-2").await.unwrap()), verifier)
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    let answer: Value = answer.json().await.unwrap();
+    let id_token = answer["id_token"].as_str().unwrap();
+    let (run, rid) = pending_card(&srv, None).await;
+    let (status, v) = approve(&srv, &run, &rid, id_token).await;
+    assert_eq!(
+        (status, v["decided_by"].as_str()),
+        (StatusCode::OK, Some("oidc:frank")),
+        "{v}"
+    );
+}
+
 tollgate_tests::for_each_backend! {
+    configured_projects => super::configured_projects;
+    the_providers_namespace_is_its_own => super::the_providers_namespace_is_its_own;
+    console_sign_in_with_pkce => super::console_sign_in_with_pkce;
     valid_tokens_decide => super::valid_tokens_decide;
     project_and_subject_claims => super::project_and_subject_claims;
     refused_tokens_decide_nothing => super::refused_tokens_decide_nothing;

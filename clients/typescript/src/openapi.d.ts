@@ -505,6 +505,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/console/sign-in": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** How the console signs an operator in (a pasted token; the identity provider's authorization code + PKCE when configured). */
+        get: operations["consoleSignIn"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1235,6 +1252,34 @@ export interface components {
             project_id?: string | null;
             /** @description The tools an `always` scope may be granted for. */
             always_eligible: string[];
+        };
+        /**
+         * @description `GET /api/console/sign-in` (no credentials): how the console may sign an operator in,
+         *     read before there is a token. Nothing in it is secret.
+         */
+        ConsoleSignIn: {
+            /**
+             * @description Sign-in with the identity provider (authorization code + PKCE, a public client),
+             *     when configured and its endpoints could be discovered; `null`: a pasted token only.
+             */
+            oidc?: components["schemas"]["ConsoleOidc"] | null;
+        };
+        /** @description The console's sign-in with an OpenID Connect provider. */
+        ConsoleOidc: {
+            /** @description The provider's name, for "Sign in with …". */
+            provider: string;
+            /** @description The issuer (`iss` of the ID token). */
+            issuer: string;
+            /** @description From the issuer's discovery document. */
+            authorization_endpoint: string;
+            /** @description From the issuer's discovery document; the console page may connect to its origin. */
+            token_endpoint: string;
+            /** @description The console's client id at the provider (the ID token's `aud`). */
+            client_id: string;
+            /** @description Space-separated, holding `openid`. */
+            scopes: string;
+            /** @description Where the provider sends the browser back; `null`: the console's own address. */
+            redirect_uri?: string | null;
         };
         /** @description `run_started` (sequence 1): the run's shape, never its secrets. */
         RunStarted: {
@@ -4025,6 +4070,63 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ConsoleConfig"];
+                };
+            };
+            /** @description No credential, or one that does not verify */
+            401: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The credential may not do this */
+            403: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Storage or a pod is unavailable; retry after Retry-After (nothing written) */
+            503: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    /** @description Seconds to wait before retrying. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    consoleSignIn: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ConsoleSignIn"];
                 };
             };
             /** @description No credential, or one that does not verify */

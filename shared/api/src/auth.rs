@@ -198,11 +198,27 @@ impl Auth {
     }
 
     /// [`Auth::with_oidc`] with `TOLLGATE_OIDC_*`, when `TOLLGATE_OIDC_ISSUER` is set.
+    /// Says once, at startup, how the provider's operators are recognised.
     pub fn with_oidc_from_env(self) -> Result<Self, crate::ConfigError> {
         Ok(match crate::oidc::OidcConfig::from_env()? {
-            Some(config) => self.with_oidc(crate::oidc::Oidc::new(config)),
+            Some(config) => {
+                tracing::info!(
+                    issuer = %config.issuer,
+                    audience = %config.audience,
+                    operators_named = %format!("{}<{}>", crate::oidc::SUBJECT_PREFIX, config.subject_claim),
+                    projects = %config.projects,
+                    console_sign_in = config.console.is_some(),
+                    "operators may sign in through the OIDC provider"
+                );
+                self.with_oidc(crate::oidc::Oidc::new(config))
+            }
             None => self,
         })
+    }
+
+    /// The identity provider operators may sign in through, when one is configured.
+    pub fn oidc(&self) -> Option<&crate::oidc::Oidc> {
+        self.oidc.as_deref()
     }
 
     /// Whether operators may also sign in through an identity provider.
@@ -344,13 +360,14 @@ impl Auth {
                 JwtError::Invalid(_) => ApiError::unauthorized("invalid token"),
             })
             .and_then(checked_claims)
+            .and_then(own_claims)
     }
 
     /// Verifies the bearer of a request. `run_id` is the run the route acts on, which a
     /// run token must belong to.
     pub fn caller(&self, creds: &Credentials, run_id: Option<&str>) -> Result<Caller, ApiError> {
         if let Some(claims) = &creds.gateway {
-            return Ok(Caller::Jwt(checked_claims(claims.clone())?));
+            return Ok(Caller::Jwt(own_claims(checked_claims(claims.clone())?)?));
         }
         let token = match &creds.bearer {
             None => {
@@ -509,6 +526,20 @@ fn checked_claims(claims: Claims) -> Result<Claims, ApiError> {
         )),
         _ => Ok(claims),
     }
+}
+
+/// Tollgate's own tokens (HS256, or an API Gateway authorizer's claims) may not name a
+/// subject in the OIDC operators' namespace ([`crate::oidc::SUBJECT_PREFIX`]): an agent or a
+/// locally minted operator is never taken for an operator of the identity provider
+/// (docs/architecture.md §5).
+fn own_claims(claims: Claims) -> Result<Claims, ApiError> {
+    if claims.sub.starts_with(crate::oidc::SUBJECT_PREFIX) {
+        return Err(ApiError::unauthorized(format!(
+            "sub claim must not start with {:?} (the identity provider's operators)",
+            crate::oidc::SUBJECT_PREFIX
+        )));
+    }
+    Ok(claims)
 }
 
 /// Maps an API Gateway JWT authorizer's claims (strings) to ours: `sub`, the role from

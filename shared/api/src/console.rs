@@ -10,6 +10,12 @@
 //! Trusted Types enforced (the script writes no HTML, only text nodes). Every answer is
 //! `cache-control: no-store`.
 //!
+//! With the identity provider's console sign-in configured ([`crate::oidc::ConsoleClient`]),
+//! `GET /api/console/sign-in` (public) names its authorization and token endpoints, and
+//! the page's policy lets the script connect to exactly the token endpoint's origin (the
+//! code exchange); the sign-in itself is a top-level navigation to the authorization
+//! endpoint (docs/architecture.md §5).
+//!
 //! What agents wrote (tool names, URLs, intentions, messages) is shown as text with
 //! every bidi control and invisible character as a visible `<U+…>` marker, and a card's
 //! URL with the host a URL parser finds in it shown apart. The script accepts only
@@ -40,6 +46,7 @@ pub fn routes() -> Router<Deps> {
         .route("/console", get(page))
         .route("/console.js", get(script))
         .route("/api/console/config", get(config))
+        .route("/api/console/sign-in", get(sign_in))
 }
 
 /// The text of the page's `<style>` element (exactly what the browser hashes).
@@ -62,12 +69,20 @@ fn csp_hash(source: &str) -> String {
 }
 
 /// The page's policy: same-origin script and requests only, the inline style by hash.
-static PAGE_CSP: LazyLock<String> = LazyLock::new(|| {
+static PAGE_CSP: LazyLock<String> = LazyLock::new(|| page_csp(None));
+
+/// The page's policy; with `token_origin` (the identity provider's token endpoint's
+/// exact origin, `scheme://host[:port]`), the script may also connect there.
+fn page_csp(token_origin: Option<&str>) -> String {
+    let connect = match token_origin {
+        Some(origin) => format!("connect-src 'self' {origin}"),
+        None => "connect-src 'self'".to_owned(),
+    };
     [
         "default-src 'none'".to_owned(),
         "script-src 'self'".to_owned(),
         format!("style-src {}", csp_hash(inline_style(PAGE))),
-        "connect-src 'self'".to_owned(),
+        connect,
         "img-src data:".to_owned(),
         "base-uri 'none'".to_owned(),
         "form-action 'none'".to_owned(),
@@ -76,7 +91,17 @@ static PAGE_CSP: LazyLock<String> = LazyLock::new(|| {
         "trusted-types 'none'".to_owned(),
     ]
     .join("; ")
-});
+}
+
+/// A token endpoint origin as a CSP source: only `scheme://host[:port]` of a URL parser's
+/// serialization, so nothing in it can end the directive or add a source.
+fn csp_origin(origin: &str) -> Option<&str> {
+    let ok = (origin.starts_with("https://") || origin.starts_with("http://"))
+        && origin
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-:/[]".contains(&b));
+    ok.then_some(origin)
+}
 
 /// Headers every console answer carries.
 fn hardened(content_type: &'static str, csp: &str, body: &'static str) -> Response {
@@ -106,8 +131,43 @@ fn hardened(content_type: &'static str, csp: &str, body: &'static str) -> Respon
 
 /// `GET /console`: the page. It holds no data; the operator's token (pasted into it)
 /// authorizes the API calls its script makes.
-async fn page() -> Response {
-    hardened("text/html; charset=utf-8", &PAGE_CSP, PAGE)
+async fn page(State(deps): State<Deps>) -> Response {
+    let endpoints = match deps.auth.oidc() {
+        Some(oidc) => oidc.console_endpoints().await.and_then(Result::ok),
+        None => None,
+    };
+    match endpoints.as_ref().and_then(|e| csp_origin(&e.token_origin)) {
+        Some(origin) => hardened("text/html; charset=utf-8", &page_csp(Some(origin)), PAGE),
+        None => hardened("text/html; charset=utf-8", &PAGE_CSP, PAGE),
+    }
+}
+
+/// `GET /api/console/sign-in` (no credentials): the identity provider's sign-in for the
+/// console, when configured and its endpoints are discovered (else `oidc: null`: the
+/// pasted token only).
+async fn sign_in(State(deps): State<Deps>) -> Response {
+    let mut oidc = None;
+    if let Some(provider) = deps.auth.oidc() {
+        if let (Some(Ok(endpoints)), Some(client)) = (
+            provider.console_endpoints().await,
+            provider.config().console.as_ref(),
+        ) {
+            oidc = Some(tollgate_protocol::console::ConsoleOidc {
+                provider: client.provider.clone(),
+                issuer: provider.config().issuer.clone(),
+                authorization_endpoint: endpoints.authorization_endpoint,
+                token_endpoint: endpoints.token_endpoint,
+                client_id: client.client_id.clone(),
+                scopes: client.scopes.clone(),
+                redirect_uri: client.redirect_uri.clone(),
+            });
+        }
+    }
+    let mut response = Json(tollgate_protocol::console::ConsoleSignIn { oidc }).into_response();
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
 }
 
 /// `GET /console.js`: the page's script.
@@ -156,6 +216,11 @@ mod tests {
         assert!(PAGE_CSP.contains(&csp_hash(style)));
         assert!(!PAGE_CSP.contains("unsafe"));
         assert!(!PAGE_CSP.contains("http"));
+        // With a token endpoint, exactly its origin is added to connect-src.
+        let with = page_csp(csp_origin("https://idp.example.com:8443"));
+        assert!(with.contains("; connect-src 'self' https://idp.example.com:8443; "));
+        assert_eq!(csp_origin("https://a.example; script-src *"), None);
+        assert_eq!(csp_origin("javascript:alert(1)"), None);
         // One <style>, no inline script, no inline handlers or style attributes.
         assert_eq!(PAGE.matches("<style>").count(), 1);
         assert_eq!(PAGE.matches("<script").count(), 1);

@@ -12,10 +12,14 @@
 //!   before any key is used: algorithm confusion is impossible by construction.
 //! - **Claims.** `iss` exactly the issuer; `aud` the audience or an array holding it;
 //!   `exp` required; `nbf` and `iat` honoured; [`crate::jwt::LEEWAY_SECS`] of clock skew
-//!   and the same maximum lifetime as Tollgate's own tokens. The subject comes from the
-//!   subject claim (`sub` unless configured), the operator role from the role claim (a
-//!   string or an array of strings that must hold the configured operator role), the
-//!   project from the project claim when one is configured (then required).
+//!   and the same maximum lifetime as Tollgate's own tokens. The operator's name is
+//!   `oidc:` and the subject claim (`sub` unless configured) — a namespace Tollgate's own
+//!   tokens may not use, so no agent or locally minted operator can share it. The role
+//!   comes from the role claim (a string or an array of strings that must hold the
+//!   configured operator role).
+//! - **Projects.** Always configured explicitly ([`OidcProjects`]): from a project claim
+//!   (then required, optionally one of a list), one project for every operator, or every
+//!   project (`*`). Neither configured: the configuration is refused at startup.
 //! - **Keys.** Fetched over HTTPS (plain HTTP only from a loopback host), from the
 //!   configured JWKS URL or the one the issuer's discovery document names; kept for a
 //!   TTL; an unknown `kid` fetches again at most once per refetch interval. Verification
@@ -23,6 +27,11 @@
 //!   handler) brings the keys a token needs, and [`Oidc::verify`] reads them. Without
 //!   keys fetched within the TTL nothing verifies: 503 (the provider cannot be asked, so
 //!   the token is neither known good nor known bad; the caller may retry) — fail closed.
+//! - **Console sign-in.** With a console client id, the console signs operators in with
+//!   the authorization code flow and PKCE ([`ConsoleClient`]); the authorization and
+//!   token endpoints come from the issuer's discovery document (cached for the keys'
+//!   TTL), `https` only — plain `http` only to a loopback host, and only when the issuer
+//!   itself is one.
 
 use std::collections::HashMap;
 use std::sync::RwLock;
@@ -56,11 +65,14 @@ pub struct OidcConfig {
     /// `TOLLGATE_OIDC_OPERATOR_ROLE` (default `tollgate-operators`): the role claim must
     /// be or hold it.
     pub operator_role: String,
-    /// `TOLLGATE_OIDC_SUBJECT_CLAIM` (default `sub`): the operator's name (`decided_by`).
+    /// `TOLLGATE_OIDC_SUBJECT_CLAIM` (default `sub`): the operator's name (`decided_by`),
+    /// after [`SUBJECT_PREFIX`].
     pub subject_claim: String,
-    /// `TOLLGATE_OIDC_PROJECT_CLAIM`: when set, the operator's project (required), with
-    /// the meaning of an operator token's `project_id`.
-    pub project_claim: Option<String>,
+    /// `TOLLGATE_OIDC_PROJECT_CLAIM` / `TOLLGATE_OIDC_PROJECTS`: which projects the
+    /// provider's operators act on.
+    pub projects: OidcProjects,
+    /// `TOLLGATE_OIDC_CONSOLE_*`: the console signs in with the provider.
+    pub console: Option<ConsoleClient>,
     /// `TOLLGATE_OIDC_JWKS_TTL_SECONDS` (default 600): how long fetched keys are used.
     pub jwks_ttl: Duration,
     /// `TOLLGATE_OIDC_JWKS_REFETCH_SECONDS` (default 60): the keys are fetched again for
@@ -68,12 +80,101 @@ pub struct OidcConfig {
     pub refetch_interval: Duration,
 }
 
+/// The namespace of OIDC operators' names: `oidc:` and the subject claim's value. Tollgate's
+/// own tokens may not name a subject in it (docs/architecture.md §5).
+pub const SUBJECT_PREFIX: &str = "oidc:";
+
+/// Which projects the provider's operators act on — never implied (docs/architecture.md §5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OidcProjects {
+    /// `TOLLGATE_OIDC_PROJECTS=*`: every operator of the provider acts on every project.
+    All,
+    /// `TOLLGATE_OIDC_PROJECTS=<project>` (no project claim): every operator of the
+    /// provider is bound to this one project.
+    One(String),
+    /// `TOLLGATE_OIDC_PROJECT_CLAIM`: the claim names the operator's project (a token
+    /// without it is refused, 403); with `TOLLGATE_OIDC_PROJECTS=a,b` it must be one of
+    /// those (else 403).
+    Claim {
+        claim: String,
+        allowed: Option<Vec<String>>,
+    },
+}
+
+impl std::fmt::Display for OidcProjects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OidcProjects::All => f.write_str("every operator acts on every project"),
+            OidcProjects::One(p) => write!(f, "every operator is bound to project {p:?}"),
+            OidcProjects::Claim {
+                claim,
+                allowed: None,
+            } => write!(
+                f,
+                "each operator's project is its {claim:?} claim (required)"
+            ),
+            OidcProjects::Claim {
+                claim,
+                allowed: Some(list),
+            } => write!(
+                f,
+                "each operator's project is its {claim:?} claim (required), one of {list:?}"
+            ),
+        }
+    }
+}
+
+/// The console's sign-in with the provider: the authorization code flow with PKCE, as a
+/// public client (no secret). The console keeps the ID token, whose `aud` is the client
+/// id: so the client id must be the configured audience.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsoleClient {
+    /// `TOLLGATE_OIDC_CONSOLE_CLIENT_ID`.
+    pub client_id: String,
+    /// `TOLLGATE_OIDC_CONSOLE_SCOPES` (default `openid profile email`; must hold `openid`).
+    pub scopes: String,
+    /// `TOLLGATE_OIDC_CONSOLE_PROVIDER` (default: the issuer's host): "Sign in with …".
+    pub provider: String,
+    /// `TOLLGATE_OIDC_CONSOLE_REDIRECT_URI`; unset: the console's own address as the
+    /// browser sees it (what the provider must have registered either way).
+    pub redirect_uri: Option<String>,
+}
+
+impl ConsoleClient {
+    pub const DEFAULT_SCOPES: &'static str = "openid profile email";
+
+    /// A console client with the default scopes, named after `issuer`'s host.
+    pub fn new(client_id: &str, issuer: &str) -> Self {
+        let provider = reqwest::Url::parse(issuer)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned))
+            .unwrap_or_else(|| issuer.to_owned());
+        Self {
+            client_id: client_id.to_owned(),
+            scopes: Self::DEFAULT_SCOPES.into(),
+            provider,
+            redirect_uri: None,
+        }
+    }
+}
+
+/// The endpoints the console signs in with, from the issuer's discovery document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsoleEndpoints {
+    pub authorization_endpoint: String,
+    pub token_endpoint: String,
+    /// The token endpoint's origin (`scheme://host[:port]`): the console page's policy
+    /// lets it connect there.
+    pub token_origin: String,
+}
+
 impl OidcConfig {
     pub const DEFAULT_ROLE_CLAIM: &'static str = "cognito:groups";
     pub const DEFAULT_OPERATOR_ROLE: &'static str = "tollgate-operators";
 
-    /// A configuration with the defaults for `issuer` and `audience`.
-    pub fn new(issuer: &str, audience: &str) -> Self {
+    /// A configuration with the defaults for `issuer` and `audience`, its operators'
+    /// projects as `projects` says, no console sign-in.
+    pub fn new(issuer: &str, audience: &str, projects: OidcProjects) -> Self {
         Self {
             issuer: issuer.to_owned(),
             audience: audience.to_owned(),
@@ -81,7 +182,8 @@ impl OidcConfig {
             role_claim: Self::DEFAULT_ROLE_CLAIM.into(),
             operator_role: Self::DEFAULT_OPERATOR_ROLE.into(),
             subject_claim: "sub".into(),
-            project_claim: None,
+            projects,
+            console: None,
             jwks_ttl: Duration::from_secs(600),
             refetch_interval: Duration::from_secs(60),
         }
@@ -89,7 +191,12 @@ impl OidcConfig {
 
     /// The configuration from the environment; `None` without `TOLLGATE_OIDC_ISSUER`.
     pub fn from_env() -> Result<Option<Self>, ConfigError> {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// The configuration from `TOLLGATE_OIDC_*` variables as `lookup` reads them.
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, ConfigError> {
+        let var = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         let Some(issuer) = var("TOLLGATE_OIDC_ISSUER") else {
             return Ok(None);
         };
@@ -98,7 +205,51 @@ impl OidcConfig {
                 "TOLLGATE_OIDC_AUDIENCE must be set with TOLLGATE_OIDC_ISSUER".into(),
             )
         })?;
-        let mut config = Self::new(issuer.trim(), audience.trim());
+        let projects = match (
+            var("TOLLGATE_OIDC_PROJECT_CLAIM"),
+            var("TOLLGATE_OIDC_PROJECTS").map(|v| {
+                v.split(',')
+                    .map(|p| p.trim().to_owned())
+                    .filter(|p| !p.is_empty())
+                    .collect::<Vec<_>>()
+            }),
+        ) {
+            (Some(claim), None) => OidcProjects::Claim {
+                claim,
+                allowed: None,
+            },
+            (Some(claim), Some(list)) if list == ["*"] => OidcProjects::Claim {
+                claim,
+                allowed: None,
+            },
+            (_, Some(list)) if list.iter().any(|p| p == "*") && list.len() > 1 => {
+                return Err(ConfigError::Invalid(
+                    "TOLLGATE_OIDC_PROJECTS is either * or a list of projects, not both".into(),
+                ))
+            }
+            (Some(claim), Some(list)) => OidcProjects::Claim {
+                claim,
+                allowed: Some(list),
+            },
+            (None, Some(list)) if list == ["*"] => OidcProjects::All,
+            (None, Some(list)) if list.len() == 1 => OidcProjects::One(list[0].clone()),
+            (None, Some(_)) => return Err(ConfigError::Invalid(
+                "TOLLGATE_OIDC_PROJECTS lists several projects: set TOLLGATE_OIDC_PROJECT_CLAIM \
+                     to say which one each operator acts on"
+                    .into(),
+            )),
+            (None, None) => {
+                return Err(ConfigError::Invalid(
+                    "with TOLLGATE_OIDC_ISSUER, say which projects the provider's operators act \
+                     on: TOLLGATE_OIDC_PROJECT_CLAIM (the claim naming each operator's project), \
+                     or TOLLGATE_OIDC_PROJECTS=<project> (all bound to one), or \
+                     TOLLGATE_OIDC_PROJECTS=* (every operator of the provider acts on every \
+                     project)"
+                        .into(),
+                ))
+            }
+        };
+        let mut config = Self::new(issuer.trim(), audience.trim(), projects);
         config.jwks_url = var("TOLLGATE_OIDC_JWKS_URL");
         if let Some(v) = var("TOLLGATE_OIDC_ROLE_CLAIM") {
             config.role_claim = v;
@@ -109,7 +260,36 @@ impl OidcConfig {
         if let Some(v) = var("TOLLGATE_OIDC_SUBJECT_CLAIM") {
             config.subject_claim = v;
         }
-        config.project_claim = var("TOLLGATE_OIDC_PROJECT_CLAIM");
+        if let Some(client_id) = var("TOLLGATE_OIDC_CONSOLE_CLIENT_ID") {
+            let client_id = client_id.trim().to_owned();
+            if client_id != config.audience {
+                return Err(ConfigError::Invalid(
+                    "TOLLGATE_OIDC_CONSOLE_CLIENT_ID must be TOLLGATE_OIDC_AUDIENCE: the console \
+                     signs in with the provider's ID token, whose aud is the client id"
+                        .into(),
+                ));
+            }
+            let mut console = ConsoleClient::new(&client_id, &config.issuer);
+            if let Some(v) = var("TOLLGATE_OIDC_CONSOLE_SCOPES") {
+                if !v.split_whitespace().any(|s| s == "openid") {
+                    return Err(ConfigError::Invalid(
+                        "TOLLGATE_OIDC_CONSOLE_SCOPES must hold openid (the console needs an ID token)"
+                            .into(),
+                    ));
+                }
+                console.scopes = v.split_whitespace().collect::<Vec<_>>().join(" ");
+            }
+            if let Some(v) = var("TOLLGATE_OIDC_CONSOLE_PROVIDER") {
+                console.provider = v.trim().to_owned();
+            }
+            if let Some(v) = var("TOLLGATE_OIDC_CONSOLE_REDIRECT_URI") {
+                fetchable(v.trim()).map_err(|why| {
+                    ConfigError::Invalid(format!("TOLLGATE_OIDC_CONSOLE_REDIRECT_URI: {why}"))
+                })?;
+                console.redirect_uri = Some(v.trim().to_owned());
+            }
+            config.console = Some(console);
+        }
         let seconds = |name: &str, default: Duration| -> Result<Duration, ConfigError> {
             match var(name) {
                 None => Ok(default),
@@ -292,6 +472,11 @@ pub struct Oidc {
     keys: RwLock<Keys>,
     /// One fetch at a time; the others wait for it and read its keys.
     fetching: tokio::sync::Mutex<()>,
+    /// The console's endpoints as last discovered, and when.
+    endpoints: RwLock<Option<(Instant, ConsoleEndpoints)>>,
+    /// When discovering them last failed: not tried again within the refetch interval,
+    /// so a provider that is down does not hold up every console page.
+    endpoints_failed_at: RwLock<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Oidc {
@@ -343,7 +528,81 @@ impl Oidc {
             http,
             keys: RwLock::new(Keys::default()),
             fetching: tokio::sync::Mutex::new(()),
+            endpoints: RwLock::new(None),
+            endpoints_failed_at: RwLock::new(None),
         }
+    }
+
+    /// The discovery document's address.
+    fn discovery_url(&self) -> String {
+        format!(
+            "{}/.well-known/openid-configuration",
+            self.config.issuer.trim_end_matches('/')
+        )
+    }
+
+    /// Whether an address the discovery document names may be used: `https`, or plain
+    /// `http` to a loopback host when the issuer itself is plain `http` (a local issuer:
+    /// a discovered address may not point a deployed function, or an operator's browser,
+    /// at loopback services unless the issuer itself is one).
+    fn discovered_ok(&self, uri: &str) -> bool {
+        uri.starts_with("https://")
+            || (self.config.issuer.starts_with("http://") && fetchable(uri).is_ok())
+    }
+
+    /// The authorization and token endpoints the console signs in with, from the
+    /// issuer's discovery document (fetched again after the keys' TTL). `None` without a
+    /// console client; an error when the document cannot be had or names an endpoint
+    /// that is not https (the console then offers no sign-in with the provider).
+    pub async fn console_endpoints(&self) -> Option<Result<ConsoleEndpoints, String>> {
+        self.config.console.as_ref()?;
+        if let Some((at, endpoints)) = &*self.endpoints.read().unwrap_or_else(|e| e.into_inner()) {
+            if at.elapsed() < self.config.jwks_ttl {
+                return Some(Ok(endpoints.clone()));
+            }
+        }
+        let failed_at = *self
+            .endpoints_failed_at
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        if failed_at.is_some_and(|at| at.elapsed() < self.config.refetch_interval) {
+            return Some(Err("the discovery failed moments ago".into()));
+        }
+        let found = async {
+            let doc = self.get_json(&self.discovery_url()).await?;
+            let endpoint = |name: &str| -> Result<reqwest::Url, String> {
+                let uri = doc
+                    .get(name)
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| format!("the discovery document names no {name}"))?;
+                if !self.discovered_ok(uri) {
+                    return Err(format!("the discovered {name} must be https"));
+                }
+                reqwest::Url::parse(uri).map_err(|_| format!("the discovered {name} is not a URL"))
+            };
+            let authorization = endpoint("authorization_endpoint")?;
+            let token = endpoint("token_endpoint")?;
+            Ok::<_, String>(ConsoleEndpoints {
+                authorization_endpoint: authorization.to_string(),
+                token_origin: token.origin().ascii_serialization(),
+                token_endpoint: token.to_string(),
+            })
+        }
+        .await;
+        match &found {
+            Ok(endpoints) => {
+                *self.endpoints.write().unwrap_or_else(|e| e.into_inner()) =
+                    Some((Instant::now(), endpoints.clone()))
+            }
+            Err(why) => {
+                *self
+                    .endpoints_failed_at
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+                tracing::warn!(why = %why, "the identity provider's endpoints could not be discovered")
+            }
+        }
+        Some(found)
     }
 
     pub fn config(&self) -> &OidcConfig {
@@ -426,19 +685,12 @@ impl Oidc {
         let url = match self.config.jwks_url.clone().or(known) {
             Some(url) => url,
             None => {
-                let discovery = format!(
-                    "{}/.well-known/openid-configuration",
-                    self.config.issuer.trim_end_matches('/')
-                );
-                let doc = self.get_json(&discovery).await?;
+                let doc = self.get_json(&self.discovery_url()).await?;
                 let uri = doc
                     .get("jwks_uri")
                     .and_then(Value::as_str)
                     .ok_or("the discovery document names no jwks_uri")?;
-                // Plain http to loopback is for a configured local issuer only: a
-                // discovered address may not point a deployed function at its own
-                // loopback services unless the issuer itself is one.
-                if !uri.starts_with("https://") && !discovery.starts_with("http://") {
+                if !self.discovered_ok(uri) {
                     return Err("the discovered jwks_uri must be https".into());
                 }
                 uri.to_owned()
@@ -562,18 +814,26 @@ impl Oidc {
                 "the token's role claim does not hold the operator role",
             ));
         }
-        let project_id = match &self.config.project_claim {
-            None => None,
-            Some(name) => Some(
-                text(name)
-                    .ok_or(OidcError::NotOperator(
-                        "the token has no project claim; operators here belong to a project",
-                    ))?
-                    .to_owned(),
-            ),
+        let project_id = match &self.config.projects {
+            OidcProjects::All => None,
+            OidcProjects::One(project) => Some(project.clone()),
+            OidcProjects::Claim { claim, allowed } => {
+                let project = text(claim).ok_or(OidcError::NotOperator(
+                    "the token has no project claim; operators here belong to a project",
+                ))?;
+                if allowed
+                    .as_ref()
+                    .is_some_and(|list| !list.iter().any(|p| p == project))
+                {
+                    return Err(OidcError::NotOperator(
+                        "the token's project is not one this provider's operators may act on",
+                    ));
+                }
+                Some(project.to_owned())
+            }
         };
         Ok(Claims {
-            sub: sub.to_owned(),
+            sub: format!("{SUBJECT_PREFIX}{sub}"),
             role: Role::Operator,
             exp,
             project_id,
@@ -604,6 +864,110 @@ mod tests {
         ] {
             assert!(fetchable(bad).is_err(), "{bad}");
         }
+    }
+
+    fn vars(pairs: &[(&str, &str)]) -> Result<Option<OidcConfig>, ConfigError> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        OidcConfig::from_vars(|name| map.get(name).cloned())
+    }
+
+    const ISSUER: (&str, &str) = ("TOLLGATE_OIDC_ISSUER", "https://idp.example.com");
+    const AUDIENCE: (&str, &str) = ("TOLLGATE_OIDC_AUDIENCE", "console-app");
+
+    #[test]
+    fn the_projects_of_the_providers_operators_are_never_implied() {
+        assert_eq!(vars(&[]).unwrap(), None);
+        let err = vars(&[ISSUER, AUDIENCE]).unwrap_err().to_string();
+        assert!(err.contains("TOLLGATE_OIDC_PROJECT_CLAIM"), "{err}");
+        assert!(err.contains("TOLLGATE_OIDC_PROJECTS=*"), "{err}");
+        let projects = |extra: &[(&str, &str)]| {
+            let mut all = vec![ISSUER, AUDIENCE];
+            all.extend_from_slice(extra);
+            vars(&all).map(|c| c.unwrap().projects)
+        };
+        assert_eq!(
+            projects(&[("TOLLGATE_OIDC_PROJECTS", "*")]).unwrap(),
+            OidcProjects::All
+        );
+        assert_eq!(
+            projects(&[("TOLLGATE_OIDC_PROJECTS", " p-1 ")]).unwrap(),
+            OidcProjects::One("p-1".into())
+        );
+        assert!(projects(&[("TOLLGATE_OIDC_PROJECTS", "p-1,p-2")]).is_err());
+        assert!(projects(&[("TOLLGATE_OIDC_PROJECTS", "*,p-2")]).is_err());
+        assert_eq!(
+            projects(&[("TOLLGATE_OIDC_PROJECT_CLAIM", "custom:project")]).unwrap(),
+            OidcProjects::Claim {
+                claim: "custom:project".into(),
+                allowed: None
+            }
+        );
+        assert_eq!(
+            projects(&[
+                ("TOLLGATE_OIDC_PROJECT_CLAIM", "custom:project"),
+                ("TOLLGATE_OIDC_PROJECTS", "p-1, p-2")
+            ])
+            .unwrap(),
+            OidcProjects::Claim {
+                claim: "custom:project".into(),
+                allowed: Some(vec!["p-1".into(), "p-2".into()])
+            }
+        );
+    }
+
+    #[test]
+    fn the_console_client_is_the_audience_and_asks_for_an_id_token() {
+        let base = [ISSUER, AUDIENCE, ("TOLLGATE_OIDC_PROJECTS", "*")];
+        let with = |extra: &[(&str, &str)]| {
+            let mut all = base.to_vec();
+            all.extend_from_slice(extra);
+            vars(&all).map(|c| c.unwrap().console)
+        };
+        assert_eq!(with(&[]).unwrap(), None);
+        let console = with(&[("TOLLGATE_OIDC_CONSOLE_CLIENT_ID", "console-app")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (console.provider.as_str(), console.scopes.as_str()),
+            ("idp.example.com", "openid profile email")
+        );
+        assert!(with(&[("TOLLGATE_OIDC_CONSOLE_CLIENT_ID", "another-app")]).is_err());
+        assert!(with(&[
+            ("TOLLGATE_OIDC_CONSOLE_CLIENT_ID", "console-app"),
+            ("TOLLGATE_OIDC_CONSOLE_SCOPES", "email profile")
+        ])
+        .is_err());
+        assert!(with(&[
+            ("TOLLGATE_OIDC_CONSOLE_CLIENT_ID", "console-app"),
+            (
+                "TOLLGATE_OIDC_CONSOLE_REDIRECT_URI",
+                "http://console.example.com/console"
+            )
+        ])
+        .is_err());
+    }
+
+    #[test]
+    fn discovered_endpoints_are_https_unless_the_issuer_is_a_local_one() {
+        let remote = Oidc::new(OidcConfig::new(
+            "https://idp.example.com",
+            "a",
+            OidcProjects::All,
+        ));
+        assert!(remote.discovered_ok("https://idp.example.com/token"));
+        assert!(!remote.discovered_ok("http://127.0.0.1:9/token"));
+        assert!(!remote.discovered_ok("http://idp.example.com/token"));
+        let local = Oidc::new(OidcConfig::new(
+            "http://127.0.0.1:8080",
+            "a",
+            OidcProjects::All,
+        ));
+        assert!(local.discovered_ok("http://127.0.0.1:9/token"));
+        assert!(local.discovered_ok("https://idp.example.com/token"));
+        assert!(!local.discovered_ok("http://idp.example.com/token"));
     }
 
     #[test]

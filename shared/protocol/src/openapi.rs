@@ -74,6 +74,8 @@ fn named(generator: &mut SchemaGenerator) -> Vec<(&'static str, Value)> {
         ("WsClientMessage", of::<ws::ClientMessage>(generator)),
         ("WsFrame", of::<ws::Frame>(generator)),
         ("ConsoleConfig", of::<console::ConsoleConfig>(generator)),
+        ("ConsoleSignIn", of::<console::ConsoleSignIn>(generator)),
+        ("ConsoleOidc", of::<console::ConsoleOidc>(generator)),
         ("RunStarted", of::<payloads::RunStarted>(generator)),
         (
             "ApprovalRequired",

@@ -469,6 +469,16 @@ pub const OPERATIONS: &[Operation] = &[
         request: None,
         responses: responses![200 => Json("ConsoleConfig")],
     },
+    Operation {
+        method: "GET",
+        path: "/api/console/sign-in",
+        id: "consoleSignIn",
+        summary: "How the console signs an operator in (a pasted token; the identity provider's authorization code + PKCE when configured).",
+        credentials: &[],
+        query: &[],
+        request: None,
+        responses: responses![200 => Json("ConsoleSignIn")],
+    },
 ];
 
 /// The operation at `method` and `path` (a route template).

@@ -542,6 +542,28 @@ class ConsoleConfig(Model):
 
 
 @dataclass
+class ConsoleSignIn(Model):
+    """``GET /api/console/sign-in``: ``oidc`` is a ``ConsoleOidc`` object, or ``None``."""
+
+    schema_name: ClassVar[str] = "ConsoleSignIn"
+    oidc: dict[str, Any] | None = None
+
+
+@dataclass
+class ConsoleOidc(Model):
+    """The console's sign-in with an OpenID Connect provider (authorization code + PKCE)."""
+
+    schema_name: ClassVar[str] = "ConsoleOidc"
+    provider: str
+    issuer: str
+    authorization_endpoint: str
+    token_endpoint: str
+    client_id: str
+    scopes: str
+    redirect_uri: str | None = None
+
+
+@dataclass
 class ApprovalRequired(Model):
     """The payload of ``tool.approval_required`` (beside the event's envelope)."""
 
@@ -758,6 +780,8 @@ MODELS: tuple[type[Model], ...] = (
     WsFrame,
     Dropped,
     ConsoleConfig,
+    ConsoleSignIn,
+    ConsoleOidc,
     ApprovalRequired,
     RunStarted,
     ApprovalPending,

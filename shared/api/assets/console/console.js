@@ -14,10 +14,21 @@
 // the console knows (fetch() with a streaming reader: EventSource cannot send an
 // Authorization header). A stream resumes with Last-Event-ID after its window ends or
 // a drop. The token lives in sessionStorage only; it is never put in a URL or logged.
+//
+// Signing in: a pasted operator token, or — when GET /api/console/sign-in names an
+// identity provider — "Sign in with <provider>": the authorization code flow with PKCE
+// (RFC 7636, S256) as a public client. The code verifier, `state` and `nonce` wait in
+// sessionStorage during the round trip; on return `state` must match (else nothing is
+// exchanged), the code is exchanged at the token endpoint with the verifier, and the ID
+// token (its `aud` is the client id, the audience the API verifies) is kept — after its
+// `nonce`, `iss` and `aud` are checked — like a pasted token. `code` and `state` are
+// removed from the address at once. When the token expires the console signs out.
 'use strict';
 
 (() => {
   const TOKEN_KEY = 'tollgate.operatorToken';
+  // The sign-in with the identity provider under way (verifier, state, nonce, …).
+  const OIDC_PENDING_KEY = 'tollgate.oidcPending';
   const POLL_MS = 750;
   const RESOLVED_LINGER_MS = 4000;
   // Browsers open at most 6 HTTP/1.1 connections per origin: streams take at most 3
@@ -58,6 +69,8 @@
     generation: 0, // bumped on sign-out: late answers of the old session are dropped
     lastPollOk: true,
     nextCardId: 1,
+    signInConfig: null, // GET /api/console/sign-in's `oidc`, when the provider is offered
+    expiryTimer: null,
   };
 
   const keyOf = (runId, requestId) => runId + ' ' + requestId;
@@ -131,6 +144,78 @@
     setText(c, text);
     if (level) c.dataset.level = level;
     else delete c.dataset.level;
+  }
+
+  // ---- Sign-in with the identity provider: PKCE helpers (pure; unit-tested) ------------
+
+  // base64url without padding (RFC 7636 Appendix A) of bytes.
+  function base64url(bytes) {
+    let bin = '';
+    for (const b of new Uint8Array(bytes)) bin += String.fromCharCode(b);
+    return btoa(bin).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
+  }
+
+  // A code verifier: 48 random bytes, base64url — 64 characters of [A-Za-z0-9_-], within
+  // RFC 7636's 43–128 unreserved characters. Also used for `state` and `nonce`.
+  function randomVerifier(cryptoApi) {
+    const bytes = new Uint8Array(48);
+    cryptoApi.getRandomValues(bytes);
+    return base64url(bytes);
+  }
+
+  const isVerifier = (v) => typeof v === 'string' && /^[A-Za-z0-9\-._~]{43,128}$/.test(v);
+
+  // The S256 code challenge of a verifier: base64url(SHA-256(ASCII(verifier))).
+  async function pkceChallenge(verifier, subtle) {
+    if (!isVerifier(verifier)) throw new Error('not a code verifier');
+    const digest = await subtle.digest('SHA-256', new TextEncoder().encode(verifier));
+    return base64url(digest);
+  }
+
+  // The authorization request's address (the provider's endpoint, its own query kept).
+  function authorizationUrl(cfg, { redirectUri, state, nonce, challenge }) {
+    const url = new URL(cfg.authorization_endpoint);
+    const params = {
+      response_type: 'code',
+      client_id: cfg.client_id,
+      redirect_uri: redirectUri,
+      scope: cfg.scopes,
+      state,
+      nonce,
+      code_challenge: challenge,
+      code_challenge_method: 'S256',
+    };
+    for (const [k, v] of Object.entries(params)) url.searchParams.set(k, v);
+    return url.toString();
+  }
+
+  // A JWT's payload, decoded (not verified: the API verifies the token's signature).
+  function jwtPayload(token) {
+    const part = String(token).split('.')[1];
+    if (!part) return null;
+    try {
+      const b64 = part.replace(/-/g, '+').replace(/_/g, '/');
+      const bin = atob(b64 + '='.repeat((4 - (b64.length % 4)) % 4));
+      const bytes = Uint8Array.from(bin, (c) => c.charCodeAt(0));
+      const v = JSON.parse(new TextDecoder().decode(bytes));
+      return v && typeof v === 'object' && !Array.isArray(v) ? v : null;
+    } catch (_) {
+      return null;
+    }
+  }
+
+  // Why an ID token from the code exchange is not this sign-in's (null: it is): its
+  // nonce must be the one sent, its issuer and audience the configured ones, and it must
+  // not have expired. (Its signature is the API's to verify.)
+  function idTokenProblem(token, { nonce, issuer, clientId, nowSeconds }) {
+    const p = jwtPayload(token);
+    if (!p) return 'the provider answered no ID token';
+    if (p.nonce !== nonce) return "the ID token's nonce is not this sign-in's";
+    if (p.iss !== issuer) return "the ID token's issuer is not the configured one";
+    const aud = Array.isArray(p.aud) ? p.aud : [p.aud];
+    if (!aud.includes(clientId)) return "the ID token's audience is not the console";
+    if (typeof p.exp !== 'number' || p.exp <= nowSeconds) return 'the ID token has expired';
+    return null;
   }
 
   // ---- HTTP ---------------------------------------------------------------------------
@@ -851,8 +936,12 @@
     state.generation++;
     state.token = null;
     state.me = null;
-    try { sessionStorage.removeItem(TOKEN_KEY); } catch (_) { /* storage unavailable */ }
+    try {
+      sessionStorage.removeItem(TOKEN_KEY);
+      sessionStorage.removeItem(OIDC_PENDING_KEY);
+    } catch (_) { /* storage unavailable */ }
     clearTimeout(state.pollTimer);
+    clearTimeout(state.expiryTimer);
     clearCards();
     stopAudit();
     resetScreens();
@@ -882,6 +971,7 @@
         : 'Tollgate answered ' + r.status + '.');
       return;
     }
+    watchExpiry(token);
     state.me = r.body.sub;
     state.alwaysEligible = Array.isArray(r.body.always_eligible) ? r.body.always_eligible : [];
     setText($('me'), state.me);
@@ -891,6 +981,136 @@
     for (const card of state.cards.values()) card.refreshScopes();
     await poll();
     schedulePoll();
+  }
+
+  // Signs out when the token expires (back to the sign-in).
+  function watchExpiry(token) {
+    clearTimeout(state.expiryTimer);
+    const p = jwtPayload(token);
+    if (!p || typeof p.exp !== 'number') return;
+    const generation = state.generation;
+    // (setTimeout's longest delay is about 24.8 days.)
+    const ms = Math.min(Math.max(p.exp * 1000 - Date.now(), 0), 2 ** 31 - 1);
+    state.expiryTimer = setTimeout(() => {
+      if (state.generation !== generation || state.token !== token) return;
+      signOut();
+      setText($('token-error'), 'Your sign-in has expired. Sign in again.');
+    }, ms);
+  }
+
+  // ---- Sign-in with the identity provider --------------------------------------------------
+
+  function oidcFailed(why) {
+    try { sessionStorage.removeItem(OIDC_PENDING_KEY); } catch (_) { /* storage unavailable */ }
+    setText($('token-error'), 'Sign-in with the identity provider failed: ' + why + '. Not signed in.');
+    setConnection('Not connected');
+  }
+
+  // "Sign in with …": a fresh verifier, state and nonce into sessionStorage, then to the
+  // provider's authorization endpoint.
+  async function startOidcSignIn() {
+    const cfg = state.signInConfig;
+    if (!cfg) return;
+    setText($('token-error'), '');
+    try {
+      const verifier = randomVerifier(crypto);
+      const pending = {
+        verifier,
+        state: randomVerifier(crypto),
+        nonce: randomVerifier(crypto),
+        redirectUri: cfg.redirect_uri || window.location.origin + window.location.pathname,
+        tokenEndpoint: cfg.token_endpoint,
+        clientId: cfg.client_id,
+        issuer: cfg.issuer,
+      };
+      const challenge = await pkceChallenge(verifier, crypto.subtle);
+      sessionStorage.setItem(OIDC_PENDING_KEY, JSON.stringify(pending));
+      window.location.assign(authorizationUrl(cfg, { ...pending, challenge }));
+    } catch (e) {
+      oidcFailed('this browser cannot start it (' + (e && e.message ? e.message : e) + ')');
+    }
+  }
+
+  // The provider sent the browser back (`code` and `state`, or `error`): answers whether
+  // this was such a return (then handled: signed in, or an error shown).
+  async function finishOidcSignIn() {
+    const params = new URLSearchParams(window.location.search);
+    if (!params.has('state') && !params.has('code') && !params.has('error')) return false;
+    // Out of the address at once (history, screenshots, the next page's referrer).
+    const clean = new URL(window.location.href);
+    for (const k of ['code', 'state', 'error', 'error_description', 'error_uri', 'iss', 'session_state']) {
+      clean.searchParams.delete(k);
+    }
+    window.history.replaceState(null, '', clean.toString());
+    let pending;
+    try { pending = JSON.parse(sessionStorage.getItem(OIDC_PENDING_KEY) || 'null'); } catch (_) { pending = null; }
+    try { sessionStorage.removeItem(OIDC_PENDING_KEY); } catch (_) { /* storage unavailable */ }
+    if (!pending || typeof pending.state !== 'string' || params.get('state') !== pending.state) {
+      oidcFailed("the answer's state is not this tab's sign-in");
+      return true;
+    }
+    if (params.has('error')) {
+      oidcFailed('the provider answered ' + params.get('error'));
+      return true;
+    }
+    setConnection('Signing in…');
+    let answer;
+    try {
+      const body = new URLSearchParams({
+        grant_type: 'authorization_code',
+        code: params.get('code') || '',
+        redirect_uri: pending.redirectUri,
+        client_id: pending.clientId,
+        code_verifier: pending.verifier,
+      });
+      const resp = await fetch(pending.tokenEndpoint, {
+        method: 'POST',
+        headers: { 'Content-Type': 'application/x-www-form-urlencoded', Accept: 'application/json' },
+        body,
+        cache: 'no-store',
+        credentials: 'omit',
+        referrerPolicy: 'no-referrer',
+      });
+      answer = await resp.json().catch(() => null);
+      if (!resp.ok) {
+        oidcFailed('the token endpoint answered ' + resp.status + (answer && answer.error ? ' (' + answer.error + ')' : ''));
+        return true;
+      }
+    } catch (_) {
+      oidcFailed('the token endpoint cannot be reached');
+      return true;
+    }
+    const token = answer && typeof answer.id_token === 'string' ? answer.id_token : '';
+    const problem = idTokenProblem(token, {
+      nonce: pending.nonce, issuer: pending.issuer, clientId: pending.clientId, nowSeconds: Date.now() / 1000,
+    });
+    if (problem) {
+      oidcFailed(problem);
+      return true;
+    }
+    try { sessionStorage.setItem(TOKEN_KEY, token); } catch (_) { /* storage unavailable */ }
+    signIn(token);
+    return true;
+  }
+
+  // Offers "Sign in with …" when the server names an identity provider.
+  async function loadSignIn() {
+    let cfg = null;
+    try {
+      const resp = await fetch(new URL('api/console/sign-in', base), {
+        headers: { Accept: 'application/json' }, cache: 'no-store', credentials: 'omit', referrerPolicy: 'no-referrer',
+      });
+      if (resp.ok) cfg = ((await resp.json()) || {}).oidc || null;
+    } catch (_) {
+      cfg = null;
+    }
+    state.signInConfig = cfg;
+    const button = $('oidc-sign-in');
+    if (cfg && button) {
+      setText(button, 'Sign in with ' + cfg.provider);
+      button.hidden = false;
+    }
+    return cfg;
   }
 
   // ---- Audit view ----------------------------------------------------------------------------
@@ -1392,7 +1612,7 @@
 
   // ---- Start-up ----------------------------------------------------------------------------------
 
-  function init() {
+  async function init() {
     $('token-form').addEventListener('submit', (e) => {
       e.preventDefault();
       const input = $('token');
@@ -1416,6 +1636,11 @@
     initScreens();
     setInterval(() => { for (const card of state.cards.values()) if (card.state === 'pending') card.tick(); }, 1000);
     renderCount();
+    const oidcButton = $('oidc-sign-in');
+    if (oidcButton) oidcButton.addEventListener('click', () => { startOidcSignIn(); });
+    await loadSignIn();
+    if (await finishOidcSignIn()) return;
+    if (state.token) return; // a token was pasted meanwhile
     let saved;
     try { saved = sessionStorage.getItem(TOKEN_KEY); } catch (_) { saved = null; }
     if (saved) signIn(saved);
@@ -1429,6 +1654,7 @@
     module.exports = {
       readSse, BrokenStream, isEventStream, keyOf, markerOf, HIDDEN_CHARS, MAX_SSE_LINE,
       runsQuery, utc, unknownOutcomes, policyExpiry, refusal,
+      base64url, randomVerifier, isVerifier, pkceChallenge, authorizationUrl, jwtPayload, idTokenProblem,
     };
     return;
   }

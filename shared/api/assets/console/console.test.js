@@ -5,8 +5,11 @@
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
-const { readSse, BrokenStream, isEventStream, keyOf, markerOf, HIDDEN_CHARS, MAX_SSE_LINE } =
-  require('./console.js');
+const {
+  readSse, BrokenStream, isEventStream, keyOf, markerOf, HIDDEN_CHARS, MAX_SSE_LINE,
+  base64url, randomVerifier, isVerifier, pkceChallenge, authorizationUrl, jwtPayload, idTokenProblem,
+} = require('./console.js');
+const { webcrypto } = require('node:crypto');
 
 // A response body that delivers `chunks` (strings) one read at a time.
 function body(chunks) {
@@ -81,6 +84,75 @@ test('cards are keyed by run and request', () => {
   // Run and request ids never hold a space ([A-Za-z0-9_.:-]), so the key is one pair's.
   assert.equal(keyOf('run-1', 'req-1'), 'run-1 req-1');
   assert.notEqual(keyOf('run-1', 'req-12'), keyOf('run-1r', 'eq-12'));
+});
+
+// ---- Sign-in with the identity provider (PKCE) ----------------------------------------
+
+test("the S256 challenge of RFC 7636 Appendix B's verifier is the RFC's", async () => {
+  // RFC 7636 Appendix B: code_verifier and code_challenge, as printed there.
+  const verifier = 'dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk';
+  assert.equal(await pkceChallenge(verifier, webcrypto.subtle), 'E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM');
+});
+
+test("base64url is RFC 7636 Appendix A's: no padding, - and _", () => {
+  // Appendix B's verifier is the base64url of these 32 octets.
+  const octets = [116, 24, 223, 180, 151, 153, 224, 37, 79, 250, 96, 125, 216, 173,
+    187, 186, 22, 212, 37, 77, 105, 214, 191, 240, 91, 88, 5, 88, 83, 132, 141, 121];
+  assert.equal(base64url(new Uint8Array(octets)), 'dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk');
+  assert.equal(base64url(new Uint8Array([0xfb, 0xff])), '-_8');
+});
+
+test('verifiers are 43–128 unreserved characters, fresh each time', () => {
+  const a = randomVerifier(webcrypto);
+  const b = randomVerifier(webcrypto);
+  assert.ok(isVerifier(a), a);
+  assert.ok(a.length >= 43 && a.length <= 128, String(a.length));
+  assert.notEqual(a, b);
+  assert.ok(!isVerifier('x'.repeat(42)));
+  assert.ok(!isVerifier('x'.repeat(129)));
+  assert.ok(!isVerifier('a'.repeat(42) + '+'));
+});
+
+test('a challenge is never made of something that is not a verifier', async () => {
+  await assert.rejects(pkceChallenge('short', webcrypto.subtle));
+});
+
+test('the authorization request carries the PKCE challenge, state and nonce', () => {
+  const url = new URL(authorizationUrl(
+    { authorization_endpoint: 'https://idp.example.com/authorize?tenant=t1', client_id: 'console', scopes: 'openid email' },
+    { redirectUri: 'https://tollgate.example.com/console', state: 's1', nonce: 'n1', challenge: 'c1' },
+  ));
+  assert.equal(url.origin + url.pathname, 'https://idp.example.com/authorize');
+  assert.deepEqual(Object.fromEntries(url.searchParams), {
+    tenant: 't1',
+    response_type: 'code',
+    client_id: 'console',
+    redirect_uri: 'https://tollgate.example.com/console',
+    scope: 'openid email',
+    state: 's1',
+    nonce: 'n1',
+    code_challenge: 'c1',
+    code_challenge_method: 'S256',
+  });
+});
+
+// An unsigned JWT with `claims` (the console reads claims; the API verifies signatures).
+const jwt = (claims) => ['{"alg":"ES256"}', JSON.stringify(claims)]
+  .map((p) => base64url(new TextEncoder().encode(p))).join('.') + '.sig';
+
+test('an ID token is taken only with its nonce, issuer, audience and a future expiry', () => {
+  const want = { nonce: 'n1', issuer: 'https://idp.example.com', clientId: 'console', nowSeconds: 1000 };
+  const good = { nonce: 'n1', iss: 'https://idp.example.com', aud: 'console', exp: 1600, sub: 'ü-1' };
+  assert.equal(jwtPayload(jwt(good)).sub, 'ü-1');
+  assert.equal(idTokenProblem(jwt(good), want), null);
+  assert.equal(idTokenProblem(jwt({ ...good, aud: ['other', 'console'] }), want), null);
+  assert.match(idTokenProblem(jwt({ ...good, nonce: 'n2' }), want), /nonce/);
+  assert.match(idTokenProblem(jwt({ ...good, nonce: undefined }), want), /nonce/);
+  assert.match(idTokenProblem(jwt({ ...good, iss: 'https://evil.example.com' }), want), /issuer/);
+  assert.match(idTokenProblem(jwt({ ...good, aud: 'other' }), want), /audience/);
+  assert.match(idTokenProblem(jwt({ ...good, exp: 999 }), want), /expired/);
+  assert.match(idTokenProblem('', want), /no ID token/);
+  assert.match(idTokenProblem('a.!!!.c', want), /no ID token/);
 });
 
 // ---- The screens' helpers ----
