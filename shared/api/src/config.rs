@@ -42,6 +42,13 @@ impl Secret {
         Ok(Self(value))
     }
 
+    /// A third party's secret (a Slack bot token or signing secret): any length but
+    /// empty, kept as opaquely as Tollgate's own.
+    pub fn opaque(value: impl Into<Vec<u8>>) -> Option<Self> {
+        let value = value.into();
+        (!value.is_empty()).then_some(Self(value))
+    }
+
     /// A fresh random secret (hex), for `tollgate serve` when none is configured.
     pub fn generate() -> Self {
         let bytes: [u8; 32] = rand::random();
@@ -144,6 +151,18 @@ const SECRETS_OPERATION_TIMEOUT: Duration = Duration::from_secs(3);
 /// so an emulator works unchanged. Errors name the ARN, never the value.
 pub async fn signing_secret_from_secrets_manager() -> Result<Secret, ConfigError> {
     let secret_id = signing_secret_id(env)?;
+    let value = secret_string(&secret_id, SECRET_ARN_VAR, "signing secret").await?;
+    Secret::new(value).map_err(|_| {
+        ConfigError::Invalid(format!(
+            "the signing secret {secret_id} ({SECRET_ARN_VAR}) must be at least {} bytes",
+            Secret::MIN_LEN
+        ))
+    })
+}
+
+/// One `GetSecretValue`: the `SecretString` of `secret_id` (named by the variable `var`,
+/// described as `what` in errors, which never carry the value).
+pub async fn secret_string(secret_id: &str, var: &str, what: &str) -> Result<String, ConfigError> {
     let sdk = tollgate_store::dynamo::sdk_config().await;
     let timeouts = aws_config::timeout::TimeoutConfig::builder()
         .connect_timeout(SECRETS_CONNECT_TIMEOUT)
@@ -157,25 +176,18 @@ pub async fn signing_secret_from_secrets_manager() -> Result<Secret, ConfigError
     );
     let answer = client
         .get_secret_value()
-        .secret_id(&secret_id)
+        .secret_id(secret_id)
         .send()
         .await
         .map_err(|e| {
             ConfigError::Invalid(format!(
-                "cannot read the signing secret {secret_id} ({SECRET_ARN_VAR}) from Secrets \
-                 Manager: {}",
+                "cannot read the {what} {secret_id} ({var}) from Secrets Manager: {}",
                 aws_sdk_secretsmanager::error::DisplayErrorContext(&e)
             ))
         })?;
-    let value = answer.secret_string.ok_or_else(|| {
+    answer.secret_string.ok_or_else(|| {
         ConfigError::Invalid(format!(
-            "the signing secret {secret_id} ({SECRET_ARN_VAR}) has no SecretString"
-        ))
-    })?;
-    Secret::new(value).map_err(|_| {
-        ConfigError::Invalid(format!(
-            "the signing secret {secret_id} ({SECRET_ARN_VAR}) must be at least {} bytes",
-            Secret::MIN_LEN
+            "the {what} {secret_id} ({var}) has no SecretString"
         ))
     })
 }

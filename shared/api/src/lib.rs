@@ -24,6 +24,7 @@ pub mod replay;
 pub mod request;
 pub mod request_id;
 pub mod settlement;
+pub mod slack;
 pub mod sse;
 #[cfg(feature = "ws")]
 pub mod stream_reader;
@@ -86,6 +87,9 @@ pub struct Deps {
     pub(crate) wakes: Option<Arc<live::Wakes>>,
     /// The stream reader feeding [`Deps::wakes`] (stops when the deps are dropped).
     _stream_reader: Option<Arc<AbortOnDrop>>,
+    /// Slack, when configured: the interactivity endpoint's signing secret and user
+    /// mapping, the Web API client (docs/architecture.md §11).
+    pub slack: Option<Arc<slack::Slack>>,
 }
 
 /// Stops a background task when the last holder goes.
@@ -120,6 +124,7 @@ impl Deps {
             websocket_url: None,
             wakes: None,
             _stream_reader: None,
+            slack: None,
         }
     }
 
@@ -234,6 +239,12 @@ impl Deps {
         deps
     }
 
+    /// Answers Slack's interactions (`POST /api/slack/interactions`) with `slack`.
+    pub fn with_slack(mut self, slack: Option<Arc<slack::Slack>>) -> Self {
+        self.slack = slack;
+        self
+    }
+
     /// Serves the run log from `store` instead (a wrapper in tests).
     pub fn with_run_store(mut self, store: Arc<dyn RunStore>) -> Self {
         self.runs = RunLog::new(store);
@@ -256,6 +267,7 @@ impl Deps {
         );
         deps.sse = sse::SseConfig::from_env()?;
         deps.websocket_url = live::websocket_url_from_env();
+        deps.slack = slack::Slack::from_secrets_manager_env().await?.map(Arc::new);
         Ok(deps)
     }
 }

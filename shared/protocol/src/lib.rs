@@ -19,6 +19,7 @@ pub mod limits;
 pub mod operations;
 pub mod payloads;
 pub mod runs;
+pub mod slack;
 pub mod ws;
 
 #[cfg(feature = "schema")]
