@@ -15,6 +15,7 @@ pub mod jwt;
 #[cfg(feature = "lambda")]
 pub mod lambda;
 pub mod live;
+pub mod notify;
 pub mod oidc;
 pub mod pod_cards;
 pub mod preview;

@@ -1,0 +1,99 @@
+//! Notifications: card events of the events log turned into deliveries to *sinks* — a
+//! signed webhook, Slack — each delivered once per (sink, card, kind) with retries and
+//! dead letters (docs/architecture.md §10).
+//!
+//! This module is the interface every sink implements ([`Sink`]) and what it is given
+//! ([`CardNotice`]); the bookkeeping (claiming a delivery before sending it, retries,
+//! dead letters, the per-card memo) is the notifier's, never a sink's.
+
+use std::fmt;
+
+/// What caused a notice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NoticeKind {
+    /// `tool.approval_required`: a card was armed.
+    Armed,
+    /// `tool.approval_resolved`: a card was approved, denied or expired.
+    Resolved,
+}
+
+impl NoticeKind {
+    /// The name used in delivery records and on the wire (`armed`, `resolved`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NoticeKind::Armed => "armed",
+            NoticeKind::Resolved => "resolved",
+        }
+    }
+
+    /// The kind named by [`NoticeKind::as_str`].
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "armed" => Some(NoticeKind::Armed),
+            "resolved" => Some(NoticeKind::Resolved),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for NoticeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One card event, as a sink sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CardNotice {
+    pub kind: NoticeKind,
+    /// The run's project (the tenant).
+    pub project: String,
+    pub run_id: String,
+    /// The card.
+    pub request_id: String,
+    /// The sequence of the event that caused the notice.
+    pub sequence: u64,
+    /// The card as `GET /api/runs/{run_id}/approvals` shows it, after the event.
+    pub card: tollgate_protocol::approvals::Card,
+    /// The run's `channel_id`.
+    pub channel_id: Option<String>,
+    /// The run's owner.
+    pub owner: Option<String>,
+}
+
+/// Why a delivery failed. The text never contains a secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryError {
+    /// Worth trying again later (a timeout, 429, 5xx).
+    Retry(String),
+    /// Will never succeed as configured (another 4xx): dead-lettered at once.
+    Permanent(String),
+}
+
+impl fmt::Display for DeliveryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeliveryError::Retry(m) => write!(f, "retryable: {m}"),
+            DeliveryError::Permanent(m) => write!(f, "permanent: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for DeliveryError {}
+
+/// Where notices go.
+#[async_trait::async_trait]
+pub trait Sink: Send + Sync {
+    /// Stable name, part of the delivery record's key (`webhook`, `slack`).
+    fn name(&self) -> &'static str;
+    /// Whether this sink delivers this notice at all.
+    fn wants(&self, notice: &CardNotice) -> bool;
+    /// Delivers one notice. `memo` is what this sink returned for an earlier notice of the
+    /// same card (e.g. the message an Armed notice posted, so Resolved can update it).
+    /// `Ok(Some(memo))` replaces the card's memo for this sink.
+    async fn deliver(
+        &self,
+        notice: &CardNotice,
+        memo: Option<&str>,
+    ) -> Result<Option<String>, DeliveryError>;
+}
