@@ -351,7 +351,22 @@ async fn main() {
             // Timers (expiry, heartbeats) on the embedded queue or on SQS, consumed here;
             // the sweeper and the stall guard run in this process either way.
             let sse = tollgate_api::sse::SseConfig::from_env().unwrap_or_else(|e| fail(e));
-            let mut deps = Deps::serve(store, &timers, gate, auth).await;
+            // Slack (docs/architecture.md §11): the interactivity endpoint, and the sink
+            // that posts cards to runs' channels.
+            let slack = tollgate_api::slack::Slack::from_env()
+                .unwrap_or_else(|e| fail(e))
+                .map(std::sync::Arc::new);
+            if let Some(slack) = &slack {
+                println!(
+                    "Slack: cards are posted to runs' channels; interactivity at {url}{} ({} Slack users mapped).",
+                    tollgate_api::slack::INTERACTIONS_PATH,
+                    slack.users.len()
+                );
+                println!();
+            }
+            let mut deps = Deps::serve(store, &timers, gate, auth)
+                .await
+                .with_slack(slack.clone());
             deps.sse = sse;
             // `GET /api/live` advertises this server's WebSocket endpoint, or the one
             // configured (a deployment's API Gateway URL).

@@ -3,13 +3,27 @@
 
 use std::collections::BTreeSet;
 
+/// The Rust sources under `dir`, its subdirectories included.
+fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
 /// `METHOD path` of every route the HTTP layer's routers declare (`.route("path",
-/// method(handler))` in `shared/api/src`).
+/// method(handler))` in `shared/api/src` and its modules' directories).
 pub fn code_routes() -> BTreeSet<String> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/api/src");
+    let mut files = Vec::new();
+    sources(&dir, &mut files);
     let mut routes = BTreeSet::new();
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+    for file in files {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
         for (at, _) in text.match_indices(".route(") {
             let rest = text[at + ".route(".len()..].trim_start();
             let Some(rest) = rest.strip_prefix('"') else {

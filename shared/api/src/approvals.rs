@@ -390,9 +390,7 @@ pub(crate) async fn decide_as(
         .map_err(forward_task_failed)?;
     }
     match deps.gate.resolve(located, resolution).await? {
-        Resolved::Fresh(card) | Resolved::Already(card) => {
-            Ok(decision_answer(&card, verb))
-        }
+        Resolved::Fresh(card) | Resolved::Already(card) => Ok(decision_answer(&card, verb)),
     }
 }
 

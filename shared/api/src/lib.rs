@@ -268,7 +268,9 @@ impl Deps {
         );
         deps.sse = sse::SseConfig::from_env()?;
         deps.websocket_url = live::websocket_url_from_env();
-        deps.slack = slack::Slack::from_secrets_manager_env().await?.map(Arc::new);
+        deps.slack = slack::Slack::from_secrets_manager_env()
+            .await?
+            .map(Arc::new);
         Ok(deps)
     }
 }

@@ -490,8 +490,7 @@ fn operation(op: &Operation) -> Value {
         o["description"] = WS_GRAMMAR.into();
     }
     if let Some(body) = op.request {
-        o["requestBody"] =
-            json!({"required": matches!(body, Body::Json(_) | Body::SlackForm), "content": content(body)});
+        o["requestBody"] = json!({"required": matches!(body, Body::Json(_) | Body::SlackForm), "content": content(body)});
     }
     o["security"] = if op.credentials.is_empty() {
         json!([])

@@ -64,8 +64,9 @@ fn details(card: &Card) -> Vec<Value> {
     let mut blocks = vec![section(lines.join("\n"))];
     if let Some(preview) = &card.arguments_preview {
         let text = serde_json::to_string_pretty(preview).unwrap_or_default();
-        // A code block cannot hold its own fence.
-        let text = escape(&cut(&text, MAX_PREVIEW)).replace("```", "`\u{200b}``");
+        // A code block cannot hold its own fence; cut after escaping, so the closing
+        // fence always fits.
+        let text = cut(&escape(&text).replace("```", "`\u{200b}``"), MAX_PREVIEW);
         blocks.push(section(format!("*Arguments (preview):*\n```{text}```")));
     }
     blocks
@@ -150,7 +151,8 @@ pub fn pending(card: &Card, project: Option<&str>, owner: Option<&str>) -> (Stri
             },
         ],
     }));
-    blocks.push(json!({"type": "context", "elements": [{"type": "mrkdwn", "text": context(card)}]}));
+    blocks
+        .push(json!({"type": "context", "elements": [{"type": "mrkdwn", "text": context(card)}]}));
     (text, Value::Array(blocks))
 }
 
@@ -182,14 +184,18 @@ pub fn outcome(card: &Card) -> String {
 /// The message of a resolved card: the same details, the outcome, no buttons.
 pub fn resolved(card: &Card) -> (String, Value) {
     let outcome = outcome(card);
-    let text = cut(&format!("{} — {}: {}", card.tool_name, card.run_id, outcome), MAX_TEXT);
+    let text = cut(
+        &format!("{} — {}: {}", card.tool_name, card.run_id, outcome),
+        MAX_TEXT,
+    );
     let mut blocks = vec![json!({
         "type": "header",
         "text": {"type": "plain_text", "text": cut(&format!("{}: {}", outcome, card.tool_name), MAX_HEADER)},
     })];
     blocks.extend(details(card));
     blocks.push(section(format!("*{}*", escape(&cut(&outcome, 1000)))));
-    blocks.push(json!({"type": "context", "elements": [{"type": "mrkdwn", "text": context(card)}]}));
+    blocks
+        .push(json!({"type": "context", "elements": [{"type": "mrkdwn", "text": context(card)}]}));
     (text, Value::Array(blocks))
 }
 
@@ -240,15 +246,24 @@ mod tests {
         assert_eq!(ids, [APPROVE_ACTION, DENY_ACTION, SCOPE_ACTION]);
         let value: ButtonValue =
             serde_json::from_str(actions["elements"][0]["value"].as_str().unwrap()).unwrap();
-        assert_eq!((value.p.as_deref(), value.d.as_str()), (Some("p1"), "approve"));
+        assert_eq!(
+            (value.p.as_deref(), value.d.as_str()),
+            (Some("p1"), "approve")
+        );
         for t in texts(&blocks) {
             assert!(t.chars().count() <= MAX_SECTION);
         }
         let all = texts(&blocks).join("\n");
-        assert!(all.contains("&lt;x&gt;") && all.contains("clean &amp; tidy"), "{all}");
+        assert!(
+            all.contains("&lt;x&gt;") && all.contains("clean &amp; tidy"),
+            "{all}"
+        );
         assert!(all.contains("<!date^1767225900^"), "{all}");
         // The preview's code block is not closed early by a fence inside it.
-        let preview = texts(&blocks).into_iter().find(|t| t.contains("Arguments")).unwrap();
+        let preview = texts(&blocks)
+            .into_iter()
+            .find(|t| t.contains("Arguments"))
+            .unwrap();
         assert_eq!(preview.matches("```").count(), 2, "{preview}");
     }
 
@@ -259,8 +274,14 @@ mod tests {
         c.decided_by = Some("alice".into());
         c.scope = Some("run".into());
         let (_, blocks) = resolved(&c);
-        assert!(blocks.as_array().unwrap().iter().all(|b| b["type"] != "actions"));
-        assert!(texts(&blocks).join("\n").contains("Approved by alice (scope run)"));
+        assert!(blocks
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["type"] != "actions"));
+        assert!(texts(&blocks)
+            .join("\n")
+            .contains("Approved by alice (scope run)"));
         c.state = "denied".into();
         c.decided_by = Some("bob".into());
         c.decision_reason = Some("not today".into());

@@ -142,8 +142,7 @@ impl SlackClient {
         loop {
             match self.call_once(method, body).await {
                 Err(SlackError::Retry {
-                    after: Some(after),
-                    ..
+                    after: Some(after), ..
                 }) if after <= MAX_WAIT && waits < MAX_WAITS => {
                     waits += 1;
                     tokio::time::sleep(after).await;
@@ -189,11 +188,10 @@ impl SlackClient {
         if bytes.len() > MAX_ANSWER {
             return Err(SlackError::Permanent(format!("{method}: answer too large")));
         }
-        let answer: Value = serde_json::from_slice(&bytes)
-            .map_err(|_| SlackError::Retry {
-                why: format!("{method}: the answer is not JSON"),
-                after: None,
-            })?;
+        let answer: Value = serde_json::from_slice(&bytes).map_err(|_| SlackError::Retry {
+            why: format!("{method}: the answer is not JSON"),
+            after: None,
+        })?;
         if answer["ok"] == json!(true) {
             return Ok(answer);
         }

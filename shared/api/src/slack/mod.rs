@@ -18,6 +18,7 @@
 pub mod blocks;
 pub mod client;
 pub mod signature;
+pub mod sink;
 pub mod users;
 
 use std::sync::Arc;
@@ -41,6 +42,7 @@ use crate::request::{JsonBody, RunId};
 use crate::{ApiError, ConfigError, Deps};
 
 pub use client::{Posted, SlackClient, SlackError};
+pub use sink::SlackSink;
 pub use users::{SlackOperator, SlackUsers};
 
 /// The interactivity endpoint (Slack app → Interactivity → Request URL).
@@ -78,7 +80,12 @@ fn env(name: &str) -> Option<String> {
 }
 
 impl Slack {
-    pub fn new(api_url: &str, bot_token: Secret, signing_secret: Secret, users: SlackUsers) -> Self {
+    pub fn new(
+        api_url: &str,
+        bot_token: Secret,
+        signing_secret: Secret,
+        users: SlackUsers,
+    ) -> Self {
         Self {
             client: SlackClient::new(api_url, bot_token),
             signing_secret,
@@ -163,7 +170,8 @@ impl Slack {
 
 /// The interactivity route (served by the `approvals` function and `tollgate serve`).
 pub fn routes() -> Router<Deps> {
-    Router::new().route(INTERACTIONS_PATH, post(interaction))
+    // (The path is [`INTERACTIONS_PATH`], written out: the route tests read it here.)
+    Router::new().route("/api/slack/interactions", post(interaction))
 }
 
 /// The parts of a Slack interaction payload this endpoint reads.
@@ -257,7 +265,11 @@ fn click(action: &Action, state: Option<&MessageState>) -> Result<Click, ApiErro
         Some("run") => "run",
         Some("tool") => "tool",
         Some("always") => "always",
-        Some(_) => return Err(ApiError::bad_request("the scope menu's value is not a scope")),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "the scope menu's value is not a scope",
+            ))
+        }
     };
     Ok(Click {
         verb,
@@ -315,15 +327,12 @@ async fn interaction(
         .map(|u| u.id.as_str())
         .ok_or_else(|| ApiError::bad_request("the interaction names no user"))?;
     let channel = interaction.channel.as_ref().map(|c| c.id.as_str());
-    let refuse = |message: String| async move {
-        tell(&slack, channel, user, &message).await;
-        Ok(Json(SlackAnswer {
-            message: Some(message),
-            ..answer("refused")
-        }))
-    };
+    let refuse = |message: String| refused(&slack, channel, user, message);
     let Some(operator) = slack.users.operator(user).cloned() else {
-        tracing::info!(slack_user = user, "Slack user not mapped to an operator; nothing decided");
+        tracing::info!(
+            slack_user = user,
+            "Slack user not mapped to an operator; nothing decided"
+        );
         return refuse(
             "Not allowed: your Slack user is not mapped to a Tollgate operator. Nothing was decided."
                 .into(),
@@ -390,11 +399,23 @@ async fn interaction(
         }
         // Refused by the gate: nothing decided, the card as it stands.
         Err(e) if e.status == StatusCode::NOT_FOUND => refuse(not_allowed()).await,
-        Err(e) if e.status.is_client_error() => {
-            refuse(format!("Not decided: {}", e.error)).await
-        }
+        Err(e) if e.status.is_client_error() => refuse(format!("Not decided: {}", e.error)).await,
         Err(e) => Err(e),
     }
+}
+
+/// Nothing decided: the user is told why, and Slack gets its 200.
+async fn refused(
+    slack: &Arc<Slack>,
+    channel: Option<&str>,
+    user: &str,
+    message: String,
+) -> Result<Json<SlackAnswer>, ApiError> {
+    tell(slack, channel, user, &message).await;
+    Ok(Json(SlackAnswer {
+        message: Some(message),
+        ..answer("refused")
+    }))
 }
 
 fn not_allowed() -> String {

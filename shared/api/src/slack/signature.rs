@@ -56,11 +56,15 @@ pub fn verify(
         return Err(SignatureError::Missing);
     };
     // At most 12 digits: a number, never parsed from anything longer.
-    if timestamp.is_empty() || timestamp.len() > 12 || !timestamp.bytes().all(|b| b.is_ascii_digit())
+    if timestamp.is_empty()
+        || timestamp.len() > 12
+        || !timestamp.bytes().all(|b| b.is_ascii_digit())
     {
         return Err(SignatureError::BadTimestamp);
     }
-    let ts: i64 = timestamp.parse().map_err(|_| SignatureError::BadTimestamp)?;
+    let ts: i64 = timestamp
+        .parse()
+        .map_err(|_| SignatureError::BadTimestamp)?;
     if (now - ts).abs() > MAX_SKEW_SECONDS {
         return Err(SignatureError::Stale);
     }
@@ -93,7 +97,13 @@ mod tests {
         );
         let now = TS.parse::<i64>().unwrap() + 10;
         assert_eq!(
-            verify(SECRET.as_bytes(), Some(TS), Some(&sig), BODY.as_bytes(), now),
+            verify(
+                SECRET.as_bytes(),
+                Some(TS),
+                Some(&sig),
+                BODY.as_bytes(),
+                now
+            ),
             Ok(())
         );
     }
@@ -104,8 +114,14 @@ mod tests {
         let b = BODY.as_bytes();
         let sig = sign(s, TS, b);
         let now: i64 = TS.parse().unwrap();
-        assert_eq!(verify(s, None, Some(&sig), b, now), Err(SignatureError::Missing));
-        assert_eq!(verify(s, Some(TS), None, b, now), Err(SignatureError::Missing));
+        assert_eq!(
+            verify(s, None, Some(&sig), b, now),
+            Err(SignatureError::Missing)
+        );
+        assert_eq!(
+            verify(s, Some(TS), None, b, now),
+            Err(SignatureError::Missing)
+        );
         assert_eq!(
             verify(s, Some("-1"), Some(&sig), b, now),
             Err(SignatureError::BadTimestamp)
@@ -128,7 +144,10 @@ mod tests {
             Err(SignatureError::Mismatch)
         );
         let v1 = sig.replacen("v0=", "v1=", 1);
-        assert_eq!(verify(s, Some(TS), Some(&v1), b, now), Err(SignatureError::Mismatch));
+        assert_eq!(
+            verify(s, Some(TS), Some(&v1), b, now),
+            Err(SignatureError::Mismatch)
+        );
         // The timestamp is part of what is signed.
         let later = (now + 1).to_string();
         assert_eq!(

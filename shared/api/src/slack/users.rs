@@ -44,7 +44,9 @@ fn slack_user_id(id: &str) -> bool {
 fn operator_name(name: &str) -> bool {
     !name.is_empty()
         && name.chars().count() <= MAX_OPERATOR
-        && !name.chars().any(|c| c.is_control() || c == ',' || c == '@' || c == '=')
+        && !name
+            .chars()
+            .any(|c| c.is_control() || c == ',' || c == '@' || c == '=')
         && name.trim() == name
 }
 
@@ -128,8 +130,8 @@ mod tests {
 
     #[test]
     fn entries_name_their_project_or_take_the_default() {
-        let users = SlackUsers::parse(" U123=alice@payments, U456=bob@*,W789=carol ", Some("ops"))
-            .unwrap();
+        let users =
+            SlackUsers::parse(" U123=alice@payments, U456=bob@*,W789=carol ", Some("ops")).unwrap();
         assert_eq!(users.operator("U123"), Some(&op("alice", Some("payments"))));
         assert_eq!(users.operator("U456"), Some(&op("bob", None)));
         assert_eq!(users.operator("W789"), Some(&op("carol", Some("ops"))));
