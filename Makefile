@@ -9,7 +9,7 @@ AWS_TESTS := binary(contract_dynamo) | binary(timers_sqs) | test(/^dynamo(::|_on
 
 # Every Lambda function binary (one crate each under functions/): the registry's names
 # (shared/api/src/functions.rs); tests/template.rs holds this list to it.
-FUNCTIONS := ingress approvals settlement timers stall-watch replay replay-stream operator-stream websocket fanout
+FUNCTIONS := ingress approvals settlement timers stall-watch replay replay-stream operator-stream websocket fanout notifier
 CARGO_LAMBDA_ARCH = $(if $(filter arm64,$(ARCH)),--arm64,$(if $(filter x86_64,$(ARCH)),--x86-64,$(error ARCH must be arm64 or x86_64)))
 # What `make build` writes and infra/template.yaml deploys: LAMBDA_DIR/<function>/bootstrap.zip,
 # built with the Cargo profile LAMBDA_PROFILE (tests/template.rs holds the template's

@@ -294,7 +294,24 @@ async fn main() {
             let mut config = Config::from_env_with_secret(secret).unwrap_or_else(|e| fail(e));
             config.backend = backend.parse().unwrap_or_else(|e| fail(e));
             config.create_tables |= create_tables;
-            let store = config.connect_store().await.unwrap_or_else(|e| fail(e));
+            // The embedded store is made here so that the notifier can follow its writes.
+            let memory = (config.backend == Backend::Memory)
+                .then(|| std::sync::Arc::new(tollgate_store::memory::MemoryStore::new()));
+            let store: std::sync::Arc<dyn tollgate_store::Store> = match &memory {
+                Some(m) => m.clone(),
+                None => config.connect_store().await.unwrap_or_else(|e| fail(e)),
+            };
+            // Slack (docs/architecture.md §11): the interactivity endpoint, and the sink
+            // that posts cards to runs' channels.
+            let slack = tollgate_api::slack::Slack::from_env()
+                .unwrap_or_else(|e| fail(e))
+                .map(std::sync::Arc::new);
+            // Notification sinks (a signed webhook, Slack): a bad configuration stops here.
+            let sinks = tollgate_api::notify::sinks_from_env(slack.clone())
+                .await
+                .unwrap_or_else(|e| fail(e));
+            let notify_policy =
+                tollgate_api::notify::RetryPolicy::from_env().unwrap_or_else(|e| fail(e));
             let timers = config.serve_timers().await.unwrap_or_else(|e| fail(e));
             let max_lifetime = Auth::max_token_lifetime_from_env().unwrap_or_else(|e| fail(e));
             let auth = Auth::new(config.secret.expose())
@@ -325,6 +342,13 @@ async fn main() {
                     println!("Timers (approval expiry, heartbeats) run in this process.")
                 }
             }
+            if let Some(slack) = &slack {
+                println!(
+                    "Slack: cards go to their runs' channels; interactivity at {url}{} ({} Slack users mapped).",
+                    tollgate_api::slack::INTERACTIONS_PATH,
+                    slack.users.len()
+                );
+            }
             // Ready tokens only for a secret this process made up (it exists nowhere
             // else, so nobody could mint with it). A secret that was given may be shared
             // with other servers or a deployment: printing live tokens for it would put
@@ -351,20 +375,7 @@ async fn main() {
             // Timers (expiry, heartbeats) on the embedded queue or on SQS, consumed here;
             // the sweeper and the stall guard run in this process either way.
             let sse = tollgate_api::sse::SseConfig::from_env().unwrap_or_else(|e| fail(e));
-            // Slack (docs/architecture.md §11): the interactivity endpoint, and the sink
-            // that posts cards to runs' channels.
-            let slack = tollgate_api::slack::Slack::from_env()
-                .unwrap_or_else(|e| fail(e))
-                .map(std::sync::Arc::new);
-            if let Some(slack) = &slack {
-                println!(
-                    "Slack: cards are posted to runs' channels; interactivity at {url}{} ({} Slack users mapped).",
-                    tollgate_api::slack::INTERACTIONS_PATH,
-                    slack.users.len()
-                );
-                println!();
-            }
-            let mut deps = Deps::serve(store, &timers, gate, auth)
+            let mut deps = Deps::serve(store.clone(), &timers, gate, auth)
                 .await
                 .with_slack(slack.clone());
             deps.sse = sse;
@@ -382,6 +393,33 @@ async fn main() {
                 deps = deps
                     .with_wakes(std::sync::Arc::new(tollgate_api::live::Wakes::new(safety)))
                     .with_stream_reader(&sdk, config.tables.events.clone());
+            }
+            // Notifications (docs/architecture.md §10): fed by the embedded store's writes,
+            // or by this process's reader of the events table's stream.
+            if !sinks.is_empty() {
+                let names: Vec<&str> = sinks.iter().map(|s| s.name()).collect();
+                println!(
+                    "Notifications: {} (delivered from this process).",
+                    names.join(", ")
+                );
+                let notifier = std::sync::Arc::new(
+                    tollgate_api::notify::Notifier::new(store.clone(), sinks)
+                        .with_policy(notify_policy),
+                );
+                let feed = match &memory {
+                    Some(m) => {
+                        tollgate_api::notify::feed::spawn_embedded(notifier.clone(), m.clone())
+                    }
+                    None => {
+                        let sdk = tollgate_store::dynamo::sdk_config().await;
+                        tollgate_api::notify::feed::spawn_stream(
+                            notifier.clone(),
+                            &sdk,
+                            config.tables.events.clone(),
+                        )
+                    }
+                };
+                deps = deps.with_notifier(notifier, Some(feed));
             }
             let app = tollgate_api::app(deps.clone());
             // Ctrl-C, or SIGTERM (a process manager's stop): finish what is in hand; open

@@ -450,7 +450,8 @@ TOLLGATE_TIMER_QUEUE_URL=$(aws_json "$SQS_ENDPOINT" sqs AmazonSQS.CreateQueue 1.
 log "timer queue: $TOLLGATE_TIMER_QUEUE_URL"
 # Slack (the interactivity cases): the bot token and signing secret in Secrets Manager,
 # read at cold start by ARN as deployed; one Slack user mapped to an operator of every
-# project. No case makes the function call Slack's Web API (nothing listens there).
+# project. Slack's Web API is a path of the fake endpoint that answers 404 (below): the
+# notifier's Slack deliveries are refused at once (dead letters), nothing else changes.
 slack_secret() {
   aws_json "$SECRETS_ENDPOINT" secretsmanager secretsmanager.CreateSecret 1.1 \
     "$(jq -nc --arg name "tollgate-lambda-test-$1-$SESSION" --arg value "$2" \
@@ -462,7 +463,7 @@ TOLLGATE_SLACK_BOT_TOKEN_ARN=$(slack_secret slack-bot-token xoxb-lambda-fixtures
 TOLLGATE_SLACK_SIGNING_SECRET_ARN=$(slack_secret slack-signing-secret "$SLACK_SIGNING_SECRET") ||
   die "could not create the Slack signing secret in Secrets Manager ($SECRETS_ENDPOINT)"
 export TOLLGATE_SLACK_BOT_TOKEN_ARN TOLLGATE_SLACK_SIGNING_SECRET_ARN \
-  TOLLGATE_SLACK_USERS='U0LAMBDA=lambda-operator@*' TOLLGATE_SLACK_API_URL=http://127.0.0.1:9/api
+  TOLLGATE_SLACK_USERS='U0LAMBDA=lambda-operator@*'
 # The fixtures' JWTs are static (exp in 2121): accept their lifetime here only.
 export TOLLGATE_SECRET_ARN TOLLGATE_TIMER_QUEUE_URL TOLLGATE_BACKEND=aws TOLLGATE_TABLE_PREFIX=$TABLE_PREFIX \
   TOLLGATE_CREATE_TABLES=1 RUST_LOG=${TOLLGATE_LAMBDA_RUST_LOG:-info} \
@@ -497,6 +498,11 @@ TOLLGATE_WEBSOCKET_ENDPOINT=$(head -n 1 "$WORK/fake-connections.url")
 [[ -n $TOLLGATE_WEBSOCKET_ENDPOINT ]] || die "the fake @connections endpoint did not start"
 export TOLLGATE_WEBSOCKET_ENDPOINT
 log "fake @connections endpoint: $TOLLGATE_WEBSOCKET_ENDPOINT"
+# The notifier posts its webhook to the same endpoint (its posts are $posts entries with
+# connection_id "webhook"), signed with the suite's secret; loopback http is allowed for it.
+export TOLLGATE_SLACK_API_URL="$TOLLGATE_WEBSOCKET_ENDPOINT/slack-api"
+export TOLLGATE_WEBHOOK_URL="$TOLLGATE_WEBSOCKET_ENDPOINT/@connections/webhook" \
+  TOLLGATE_WEBHOOK_SECRET_ARN=$TOLLGATE_SECRET_ARN TOLLGATE_ALLOW_LOOPBACK_ORIGINS=1
 
 free_port() {
   python3 -c 'import socket

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-/// The Rust sources under `dir`, its subdirectories included.
+/// The `.rs` files under `dir`, its subdirectories' too.
 fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap().flatten() {
         let path = entry.path();
@@ -22,6 +22,8 @@ pub fn code_routes() -> BTreeSet<String> {
     let mut files = Vec::new();
     sources(&dir, &mut files);
     let mut routes = BTreeSet::new();
+    let mut files = Vec::new();
+    sources(&dir, &mut files);
     for file in files {
         let text = std::fs::read_to_string(file).unwrap_or_default();
         for (at, _) in text.match_indices(".route(") {

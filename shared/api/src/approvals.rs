@@ -1035,16 +1035,7 @@ async fn list_policies(
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Operator)?;
     let query = query.as_deref();
-    let limit = match crate::request::query_param(query, "limit") {
-        None => DEFAULT_POLICIES,
-        Some(v) => v
-            .parse::<usize>()
-            .ok()
-            .filter(|l| (1..=MAX_POLICIES).contains(l))
-            .ok_or_else(|| {
-                ApiError::bad_request(format!("limit must be a whole number, 1 to {MAX_POLICIES}"))
-            })?,
-    };
+    let limit = crate::request::limit_param(query, DEFAULT_POLICIES, MAX_POLICIES)?;
     let cursor = crate::request::query_param(query, "cursor");
     let page = deps
         .gate

@@ -151,7 +151,7 @@ const SECRETS_OPERATION_TIMEOUT: Duration = Duration::from_secs(3);
 /// so an emulator works unchanged. Errors name the ARN, never the value.
 pub async fn signing_secret_from_secrets_manager() -> Result<Secret, ConfigError> {
     let secret_id = signing_secret_id(env)?;
-    let value = secret_string(&secret_id, SECRET_ARN_VAR, "signing secret").await?;
+    let value = secret_string(&secret_id, "the signing secret", SECRET_ARN_VAR).await?;
     Secret::new(value).map_err(|_| {
         ConfigError::Invalid(format!(
             "the signing secret {secret_id} ({SECRET_ARN_VAR}) must be at least {} bytes",
@@ -160,9 +160,9 @@ pub async fn signing_secret_from_secrets_manager() -> Result<Secret, ConfigError
     })
 }
 
-/// One `GetSecretValue`: the `SecretString` of `secret_id` (named by the variable `var`,
-/// described as `what` in errors, which never carry the value).
-pub async fn secret_string(secret_id: &str, var: &str, what: &str) -> Result<String, ConfigError> {
+/// One `GetSecretValue` of `secret_id` (named by the variable `var`, described as
+/// `what` in errors): its `SecretString`. Errors name the id, never the value.
+pub async fn secret_string(secret_id: &str, what: &str, var: &str) -> Result<String, ConfigError> {
     let sdk = tollgate_store::dynamo::sdk_config().await;
     let timeouts = aws_config::timeout::TimeoutConfig::builder()
         .connect_timeout(SECRETS_CONNECT_TIMEOUT)
@@ -181,14 +181,12 @@ pub async fn secret_string(secret_id: &str, var: &str, what: &str) -> Result<Str
         .await
         .map_err(|e| {
             ConfigError::Invalid(format!(
-                "cannot read the {what} {secret_id} ({var}) from Secrets Manager: {}",
+                "cannot read {what} {secret_id} ({var}) from Secrets Manager: {}",
                 aws_sdk_secretsmanager::error::DisplayErrorContext(&e)
             ))
         })?;
     answer.secret_string.ok_or_else(|| {
-        ConfigError::Invalid(format!(
-            "the {what} {secret_id} ({var}) has no SecretString"
-        ))
+        ConfigError::Invalid(format!("{what} {secret_id} ({var}) has no SecretString"))
     })
 }
 

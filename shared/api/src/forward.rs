@@ -100,6 +100,30 @@ fn forbidden_v6(ip: Ipv6Addr, allow_loopback: bool) -> bool {
 
 /// Checks an `agenthost_origin` (run creation and every forward).
 pub fn check_origin(origin: &str, allow_loopback: bool) -> Result<Origin, OriginRefused> {
+    check_url(origin, allow_loopback, false)
+}
+
+/// Checks a URL to post to under the same rules as an origin, a path allowed (a
+/// notification webhook's target, docs/architecture.md §10).
+pub fn check_target(url: &str, allow_loopback: bool) -> Result<Origin, OriginRefused> {
+    check_url(url, allow_loopback, true)
+}
+
+impl OriginRefused {
+    /// Why, without the name of the field.
+    pub fn reason(&self) -> &'static str {
+        self.0
+    }
+}
+
+impl Origin {
+    /// The checked URL.
+    pub fn url(&self) -> &reqwest::Url {
+        &self.url
+    }
+}
+
+fn check_url(origin: &str, allow_loopback: bool, path: bool) -> Result<Origin, OriginRefused> {
     let url = reqwest::Url::parse(origin).map_err(|_| OriginRefused("must be an absolute URL"))?;
     if !url.username().is_empty() || url.password().is_some() {
         return Err(OriginRefused("must not carry credentials"));
@@ -107,7 +131,7 @@ pub fn check_origin(origin: &str, allow_loopback: bool) -> Result<Origin, Origin
     if url.query().is_some() || url.fragment().is_some() {
         return Err(OriginRefused("must not have a query or fragment"));
     }
-    if !matches!(url.path(), "" | "/") {
+    if !path && !matches!(url.path(), "" | "/") {
         return Err(OriginRefused(
             "must be an origin (scheme, host, port), without a path",
         ));
@@ -262,11 +286,20 @@ pub async fn forward(
 /// to join paths to: the origin is checked, resolved once, every address refused if
 /// internal, and the client connects only to the checked addresses.
 async fn connect(origin: &str, reach: Reach) -> Result<(reqwest::Client, reqwest::Url), String> {
+    let origin = check_origin(origin, reach.allow_loopback).map_err(|e| e.to_string())?;
+    connect_checked(origin, reach).await
+}
+
+/// [`connect`] for an origin or target already checked ([`check_target`]): resolves it,
+/// refuses every internal address, and connects only to the checked addresses.
+pub async fn connect_checked(
+    origin: Origin,
+    reach: Reach,
+) -> Result<(reqwest::Client, reqwest::Url), String> {
     let Reach {
         timeout,
         allow_loopback,
     } = reach;
-    let origin = check_origin(origin, allow_loopback).map_err(|e| e.to_string())?;
     // One deadline for all of it: resolving, connecting, sending and reading the answer.
     let deadline = tokio::time::Instant::now() + timeout;
     let addrs: Vec<SocketAddr> = match origin.literal {

@@ -59,6 +59,10 @@ fn ingress_routes() -> Router<Deps> {
         .merge(settlement::receipt_routes())
 }
 
+fn approvals_routes() -> Router<Deps> {
+    approvals::decision_routes().merge(crate::notify::routes::routes())
+}
+
 fn replay_routes() -> Router<Deps> {
     replay::routes().merge(console::routes())
 }
@@ -73,7 +77,7 @@ impl Routes {
     /// Operator decisions and pending listings.
     pub const APPROVALS: Routes = Routes {
         name: "approvals",
-        build: approvals::decision_routes,
+        build: approvals_routes,
     };
     /// Approved execution: start, dispatch, settle, mutation records, reconciliation.
     pub const SETTLEMENT: Routes = Routes {
@@ -225,6 +229,16 @@ pub const FANOUT: Function = Function {
     callers: Callers::Anyone,
 };
 
+/// `notifier`: Card events to notification sinks (the events table's DynamoDB Stream,
+/// filtered to card events) and their retries (a schedule, every minute).
+pub const NOTIFIER: Function = Function {
+    name: "notifier",
+    trigger: Trigger::Stream,
+    logical_id: "NotifierFunction",
+    routes: None,
+    callers: Callers::Anyone,
+};
+
 /// Every function, in the order they are listed everywhere else. A function's `main`
 /// names its own constant instead, so that it links only its own routes.
 pub static FUNCTIONS: &[Function] = &[
@@ -238,6 +252,7 @@ pub static FUNCTIONS: &[Function] = &[
     OPERATOR_STREAM,
     WEBSOCKET,
     FANOUT,
+    NOTIFIER,
 ];
 
 /// The function called `name`.

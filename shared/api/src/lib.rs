@@ -91,10 +91,15 @@ pub struct Deps {
     /// Slack, when configured: the interactivity endpoint's signing secret and user
     /// mapping, the Web API client (docs/architecture.md §11).
     pub slack: Option<Arc<slack::Slack>>,
+    /// Notifications (docs/architecture.md §10): the dead-letter routes read through it
+    /// (without sinks unless [`Deps::with_notifier`] gave one that has them).
+    pub(crate) notifier: Arc<notify::Notifier>,
+    /// The task feeding [`Deps::notifier`] in this process, if any.
+    _notify_feed: Option<Arc<AbortOnDrop>>,
 }
 
 /// Stops a background task when the last holder goes.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -111,6 +116,8 @@ impl Deps {
         auth: Auth,
     ) -> Self {
         Self {
+            notifier: Arc::new(notify::Notifier::new(store.clone(), Vec::new())),
+            _notify_feed: None,
             runs: RunLog::new(store.clone()),
             gate: Arc::new(Gate::new(store, timers, gate)),
             auth: Arc::new(auth),
@@ -243,6 +250,18 @@ impl Deps {
     /// Answers Slack's interactions (`POST /api/slack/interactions`) with `slack`.
     pub fn with_slack(mut self, slack: Option<Arc<slack::Slack>>) -> Self {
         self.slack = slack;
+        self
+    }
+
+    /// Notifications through `notifier` (its sinks), fed in this process by `feed` (a
+    /// task of [`notify::feed`], stopped when the deps are dropped).
+    pub fn with_notifier(
+        mut self,
+        notifier: Arc<notify::Notifier>,
+        feed: Option<tokio::task::JoinHandle<()>>,
+    ) -> Self {
+        self.notifier = notifier;
+        self._notify_feed = feed.map(|f| Arc::new(AbortOnDrop(f)));
         self
     }
 

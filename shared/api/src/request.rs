@@ -156,6 +156,25 @@ pub fn token_run_id(run_id: &Result<RunId, ApiError>) -> &str {
     run_id.as_ref().map_or("", RunId::as_str)
 }
 
+/// The `limit` query parameter: `default` when absent, else a whole number from 1 to
+/// `max` (anything else is 400).
+pub fn limit_param(
+    query: Option<&str>,
+    default: usize,
+    max: usize,
+) -> Result<usize, crate::ApiError> {
+    match query_param(query, "limit") {
+        None => Ok(default),
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|l| (1..=max).contains(l))
+            .ok_or_else(|| {
+                crate::ApiError::bad_request(format!("limit must be a whole number, 1 to {max}"))
+            }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -74,7 +74,10 @@ pub fn spawn(
     })
 }
 
-async fn stream_arn(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<String, String> {
+pub(crate) async fn stream_arn(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Result<String, String> {
     let out = dynamo
         .describe_table()
         .table_name(table)
@@ -156,6 +159,24 @@ async fn iterator(
     Ok(out.shard_iterator().map(str::to_owned))
 }
 
+/// Shards of the stream not in `known` yet: each is remembered, and its iterator from its
+/// oldest record put in `iterators`.
+pub(crate) async fn read_new_shards(
+    streams: &Client,
+    arn: &str,
+    known: &mut HashSet<String>,
+    iterators: &mut HashMap<String, String>,
+) -> Result<(), String> {
+    for (id, _) in shards(streams, arn).await? {
+        if known.insert(id.clone()) {
+            if let Some(it) = iterator(streams, arn, &id, ShardIteratorType::TrimHorizon).await? {
+                iterators.insert(id, it);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Reads the stream until an error: the open shards from their newest record on, shards
 /// that appear later from their start.
 async fn read(
@@ -189,15 +210,7 @@ async fn read(
     loop {
         if refreshed.elapsed() >= SHARD_REFRESH {
             refreshed = Instant::now();
-            for (id, _) in shards(streams, &arn).await? {
-                if known.insert(id.clone()) {
-                    if let Some(it) =
-                        iterator(streams, &arn, &id, ShardIteratorType::TrimHorizon).await?
-                    {
-                        iterators.insert(id, it);
-                    }
-                }
-            }
+            read_new_shards(streams, &arn, &mut known, &mut iterators).await?;
         }
         let mut any = false;
         let ids: Vec<String> = iterators.keys().cloned().collect();

@@ -16,6 +16,7 @@ pub mod errors;
 pub mod events;
 pub mod execution;
 pub mod limits;
+pub mod notifications;
 pub mod operations;
 pub mod payloads;
 pub mod runs;

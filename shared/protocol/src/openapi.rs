@@ -53,6 +53,11 @@ fn named(generator: &mut SchemaGenerator) -> Vec<(&'static str, Value)> {
         ("RunCards", of::<approvals::RunCards>(generator)),
         ("Policy", of::<approvals::Policy>(generator)),
         ("PolicyPage", of::<approvals::PolicyPage>(generator)),
+        ("Delivery", of::<crate::notifications::Delivery>(generator)),
+        (
+            "DeadLetters",
+            of::<crate::notifications::DeadLetters>(generator),
+        ),
         ("Start", of::<execution::Start>(generator)),
         ("Dispatch", of::<execution::Dispatch>(generator)),
         ("Settle", of::<execution::Settle>(generator)),

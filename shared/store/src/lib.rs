@@ -11,10 +11,12 @@ use tollgate_domain::{
     ApprovalRequest, EventDraft, NewRun, Policy, Resolution, RunHead, RunStatus, TerminalKind,
 };
 
+pub use deliveries::{Delivery, DeliveryKey, DeliveryState, DeliveryStore};
 pub use page::{read_page, ReplayPage};
 
 #[cfg(feature = "contract")]
 pub mod contract;
+pub mod deliveries;
 pub mod dynamo;
 pub mod memory;
 pub mod page;
@@ -833,8 +835,8 @@ where
 
 /// Everything a deployment stores: the run log, the approval cards and the mutation
 /// records, on one backend.
-pub trait Store: RunStore + ApprovalStore + MutationStore {}
-impl<T: RunStore + ApprovalStore + MutationStore> Store for T {}
+pub trait Store: RunStore + ApprovalStore + MutationStore + DeliveryStore {}
+impl<T: RunStore + ApprovalStore + MutationStore + DeliveryStore> Store for T {}
 
 /// Checks a batch before any adapter touches storage: 1..=99 events, no `event_id` twice.
 pub fn check_batch(events: &[EventDraft]) -> Result<(), StoreError> {

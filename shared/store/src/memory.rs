@@ -46,6 +46,8 @@ struct RunRecord {
 
 pub struct MemoryStore {
     state: Mutex<State>,
+    /// Notification delivery records by delivery id (docs/architecture.md §10).
+    deliveries: Mutex<HashMap<String, crate::Delivery>>,
     /// Bumped after every write: what a live stream waits on ([`RunStore::appended`]).
     appended: tokio::sync::watch::Sender<u64>,
 }
@@ -54,6 +56,7 @@ impl Default for MemoryStore {
     fn default() -> Self {
         Self {
             state: Mutex::default(),
+            deliveries: Mutex::default(),
             appended: tokio::sync::watch::Sender::new(0),
         }
     }
@@ -123,6 +126,43 @@ impl MemoryStore {
         // A panic while holding the lock cannot leave a half-applied operation: every
         // mutation below is computed first and applied last.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Events of `types` appended since `seen` (run id → the last sequence looked at,
+    /// updated here), as `(run_id, event)`, in each run's order: the embedded store's
+    /// feed of the notifier (docs/architecture.md §10), which calls it on every write
+    /// signal ([`RunStore::appended`]).
+    pub fn events_since(
+        &self,
+        types: &[&str],
+        seen: &mut HashMap<String, u64>,
+    ) -> Vec<(String, StoredEvent)> {
+        let state = self.read();
+        let mut out = Vec::new();
+        for (run_id, record) in state.runs.iter() {
+            let Some(head) = record.head.as_ref() else {
+                continue;
+            };
+            let last = head.next_seq.saturating_sub(1);
+            let from = seen.get(run_id).copied().unwrap_or(0);
+            if last <= from {
+                continue;
+            }
+            for (seq, (event_type, body)) in record.events.range(from + 1..=last) {
+                if types.contains(&event_type.as_str()) {
+                    out.push((
+                        run_id.clone(),
+                        StoredEvent {
+                            sequence: *seq,
+                            event_type: event_type.clone(),
+                            body: body.clone(),
+                        },
+                    ));
+                }
+            }
+            seen.insert(run_id.clone(), last);
+        }
+        out
     }
 
     /// The state, for a write (live streams look again once it is released).
@@ -1143,4 +1183,61 @@ fn resolve_in(
         coord.push(&[event], now);
     }
     Ok(Resolved::Fresh(ending.card))
+}
+
+#[async_trait]
+impl crate::DeliveryStore for MemoryStore {
+    async fn put_delivery(
+        &self,
+        record: &crate::Delivery,
+        expected: u64,
+    ) -> Result<bool, StoreError> {
+        let mut all = self.deliveries.lock().unwrap_or_else(|p| p.into_inner());
+        let stored = all.get(&record.delivery_id).map(|d| d.version).unwrap_or(0);
+        if stored != expected {
+            return Ok(false);
+        }
+        all.insert(record.delivery_id.clone(), record.clone());
+        Ok(true)
+    }
+
+    async fn read_delivery(
+        &self,
+        delivery_id: &str,
+    ) -> Result<Option<crate::Delivery>, StoreError> {
+        let all = self.deliveries.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(all.get(delivery_id).cloned())
+    }
+
+    async fn due_deliveries(
+        &self,
+        now: i64,
+        limit: usize,
+    ) -> Result<Vec<crate::Delivery>, StoreError> {
+        let all = self.deliveries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut due: Vec<crate::Delivery> = all
+            .values()
+            .filter(|d| d.state == crate::DeliveryState::Pending && d.next_attempt_at <= now)
+            .cloned()
+            .collect();
+        due.sort_by_key(|d| d.next_attempt_at);
+        due.truncate(limit);
+        Ok(due)
+    }
+
+    async fn dead_letters(
+        &self,
+        project: &str,
+        limit: usize,
+    ) -> Result<Vec<crate::Delivery>, StoreError> {
+        let all = self.deliveries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut dead: Vec<crate::Delivery> = all
+            .values()
+            .filter(|d| d.state == crate::DeliveryState::Dead && d.key.project == project)
+            .cloned()
+            .collect();
+        dead.sort_by_key(|d| std::cmp::Reverse((d.updated_at, d.delivery_id.clone())));
+        dead.truncate(limit);
+        Ok(dead)
+    }
 }

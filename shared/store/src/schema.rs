@@ -70,6 +70,7 @@ pub fn physical_name(tables: &Tables, logical_id: &str) -> Option<String> {
         "PoliciesTable" => Some(tables.policies.clone()),
         "MutationsTable" => Some(tables.mutations.clone()),
         "ConnectionsTable" => Some(tables.connections.clone()),
+        "DeliveriesTable" => Some(tables.deliveries.clone()),
         _ => None,
     }
 }

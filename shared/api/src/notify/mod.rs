@@ -97,3 +97,50 @@ pub trait Sink: Send + Sync {
         memo: Option<&str>,
     ) -> Result<Option<String>, DeliveryError>;
 }
+
+pub mod feed;
+#[cfg(feature = "push")]
+pub mod lambda;
+pub mod notifier;
+pub mod routes;
+pub mod webhook;
+
+pub use notifier::{Notifier, RetryPolicy, CARD_EVENT_TYPES};
+pub use webhook::WebhookSink;
+
+/// The delivery record's key of `notice` for the sink named `sink`.
+pub fn delivery_key(notice: &CardNotice, sink: &str) -> tollgate_store::DeliveryKey {
+    delivery_key_of(notice, sink, notice.kind)
+}
+
+/// The delivery record's key of `notice`'s card for `kind`.
+pub fn delivery_key_of(
+    notice: &CardNotice,
+    sink: &str,
+    kind: NoticeKind,
+) -> tollgate_store::DeliveryKey {
+    tollgate_store::DeliveryKey {
+        sink: sink.to_owned(),
+        project: notice.project.clone(),
+        run_id: notice.run_id.clone(),
+        request_id: notice.request_id.clone(),
+        kind: kind.as_str().to_owned(),
+    }
+}
+
+/// The sinks `tollgate serve` and the `notifier` function build from their environment
+/// (`TOLLGATE_WEBHOOK_URL`, …), and the Slack sink when `slack` is configured (each
+/// reads Slack's secrets its own way: `Slack::from_env`, `Slack::from_secrets_manager_env`);
+/// a bad configuration fails start-up.
+pub async fn sinks_from_env(
+    slack: Option<std::sync::Arc<crate::slack::Slack>>,
+) -> Result<Vec<std::sync::Arc<dyn Sink>>, crate::ConfigError> {
+    let mut sinks: Vec<std::sync::Arc<dyn Sink>> = Vec::new();
+    if let Some(webhook) = WebhookSink::from_env().await? {
+        sinks.push(std::sync::Arc::new(webhook));
+    }
+    if let Some(slack) = slack {
+        sinks.push(std::sync::Arc::new(crate::slack::SlackSink::new(slack)));
+    }
+    Ok(sinks)
+}

@@ -28,7 +28,7 @@ pub struct Fanout {
 
 /// A stream image's attributes as the SDK's attribute values: strings and numbers, all
 /// an event item is read from (the decoding itself is the store's, `event_from_item`).
-fn image_item(record: &EventRecord) -> HashMap<String, AttributeValue> {
+pub(crate) fn image_item(record: &EventRecord) -> HashMap<String, AttributeValue> {
     let Ok(serde_json::Value::Object(image)) = serde_json::to_value(&record.change.new_image)
     else {
         return HashMap::new();

@@ -131,13 +131,16 @@ impl Slack {
         match (env(BOT_TOKEN_ARN_VAR), env(SIGNING_SECRET_ARN_VAR)) {
             (None, None) => Ok(None),
             (Some(token_arn), Some(secret_arn)) => {
-                let token =
-                    crate::config::secret_string(&token_arn, BOT_TOKEN_ARN_VAR, "Slack bot token")
-                        .await?;
+                let token = crate::config::secret_string(
+                    &token_arn,
+                    "the Slack bot token",
+                    BOT_TOKEN_ARN_VAR,
+                )
+                .await?;
                 let secret = crate::config::secret_string(
                     &secret_arn,
+                    "the Slack signing secret",
                     SIGNING_SECRET_ARN_VAR,
-                    "Slack signing secret",
                 )
                 .await?;
                 Self::with_secrets(token, secret).map(Some)

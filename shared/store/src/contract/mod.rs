@@ -9,12 +9,14 @@
 //! execution. This module holds what the parts share and `contract_suite!`.
 
 mod approvals;
+mod deliveries;
 mod mutations;
 mod policies;
 mod runs;
 mod stalls;
 
 pub use approvals::*;
+pub use deliveries::*;
 pub use mutations::*;
 pub use policies::*;
 pub use runs::*;
@@ -353,6 +355,14 @@ macro_rules! contract_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn retention_never_frees_a_block() {
             $crate::contract::retention_never_frees_a_block(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_delivery_is_claimed_once() {
+            $crate::contract::a_delivery_is_claimed_once(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn due_deliveries_and_dead_letters() {
+            $crate::contract::due_deliveries_and_dead_letters(__store().await).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn nothing_follows_the_end_of_a_run() {

@@ -20,6 +20,7 @@
 mod approvals;
 mod commit;
 pub mod connections;
+mod deliveries;
 mod item;
 mod lanes;
 mod mutations;
@@ -48,6 +49,7 @@ use lanes::{Lane, RunLanes};
 use crate::{fill_page, EventPage, RunRef, StoreError, StoredEvent};
 
 pub use connections::Connections;
+pub use deliveries::{DEAD_LETTERS_INDEX, DELIVERIES_DUE_INDEX};
 
 /// An events-table item — a `Query` answer, or a DynamoDB Stream record's `NewImage` — as
 /// its run id and the event replay serves; `None` for an item that is not an event (no

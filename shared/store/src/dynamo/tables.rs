@@ -15,13 +15,15 @@ pub struct Tables {
     pub mutations: String,
     /// The WebSocket connection registry (docs/architecture.md §9).
     pub connections: String,
+    /// Notification delivery records (docs/architecture.md §10).
+    pub deliveries: String,
 }
 
 impl Tables {
     /// `TOLLGATE_RUNS_TABLE` / `TOLLGATE_EVENTS_TABLE` / `TOLLGATE_APPROVALS_TABLE` /
     /// `TOLLGATE_POLICIES_TABLE` / `TOLLGATE_MUTATIONS_TABLE` /
-    /// `TOLLGATE_CONNECTIONS_TABLE`, or `<TOLLGATE_TABLE_PREFIX>runs`, `…events`,
-    /// `…approvals`, `…policies`, `…mutations`, `…connections` (prefix default
+    /// `TOLLGATE_CONNECTIONS_TABLE` / `TOLLGATE_DELIVERIES_TABLE`, or `<TOLLGATE_TABLE_PREFIX>runs`, `…events`,
+    /// `…approvals`, `…policies`, `…mutations`, `…connections`, `…deliveries` (prefix default
     /// `tollgate-`).
     pub fn from_env() -> Self {
         let prefix = std::env::var("TOLLGATE_TABLE_PREFIX").unwrap_or_else(|_| "tollgate-".into());
@@ -38,6 +40,7 @@ impl Tables {
             policies: pick("TOLLGATE_POLICIES_TABLE", "policies"),
             mutations: pick("TOLLGATE_MUTATIONS_TABLE", "mutations"),
             connections: pick("TOLLGATE_CONNECTIONS_TABLE", "connections"),
+            deliveries: pick("TOLLGATE_DELIVERIES_TABLE", "deliveries"),
         }
     }
 
@@ -49,6 +52,7 @@ impl Tables {
             policies: format!("{prefix}policies"),
             mutations: format!("{prefix}mutations"),
             connections: format!("{prefix}connections"),
+            deliveries: format!("{prefix}deliveries"),
         }
     }
 }

@@ -1,0 +1,358 @@
+//! The notifier (docs/architecture.md §10): turns card events into deliveries, once per
+//! (sink, project, run, card, kind).
+//!
+//! For each sink that wants a notice, the delivery record is created with a conditional
+//! write *before* anything is sent, holding a lease; whoever loses that write (another
+//! notifier instance, a redelivered stream record, a second `serve` process) sends
+//! nothing. The winner delivers and records the outcome on the version it wrote: sent
+//! (with the sink's memo), due again after an exponential, jittered backoff, or a dead
+//! letter after [`RetryPolicy::max_attempts`] or a permanent refusal. Due retries are
+//! claimed the same way ([`Notifier::retry_due`]). A delivery is sent twice only if its
+//! sender died between sending and recording (the lease then runs out and it is sent
+//! again, with the same `delivery_id`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_domain::event::types as ev;
+use tollgate_domain::now_millis;
+use tollgate_store::{Delivery, DeliveryState, Store, StoreError, StoredEvent};
+
+use super::{delivery_key, CardNotice, DeliveryError, NoticeKind, Sink};
+
+/// The event types the notifier reads (the Lambda mapping's filter names the same).
+pub const CARD_EVENT_TYPES: [&str; 2] = [ev::APPROVAL_REQUIRED, ev::APPROVAL_RESOLVED];
+
+/// How deliveries are retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts before a delivery becomes a dead letter.
+    pub max_attempts: u32,
+    /// The first retry's delay; each next one doubles, up to `max_delay`, jittered.
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+    /// How long a claimed delivery is left to its sender before another may take it
+    /// (well above a sink's own time limit).
+    pub lease: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 6,
+            base_delay: Duration::from_secs(2),
+            max_delay: Duration::from_secs(15 * 60),
+            lease: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The defaults, with `TOLLGATE_NOTIFY_MAX_ATTEMPTS` and
+    /// `TOLLGATE_NOTIFY_RETRY_BASE_MS` when set.
+    pub fn from_env() -> Result<Self, crate::ConfigError> {
+        let mut policy = Self::default();
+        let num = |name: &str| -> Result<Option<u64>, crate::ConfigError> {
+            match std::env::var(name).ok().filter(|v| !v.is_empty()) {
+                None => Ok(None),
+                Some(v) => match v.parse::<u64>() {
+                    Ok(n) if n > 0 => Ok(Some(n)),
+                    _ => Err(crate::ConfigError::Invalid(format!(
+                        "{name} must be a positive integer"
+                    ))),
+                },
+            }
+        };
+        if let Some(n) = num("TOLLGATE_NOTIFY_MAX_ATTEMPTS")? {
+            policy.max_attempts = n.min(100) as u32;
+        }
+        if let Some(ms) = num("TOLLGATE_NOTIFY_RETRY_BASE_MS")? {
+            policy.base_delay = Duration::from_millis(ms);
+        }
+        Ok(policy)
+    }
+
+    /// The delay after the `attempts`-th failed attempt: `base · 2^(attempts-1)`, at most
+    /// `max_delay`, drawn from its upper half (jitter: retries of many deliveries spread).
+    pub fn delay(&self, attempts: u32) -> Duration {
+        let exp = self
+            .base_delay
+            .saturating_mul(1u32 << attempts.saturating_sub(1).min(20));
+        let full = exp.min(self.max_delay).as_millis() as u64;
+        let half = full / 2;
+        Duration::from_millis(half + rand::random_range(0..=full - half))
+    }
+}
+
+pub struct Notifier {
+    store: Arc<dyn Store>,
+    sinks: Vec<Arc<dyn Sink>>,
+    policy: RetryPolicy,
+}
+
+impl Notifier {
+    pub fn new(store: Arc<dyn Store>, sinks: Vec<Arc<dyn Sink>>) -> Self {
+        Self {
+            store,
+            sinks,
+            policy: RetryPolicy::default(),
+        }
+    }
+
+    pub fn with_policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    pub fn policy(&self) -> RetryPolicy {
+        self.policy
+    }
+
+    /// Whether any sink is configured (without one the notifier has nothing to do).
+    pub fn is_empty(&self) -> bool {
+        self.sinks.is_empty()
+    }
+
+    /// One event of run `run_id` from a feed: a card event becomes a notice for each sink
+    /// that wants it, delivered unless another instance has it already. Other events are
+    /// ignored. `Err` only when the store failed (the feed should hand the event again).
+    pub async fn on_event(&self, run_id: &str, event: &StoredEvent) -> Result<(), StoreError> {
+        let kind = match event.event_type.as_str() {
+            ev::APPROVAL_REQUIRED => NoticeKind::Armed,
+            ev::APPROVAL_RESOLVED => NoticeKind::Resolved,
+            _ => return Ok(()),
+        };
+        if self.sinks.is_empty() {
+            return Ok(());
+        }
+        let request_id = serde_json::from_str::<serde_json::Value>(&event.body)
+            .ok()
+            .and_then(|v| {
+                v.get("requestId")
+                    .and_then(|r| r.as_str())
+                    .map(str::to_owned)
+            });
+        let Some(request_id) = request_id else {
+            tracing::warn!(
+                run_id,
+                sequence = event.sequence,
+                "card event without requestId"
+            );
+            return Ok(());
+        };
+        let Some(notice) = self
+            .notice(kind, run_id, &request_id, event.sequence)
+            .await?
+        else {
+            return Ok(());
+        };
+        let now = now_millis();
+        for sink in &self.sinks {
+            if !sink.wants(&notice) {
+                continue;
+            }
+            let key = delivery_key(&notice, sink.name());
+            let mut record = Delivery::new(key, notice.sequence, now);
+            record.version = 1;
+            record.leased_until = now + self.policy.lease.as_millis() as i64;
+            if self.store.put_delivery(&record, 0).await? {
+                self.attempt(sink.as_ref(), &notice, record).await?;
+            }
+            // Lost: another instance created it (or this event was handed twice) — it is
+            // theirs to send, or already sent; its retries come through `retry_due`.
+        }
+        Ok(())
+    }
+
+    /// The notice of `kind` for card `request_id` of run `run_id`, as the store holds
+    /// them now; `None` when the run or the card is gone.
+    pub async fn notice(
+        &self,
+        kind: NoticeKind,
+        run_id: &str,
+        request_id: &str,
+        sequence: u64,
+    ) -> Result<Option<CardNotice>, StoreError> {
+        let Some(head) = self.store.read_head(run_id).await? else {
+            return Ok(None);
+        };
+        let Some(card) = self.store.read_card(run_id, request_id).await? else {
+            return Ok(None);
+        };
+        Ok(Some(CardNotice {
+            kind,
+            project: head.project_id.clone().unwrap_or_else(|| "-".into()),
+            run_id: run_id.to_owned(),
+            request_id: request_id.to_owned(),
+            sequence,
+            card: crate::wire::card(&card),
+            channel_id: head.channel_id.clone(),
+            owner: head.owner.clone(),
+        }))
+    }
+
+    /// Claims and sends every delivery due now (their retries); how many were attempted.
+    pub async fn retry_due(&self) -> Result<usize, StoreError> {
+        let now = now_millis();
+        let mut attempted = 0;
+        for due in self.store.due_deliveries(now, 100).await? {
+            let Some(sink) = self.sinks.iter().find(|s| s.name() == due.key.sink) else {
+                continue;
+            };
+            if due.leased_until > now {
+                continue;
+            }
+            let mut claimed = due.clone();
+            claimed.version += 1;
+            claimed.leased_until = now + self.policy.lease.as_millis() as i64;
+            claimed.updated_at = now;
+            if !self.store.put_delivery(&claimed, due.version).await? {
+                continue;
+            }
+            let Some(kind) = NoticeKind::parse(&claimed.key.kind) else {
+                continue;
+            };
+            let notice = self
+                .notice(
+                    kind,
+                    &claimed.key.run_id,
+                    &claimed.key.request_id,
+                    claimed.sequence,
+                )
+                .await?;
+            match notice {
+                Some(notice) => {
+                    self.attempt(sink.as_ref(), &notice, claimed).await?;
+                    attempted += 1;
+                }
+                None => {
+                    let mut dead = claimed.clone();
+                    dead.state = DeliveryState::Dead;
+                    dead.last_error = Some("the run or its card no longer exists".into());
+                    self.settle(dead, claimed.version).await?;
+                }
+            }
+        }
+        Ok(attempted)
+    }
+
+    /// Revives a dead letter of `project` (an operator's retry): due now, its attempts
+    /// counted afresh. `None` when there is no such dead letter.
+    pub async fn revive(
+        &self,
+        project: &str,
+        delivery_id: &str,
+    ) -> Result<Option<Delivery>, StoreError> {
+        let Some(dead) = self.store.read_delivery(delivery_id).await? else {
+            return Ok(None);
+        };
+        if dead.key.project != project || dead.state != DeliveryState::Dead {
+            return Ok(None);
+        }
+        let now = now_millis();
+        let mut revived = dead.clone();
+        revived.state = DeliveryState::Pending;
+        revived.attempts = 0;
+        revived.next_attempt_at = now;
+        revived.leased_until = 0;
+        revived.updated_at = now;
+        revived.version += 1;
+        if self.store.put_delivery(&revived, dead.version).await? {
+            Ok(Some(revived))
+        } else {
+            // Revived (or changed) by someone else meanwhile: answer what stands.
+            self.store.read_delivery(delivery_id).await
+        }
+    }
+
+    /// One project's dead letters, newest first.
+    pub async fn dead_letters(
+        &self,
+        project: &str,
+        limit: usize,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        self.store.dead_letters(project, limit).await
+    }
+
+    /// One attempt of a delivery this instance holds (`claimed`: as it wrote it).
+    async fn attempt(
+        &self,
+        sink: &dyn Sink,
+        notice: &CardNotice,
+        claimed: Delivery,
+    ) -> Result<(), StoreError> {
+        let now = now_millis();
+        let mut memo = None;
+        if notice.kind == NoticeKind::Resolved {
+            let armed_id =
+                super::delivery_key_of(notice, sink.name(), NoticeKind::Armed).delivery_id();
+            if let Some(armed) = self.store.read_delivery(&armed_id).await? {
+                if armed.state == DeliveryState::Pending {
+                    // The Armed notice is still on its way: this one waits for it (a sink
+                    // may update what the Armed notice posted).
+                    let mut wait = claimed.clone();
+                    wait.next_attempt_at = armed.next_attempt_at.max(now) + 1000;
+                    wait.leased_until = 0;
+                    return self.settle(wait, claimed.version).await;
+                }
+                memo = armed.memo;
+            }
+        }
+        let answer = sink.deliver(notice, memo.as_deref()).await;
+        let mut done = claimed.clone();
+        done.attempts += 1;
+        done.leased_until = 0;
+        match answer {
+            Ok(memo) => {
+                done.state = DeliveryState::Sent;
+                done.last_error = None;
+                if memo.is_some() {
+                    done.memo = memo;
+                }
+                tracing::info!(
+                    sink = sink.name(),
+                    delivery_id = %done.delivery_id,
+                    attempts = done.attempts,
+                    "notification delivered"
+                );
+            }
+            Err(DeliveryError::Retry(why)) if done.attempts < self.policy.max_attempts => {
+                done.next_attempt_at =
+                    now_millis() + self.policy.delay(done.attempts).as_millis() as i64;
+                tracing::warn!(
+                    sink = sink.name(),
+                    delivery_id = %done.delivery_id,
+                    attempts = done.attempts,
+                    error = %why,
+                    "notification not delivered; retrying"
+                );
+                done.last_error = Some(why);
+            }
+            Err(DeliveryError::Retry(why) | DeliveryError::Permanent(why)) => {
+                done.state = DeliveryState::Dead;
+                tracing::warn!(
+                    sink = sink.name(),
+                    delivery_id = %done.delivery_id,
+                    attempts = done.attempts,
+                    error = %why,
+                    "notification dead-lettered"
+                );
+                done.last_error = Some(why);
+            }
+        }
+        self.settle(done, claimed.version).await
+    }
+
+    /// Writes the outcome on the version this instance holds.
+    async fn settle(&self, mut record: Delivery, held: u64) -> Result<(), StoreError> {
+        record.version = held + 1;
+        record.updated_at = now_millis().max(record.updated_at);
+        if !self.store.put_delivery(&record, held).await? {
+            tracing::warn!(
+                delivery_id = %record.delivery_id,
+                "a delivery's lease ran out before its outcome was recorded"
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,137 @@
+//! Notification delivery records (docs/architecture.md §10): created once, written only
+//! on the version read, listed as due while pending and as dead letters per project.
+
+use crate::{Delivery, DeliveryKey, DeliveryState};
+
+use super::{fresh_id, Store};
+
+fn key(project: &str, run_id: &str, kind: &str) -> DeliveryKey {
+    DeliveryKey {
+        sink: "webhook".into(),
+        project: project.into(),
+        run_id: run_id.into(),
+        request_id: "req-1".into(),
+        kind: kind.into(),
+    }
+}
+
+/// Racing creations of one record: exactly one lands; a write on a stale version is
+/// refused and changes nothing.
+pub async fn a_delivery_is_claimed_once(store: Store) {
+    let run_id = fresh_id("dlv");
+    let now = tollgate_domain::now_millis();
+    let mut record = Delivery::new(key("p-claim", &run_id, "armed"), 3, now);
+    record.version = 1;
+    record.leased_until = now + 60_000;
+    let mut racers = Vec::new();
+    for _ in 0..8 {
+        let (store, record) = (store.clone(), record.clone());
+        racers.push(tokio::spawn(
+            async move { store.put_delivery(&record, 0).await },
+        ));
+    }
+    let mut won = 0;
+    for r in racers {
+        if r.await.expect("join").expect("put_delivery") {
+            won += 1;
+        }
+    }
+    assert_eq!(won, 1, "one creation wins");
+    let stored = store
+        .read_delivery(&record.delivery_id)
+        .await
+        .expect("read")
+        .expect("stored");
+    assert_eq!(stored, record);
+
+    let mut sent = stored.clone();
+    sent.state = DeliveryState::Sent;
+    sent.attempts = 1;
+    sent.memo = Some("memo-1".into());
+    sent.version = 2;
+    assert!(store.put_delivery(&sent, 1).await.expect("put"));
+    let mut stale = stored.clone();
+    stale.version = 2;
+    stale.last_error = Some("late".into());
+    assert!(
+        !store.put_delivery(&stale, 1).await.expect("put"),
+        "a write on a version read before another write is refused"
+    );
+    assert_eq!(
+        store
+            .read_delivery(&record.delivery_id)
+            .await
+            .expect("read"),
+        Some(sent)
+    );
+    assert_eq!(
+        store.read_delivery("dlv_nothing").await.expect("read"),
+        None
+    );
+}
+
+/// Pending records are due at their `next_attempt_at`; sent and dead ones never.
+/// Dead letters are listed per project, newest first, and no other project's.
+pub async fn due_deliveries_and_dead_letters(store: Store) {
+    let run_id = fresh_id("dlv");
+    let project = fresh_id("proj");
+    let other = fresh_id("proj");
+    let now = tollgate_domain::now_millis();
+    let mut later = Delivery::new(key(&project, &run_id, "armed"), 2, now);
+    later.next_attempt_at = now + 3_600_000;
+    later.version = 1;
+    let mut due = Delivery::new(key(&project, &run_id, "resolved"), 5, now);
+    due.next_attempt_at = now - 1000;
+    due.version = 1;
+    let mut dead = Delivery::new(key(&project, &fresh_id("dlv"), "armed"), 2, now);
+    dead.state = DeliveryState::Dead;
+    dead.attempts = 6;
+    dead.last_error = Some("receiver answered 500".into());
+    dead.version = 1;
+    let mut dead_newer = Delivery::new(key(&project, &fresh_id("dlv"), "resolved"), 4, now);
+    dead_newer.state = DeliveryState::Dead;
+    dead_newer.updated_at = now + 10;
+    dead_newer.version = 1;
+    let mut elsewhere = Delivery::new(key(&other, &fresh_id("dlv"), "armed"), 2, now);
+    elsewhere.state = DeliveryState::Dead;
+    elsewhere.version = 1;
+    for d in [&later, &due, &dead, &dead_newer, &elsewhere] {
+        assert!(store.put_delivery(d, 0).await.expect("put"));
+    }
+    let listed = store.due_deliveries(now, 1000).await.expect("due");
+    let ids: Vec<&str> = listed.iter().map(|d| d.delivery_id.as_str()).collect();
+    assert!(ids.contains(&due.delivery_id.as_str()), "{ids:?}");
+    assert!(!ids.contains(&later.delivery_id.as_str()));
+    assert!(!ids.contains(&dead.delivery_id.as_str()));
+    let listed = store
+        .due_deliveries(now + 3_600_000, 1000)
+        .await
+        .expect("due");
+    assert!(listed.iter().any(|d| d.delivery_id == later.delivery_id));
+
+    // Once sent, never due again.
+    let mut sent = due.clone();
+    sent.state = DeliveryState::Sent;
+    sent.version = 2;
+    assert!(store.put_delivery(&sent, 1).await.expect("put"));
+    let listed = store.due_deliveries(now, 1000).await.expect("due");
+    assert!(!listed.iter().any(|d| d.delivery_id == due.delivery_id));
+
+    let letters = store
+        .dead_letters(&project, 100)
+        .await
+        .expect("dead letters");
+    let ids: Vec<&str> = letters.iter().map(|d| d.delivery_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        vec![dead_newer.delivery_id.as_str(), dead.delivery_id.as_str()]
+    );
+    assert_eq!(letters[1], dead);
+    let theirs = store.dead_letters(&other, 100).await.expect("dead letters");
+    assert_eq!(theirs, vec![elsewhere.clone()]);
+    assert_ne!(
+        key(&project, &run_id, "armed").delivery_id(),
+        key(&other, &run_id, "armed").delivery_id(),
+        "the same card event in two projects is two deliveries"
+    );
+}

@@ -1,0 +1,151 @@
+//! Delivery records of notifications (docs/architecture.md §10): one per (sink, project,
+//! run, card, kind), written by the notifier before and after it delivers. The record is
+//! what makes a notification go out once: it is created or claimed with a conditional
+//! write ([`DeliveryStore::put_delivery`] on the version read), so two notifier
+//! instances, or a redelivered stream record, find it claimed or done and send nothing.
+//! A pending retry lives in the record (`next_attempt_at`), so it survives a restart.
+
+use async_trait::async_trait;
+use sha2::{Digest, Sha256};
+
+use crate::StoreError;
+
+/// Where a delivery stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryState {
+    /// Not delivered yet: being sent (while `leased_until` is ahead) or due again at
+    /// `next_attempt_at`.
+    Pending,
+    /// Delivered.
+    Sent,
+    /// Given up (too many attempts, or a permanent refusal): kept for operators.
+    Dead,
+}
+
+impl DeliveryState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryState::Pending => "pending",
+            DeliveryState::Sent => "sent",
+            DeliveryState::Dead => "dead",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "pending" => Some(DeliveryState::Pending),
+            "sent" => Some(DeliveryState::Sent),
+            "dead" => Some(DeliveryState::Dead),
+            _ => None,
+        }
+    }
+}
+
+/// What a delivery is of: its sink and the card event, within one project.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DeliveryKey {
+    pub sink: String,
+    /// The run's project (`-` for a run without one, as storage keys it).
+    pub project: String,
+    pub run_id: String,
+    pub request_id: String,
+    /// `armed` or `resolved`.
+    pub kind: String,
+}
+
+impl DeliveryKey {
+    /// The delivery's id: the same for the same key in every process (receivers dedupe
+    /// on it), and different across projects.
+    pub fn delivery_id(&self) -> String {
+        let mut h = Sha256::new();
+        for part in [
+            &self.sink,
+            &self.project,
+            &self.run_id,
+            &self.request_id,
+            &self.kind,
+        ] {
+            h.update(part.as_bytes());
+            h.update([0]);
+        }
+        format!("dlv_{}", &hex::encode(h.finalize())[..32])
+    }
+}
+
+/// One delivery record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub key: DeliveryKey,
+    /// [`DeliveryKey::delivery_id`].
+    pub delivery_id: String,
+    /// The sequence of the event that caused it.
+    pub sequence: u64,
+    pub state: DeliveryState,
+    /// Attempts made so far.
+    pub attempts: u32,
+    /// When the next attempt is due (ms since the epoch; pending only).
+    pub next_attempt_at: i64,
+    /// A notifier is sending it until then (ms); nobody else claims it before.
+    pub leased_until: i64,
+    /// Why the last attempt failed (never a secret).
+    pub last_error: Option<String>,
+    /// What the sink returned for it (e.g. the message it posted).
+    pub memo: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    /// Bumped by every write; a write is conditioned on the version it read.
+    pub version: u64,
+}
+
+impl Delivery {
+    /// A new record for `key`, due now, not yet claimed (version 0: not stored).
+    pub fn new(key: DeliveryKey, sequence: u64, now: i64) -> Self {
+        Self {
+            delivery_id: key.delivery_id(),
+            key,
+            sequence,
+            state: DeliveryState::Pending,
+            attempts: 0,
+            next_attempt_at: now,
+            leased_until: 0,
+            last_error: None,
+            memo: None,
+            created_at: now,
+            updated_at: now,
+            version: 0,
+        }
+    }
+}
+
+/// How long a sent delivery record is kept (it answers a redelivered stream record,
+/// which comes within the stream's 24 hours).
+pub const SENT_RETENTION_MS: i64 = 7 * 86_400_000;
+/// How long a dead letter is kept for operators.
+pub const DEAD_RETENTION_MS: i64 = 30 * 86_400_000;
+
+/// When a record may be deleted (DynamoDB TTL, seconds): sent and dead records expire,
+/// pending ones never.
+pub fn expires_at(d: &Delivery) -> Option<i64> {
+    match d.state {
+        DeliveryState::Pending => None,
+        DeliveryState::Sent => Some((d.updated_at + SENT_RETENTION_MS) / 1000),
+        DeliveryState::Dead => Some((d.updated_at + DEAD_RETENTION_MS) / 1000),
+    }
+}
+
+#[async_trait]
+pub trait DeliveryStore: Send + Sync + 'static {
+    /// Writes `record` (its `version` already the new one) only if the stored record's
+    /// version is `expected` (`0`: only if there is none). `false`: the condition
+    /// failed and nothing was written.
+    async fn put_delivery(&self, record: &Delivery, expected: u64) -> Result<bool, StoreError>;
+
+    async fn read_delivery(&self, delivery_id: &str) -> Result<Option<Delivery>, StoreError>;
+
+    /// Pending deliveries due at `now` (every project: the notifier's retry loop), at
+    /// most `limit`, earliest first.
+    async fn due_deliveries(&self, now: i64, limit: usize) -> Result<Vec<Delivery>, StoreError>;
+
+    /// One project's dead letters, newest first, at most `limit`.
+    async fn dead_letters(&self, project: &str, limit: usize) -> Result<Vec<Delivery>, StoreError>;
+}
