@@ -354,7 +354,7 @@ async fn posted(slack: &FakeSlack, rid: &str) -> Value {
 }
 
 async fn armed_card_is_posted_and_a_signed_click_approves_it(backend: Backend) {
-    let Setup { srv, slack, .. } = setup(backend).await;
+    let Setup { _serve, srv, slack } = setup(backend).await;
     let (run_id, token) = run(&srv, "alice").await;
     let rid = arm(&srv, &run_id, &token, "web_fetch").await;
 
@@ -432,7 +432,7 @@ async fn armed_card_is_posted_and_a_signed_click_approves_it(backend: Backend) {
 }
 
 async fn bad_stale_or_replayed_signatures_decide_nothing(backend: Backend) {
-    let Setup { srv, slack, .. } = setup(backend).await;
+    let Setup { _serve, srv, slack } = setup(backend).await;
     let (run_id, token) = run(&srv, "alice").await;
     let rid = arm(&srv, &run_id, &token, "web_fetch").await;
     let message = posted(&slack, &rid).await;
@@ -486,7 +486,7 @@ async fn bad_stale_or_replayed_signatures_decide_nothing(backend: Backend) {
 }
 
 async fn concurrent_clicks_resolve_the_card_once(backend: Backend) {
-    let Setup { srv, slack, .. } = setup(backend).await;
+    let Setup { _serve, srv, slack } = setup(backend).await;
     let (run_id, token) = run(&srv, "alice").await;
     let rid = arm(&srv, &run_id, &token, "web_fetch").await;
     let message = posted(&slack, &rid).await;
@@ -539,7 +539,7 @@ async fn concurrent_clicks_resolve_the_card_once(backend: Backend) {
 }
 
 async fn a_card_resolved_over_http_rewrites_the_message(backend: Backend) {
-    let Setup { srv, slack, .. } = setup(backend).await;
+    let Setup { _serve, srv, slack } = setup(backend).await;
     let (run_id, token) = run(&srv, "alice").await;
     let rid = arm(&srv, &run_id, &token, "shell").await;
     let message = posted(&slack, &rid).await;
@@ -575,7 +575,7 @@ async fn a_card_resolved_over_http_rewrites_the_message(backend: Backend) {
 }
 
 async fn unmapped_users_and_tampered_buttons_decide_nothing(backend: Backend) {
-    let Setup { srv, slack, .. } = setup(backend).await;
+    let Setup { _serve, srv, slack } = setup(backend).await;
     let (run_id, token) = run(&srv, "alice").await;
     let rid = arm(&srv, &run_id, &token, "web_fetch").await;
     let message = posted(&slack, &rid).await;
@@ -622,7 +622,7 @@ async fn unmapped_users_and_tampered_buttons_decide_nothing(backend: Backend) {
 }
 
 async fn only_the_owner_grants_beyond_once(backend: Backend) {
-    let Setup { srv, slack, .. } = setup(backend).await;
+    let Setup { _serve, srv, slack } = setup(backend).await;
     let (run_id, token) = run(&srv, "alice").await;
     let rid = arm(&srv, &run_id, &token, "web_fetch").await;
     let message = posted(&slack, &rid).await;

@@ -308,14 +308,15 @@ async fn decide(
     let body: tollgate_protocol::approvals::Decide = serde_json::from_value(body.value().await?)
         .map_err(|e| ApiError::bad_request(format!("invalid decision: {e}")))?;
     let decided = decide_as(deps, claims, run_id, body, verb).await?;
-    Ok(Json(decided).into_response())
+    Ok(Json(decided.answer).into_response())
 }
 
 /// The operator decision use-case behind `POST /api/runs/{run_id}/tool-approvals` and
 /// `…/tool-denials`, for an operator already identified as `claims` (its `sub` decides,
 /// its `project_id` bounds what it reaches): the HTTP routes call it with a verified
 /// operator token, the Slack interactivity endpoint with the operator its Slack user is
-/// mapped to (docs/architecture.md §6). Answers what the HTTP routes answer.
+/// mapped to (docs/architecture.md §6). Answers what the HTTP routes answer, and
+/// whether this call is the one that resolved the card.
 #[instrument(skip_all, fields(run_id, request_id, verb = ?verb))]
 pub(crate) async fn decide_as(
     deps: Deps,
@@ -323,7 +324,7 @@ pub(crate) async fn decide_as(
     run_id: Result<RunId, ApiError>,
     body: tollgate_protocol::approvals::Decide,
     verb: Verb,
-) -> Result<Decided, ApiError> {
+) -> Result<Decision, ApiError> {
     tracing::Span::current().record("request_id", body.request_id.as_str());
     checked_reason(&body.reason)?;
     // A run id or request id the store keys nothing by names no card.
@@ -346,7 +347,8 @@ pub(crate) async fn decide_as(
                 forward_decision(&deps, &claims, &run_id, &body, verb).await
             })
             .await
-            .map_err(forward_task_failed)?;
+            .map_err(forward_task_failed)?
+            .map(Decision::forwarded);
         }
     };
     let card = &located.card;
@@ -387,10 +389,34 @@ pub(crate) async fn decide_as(
             decide_pod_card(&deps, located, resolution).await
         })
         .await
-        .map_err(forward_task_failed)?;
+        .map_err(forward_task_failed)?
+        .map(Decision::forwarded);
     }
-    match deps.gate.resolve(located, resolution).await? {
-        Resolved::Fresh(card) | Resolved::Already(card) => Ok(decision_answer(&card, verb)),
+    Ok(match deps.gate.resolve(located, resolution).await? {
+        Resolved::Fresh(card) => Decision {
+            answer: decision_answer(&card, verb),
+            fresh: Some(true),
+        },
+        Resolved::Already(card) => Decision {
+            answer: decision_answer(&card, verb),
+            fresh: Some(false),
+        },
+    })
+}
+
+/// What [`decide_as`] answers: the decision routes' answer, and whether this call
+/// resolved the card (`None` when the run's pod decided: not known here).
+pub(crate) struct Decision {
+    pub answer: Decided,
+    pub fresh: Option<bool>,
+}
+
+impl Decision {
+    fn forwarded(answer: Decided) -> Self {
+        Self {
+            answer,
+            fresh: None,
+        }
     }
 }
 

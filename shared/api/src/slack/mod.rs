@@ -365,13 +365,17 @@ async fn interaction(
     };
     let decided = decide_as(deps.clone(), claims, Ok(click.run_id), decide, click.verb).await;
     match decided {
-        Ok(decided) => {
+        Ok(decision) => {
+            let decided = decision.answer;
             let asked = match click.verb {
                 Verb::Approve => "approved",
                 Verb::Deny => "denied",
             };
-            let mine = decided.state == asked
-                && decided.decided_by.as_deref() == Some(operator.name.as_str());
+            // This click resolved the card (for a pod's card, not known: as it reads).
+            let mine = decision.fresh.unwrap_or_else(|| {
+                decided.state == asked
+                    && decided.decided_by.as_deref() == Some(operator.name.as_str())
+            });
             tracing::info!(
                 slack_user = user,
                 operator = %operator.name,
