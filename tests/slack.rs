@@ -353,6 +353,15 @@ async fn posted(slack: &FakeSlack, rid: &str) -> Value {
     posts[0].body.clone()
 }
 
+/// A run of alice's with a card for `tool` armed on it, and the message posted for the
+/// card: `(run_id, run_token, request_id, message)`.
+async fn armed(srv: &TestServer, slack: &FakeSlack, tool: &str) -> (String, String, String, Value) {
+    let (run_id, token) = run(srv, "alice").await;
+    let rid = arm(srv, &run_id, &token, tool).await;
+    let message = posted(slack, &rid).await;
+    (run_id, token, rid, message)
+}
+
 async fn armed_card_is_posted_and_a_signed_click_approves_it(backend: Backend) {
     let Setup { _serve, srv, slack } = setup(backend).await;
     let (run_id, token) = run(&srv, "alice").await;
@@ -433,9 +442,7 @@ async fn armed_card_is_posted_and_a_signed_click_approves_it(backend: Backend) {
 
 async fn bad_stale_or_replayed_signatures_decide_nothing(backend: Backend) {
     let Setup { _serve, srv, slack } = setup(backend).await;
-    let (run_id, token) = run(&srv, "alice").await;
-    let rid = arm(&srv, &run_id, &token, "web_fetch").await;
-    let message = posted(&slack, &rid).await;
+    let (run_id, token, rid, message) = armed(&srv, &slack, "web_fetch").await;
     let approve = element(&message, "tollgate.approve");
     let body = click_body(
         "U0ALICE",
@@ -487,9 +494,7 @@ async fn bad_stale_or_replayed_signatures_decide_nothing(backend: Backend) {
 
 async fn concurrent_clicks_resolve_the_card_once(backend: Backend) {
     let Setup { _serve, srv, slack } = setup(backend).await;
-    let (run_id, token) = run(&srv, "alice").await;
-    let rid = arm(&srv, &run_id, &token, "web_fetch").await;
-    let message = posted(&slack, &rid).await;
+    let (run_id, token, rid, message) = armed(&srv, &slack, "web_fetch").await;
     let approve = element(&message, "tollgate.approve");
     let deny = element(&message, "tollgate.deny");
     let srv = Arc::new(srv);
@@ -540,9 +545,7 @@ async fn concurrent_clicks_resolve_the_card_once(backend: Backend) {
 
 async fn a_card_resolved_over_http_rewrites_the_message(backend: Backend) {
     let Setup { _serve, srv, slack } = setup(backend).await;
-    let (run_id, token) = run(&srv, "alice").await;
-    let rid = arm(&srv, &run_id, &token, "shell").await;
-    let message = posted(&slack, &rid).await;
+    let (run_id, token, rid, message) = armed(&srv, &slack, "shell").await;
     assert!(has_actions(&message));
     let bob = srv
         .auth
@@ -576,9 +579,7 @@ async fn a_card_resolved_over_http_rewrites_the_message(backend: Backend) {
 
 async fn unmapped_users_and_tampered_buttons_decide_nothing(backend: Backend) {
     let Setup { _serve, srv, slack } = setup(backend).await;
-    let (run_id, token) = run(&srv, "alice").await;
-    let rid = arm(&srv, &run_id, &token, "web_fetch").await;
-    let message = posted(&slack, &rid).await;
+    let (run_id, token, rid, message) = armed(&srv, &slack, "web_fetch").await;
     let approve = element(&message, "tollgate.approve");
 
     // A Slack user nobody mapped.
@@ -623,9 +624,7 @@ async fn unmapped_users_and_tampered_buttons_decide_nothing(backend: Backend) {
 
 async fn only_the_owner_grants_beyond_once(backend: Backend) {
     let Setup { _serve, srv, slack } = setup(backend).await;
-    let (run_id, token) = run(&srv, "alice").await;
-    let rid = arm(&srv, &run_id, &token, "web_fetch").await;
-    let message = posted(&slack, &rid).await;
+    let (run_id, token, rid, message) = armed(&srv, &slack, "web_fetch").await;
     let approve = element(&message, "tollgate.approve");
 
     // bob does not own the run: `always` is refused, visibly, and the card stays pending.
