@@ -514,6 +514,10 @@ fn every_example_is_a_value_of_its_type() {
         ("Armed", round_trip::<approvals::Armed>),
         ("Decide", round_trip::<approvals::Decide>),
         ("Decided", round_trip::<approvals::Decided>),
+        (
+            "SlackAnswer",
+            round_trip::<tollgate_protocol::slack::SlackAnswer>,
+        ),
         ("Start", round_trip::<execution::Start>),
         ("Dispatch", round_trip::<execution::Dispatch>),
         ("Settle", round_trip::<execution::Settle>),

@@ -152,6 +152,9 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                     &["logs:CreateLogStream", "logs:PutLogEvents"],
                 ),
                 ("SigningSecret", &["secretsmanager:GetSecretValue"]),
+                // Slack's secrets (only when both ARNs are given: `HasSlack`).
+                ("SlackBotTokenSecretArn", &["secretsmanager:GetSecretValue"]),
+                ("SlackSigningSecretArn", &["secretsmanager:GetSecretValue"]),
                 (
                     "RunsTable",
                     &[
@@ -440,6 +443,9 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                 ("DeliveriesTable", &["dynamodb:GetItem", "dynamodb:PutItem"]),
                 ("DeliveriesTable/index/deliveries_due", &["dynamodb:Query"]),
                 ("WebhookSecret", &["secretsmanager:GetSecretValue"]),
+                // Slack's secrets (only when both ARNs are given: `HasSlack`).
+                ("SlackBotTokenSecretArn", &["secretsmanager:GetSecretValue"]),
+                ("SlackSigningSecretArn", &["secretsmanager:GetSecretValue"]),
                 ("NotifierDeadLetterQueue", &["sqs:SendMessage"]),
             ]),
         ),
@@ -474,6 +480,8 @@ fn every_function_has_its_own_least_privilege_role() {
         let mut granted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for policy in role_res["Properties"]["Policies"].as_sequence().unwrap() {
             for stmt in policy["PolicyDocument"]["Statement"].as_sequence().unwrap() {
+                // A statement only under a condition: `!If [Cond, statement, !Ref AWS::NoValue]`.
+                let stmt = conditional_statement(&doc, stmt);
                 assert_eq!(stmt["Effect"].as_str(), Some("Allow"));
                 let actions = strings(&stmt["Action"]);
                 for a in &actions {
@@ -487,7 +495,7 @@ fn every_function_has_its_own_least_privilege_role() {
                     assert_ne!(r.as_str(), Some("*"), "{name}: wildcard resource");
                     let (target, text) = referenced(&r);
                     assert!(
-                        resources_contains(&doc, &target),
+                        resources_contains(&doc, &target) || secret_arn_parameter(&doc, &target),
                         "{name}: {target} is not in the template"
                     );
                     let key = match text.split_once("}/") {
@@ -513,6 +521,33 @@ fn every_function_has_its_own_least_privilege_role() {
             expected[name.as_str()],
             "{name}'s role grants exactly its needs"
         );
+    }
+}
+
+/// A secret given to the stack by its ARN (a parameter `…SecretArn`), which a role may name
+/// as a resource.
+fn secret_arn_parameter(doc: &Value, id: &str) -> bool {
+    id.ends_with("SecretArn") && doc["Parameters"].get(id).is_some()
+}
+
+/// The statement of `!If [Cond, statement, !Ref AWS::NoValue]` (the condition one of the
+/// template's), or `stmt` itself.
+fn conditional_statement<'a>(doc: &Value, stmt: &'a Value) -> &'a Value {
+    match stmt {
+        Value::Tagged(t) if t.tag == "!If" => {
+            let parts = t.value.as_sequence().expect("!If [Cond, then, else]");
+            let condition = parts[0].as_str().expect("a condition's name");
+            assert!(
+                doc["Conditions"].get(condition).is_some(),
+                "{condition} is not a condition of the template"
+            );
+            assert!(
+                matches!(&parts[2], Value::Tagged(e) if e.tag == "!Ref" && e.value.as_str() == Some("AWS::NoValue")),
+                "a conditional statement's other branch is no statement"
+            );
+            &parts[1]
+        }
+        other => other,
     }
 }
 

@@ -350,8 +350,13 @@ async fn main() {
                 Some(m) => m.clone(),
                 None => config.connect_store().await.unwrap_or_else(|e| fail(e)),
             };
-            // Notification sinks (a signed webhook): a bad configuration stops here.
-            let sinks = tollgate_api::notify::sinks_from_env()
+            // Slack (docs/architecture.md §11): the interactivity endpoint, and the sink
+            // that posts cards to runs' channels.
+            let slack = tollgate_api::slack::Slack::from_env()
+                .unwrap_or_else(|e| fail(e))
+                .map(std::sync::Arc::new);
+            // Notification sinks (a signed webhook, Slack): a bad configuration stops here.
+            let sinks = tollgate_api::notify::sinks_from_env(slack.clone())
                 .await
                 .unwrap_or_else(|e| fail(e));
             let notify_policy =
@@ -386,6 +391,13 @@ async fn main() {
                     println!("Timers (approval expiry, heartbeats) run in this process.")
                 }
             }
+            if let Some(slack) = &slack {
+                println!(
+                    "Slack: cards go to their runs' channels; interactivity at {url}{} ({} Slack users mapped).",
+                    tollgate_api::slack::INTERACTIONS_PATH,
+                    slack.users.len()
+                );
+            }
             // Ready tokens only for a secret this process made up (it exists nowhere
             // else, so nobody could mint with it). A secret that was given may be shared
             // with other servers or a deployment: printing live tokens for it would put
@@ -412,7 +424,9 @@ async fn main() {
             // Timers (expiry, heartbeats) on the embedded queue or on SQS, consumed here;
             // the sweeper and the stall guard run in this process either way.
             let sse = tollgate_api::sse::SseConfig::from_env().unwrap_or_else(|e| fail(e));
-            let mut deps = Deps::serve(store.clone(), &timers, gate, auth).await;
+            let mut deps = Deps::serve(store.clone(), &timers, gate, auth)
+                .await
+                .with_slack(slack.clone());
             deps.sse = sse;
             // `GET /api/live` advertises this server's WebSocket endpoint, or the one
             // configured (a deployment's API Gateway URL).

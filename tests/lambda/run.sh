@@ -112,6 +112,9 @@ REPO=$(cd "$HERE/../.." && pwd)
 CACHE=${TOLLGATE_CACHE:-$REPO/.cache}
 CASES_DIR=${TOLLGATE_LAMBDA_CASES:-$REPO/fixtures/lambda}
 SECRET=tollgate-lambda-fixtures-secret-not-for-production
+# The Slack app's signing secret of the suite (in Secrets Manager for the functions;
+# the runner signs the Slack cases' bodies with it).
+export SLACK_SIGNING_SECRET=tollgate-lambda-fixtures-slack-signing-secret
 TABLE_PREFIX=tollgate-lambda-test-
 FIRST_TIMEOUT=${TOLLGATE_LAMBDA_FIRST_TIMEOUT:-900}
 INVOKE_TIMEOUT=${TOLLGATE_LAMBDA_INVOKE_TIMEOUT:-60}
@@ -239,10 +242,11 @@ SESSION=$(date -u +%Y%m%d%H%M%S)-$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
 #   capture OUT JQ   remembers the run token an answer carries; prints the jq
 #                    variables as TSV lines (and on stderr why JQ would miss one)
 cat >"$WORK/cases.py" <<'PY'
-import base64, json, os, re, sys
+import base64, hashlib, hmac, json, os, re, sys, time
 
 PAYLOAD_LIMIT = 65536  # bytes of a producer event's serialized payload
 QUOTES = "__QUOTES_64K__"
+SLACK_TIMESTAMP, SLACK_SIGNATURE = "__SLACK_TIMESTAMP__", "__SLACK_SIGNATURE__"
 ID_OR_TOKEN = re.compile(r"__RUN_(ID|TOKEN)((?:_[A-Z0-9]+)*)__")
 cmd, src, work, session, *args = sys.argv[1:]
 state = lambda name: os.path.join(work, name)
@@ -331,6 +335,16 @@ def render(case):
         for key in headers:
             if key.lower() == "content-length":
                 headers[key] = str(len(raw))
+        # Slack's request signature, as Slack computes it, over the rendered body now.
+        ts = str(int(time.time()))
+        for key in headers:
+            if headers[key] == SLACK_TIMESTAMP:
+                headers[key] = ts
+        for key in headers:
+            if headers[key] == SLACK_SIGNATURE:
+                secret = os.environ["SLACK_SIGNING_SECRET"].encode()
+                mac = hmac.new(secret, b"v0:" + ts.encode() + b":" + raw, hashlib.sha256)
+                headers[key] = "v0=" + mac.hexdigest()
     out = os.path.join(work, "events", case)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
@@ -434,6 +448,22 @@ TOLLGATE_TIMER_QUEUE_URL=$(aws_json "$SQS_ENDPOINT" sqs AmazonSQS.CreateQueue 1.
     "$(jq -nc --arg name "tollgate-lambda-test-timers-$SESSION" '{QueueName: $name}')" QueueUrl) ||
   die "could not create the timer queue in SQS ($SQS_ENDPOINT)"
 log "timer queue: $TOLLGATE_TIMER_QUEUE_URL"
+# Slack (the interactivity cases): the bot token and signing secret in Secrets Manager,
+# read at cold start by ARN as deployed; one Slack user mapped to an operator of every
+# project. Slack's Web API is a path of the fake endpoint that answers 404 (below): the
+# notifier's Slack deliveries are refused at once (dead letters), nothing else changes.
+slack_secret() {
+  aws_json "$SECRETS_ENDPOINT" secretsmanager secretsmanager.CreateSecret 1.1 \
+    "$(jq -nc --arg name "tollgate-lambda-test-$1-$SESSION" --arg value "$2" \
+        --arg token "$(python3 -c 'import uuid; print(uuid.uuid4())')" \
+        '{Name: $name, SecretString: $value, ClientRequestToken: $token}')" ARN
+}
+TOLLGATE_SLACK_BOT_TOKEN_ARN=$(slack_secret slack-bot-token xoxb-lambda-fixtures) ||
+  die "could not create the Slack bot token in Secrets Manager ($SECRETS_ENDPOINT)"
+TOLLGATE_SLACK_SIGNING_SECRET_ARN=$(slack_secret slack-signing-secret "$SLACK_SIGNING_SECRET") ||
+  die "could not create the Slack signing secret in Secrets Manager ($SECRETS_ENDPOINT)"
+export TOLLGATE_SLACK_BOT_TOKEN_ARN TOLLGATE_SLACK_SIGNING_SECRET_ARN \
+  TOLLGATE_SLACK_USERS='U0LAMBDA=lambda-operator@*'
 # The fixtures' JWTs are static (exp in 2121): accept their lifetime here only.
 export TOLLGATE_SECRET_ARN TOLLGATE_TIMER_QUEUE_URL TOLLGATE_BACKEND=aws TOLLGATE_TABLE_PREFIX=$TABLE_PREFIX \
   TOLLGATE_CREATE_TABLES=1 RUST_LOG=${TOLLGATE_LAMBDA_RUST_LOG:-info} \
@@ -470,6 +500,7 @@ export TOLLGATE_WEBSOCKET_ENDPOINT
 log "fake @connections endpoint: $TOLLGATE_WEBSOCKET_ENDPOINT"
 # The notifier posts its webhook to the same endpoint (its posts are $posts entries with
 # connection_id "webhook"), signed with the suite's secret; loopback http is allowed for it.
+export TOLLGATE_SLACK_API_URL="$TOLLGATE_WEBSOCKET_ENDPOINT/slack-api"
 export TOLLGATE_WEBHOOK_URL="$TOLLGATE_WEBSOCKET_ENDPOINT/@connections/webhook" \
   TOLLGATE_WEBHOOK_SECRET_ARN=$TOLLGATE_SECRET_ARN TOLLGATE_ALLOW_LOOPBACK_ORIGINS=1
 

@@ -19,6 +19,8 @@ fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
 /// method(handler))` in `shared/api/src` and its modules' directories).
 pub fn code_routes() -> BTreeSet<String> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/api/src");
+    let mut files = Vec::new();
+    sources(&dir, &mut files);
     let mut routes = BTreeSet::new();
     let mut files = Vec::new();
     sources(&dir, &mut files);

@@ -233,6 +233,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/slack/interactions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Slack's interactivity request URL: an Approve or Deny click on a card message, decided as the operator the Slack user is mapped to (signed by Slack, no bearer token). */
+        post: operations["slackInteraction"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/runs/{run_id}/approvals": {
         parameters: {
             query?: never;
@@ -965,6 +982,32 @@ export interface components {
              *     otherwise meanwhile (the answer's `state` is how it ended).
              */
             pod_applied?: boolean | null;
+        };
+        /**
+         * @description What the interactivity endpoint answers a verified interaction (Slack reads only the
+         *     status; the user sees the updated message, or an ephemeral message when nothing was
+         *     decided).
+         * @example {
+         *       "outcome": "decided",
+         *       "state": "approved",
+         *       "decided_by": "alice"
+         *     }
+         */
+        SlackAnswer: {
+            /**
+             * @description `decided` (this click decided the card), `already` (it had been decided or had
+             *     expired), `refused` (nothing decided: the user is not mapped, the card is outside
+             *     the user's projects, or the gate refused the decision, e.g. a scope beyond `once`
+             *     from someone who does not own the run) or `ignored` (not a decision: a scope
+             *     chosen, another kind of interaction).
+             */
+            outcome: string;
+            /** @description The card's state after the interaction, when a card was reached. */
+            state?: string | null;
+            /** @description Who decided the card. */
+            decided_by?: string | null;
+            /** @description What the user was told (ephemerally) when nothing was decided. */
+            message?: string | null;
         };
         /** @description An approval card as listed and read. */
         Card: {
@@ -2904,6 +2947,102 @@ export interface operations {
                     "x-request-id"?: string;
                     /** @description Seconds to wait before retrying. */
                     "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Storage or a pod is unavailable; retry after Retry-After (nothing written) */
+            503: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    /** @description Seconds to wait before retrying. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    slackInteraction: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/x-www-form-urlencoded": {
+                    payload: string;
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SlackAnswer"];
+                };
+            };
+            /** @description Invalid request: the body, a parameter or an id (nothing written) */
+            400: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No credential, or one that does not verify */
+            401: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The credential may not do this */
+            403: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such run, card, record or route (or not the caller's to see) */
+            404: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is over 256 KiB */
+            413: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
                     [name: string]: unknown;
                 };
                 content: {

@@ -52,6 +52,7 @@ pub fn decision_routes() -> Router<Deps> {
             "/api/policies/{policy_id}",
             axum::routing::delete(revoke_policy),
         )
+        .merge(crate::slack::routes())
 }
 
 fn bounded(field: &str, value: &Option<String>, max: usize) -> Result<(), ApiError> {
@@ -263,8 +264,9 @@ async fn read_card(
     }
 }
 
+/// Which decision an operator makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Verb {
+pub(crate) enum Verb {
     Approve,
     Deny,
 }
@@ -296,7 +298,6 @@ fn in_project(claims: &Claims, project_id: &Option<String>) -> bool {
     access::in_project(claims.project_id.as_deref(), project_id.as_deref())
 }
 
-#[instrument(skip_all, fields(run_id, request_id, verb = ?verb))]
 async fn decide(
     deps: Deps,
     run_id: Result<RunId, ApiError>,
@@ -307,6 +308,24 @@ async fn decide(
     let claims = deps.auth.require_role(&creds, Role::Operator)?;
     let body: tollgate_protocol::approvals::Decide = serde_json::from_value(body.value().await?)
         .map_err(|e| ApiError::bad_request(format!("invalid decision: {e}")))?;
+    let decided = decide_as(deps, claims, run_id, body, verb).await?;
+    Ok(Json(decided.answer).into_response())
+}
+
+/// The operator decision use-case behind `POST /api/runs/{run_id}/tool-approvals` and
+/// `…/tool-denials`, for an operator already identified as `claims` (its `sub` decides,
+/// its `project_id` bounds what it reaches): the HTTP routes call it with a verified
+/// operator token, the Slack interactivity endpoint with the operator its Slack user is
+/// mapped to (docs/architecture.md §6). Answers what the HTTP routes answer, and
+/// whether this call is the one that resolved the card.
+#[instrument(skip_all, fields(run_id, request_id, verb = ?verb))]
+pub(crate) async fn decide_as(
+    deps: Deps,
+    claims: Claims,
+    run_id: Result<RunId, ApiError>,
+    body: tollgate_protocol::approvals::Decide,
+    verb: Verb,
+) -> Result<Decision, ApiError> {
     tracing::Span::current().record("request_id", body.request_id.as_str());
     checked_reason(&body.reason)?;
     // A run id or request id the store keys nothing by names no card.
@@ -329,7 +348,8 @@ async fn decide(
                 forward_decision(&deps, &claims, &run_id, &body, verb).await
             })
             .await
-            .map_err(forward_task_failed)?;
+            .map_err(forward_task_failed)?
+            .map(Decision::forwarded);
         }
     };
     let card = &located.card;
@@ -370,11 +390,33 @@ async fn decide(
             decide_pod_card(&deps, located, resolution).await
         })
         .await
-        .map_err(forward_task_failed)?;
+        .map_err(forward_task_failed)?
+        .map(Decision::forwarded);
     }
-    match deps.gate.resolve(located, resolution).await? {
-        Resolved::Fresh(card) | Resolved::Already(card) => {
-            Ok(Json(decision_answer(&card, verb)).into_response())
+    Ok(match deps.gate.resolve(located, resolution).await? {
+        Resolved::Fresh(card) => Decision {
+            answer: decision_answer(&card, verb),
+            fresh: Some(true),
+        },
+        Resolved::Already(card) => Decision {
+            answer: decision_answer(&card, verb),
+            fresh: Some(false),
+        },
+    })
+}
+
+/// What [`decide_as`] answers: the decision routes' answer, and whether this call
+/// resolved the card (`None` when the run's pod decided: not known here).
+pub(crate) struct Decision {
+    pub answer: Decided,
+    pub fresh: Option<bool>,
+}
+
+impl Decision {
+    fn forwarded(answer: Decided) -> Self {
+        Self {
+            answer,
+            fresh: None,
         }
     }
 }
@@ -570,7 +612,7 @@ async fn decide_pod_card(
     deps: &Deps,
     located: Located,
     resolution: Resolution,
-) -> Result<Response, ApiError> {
+) -> Result<Decided, ApiError> {
     let verb = match resolution {
         Resolution::Denied { .. } => Verb::Deny,
         _ => Verb::Approve,
@@ -609,7 +651,7 @@ async fn decide_pod_card(
                 .resolve_without_grant(located, Resolution::Expired)
                 .await?;
             let (Resolved::Fresh(card) | Resolved::Already(card)) = ended;
-            Ok(Json(decision_answer(&card, verb)).into_response())
+            Ok(decision_answer(&card, verb))
         }
     }
 }
@@ -629,7 +671,7 @@ async fn record_verdict(
     verdict: PodVerdict,
     resolution: Resolution,
     verb: Verb,
-) -> Result<Response, ApiError> {
+) -> Result<Decided, ApiError> {
     let asked = resolution.state();
     let (ended, applied) = match verdict {
         PodVerdict::Terminal { applied: true, .. } => {
@@ -643,7 +685,7 @@ async fn record_verdict(
             return match recorded_by_the_applying_forward(deps, &card.run_id, &card.request_id)
                 .await?
             {
-                Some(card) => Ok(Json(decision_answer(&card, verb)).into_response()),
+                Some(card) => Ok(decision_answer(&card, verb)),
                 None => Err(unapplied_approval()),
             };
         }
@@ -677,7 +719,7 @@ async fn record_verdict(
         );
         answer.pod_applied = Some(true);
     }
-    Ok(Json(answer).into_response())
+    Ok(answer)
 }
 
 /// A decision on a card the durable gate does not know, for a pod-per-run run: forwarded
@@ -695,7 +737,7 @@ async fn forward_decision(
     run_id: &str,
     body: &tollgate_protocol::approvals::Decide,
     verb: Verb,
-) -> Result<Response, ApiError> {
+) -> Result<Decided, ApiError> {
     let head = deps
         .runs
         .head_in_project(run_id, claims.project_id.as_deref())
@@ -777,7 +819,7 @@ async fn forward_decision(
     // pod's word alone.
     if state == ApprovalState::Approved && !applied {
         return match recorded_by_the_applying_forward(deps, &head.run_id, &body.request_id).await? {
-            Some(card) => Ok(Json(decision_answer(&card, verb)).into_response()),
+            Some(card) => Ok(decision_answer(&card, verb)),
             None => Err(unapplied_approval()),
         };
     }
@@ -859,7 +901,7 @@ async fn forward_decision(
         recorded = ?recorded,
         "decision forwarded to the agent host"
     );
-    Ok(Json(decision_answer(&card, verb)).into_response())
+    Ok(decision_answer(&card, verb))
 }
 
 /// A scope beyond `once` is the run owner's to grant (the card stays pending otherwise),

@@ -42,6 +42,13 @@ impl Secret {
         Ok(Self(value))
     }
 
+    /// A third party's secret (a Slack bot token or signing secret): any length but
+    /// empty, kept as opaquely as Tollgate's own.
+    pub fn opaque(value: impl Into<Vec<u8>>) -> Option<Self> {
+        let value = value.into();
+        (!value.is_empty()).then_some(Self(value))
+    }
+
     /// A fresh random secret (hex), for `tollgate serve` when none is configured.
     pub fn generate() -> Self {
         let bytes: [u8; 32] = rand::random();

@@ -25,6 +25,7 @@ pub mod replay;
 pub mod request;
 pub mod request_id;
 pub mod settlement;
+pub mod slack;
 pub mod sse;
 #[cfg(feature = "ws")]
 pub mod stream_reader;
@@ -87,6 +88,9 @@ pub struct Deps {
     pub(crate) wakes: Option<Arc<live::Wakes>>,
     /// The stream reader feeding [`Deps::wakes`] (stops when the deps are dropped).
     _stream_reader: Option<Arc<AbortOnDrop>>,
+    /// Slack, when configured: the interactivity endpoint's signing secret and user
+    /// mapping, the Web API client (docs/architecture.md §11).
+    pub slack: Option<Arc<slack::Slack>>,
     /// Notifications (docs/architecture.md §10): the dead-letter routes read through it
     /// (without sinks unless [`Deps::with_notifier`] gave one that has them).
     pub(crate) notifier: Arc<notify::Notifier>,
@@ -128,6 +132,7 @@ impl Deps {
             websocket_url: None,
             wakes: None,
             _stream_reader: None,
+            slack: None,
         }
     }
 
@@ -242,6 +247,12 @@ impl Deps {
         deps
     }
 
+    /// Answers Slack's interactions (`POST /api/slack/interactions`) with `slack`.
+    pub fn with_slack(mut self, slack: Option<Arc<slack::Slack>>) -> Self {
+        self.slack = slack;
+        self
+    }
+
     /// Notifications through `notifier` (its sinks), fed in this process by `feed` (a
     /// task of [`notify::feed`], stopped when the deps are dropped).
     pub fn with_notifier(
@@ -276,6 +287,9 @@ impl Deps {
         );
         deps.sse = sse::SseConfig::from_env()?;
         deps.websocket_url = live::websocket_url_from_env();
+        deps.slack = slack::Slack::from_secrets_manager_env()
+            .await?
+            .map(Arc::new);
         Ok(deps)
     }
 }

@@ -30,7 +30,8 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
 }
 
 impl JsonBody {
-    pub async fn value(self) -> Result<Value, ApiError> {
+    /// The raw body, at most [`MAX_BODY_BYTES`] (else 413).
+    pub async fn bytes(self) -> Result<axum::body::Bytes, ApiError> {
         // Read (and discard) oversized bodies up to a bound before answering 413, so a
         // client still sending is not cut off mid-request with a connection reset.
         let bytes = axum::body::to_bytes(self.0, DRAIN_LIMIT_BYTES)
@@ -39,6 +40,11 @@ impl JsonBody {
         if bytes.len() > MAX_BODY_BYTES {
             return Err(ApiError::payload_too_large());
         }
+        Ok(bytes)
+    }
+
+    pub async fn value(self) -> Result<Value, ApiError> {
+        let bytes = self.bytes().await?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Value::Null);
         }
@@ -74,6 +80,11 @@ pub fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
 pub struct RunId(String);
 
 impl RunId {
+    /// A run id from anywhere but the path (`None` when the run id rule refuses it).
+    pub fn parse(id: &str) -> Option<Self> {
+        validate_run_id(id).then(|| RunId(id.to_owned()))
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }

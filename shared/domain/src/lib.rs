@@ -36,3 +36,10 @@ pub fn format_timestamp(millis: i64) -> String {
         .format("%Y-%m-%dT%H:%M:%S%.3fZ")
         .to_string()
 }
+
+/// Milliseconds since the Unix epoch of an RFC 3339 timestamp ([`format_timestamp`]'s).
+pub fn parse_timestamp(text: &str) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|t| t.timestamp_millis())
+}

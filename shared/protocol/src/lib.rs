@@ -20,6 +20,7 @@ pub mod notifications;
 pub mod operations;
 pub mod payloads;
 pub mod runs;
+pub mod slack;
 pub mod ws;
 
 #[cfg(feature = "schema")]

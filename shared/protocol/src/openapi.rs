@@ -8,7 +8,7 @@ use schemars::{JsonSchema, SchemaGenerator};
 use serde_json::{json, Map, Value};
 
 use crate::operations::{Body, Credential, Operation, OPERATIONS};
-use crate::{approvals, console, errors, events, execution, payloads, runs, ws};
+use crate::{approvals, console, errors, events, execution, payloads, runs, slack, ws};
 
 /// The grammar of the live stream, for the stream operations' descriptions.
 /// The WebSocket protocol, for the upgrade's description.
@@ -49,6 +49,7 @@ fn named(generator: &mut SchemaGenerator) -> Vec<(&'static str, Value)> {
         ("Armed", of::<approvals::Armed>(generator)),
         ("Decide", of::<approvals::Decide>(generator)),
         ("Decided", of::<approvals::Decided>(generator)),
+        ("SlackAnswer", of::<slack::SlackAnswer>(generator)),
         ("Card", of::<approvals::Card>(generator)),
         ("CardPage", of::<approvals::CardPage>(generator)),
         ("RunCards", of::<approvals::RunCards>(generator)),
@@ -167,6 +168,15 @@ fn content(body: Body) -> Value {
             },
         }}}),
         Body::Html => json!({"text/html": {"schema": {"type": "string"}}}),
+        Body::SlackForm => json!({"application/x-www-form-urlencoded": {"schema": {
+            "type": "object",
+            "description": "As Slack sends an interaction: `payload`, the interaction's JSON. \
+                Signed by Slack (`X-Slack-Request-Timestamp`, `X-Slack-Signature: v0=<hex \
+                HMAC-SHA256 of v0:<timestamp>:<raw body> under the app's signing secret>`); \
+                a missing, wrong or stale (more than 300 s away) signature is 401.",
+            "properties": {"payload": {"type": "string", "contentMediaType": "application/json"}},
+            "required": ["payload"],
+        }}}),
         Body::JavaScript => json!({"text/javascript": {"schema": {"type": "string"}}}),
         Body::WebSocket => json!({}),
     }
@@ -489,8 +499,7 @@ fn operation(op: &Operation) -> Value {
         o["description"] = WS_GRAMMAR.into();
     }
     if let Some(body) = op.request {
-        o["requestBody"] =
-            json!({"required": matches!(body, Body::Json(_)), "content": content(body)});
+        o["requestBody"] = json!({"required": matches!(body, Body::Json(_) | Body::SlackForm), "content": content(body)});
     }
     o["security"] = if op.credentials.is_empty() {
         json!([])

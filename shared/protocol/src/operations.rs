@@ -40,6 +40,8 @@ pub enum Body {
     EventStream,
     /// `text/html`.
     Html,
+    /// `application/x-www-form-urlencoded` with a `payload` field: a Slack interaction.
+    SlackForm,
     /// `text/javascript`.
     JavaScript,
     /// A WebSocket upgrade (101): the messages are [`crate::ws`]'s.
@@ -278,6 +280,16 @@ pub const OPERATIONS: &[Operation] = &[
         query: &[],
         request: Some(Json("Decide")),
         responses: responses![200 => Json("Decided"), 400 => ERR, 404 => ERR, 409 => ERR, 413 => ERR, 429 => ERR],
+    },
+    Operation {
+        method: "POST",
+        path: "/api/slack/interactions",
+        id: "slackInteraction",
+        summary: "Slack's interactivity request URL: an Approve or Deny click on a card message, decided as the operator the Slack user is mapped to (signed by Slack, no bearer token).",
+        credentials: &[],
+        query: &[],
+        request: Some(SlackForm),
+        responses: responses![200 => Json("SlackAnswer"), 400 => ERR, 404 => ERR, 413 => ERR],
     },
     Operation {
         method: "GET",

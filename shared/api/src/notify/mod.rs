@@ -129,11 +129,18 @@ pub fn delivery_key_of(
 }
 
 /// The sinks `tollgate serve` and the `notifier` function build from their environment
-/// (`TOLLGATE_WEBHOOK_URL`, …); a bad configuration fails start-up.
-pub async fn sinks_from_env() -> Result<Vec<std::sync::Arc<dyn Sink>>, crate::ConfigError> {
+/// (`TOLLGATE_WEBHOOK_URL`, …), and the Slack sink when `slack` is configured (each
+/// reads Slack's secrets its own way: `Slack::from_env`, `Slack::from_secrets_manager_env`);
+/// a bad configuration fails start-up.
+pub async fn sinks_from_env(
+    slack: Option<std::sync::Arc<crate::slack::Slack>>,
+) -> Result<Vec<std::sync::Arc<dyn Sink>>, crate::ConfigError> {
     let mut sinks: Vec<std::sync::Arc<dyn Sink>> = Vec::new();
     if let Some(webhook) = WebhookSink::from_env().await? {
         sinks.push(std::sync::Arc::new(webhook));
+    }
+    if let Some(slack) = slack {
+        sinks.push(std::sync::Arc::new(crate::slack::SlackSink::new(slack)));
     }
     Ok(sinks)
 }

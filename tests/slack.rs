@@ -1,0 +1,648 @@
+//! Approving from Slack, through HTTP against real `tollgate serve` processes and a fake
+//! Slack on loopback that records every Web API call (docs/architecture.md §11): an armed
+//! card on a run with a `channel_id` is posted once with both buttons; a signed click
+//! decides it as the operator the Slack user is mapped to and the message is rewritten;
+//! bad, stale or replayed signatures are 401 and decide nothing; concurrent clicks
+//! resolve the card once; a card resolved over HTTP rewrites the message too; an
+//! unmapped user, a tampered button or a non-owner's scope decide nothing.
+//!
+//! Each test runs on the embedded store (`memory::`) and on DynamoDB (`dynamo::`, under
+//! the emulators: `tests/harness/emulators.sh with …`).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::routing::post;
+use axum::{Json, Router};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tollgate_api::slack::signature::sign;
+use tollgate_api::Role;
+use tollgate_tests::serve::{ServeProcess, Start};
+use tollgate_tests::{pods, Backend, TestServer, TEST_SECRET};
+
+const SIGNING_SECRET: &str = "slack-signing-secret-for-the-tests";
+const BOT_TOKEN: &str = "xoxb-fake-bot-token-never-logged";
+const PROJECT: &str = "proj-slack";
+const CHANNEL: &str = "C0APPROVALS";
+/// alice and bob act in [`PROJECT`]; carol in another project; dave in every project.
+const USERS: &str =
+    "U0ALICE=alice@proj-slack,U0BOB=bob@proj-slack,U0CAROL=carol@proj-other,U0DAVE=dave@*";
+
+tollgate_tests::for_each_backend! {
+    slack_posts_and_a_signed_click_approves => armed_card_is_posted_and_a_signed_click_approves_it;
+    slack_refuses_bad_stale_and_replayed_signatures => bad_stale_or_replayed_signatures_decide_nothing;
+    slack_concurrent_clicks_resolve_once => concurrent_clicks_resolve_the_card_once;
+    slack_http_resolution_rewrites_the_message => a_card_resolved_over_http_rewrites_the_message;
+    slack_unmapped_users_and_tampered_buttons => unmapped_users_and_tampered_buttons_decide_nothing;
+    slack_only_the_owner_grants_beyond_once => only_the_owner_grants_beyond_once;
+}
+
+/// One Web API call the fake Slack received.
+#[derive(Debug, Clone)]
+struct Call {
+    method: String,
+    authorization: Option<String>,
+    body: Value,
+    /// What the fake answered.
+    answer: Value,
+}
+
+/// A fake Slack Web API: answers `chat.postMessage` with a fresh `ts`, everything else
+/// `ok`, and records every call.
+struct FakeSlack {
+    base: String,
+    calls: Arc<Mutex<Vec<Call>>>,
+}
+
+async fn record(
+    State(calls): State<Arc<Mutex<Vec<Call>>>>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Json<Value> {
+    let mut calls = calls.lock().unwrap();
+    let answer = match method.as_str() {
+        "chat.postMessage" => json!({
+            "ok": true,
+            "channel": body["channel"],
+            "ts": format!("1700000000.{:06}", calls.len() + 1),
+        }),
+        _ => json!({"ok": true}),
+    };
+    calls.push(Call {
+        method,
+        authorization: headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        body,
+        answer: answer.clone(),
+    });
+    Json(answer)
+}
+
+impl FakeSlack {
+    async fn start() -> Self {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let (listener, base) = pods::listen().await;
+        let app = Router::new()
+            .route("/api/{method}", post(record))
+            .with_state(calls.clone());
+        pods::serve(listener, app);
+        Self {
+            base: format!("{base}/api"),
+            calls,
+        }
+    }
+
+    fn calls(&self, method: &str) -> Vec<Call> {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.method == method)
+            .cloned()
+            .collect()
+    }
+
+    /// The calls of `method` about card `rid` (its id appears in the message).
+    fn about(&self, method: &str, rid: &str) -> Vec<Call> {
+        self.calls(method)
+            .into_iter()
+            .filter(|c| c.body.to_string().contains(rid))
+            .collect()
+    }
+
+    /// Waits (bounded) until `method` has been called about `rid` `n` times.
+    async fn wait_for(&self, method: &str, rid: &str, n: usize) -> Vec<Call> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let calls = self.about(method, rid);
+            if calls.len() >= n {
+                return calls;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {n} {method} about {rid}; calls so far: {:#?}",
+                self.calls.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits (bounded) for an ephemeral message to `user`.
+    async fn wait_ephemeral(&self, user: &str, n: usize) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let texts: Vec<String> = self
+                .calls("chat.postEphemeral")
+                .into_iter()
+                .filter(|c| c.body["user"] == user)
+                .map(|c| c.body["text"].as_str().unwrap_or_default().to_owned())
+                .collect();
+            if texts.len() >= n {
+                return texts;
+            }
+            assert!(Instant::now() < deadline, "no ephemeral message to {user}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// One `tollgate serve` with Slack configured against `slack`, and a client of it.
+struct Setup {
+    _serve: ServeProcess,
+    srv: TestServer,
+    slack: FakeSlack,
+}
+
+async fn setup(backend: Backend) -> Setup {
+    let slack = FakeSlack::start().await;
+    let unique = uuid::Uuid::new_v4().simple().to_string();
+    let mut env = vec![
+        ("TOLLGATE_SLACK_API_URL", slack.base.clone()),
+        ("TOLLGATE_SLACK_BOT_TOKEN", BOT_TOKEN.to_owned()),
+        ("TOLLGATE_SLACK_SIGNING_SECRET", SIGNING_SECRET.to_owned()),
+        ("TOLLGATE_SLACK_USERS", USERS.to_owned()),
+        ("TOLLGATE_ALWAYS_ELIGIBLE_TOOLS", "web_fetch".to_owned()),
+    ];
+    let mut args = Vec::new();
+    if backend == Backend::Dynamo {
+        assert!(
+            tollgate_tests::aws_endpoint_configured(),
+            "no DynamoDB endpoint: run under tests/harness/emulators.sh"
+        );
+        args = vec!["--backend", "aws", "--create-tables"];
+        env.push(("TOLLGATE_TABLE_PREFIX", format!("slack-{unique}-")));
+        env.push(("TOLLGATE_TIMER_QUEUE_NAME", format!("slack-{unique}")));
+    }
+    let serve = tokio::task::spawn_blocking(move || {
+        ServeProcess::start_with(Start {
+            args,
+            env,
+            secret: Some(TEST_SECRET),
+            echo: Some("[serve]".into()),
+            ..Start::default()
+        })
+    })
+    .await
+    .unwrap();
+    let srv = TestServer::remote(&serve.base);
+    Setup {
+        _serve: serve,
+        srv,
+        slack,
+    }
+}
+
+/// A run of [`PROJECT`] owned by `owner`, reporting to [`CHANNEL`]: `(run_id, run_token)`.
+async fn run(srv: &TestServer, owner: &str) -> (String, String) {
+    let agent = srv
+        .auth
+        .mint_jwt("agent-slack", Role::Agent, 3600, Some(PROJECT.into()));
+    let (status, v) = srv
+        .post(
+            "/api/runs",
+            &agent,
+            &json!({"owner": owner, "project_id": PROJECT, "channel_id": CHANNEL}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    (
+        v["run_id"].as_str().unwrap().to_owned(),
+        v["run_token"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Arms a card for `tool` and returns its request id.
+async fn arm(srv: &TestServer, run_id: &str, token: &str, tool: &str) -> String {
+    let rid = pods::request_id();
+    let (status, v) = srv
+        .post(
+            &format!("/api/runs/{run_id}/approval-requests"),
+            token,
+            &json!({
+                "request_id": rid, "tool_name": tool, "url": "https://example.com/a",
+                "intention": "fetch the page", "message": "please allow",
+                "arguments_preview": {"path": "/a", "api_key": "sk-should-be-redacted"},
+                "timeout_seconds": 600,
+            }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    rid
+}
+
+/// The card as its agent reads it.
+async fn card(srv: &TestServer, run_id: &str, token: &str, rid: &str) -> Value {
+    let (status, v) = srv
+        .get(
+            &format!("/api/runs/{run_id}/approval-requests/{rid}"),
+            token,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    v
+}
+
+/// The `tool.approval_resolved` events of the run.
+async fn resolutions(srv: &TestServer, run_id: &str, token: &str) -> Vec<Value> {
+    srv.replay_all(run_id, token, 100)
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "tool.approval_resolved")
+        .collect()
+}
+
+/// The interactive elements of a posted message, by `action_id`.
+fn element(message: &Value, action_id: &str) -> Value {
+    message["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["type"] == "actions")
+        .flat_map(|b| b["elements"].as_array().unwrap().iter())
+        .find(|e| e["action_id"] == action_id)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {action_id} in {message}"))
+}
+
+fn has_actions(message: &Value) -> bool {
+    message["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|b| b["type"] == "actions")
+}
+
+/// The body Slack sends for a click on the button `action_id` (with `value`) by `user`,
+/// the scope menu showing `scope`.
+fn click_body(user: &str, action_id: &str, value: &str, scope: Option<&str>) -> String {
+    let payload = json!({
+        "type": "block_actions",
+        "team": {"id": "T0TEAM"},
+        "user": {"id": user, "username": user.to_lowercase()},
+        "channel": {"id": CHANNEL},
+        "container": {"type": "message", "channel_id": CHANNEL, "message_ts": "1700000000.000001"},
+        "response_url": "https://hooks.slack.invalid/actions/x",
+        "actions": [{"type": "button", "block_id": "tollgate.decide", "action_id": action_id, "value": value, "action_ts": "1700000001.1"}],
+        "state": {"values": {"tollgate.decide": {"tollgate.scope": {
+            "type": "static_select",
+            "selected_option": scope.map(|s| json!({"text": {"type": "plain_text", "text": s}, "value": s})),
+        }}}},
+    });
+    url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("payload", &payload.to_string())
+        .finish()
+}
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+/// Posts `body` to the interactivity endpoint signed with `secret` at `ts`.
+async fn post_signed(srv: &TestServer, body: &str, secret: &str, ts: i64) -> (StatusCode, Value) {
+    let ts = ts.to_string();
+    let signature = sign(secret.as_bytes(), &ts, body.as_bytes());
+    post_raw(srv, body, Some(&ts), Some(&signature)).await
+}
+
+async fn post_raw(
+    srv: &TestServer,
+    body: &str,
+    ts: Option<&str>,
+    signature: Option<&str>,
+) -> (StatusCode, Value) {
+    let mut req = srv
+        .http
+        .post(srv.url("/api/slack/interactions"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(body.to_owned());
+    if let Some(ts) = ts {
+        req = req.header("x-slack-request-timestamp", ts);
+    }
+    if let Some(signature) = signature {
+        req = req.header("x-slack-signature", signature);
+    }
+    srv.send(req).await
+}
+
+/// A click as Slack sends it, signed now.
+async fn click(
+    srv: &TestServer,
+    user: &str,
+    button: &Value,
+    scope: Option<&str>,
+) -> (StatusCode, Value) {
+    let body = click_body(
+        user,
+        button["action_id"].as_str().unwrap(),
+        button["value"].as_str().unwrap(),
+        scope,
+    );
+    post_signed(srv, &body, SIGNING_SECRET, now()).await
+}
+
+/// The message posted for card `rid` (exactly one).
+async fn posted(slack: &FakeSlack, rid: &str) -> Value {
+    let posts = slack.wait_for("chat.postMessage", rid, 1).await;
+    assert_eq!(posts.len(), 1, "one message per card: {posts:#?}");
+    posts[0].body.clone()
+}
+
+/// A run of alice's with a card for `tool` armed on it, and the message posted for the
+/// card: `(run_id, run_token, request_id, message)`.
+async fn armed(srv: &TestServer, slack: &FakeSlack, tool: &str) -> (String, String, String, Value) {
+    let (run_id, token) = run(srv, "alice").await;
+    let rid = arm(srv, &run_id, &token, tool).await;
+    let message = posted(slack, &rid).await;
+    (run_id, token, rid, message)
+}
+
+async fn armed_card_is_posted_and_a_signed_click_approves_it(backend: Backend) {
+    let Setup { _serve, srv, slack } = setup(backend).await;
+    let (run_id, token) = run(&srv, "alice").await;
+    let rid = arm(&srv, &run_id, &token, "web_fetch").await;
+
+    let message = posted(&slack, &rid).await;
+    let call = slack.about("chat.postMessage", &rid).remove(0);
+    assert_eq!(
+        call.authorization.as_deref(),
+        Some(format!("Bearer {BOT_TOKEN}").as_str())
+    );
+    assert_eq!(message["channel"], CHANNEL);
+    let approve = element(&message, "tollgate.approve");
+    let deny = element(&message, "tollgate.deny");
+    assert_eq!(
+        (approve["type"].as_str(), deny["type"].as_str()),
+        (Some("button"), Some("button"))
+    );
+    let menu = element(&message, "tollgate.scope");
+    let scopes: Vec<&str> = menu["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["value"].as_str().unwrap())
+        .collect();
+    assert_eq!(scopes, ["once", "run", "tool", "always"]);
+    let text = message.to_string();
+    for shown in [
+        "web_fetch",
+        "https://example.com/a",
+        "fetch the page",
+        "please allow",
+        "<!date^",
+    ] {
+        assert!(text.contains(shown), "the message shows {shown}: {text}");
+    }
+    assert!(
+        !text.contains("sk-should-be-redacted"),
+        "the preview is the redacted one: {text}"
+    );
+
+    // alice clicks Approve with scope `run` (she owns the run).
+    let (status, answer) = click(&srv, "U0ALICE", &approve, Some("run")).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["outcome"], "decided", "{answer}");
+    let c = card(&srv, &run_id, &token, &rid).await;
+    assert_eq!(
+        (
+            c["state"].as_str(),
+            c["decided_by"].as_str(),
+            c["scope"].as_str()
+        ),
+        (Some("approved"), Some("alice"), Some("run"))
+    );
+    let resolved = resolutions(&srv, &run_id, &token).await;
+    assert_eq!(resolved.len(), 1);
+
+    // The message is rewritten: who approved it, no buttons.
+    let updates = slack.wait_for("chat.update", &rid, 1).await;
+    let update = &updates.last().unwrap().body;
+    assert_eq!(update["channel"], CHANNEL);
+    assert_eq!(
+        update["ts"], call.answer["ts"],
+        "the posted message is the one updated"
+    );
+    assert!(
+        update.to_string().contains("Approved by alice (scope run)"),
+        "{update}"
+    );
+    assert!(!has_actions(update), "{update}");
+    // No secret reached Slack's message bodies.
+    assert!(!slack.calls.lock().unwrap().iter().any(|c| c
+        .body
+        .to_string()
+        .contains(SIGNING_SECRET)
+        || c.body.to_string().contains(BOT_TOKEN)));
+}
+
+async fn bad_stale_or_replayed_signatures_decide_nothing(backend: Backend) {
+    let Setup { _serve, srv, slack } = setup(backend).await;
+    let (run_id, token, rid, message) = armed(&srv, &slack, "web_fetch").await;
+    let approve = element(&message, "tollgate.approve");
+    let body = click_body(
+        "U0ALICE",
+        "tollgate.approve",
+        approve["value"].as_str().unwrap(),
+        None,
+    );
+
+    let ts = now().to_string();
+    let good = sign(SIGNING_SECRET.as_bytes(), &ts, body.as_bytes());
+    let wrong_key = sign(b"another-secret", &ts, body.as_bytes());
+    let tampered_body = body.replace("U0ALICE", "U0BOBBY");
+    for (label, b, t, s) in [
+        ("no signature", body.as_str(), Some(ts.as_str()), None),
+        ("no timestamp", body.as_str(), None, Some(good.as_str())),
+        (
+            "wrong key",
+            body.as_str(),
+            Some(ts.as_str()),
+            Some(wrong_key.as_str()),
+        ),
+        (
+            "body changed after signing",
+            tampered_body.as_str(),
+            Some(ts.as_str()),
+            Some(good.as_str()),
+        ),
+        ("garbage", body.as_str(), Some(ts.as_str()), Some("v0=zz")),
+    ] {
+        let (status, v) = post_raw(&srv, b, t, s).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{label}: {v}");
+        assert_eq!(v["code"], "unauthorized", "{label}: {v}");
+    }
+    // Stale: signed correctly, but more than five minutes ago (a replay of an old click).
+    let (status, v) = post_signed(&srv, &body, SIGNING_SECRET, now() - 301).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
+    // A replay: the very bytes and headers of a click signed six minutes ago.
+    let old = (now() - 360).to_string();
+    let old_sig = sign(SIGNING_SECRET.as_bytes(), &old, body.as_bytes());
+    let (status, _) = post_raw(&srv, &body, Some(&old), Some(&old_sig)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    let c = card(&srv, &run_id, &token, &rid).await;
+    assert_eq!(c["state"], "pending", "{c}");
+    assert!(resolutions(&srv, &run_id, &token).await.is_empty());
+    assert!(slack.about("chat.update", &rid).is_empty());
+    assert!(slack.calls("chat.postEphemeral").is_empty());
+}
+
+async fn concurrent_clicks_resolve_the_card_once(backend: Backend) {
+    let Setup { _serve, srv, slack } = setup(backend).await;
+    let (run_id, token, rid, message) = armed(&srv, &slack, "web_fetch").await;
+    let approve = element(&message, "tollgate.approve");
+    let deny = element(&message, "tollgate.deny");
+    let srv = Arc::new(srv);
+    let clicks = (0..20).map(|i| {
+        let (srv, approve, deny) = (srv.clone(), approve.clone(), deny.clone());
+        tokio::spawn(async move {
+            let (user, button) = match i % 4 {
+                0 => ("U0ALICE", &approve),
+                1 => ("U0BOB", &approve),
+                2 => ("U0ALICE", &deny),
+                _ => ("U0DAVE", &deny),
+            };
+            click(&srv, user, button, None).await
+        })
+    });
+    let answers: Vec<(StatusCode, Value)> = futures::future::join_all(clicks)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert!(
+        answers.iter().all(|(s, _)| *s == StatusCode::OK),
+        "{answers:#?}"
+    );
+    let decided: Vec<&Value> = answers
+        .iter()
+        .map(|(_, v)| v)
+        .filter(|v| v["outcome"] == "decided")
+        .collect();
+    assert_eq!(decided.len(), 1, "exactly one click decides: {answers:#?}");
+    let c = card(&srv, &run_id, &token, &rid).await;
+    assert_eq!(c["state"], decided[0]["state"]);
+    assert_eq!(c["decided_by"], decided[0]["decided_by"]);
+    for (_, v) in &answers {
+        assert!(
+            v["outcome"] == "decided" || v["outcome"] == "already",
+            "{v}"
+        );
+        assert_eq!(
+            v["state"], c["state"],
+            "every answer reads the one resolution: {v}"
+        );
+    }
+    assert_eq!(resolutions(&srv, &run_id, &token).await.len(), 1);
+    let updates = slack.wait_for("chat.update", &rid, 1).await;
+    assert!(!has_actions(&updates[0].body));
+}
+
+async fn a_card_resolved_over_http_rewrites_the_message(backend: Backend) {
+    let Setup { _serve, srv, slack } = setup(backend).await;
+    let (run_id, token, rid, message) = armed(&srv, &slack, "shell").await;
+    assert!(has_actions(&message));
+    let bob = srv
+        .auth
+        .mint_jwt("bob", Role::Operator, 600, Some(PROJECT.into()));
+    let (status, v) = srv
+        .post(
+            &format!("/api/runs/{run_id}/tool-denials"),
+            &bob,
+            &json!({"request_id": rid, "reason": "not on a Friday"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let updates = slack.wait_for("chat.update", &rid, 1).await;
+    let update = &updates[0].body;
+    assert!(
+        update
+            .to_string()
+            .contains("Denied by bob: not on a Friday"),
+        "{update}"
+    );
+    assert!(!has_actions(update), "{update}");
+    // A late click on the old message decides nothing more.
+    let approve = element(&message, "tollgate.approve");
+    let (status, answer) = click(&srv, "U0ALICE", &approve, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(answer["outcome"], "already", "{answer}");
+    assert_eq!(answer["state"], "denied");
+    assert_eq!(resolutions(&srv, &run_id, &token).await.len(), 1);
+    assert_eq!(slack.about("chat.postMessage", &rid).len(), 1);
+}
+
+async fn unmapped_users_and_tampered_buttons_decide_nothing(backend: Backend) {
+    let Setup { _serve, srv, slack } = setup(backend).await;
+    let (run_id, token, rid, message) = armed(&srv, &slack, "web_fetch").await;
+    let approve = element(&message, "tollgate.approve");
+
+    // A Slack user nobody mapped.
+    let (status, v) = click(&srv, "U0MALLORY", &approve, None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["outcome"], "refused", "{v}");
+    let told = slack.wait_ephemeral("U0MALLORY", 1).await;
+    assert!(told[0].contains("Not allowed"), "{told:?}");
+
+    // A user of another project.
+    let (_, v) = click(&srv, "U0CAROL", &approve, None).await;
+    assert_eq!(v["outcome"], "refused", "{v}");
+
+    // A button naming another project than the card's: refused for a user of that
+    // project, and for a user of every project (the card is not in the project named).
+    let mut value: Value = serde_json::from_str(approve["value"].as_str().unwrap()).unwrap();
+    value["p"] = json!("proj-other");
+    let other = json!({"action_id": "tollgate.approve", "value": value.to_string()});
+    for user in ["U0CAROL", "U0DAVE"] {
+        let (status, v) = click(&srv, user, &other, None).await;
+        assert_eq!(
+            (status, v["outcome"].as_str()),
+            (StatusCode::OK, Some("refused")),
+            "{user}: {v}"
+        );
+    }
+    // A button whose value is not one Tollgate writes: 400.
+    for bad in [
+        json!({"action_id": "tollgate.approve", "value": "not json"}),
+        json!({"action_id": "tollgate.approve", "value": json!({"v": 1, "p": PROJECT, "r": run_id, "q": rid, "d": "deny"}).to_string()}),
+        json!({"action_id": "tollgate.approve", "value": json!({"v": 1, "p": PROJECT, "r": run_id, "q": rid, "d": "approve", "by": "alice"}).to_string()}),
+        json!({"action_id": "tollgate.deny", "value": json!({"v": 1, "p": PROJECT, "r": "../x", "q": rid, "d": "deny"}).to_string()}),
+    ] {
+        let (status, v) = click(&srv, "U0ALICE", &bad, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {v}");
+    }
+    let c = card(&srv, &run_id, &token, &rid).await;
+    assert_eq!(c["state"], "pending", "{c}");
+    assert!(resolutions(&srv, &run_id, &token).await.is_empty());
+    assert!(slack.about("chat.update", &rid).is_empty());
+}
+
+async fn only_the_owner_grants_beyond_once(backend: Backend) {
+    let Setup { _serve, srv, slack } = setup(backend).await;
+    let (run_id, token, rid, message) = armed(&srv, &slack, "web_fetch").await;
+    let approve = element(&message, "tollgate.approve");
+
+    // bob does not own the run: `always` is refused, visibly, and the card stays pending.
+    let (status, v) = click(&srv, "U0BOB", &approve, Some("always")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["outcome"], "refused", "{v}");
+    let told = slack.wait_ephemeral("U0BOB", 1).await;
+    assert!(told[0].contains("owner"), "{told:?}");
+    assert_eq!(card(&srv, &run_id, &token, &rid).await["state"], "pending");
+    assert!(pods::policies(&srv, &run_id).await.is_empty());
+
+    // bob may still approve it once.
+    let (_, v) = click(&srv, "U0BOB", &approve, Some("once")).await;
+    assert_eq!(v["outcome"], "decided", "{v}");
+    let c = card(&srv, &run_id, &token, &rid).await;
+    assert_eq!(
+        (c["decided_by"].as_str(), c["scope"].as_str()),
+        (Some("bob"), Some("once"))
+    );
+    assert!(pods::policies(&srv, &run_id).await.is_empty());
+}
