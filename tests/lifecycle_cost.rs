@@ -70,17 +70,7 @@ async fn dynamo_only_reference_lifecycle_costs_at_most_a_hundredth_of_a_cent() {
     let first = lifecycle().await;
     assert_eq!(
         first.events,
-        [
-            "run_started",
-            "tool.approval_required",
-            "tool.approval_pending",
-            "tool.approval_pending",
-            "tool.approval_pending",
-            "tool.approval_resolved",
-            "tool_execution_started",
-            "tool_execution",
-            "run_completed",
-        ],
+        tollgate_tests::lifecycle::EVENTS,
         "the lifecycle as the stream tells it"
     );
     println!("DynamoDB operations per step of the lifecycle:");
@@ -140,7 +130,7 @@ fn with_delivery(
     Mode::ALL
         .iter()
         .map(|mode| {
-            let delivery = price(*mode, &watch, &Assumptions::default());
+            let delivery = price(*mode, &watch, &Assumptions::default(), &lifecycle.ws);
             let total = lifecycle.bill.total_usd() + delivery.total_usd();
             (*mode, delivery, total)
         })

@@ -703,6 +703,16 @@ sse_drops_step() {
 }
 ((${#SSE_TEMPLATES[@]} == 0)) || sse_drops_step
 
+# Each function process's peak resident memory (VmHWM) over the cases, read before they
+# are stopped: what its MemorySize (infra/template.yaml) has to hold. A debug build
+# under this load: a release build's is smaller.
+for pid in $(pgrep -s "$WATCH_PID" 2>/dev/null || true); do
+  name=$(cat "/proc/$pid/comm" 2>/dev/null) || continue
+  [[ " ${FUNCTIONS[*]} " == *" $name "* ]] || continue
+  hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null) || continue
+  printf 'peak RSS  %-16s %7s KiB\n' "$name" "$hwm"
+done
+
 stop_watch
 log "done in $((SECONDS - T_START))s (invokes and watch: $((SECONDS - t0))s)"
 echo "lambda-runtime: $PASSED passed, $FAILED failed"
