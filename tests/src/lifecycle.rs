@@ -163,7 +163,9 @@ pub async fn lifecycle() -> Lifecycle {
         .await;
     assert_eq!(status, StatusCode::CREATED, "arm: {card}");
     steps.push(("arm card", since(&meter, &mut seen)));
-    // The agent waits on its card over WebSocket from its `tool.approval_required`.
+    // The stream hands the new event to the fanout (the console's), then the agent waits
+    // on its card over WebSocket from its `tool.approval_required`.
+    push.fan_out_new(&base, &run_id).await;
     let armed_at = card["sequence"].as_u64().expect("a fresh card's sequence");
     push.watch(ws::AGENT, &token, Some(&run_id), &run_id, armed_at)
         .await;
@@ -306,6 +308,19 @@ pub mod ws {
     use crate::meter::{Bill, DynamoMeter, DynamoUsage, LambdaAssumption, Usage};
 
     pub const CONSOLE: &str = "console-connection";
+
+    /// A warm invocation's duration: the median of `ms` without the first (which opened
+    /// the handler's connections, as a cold start's first invocation does; cold starts
+    /// are shared by many lifecycles).
+    fn warm_median(ms: &[f64]) -> f64 {
+        let mut warm: Vec<f64> = ms.iter().skip(usize::from(ms.len() > 1)).copied().collect();
+        warm.sort_by(f64::total_cmp);
+        match warm.len() {
+            0 => 0.0,
+            n if n % 2 == 1 => warm[n / 2],
+            n => (warm[n / 2 - 1] + warm[n / 2]) / 2.0,
+        }
+    }
     pub const AGENT: &str = "agent-connection";
 
     /// The loopback `@connections` endpoint: frames posted per connection; a connection
@@ -343,6 +358,8 @@ pub mod ws {
         received: Mutex<u64>,
         /// Invocations per route / function: how many, and their durations (ms).
         invocations: Mutex<BTreeMap<&'static str, Vec<f64>>>,
+        /// The last sequence handed to the fanout (the console's backlog ends at 1).
+        fanned: Mutex<u64>,
     }
 
     impl Rig {
@@ -382,6 +399,7 @@ pub mod ws {
                 meter,
                 received: Mutex::new(0),
                 invocations: Mutex::default(),
+                fanned: Mutex::new(1),
             }
         }
 
@@ -477,11 +495,10 @@ pub mod ws {
             assert_eq!(answer["statusCode"], 200, "disconnect: {answer}");
         }
 
-        /// The run's events after the console's backlog (`run_started`) handed to the
-        /// fanout as the events table's stream would, one batch per event; the agent
-        /// hangs up after its card's resolution, the console after `done`. Answers what
-        /// the delivery made, after checking each watcher got its events in order.
-        pub async fn deliver(self, base: &DynamoStore, run_id: &str) -> WsCounts {
+        /// The run's events not handed to the fanout yet (those after the console's
+        /// backlog, `run_started`), handed to it as the events table's stream would, one
+        /// batch per event, in order; the agent hangs up after its card's resolution.
+        pub async fn fan_out_new(&self, base: &DynamoStore, run_id: &str) {
             let items = base
                 .client()
                 .query()
@@ -494,12 +511,16 @@ pub mod ws {
                 .expect("the run's events")
                 .items
                 .unwrap_or_default();
-            for (i, item) in items.iter().enumerate() {
+            for item in &items {
                 let Ok(Some((_, event))) = tollgate_store::dynamo::event_from_item(item) else {
                     continue;
                 };
-                if event.sequence < 2 {
-                    continue;
+                {
+                    let mut fanned = self.fanned.lock().unwrap();
+                    if event.sequence <= *fanned {
+                        continue;
+                    }
+                    *fanned = event.sequence;
                 }
                 let image: serde_json::Map<String, Value> = item
                     .iter()
@@ -514,7 +535,7 @@ pub mod ws {
                     })
                     .collect();
                 let batch = json!({"Records": [{
-                    "eventID": format!("record-{i}"),
+                    "eventID": format!("record-{}", event.sequence),
                     "eventName": "INSERT",
                     "eventVersion": "1.1",
                     "eventSource": "aws:dynamodb",
@@ -524,7 +545,7 @@ pub mod ws {
                         "ApproximateCreationDateTime": 0,
                         "Keys": {},
                         "NewImage": Value::Object(image),
-                        "SequenceNumber": format!("{:021}", i + 1),
+                        "SequenceNumber": format!("{:021}", event.sequence),
                         "SizeBytes": 100,
                         "StreamViewType": "NEW_IMAGE",
                     }
@@ -535,9 +556,16 @@ pub mod ws {
                 self.timed("fanout", started);
                 assert!(response.batch_item_failures.is_empty(), "fanout failed");
                 if event.event_type == "tool.approval_resolved" {
-                    self.hang_up(super::ws::AGENT).await;
+                    self.hang_up(AGENT).await;
                 }
             }
+        }
+
+        /// The rest of the run's events through the fanout ([`Rig::fan_out_new`]), then
+        /// the console hangs up after `done`. Answers what the delivery made, after
+        /// checking what each watcher was sent.
+        pub async fn deliver(self, base: &DynamoStore, run_id: &str) -> WsCounts {
+            self.fan_out_new(base, run_id).await;
             let console = self.frames(CONSOLE);
             assert_eq!(
                 console.last().map(|f| f["event"].clone()),
@@ -578,13 +606,7 @@ pub mod ws {
                 .lock()
                 .unwrap()
                 .iter()
-                .map(|(what, ms)| {
-                    (
-                        *what,
-                        ms.len() as u64,
-                        ms.iter().sum::<f64>() / ms.len() as f64,
-                    )
-                })
+                .map(|(what, ms)| (*what, ms.len() as u64, warm_median(ms)))
                 .collect();
             WsCounts {
                 received,

@@ -70,7 +70,8 @@ pub struct WsCounts {
     /// Frames posted through `@connections` (each one message, all under 32 KB).
     pub sent: u64,
     /// Per route or function (`$connect`, `subscribe`, `fanout`, `$disconnect`): how
-    /// many invocations, and their mean measured duration (ms).
+    /// many invocations, and their measured warm duration (ms: the median without the
+    /// first invocation, which opened the connections).
     pub invocations: Vec<(&'static str, u64, f64)>,
     /// The registry's and the backlog reads' DynamoDB calls, one line per operation.
     pub dynamo: Vec<Line>,
@@ -109,7 +110,7 @@ pub struct Assumptions {
     /// `MemorySize` of the `websocket` and `fanout` functions (`infra/template.yaml`).
     pub ws_memory_mb: u32,
     /// Billed duration of each WebSocket invocation: `Some(ms)` one figure for all, `None`
-    /// each its measured mean duration, rounded up to the millisecond (as Lambda bills).
+    /// each its measured warm duration, rounded up to the millisecond (as Lambda bills).
     pub ws_billed_ms: Option<u32>,
     /// How long one `replay-stream` invocation holds a stream (its timeout less the
     /// margin it keeps).
@@ -375,7 +376,9 @@ pub fn price(mode: Mode, watch: &Watch, a: &Assumptions, ws: &WsCounts) -> Bill 
                 a.ws_memory_mb,
                 match a.ws_billed_ms {
                     Some(ms) => format!("{ms} ms each (assumed)"),
-                    None => "their durations measured here, rounded up to the ms".into(),
+                    None => "their warm durations as measured here (DynamoDB Local on this \
+                             machine, not AWS), rounded up to the ms"
+                        .into(),
                 }
             ));
         }
