@@ -468,6 +468,10 @@ TOLLGATE_WEBSOCKET_ENDPOINT=$(head -n 1 "$WORK/fake-connections.url")
 [[ -n $TOLLGATE_WEBSOCKET_ENDPOINT ]] || die "the fake @connections endpoint did not start"
 export TOLLGATE_WEBSOCKET_ENDPOINT
 log "fake @connections endpoint: $TOLLGATE_WEBSOCKET_ENDPOINT"
+# The notifier posts its webhook to the same endpoint (its posts are $posts entries with
+# connection_id "webhook"), signed with the suite's secret; loopback http is allowed for it.
+export TOLLGATE_WEBHOOK_URL="$TOLLGATE_WEBSOCKET_ENDPOINT/@connections/webhook" \
+  TOLLGATE_WEBHOOK_SECRET_ARN=$TOLLGATE_SECRET_ARN TOLLGATE_ALLOW_LOOPBACK_ORIGINS=1
 
 free_port() {
   python3 -c 'import socket
@@ -702,16 +706,6 @@ sse_drops_step() {
   fi
 }
 ((${#SSE_TEMPLATES[@]} == 0)) || sse_drops_step
-
-# Each function process's peak resident memory (VmHWM) over the cases, read before they
-# are stopped: what its MemorySize (infra/template.yaml) has to hold. A debug build
-# under this load: a release build's is smaller.
-for pid in $(pgrep -s "$WATCH_PID" 2>/dev/null || true); do
-  name=$(cat "/proc/$pid/comm" 2>/dev/null) || continue
-  [[ " ${FUNCTIONS[*]} " == *" $name "* ]] || continue
-  hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null) || continue
-  printf 'peak RSS  %-16s %7s KiB\n' "$name" "$hwm"
-done
 
 stop_watch
 log "done in $((SECONDS - T_START))s (invokes and watch: $((SECONDS - t0))s)"
