@@ -215,6 +215,9 @@ fuzz:
 	  cargo +nightly fuzz run $$t corpus/$$t $$seeds -- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 || exit 1; \
 	done
 
+# The WebSocket phase runs a `tollgate serve` process: target/debug/tollgate (the tests'
+# binary, tests/src/serve.rs), so it is built too.
 bench:
+	cargo build -p tollgate
 	cargo build --release -p tollgate-tests --bin tollgate-bench
 	$(EMULATORS) with ./target/release/tollgate-bench

@@ -2007,3 +2007,186 @@ async fn dynamo_only_a_stale_coordinator_head_is_never_written_on() {
         );
     }
 }
+
+/// Two servers, each with its own store instance on the same tables (two Lambda
+/// instances); the first has armed a card, so it remembers the card pending.
+async fn two_instances() -> (TestServer, TestServer) {
+    let server = || async {
+        TestServer::with_deps(TestServer::deps(
+            Arc::new(tollgate_tests::dynamo_store().await.without_lanes()),
+            gate(60_000),
+        ))
+        .await
+    };
+    (server().await, server().await)
+}
+
+/// GIVEN server A armed a card (it remembers it pending) and server B approved it (once)
+/// WHEN an operator who does not own the run approves it on A with scope `run` (which
+/// only the owner may grant on a pending card) — and the same click goes to B
+/// THEN A answers as B, which reads the card fresh: 200, approved by B's click, nothing
+/// written again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamo_only_a_click_on_a_card_decided_elsewhere_answers_as_a_fresh_read() {
+    let (a, b) = two_instances().await;
+    let f = family(&a, "alice").await;
+    let rid = request_id();
+    let (status, _) = arm(
+        &a,
+        &f.child,
+        &f.child_token,
+        json!({"request_id": rid, "tool_name": "shell"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, first) = decide(
+        &b,
+        "tool-approvals",
+        &f.child,
+        &operator(&b, "bob"),
+        json!({"request_id": rid}),
+    )
+    .await;
+    assert_eq!(
+        (status, first["state"].as_str()),
+        (StatusCode::OK, Some("approved"))
+    );
+    let click = json!({"request_id": rid, "scope": "run"});
+    let (status_b, on_b) = decide(
+        &b,
+        "tool-approvals",
+        &f.child,
+        &operator(&b, "mallory"),
+        click.clone(),
+    )
+    .await;
+    let (status_a, on_a) = decide(
+        &a,
+        "tool-approvals",
+        &f.child,
+        &operator(&a, "mallory"),
+        click,
+    )
+    .await;
+    assert_eq!(status_b, StatusCode::OK, "a fresh read: {on_b}");
+    assert_eq!((status_a, &on_a), (status_b, &on_b), "A answers as B");
+    assert_eq!(on_a["decided_by"], "bob", "{on_a}");
+    let events = b.replay_all(&f.child, &b.operator_token, 100).await;
+    let resolved = events
+        .iter()
+        .filter(|e| e["type"] == "tool.approval_resolved")
+        .count();
+    assert_eq!(resolved, 1, "{events:?}");
+}
+
+/// Deletes every item of `run_id` from the runs, events and approvals tables, as TTL
+/// does once its retention is over.
+async fn delete_run_items(store: &tollgate_store::dynamo::DynamoStore, run_id: &str) {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let client = store.client();
+    let tables = store.tables();
+    for (table, sort) in [
+        (&tables.runs, None),
+        (&tables.events, Some("event_key")),
+        (&tables.approvals, Some("item_key")),
+    ] {
+        let items = client
+            .query()
+            .table_name(table)
+            .key_condition_expression("run_id = :r")
+            .expression_attribute_values(":r", AttributeValue::S(run_id.to_owned()))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("query by hand")
+            .items
+            .unwrap_or_default();
+        for item in items {
+            let mut delete = client
+                .delete_item()
+                .table_name(table)
+                .key("run_id", AttributeValue::S(run_id.to_owned()));
+            if let Some(sort) = sort {
+                delete = delete.key(sort, item[sort].clone());
+            }
+            delete.send().await.expect("delete by hand");
+        }
+    }
+}
+
+/// GIVEN server A armed card R on run X (it remembers the card pending and X's head)
+/// AND every item of X expired (TTL), then X was created again on server B with a new
+/// card R (other arguments)
+/// WHEN an operator approves R on A
+/// THEN the new card is the one decided — its arguments stay the new run's, its
+/// resolution is on the new run's stream — never A's remembered card written over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamo_only_a_remembered_card_never_pairs_with_a_recreated_run() {
+    let (a, b) = two_instances().await;
+    let run_id = format!("again-{}", uuid::Uuid::new_v4().simple());
+    let body = json!({"run_id": run_id});
+    let (status, old) = a.post("/api/runs", &a.agent_token, &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{old}");
+    let rid = request_id();
+    let old_hash = format!("sha256:{:064x}", 1);
+    let (status, _) = arm(
+        &a,
+        &run_id,
+        old["run_token"].as_str().unwrap(),
+        json!({"request_id": rid, "tool_name": "shell", "arguments_hash": old_hash}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    delete_run_items(&tollgate_tests::dynamo_store().await, &run_id).await;
+    let (status, new) = b.post("/api/runs", &b.agent_token, &body).await;
+    assert_eq!(status, StatusCode::CREATED, "created again: {new}");
+    let new_token = new["run_token"].as_str().unwrap();
+    let new_hash = format!("sha256:{:064x}", 2);
+    let (status, _) = arm(
+        &b,
+        &run_id,
+        new_token,
+        json!({"request_id": rid, "tool_name": "web_fetch", "arguments_hash": new_hash}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, v) = decide(
+        &a,
+        "tool-approvals",
+        &run_id,
+        &operator(&a, "bob"),
+        json!({"request_id": rid}),
+    )
+    .await;
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (StatusCode::OK, Some("approved")),
+        "{v}"
+    );
+    let (status, card) = b
+        .get(
+            &format!("/api/runs/{run_id}/approval-requests/{rid}"),
+            new_token,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{card}");
+    assert_eq!(
+        (
+            card["state"].as_str(),
+            card["tool_name"].as_str(),
+            card["arguments_hash"].as_str()
+        ),
+        (Some("approved"), Some("web_fetch"), Some(new_hash.as_str())),
+        "the new card, decided: {card}"
+    );
+    let events = b.replay_all(&run_id, &b.operator_token, 100).await;
+    assert_eq!(
+        types(&events),
+        [
+            "run_started",
+            "tool.approval_required",
+            "tool.approval_resolved"
+        ],
+        "{events:?}"
+    );
+}

@@ -352,35 +352,20 @@ pub(crate) async fn decide_as(
             .map(Decision::forwarded);
         }
     };
-    let card = &located.card;
-    // (A card recorded from a forwarded `once` decision may not know its tool.)
-    if body
-        .tool_name
-        .as_ref()
-        .is_some_and(|t| !card.tool_name.is_empty() && *t != card.tool_name)
-    {
-        return Err(ApiError::bad_request(format!(
-            "tool_name does not match the card (it is for {})",
-            card.tool_name
-        )));
-    }
-    let resolution = match verb {
-        Verb::Deny => Resolution::Denied {
-            by: claims.sub.clone(),
-            reason: body.reason.clone(),
+    // A refusal judged on a card this process remembers is judged again on the stored
+    // card: the remembered one may have been decided (or replaced) elsewhere meanwhile,
+    // and the answer is a fresh read's (docs/architecture.md §6).
+    let (located, resolution) = match judge(&deps, &claims, &located, &body, verb) {
+        Ok(resolution) => (located, resolution),
+        Err(_) => match deps.gate.locate_fresh(&run_id, &body.request_id).await? {
+            Some(l) if in_project(&claims, &l.card.project_id) => {
+                let resolution = judge(&deps, &claims, &l, &body, verb)?;
+                (l, resolution)
+            }
+            _ => return Err(unknown()),
         },
-        Verb::Approve => {
-            let scope = Scope::parse(body.scope.as_ref().and_then(Value::as_str));
-            if card.state == ApprovalState::Pending && scope != Scope::Once {
-                check_scope(&deps, &claims, &located, scope)?;
-            }
-            Resolution::Approved {
-                scope,
-                by: claims.sub.clone(),
-                reason: body.reason.clone(),
-            }
-        }
     };
+    let card = &located.card;
     // A pending card its run's pod holds: the pod decides, the card records what it did
     // (in a task of its own, like any forward).
     if card.held_by_pod && card.state == ApprovalState::Pending {
@@ -902,6 +887,46 @@ async fn forward_decision(
         "decision forwarded to the agent host"
     );
     Ok(decision_answer(&card, verb))
+}
+
+/// What a decision on `located` asks for, or why it is refused (the tool named is not
+/// the card's; a scope the caller may not grant on a pending card).
+fn judge(
+    deps: &Deps,
+    claims: &Claims,
+    located: &Located,
+    body: &tollgate_protocol::approvals::Decide,
+    verb: Verb,
+) -> Result<Resolution, ApiError> {
+    let card = &located.card;
+    // (A card recorded from a forwarded `once` decision may not know its tool.)
+    if body
+        .tool_name
+        .as_ref()
+        .is_some_and(|t| !card.tool_name.is_empty() && *t != card.tool_name)
+    {
+        return Err(ApiError::bad_request(format!(
+            "tool_name does not match the card (it is for {})",
+            card.tool_name
+        )));
+    }
+    Ok(match verb {
+        Verb::Deny => Resolution::Denied {
+            by: claims.sub.clone(),
+            reason: body.reason.clone(),
+        },
+        Verb::Approve => {
+            let scope = Scope::parse(body.scope.as_ref().and_then(Value::as_str));
+            if card.state == ApprovalState::Pending && scope != Scope::Once {
+                check_scope(deps, claims, located, scope)?;
+            }
+            Resolution::Approved {
+                scope,
+                by: claims.sub.clone(),
+                reason: body.reason.clone(),
+            }
+        }
+    })
 }
 
 /// A scope beyond `once` is the run owner's to grant (the card stays pending otherwise),

@@ -488,6 +488,34 @@ impl Auth {
 }
 
 /// The bearer token of `Authorization`, `None` when absent, or why it is unusable.
+/// What a WebSocket upgrade offers (docs/architecture.md §9): its `Sec-WebSocket-Protocol`
+/// entries, and its credential — the first `bearer.<token>` entry, else `access_token`
+/// (the `?access_token=` query value). The one reading of an upgrade's credential: the
+/// in-process WebSocket, the API Gateway `$connect` and the credentials layer use it.
+pub struct UpgradeOffer<'a> {
+    pub protocols: Vec<&'a str>,
+    pub token: Option<&'a str>,
+}
+
+pub fn upgrade_offer<'a>(
+    headers: &'a HeaderMap,
+    access_token: Option<&'a str>,
+) -> UpgradeOffer<'a> {
+    let protocols: Vec<&str> = headers
+        .get_all(axum::http::header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    let token = protocols
+        .iter()
+        .find_map(|p| p.strip_prefix(tollgate_protocol::ws::BEARER_PREFIX))
+        .or(access_token);
+    UpgradeOffer { protocols, token }
+}
+
 fn bearer(headers: &HeaderMap) -> Option<Result<String, &'static str>> {
     let value = headers.get(axum::http::header::AUTHORIZATION)?;
     let Ok(value) = value.to_str() else {

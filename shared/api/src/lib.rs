@@ -369,20 +369,13 @@ async fn credentials_ready(
 }
 
 fn presented_tokens(req: &axum::extract::Request) -> Vec<String> {
-    use tollgate_protocol::ws::{BEARER_PREFIX, TOKEN_QUERY};
     let headers = req.headers();
     let mut tokens: Vec<String> = Vec::new();
     if let Some(Ok(token)) = auth::Credentials::from_headers(headers).bearer_token() {
         tokens.push(token.to_owned());
     }
-    for value in headers.get_all(axum::http::header::SEC_WEBSOCKET_PROTOCOL) {
-        for entry in value.to_str().unwrap_or_default().split(',') {
-            if let Some(token) = entry.trim().strip_prefix(BEARER_PREFIX) {
-                tokens.push(token.to_owned());
-            }
-        }
-    }
-    if let Some(token) = request::query_param(req.uri().query(), TOKEN_QUERY) {
+    let query = request::query_param(req.uri().query(), tollgate_protocol::ws::TOKEN_QUERY);
+    if let Some(token) = auth::upgrade_offer(headers, query).token {
         tokens.push(token.to_owned());
     }
     tokens.truncate(3);

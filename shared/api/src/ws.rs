@@ -31,12 +31,13 @@ use tollgate_app::ErrorState;
 use tollgate_domain::validate_run_id;
 use tollgate_protocol::events::StreamEnd;
 use tollgate_protocol::ws::{
-    ClientMessage, Frame, Subscribed, BEARER_PREFIX, FRAME_DONE, FRAME_ERROR, FRAME_PONG,
-    FRAME_SUBSCRIBED, FRAME_UNSUBSCRIBED, MAX_CLIENT_MESSAGE_BYTES,
-    MAX_SUBSCRIPTIONS_PER_CONNECTION, RUN_QUERY, SUBPROTOCOL, TOKEN_QUERY,
+    ClientMessage, Frame, Subscribed, FRAME_DONE, FRAME_ERROR, FRAME_PONG, FRAME_SUBSCRIBED,
+    FRAME_UNSUBSCRIBED, MAX_CLIENT_MESSAGE_BYTES, MAX_SUBSCRIPTIONS_PER_CONNECTION, RUN_QUERY,
+    SUBPROTOCOL, TOKEN_QUERY,
 };
 
 use crate::auth::{Caller, Credentials, Role};
+use crate::request::query_param;
 use crate::request_id::RequestId;
 use crate::sse::{caller_keys, follow, tenant_key, HeldPlaces, Sink, Stop, Wake};
 use crate::{ApiError, Deps};
@@ -62,24 +63,10 @@ pub fn routes() -> Router<Deps> {
     Router::new().route("/api/ws", get(upgrade))
 }
 
-fn query_value(query: Option<&str>, key: &str) -> Option<String> {
-    url::form_urlencoded::parse(query?.as_bytes())
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.into_owned())
-}
-
 /// The credential: `bearer.<token>` among the offered subprotocols, else
 /// `?access_token=`, else `Authorization: Bearer`.
 fn credentials(headers: &HeaderMap, query: Option<&str>) -> Credentials {
-    let offered = headers
-        .get_all(axum::http::header::SEC_WEBSOCKET_PROTOCOL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .find_map(|p| p.strip_prefix(BEARER_PREFIX))
-        .map(str::to_owned);
-    match offered.or_else(|| query_value(query, TOKEN_QUERY)) {
+    match crate::auth::upgrade_offer(headers, query_param(query, TOKEN_QUERY)).token {
         Some(token) => Credentials::from_token(token),
         None => Credentials::from_headers(headers),
     }
@@ -94,7 +81,7 @@ async fn upgrade(
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let creds = credentials(&headers, query.as_deref());
-    let run = query_value(query.as_deref(), RUN_QUERY);
+    let run = query_param(query.as_deref(), RUN_QUERY).map(str::to_owned);
     let caller = match deps.auth.caller(&creds, run.as_deref()) {
         Err(e) if run.is_none() && e.status == StatusCode::FORBIDDEN => {
             return Err(ApiError::unauthorized(format!(

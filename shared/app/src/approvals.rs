@@ -380,6 +380,16 @@ impl Gate {
         self.store.locate(run_id, request_id).await
     }
 
+    /// [`Gate::locate`] from storage, not from what this process remembers: to judge
+    /// again a decision refused on a remembered card.
+    pub async fn locate_fresh(
+        &self,
+        run_id: &str,
+        request_id: &str,
+    ) -> Result<Option<Located>, StoreError> {
+        self.store.locate_fresh(run_id, request_id).await
+    }
+
     /// Decides (or expires, when late) a located card; an approval with a scope beyond
     /// `once` writes its policy in the same step, only if it wins. One write: the reads
     /// were [`Gate::locate`]'s.

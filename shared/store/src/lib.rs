@@ -453,6 +453,18 @@ pub trait ApprovalStore: Send + Sync + 'static {
     /// writes. `None`: no such card (the API's `state: "unknown"`).
     async fn locate(&self, run_id: &str, request_id: &str) -> Result<Option<Located>, StoreError>;
 
+    /// [`ApprovalStore::locate`] from storage, whatever this instance remembers of the
+    /// card: a refusal judged on a remembered card is judged again on this, so it
+    /// answers as a fresh read does (docs/architecture.md §6). A store that remembers
+    /// nothing locates as usual.
+    async fn locate_fresh(
+        &self,
+        run_id: &str,
+        request_id: &str,
+    ) -> Result<Option<Located>, StoreError> {
+        self.locate(run_id, request_id).await
+    }
+
     /// [`ApprovalStore::resolve`] on a card [`ApprovalStore::locate`] read: its card and
     /// heads are the first attempt's reads (each write is conditioned on exactly them, so
     /// a stale read loses and is read again — never acted on).

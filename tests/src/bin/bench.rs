@@ -1538,7 +1538,7 @@ async fn lifecycle_modes(measured: &Assumptions) {
          {WAIT_SECONDS} s on its card + one console watching the run as long"
     );
     for mode in Mode::ALL {
-        let delivery = price(mode, &watch, measured);
+        let delivery = price(mode, &watch, measured, &lifecycle.ws);
         let total = base + delivery.total_usd();
         println!(
             "  {:<22} delivery ${:.8} → lifecycle ${total:.8} ({:.0}% of the $0.0001 goal){}",

@@ -16,13 +16,18 @@ pub struct LambdaAssumption {
 }
 
 impl Default for LambdaAssumption {
-    /// 256 MB (`MemorySize` in `infra/template.yaml`) × 50 ms: a warm invocation making
-    /// up to three DynamoDB round trips of ~10 ms in-region plus its own work, rounded
-    /// up. Cold starts (their INIT phase) are left out: they are shared by many
-    /// lifecycles.
+    /// The lifecycle's functions' `MemorySize` as `infra/template.yaml` says (the
+    /// largest, should they differ) × 50 ms: a warm invocation making up to three
+    /// DynamoDB round trips of ~10 ms in-region plus its own work, rounded up. Cold
+    /// starts (their INIT phase) are left out: they are shared by many lifecycles.
     fn default() -> Self {
         Self {
-            memory_mb: 256,
+            memory_mb: super::template::max_memory_mb(&[
+                "ingress",
+                "approvals",
+                "settlement",
+                "timers",
+            ]),
             billed_ms: 50,
         }
     }

@@ -2,13 +2,13 @@
 //! operator console watching the run, for a given time, in each delivery mode —
 //! (a) the live stream (SSE) held open on the `replay-stream` Lambda, (b) polling
 //! `GET …/events?after=N` through API Gateway and the `replay` Lambda, (c) WebSocket push
-//! (API Gateway WebSocket API, the `$connect`/`subscribe`/`$disconnect` functions and a
-//! `fanout` function fed by the events table's DynamoDB Stream).
+//! (API Gateway WebSocket API, the `websocket` function's `$connect`/`subscribe`/
+//! `$disconnect` and a `fanout` function fed by the events table's DynamoDB Stream).
 //!
-//! Every line is a count of operations times a price of [`prices`]; the counts come from
-//! the lifecycle's own events ([`Watch::of_lifecycle`]) and the per-operation counts
-//! below, each written into the bill's assumptions. Pure arithmetic: the same watch
-//! always prices the same.
+//! Every line is a count of operations times a price of [`prices`]. For (a) and (b) the
+//! counts come from the lifecycle's own events ([`Watch::of_lifecycle`]) and the
+//! per-operation figures below, each written into the bill's assumptions; for (c) they
+//! are counted on the handlers themselves ([`WsCounts`], `crate::lifecycle::ws`).
 
 use super::bill::{Bill, Line};
 use super::prices;
@@ -59,6 +59,24 @@ impl Watch {
     }
 }
 
+/// What a lifecycle's WebSocket delivery made, counted on the deployed handlers
+/// (`crate::lifecycle::ws`): messages through API Gateway, invocations of the functions
+/// (with their measured durations), and the DynamoDB calls, billed as the meter bills
+/// any call.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WsCounts {
+    /// Client messages API Gateway received (`subscribe`, …).
+    pub received: u64,
+    /// Frames posted through `@connections` (each one message, all under 32 KB).
+    pub sent: u64,
+    /// Per route or function (`$connect`, `subscribe`, `fanout`, `$disconnect`): how
+    /// many invocations, and their measured warm duration (ms: the median without the
+    /// first invocation, which opened the connections).
+    pub invocations: Vec<(&'static str, u64, f64)>,
+    /// The registry's and the backlog reads' DynamoDB calls, one line per operation.
+    pub dynamo: Vec<Line>,
+}
+
 /// The three modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -85,17 +103,15 @@ impl Mode {
 /// The per-operation figures a mode is priced with (what was not counted here).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Assumptions {
-    /// `MemorySize` of the HTTP functions (`infra/template.yaml` Globals).
+    /// `MemorySize` of the `replay` and `replay-stream` functions (`infra/template.yaml`).
     pub http_memory_mb: u32,
     /// Billed duration of one `replay` invocation answering a poll.
     pub replay_ms: u32,
-    /// `MemorySize` of the WebSocket functions.
+    /// `MemorySize` of the `websocket` and `fanout` functions (`infra/template.yaml`).
     pub ws_memory_mb: u32,
-    /// Billed durations of the WebSocket functions' invocations.
-    pub connect_ms: u32,
-    pub subscribe_ms: u32,
-    pub fanout_ms: u32,
-    pub disconnect_ms: u32,
+    /// Billed duration of each WebSocket invocation: `Some(ms)` one figure for all, `None`
+    /// each its measured warm duration, rounded up to the millisecond (as Lambda bills).
+    pub ws_billed_ms: Option<u32>,
     /// How long one `replay-stream` invocation holds a stream (its timeout less the
     /// margin it keeps).
     pub stream_window_s: u64,
@@ -108,29 +124,20 @@ pub struct Assumptions {
     pub page_rru: f64,
     /// Clients' poll interval while nothing arrives (s).
     pub poll_interval_s: f64,
-    /// Read units of one `Query` of a run's subscribers (fanout, strong, under 4 KB).
-    pub subscribers_rru: f64,
-    /// Write units of one connection or subscription item put or deleted (under 1 KB).
-    pub ws_item_wru: f64,
 }
 
 impl Default for Assumptions {
     fn default() -> Self {
         Self {
-            http_memory_mb: 256,
+            http_memory_mb: super::template::max_memory_mb(&["replay", "replay-stream"]),
             replay_ms: 50,
-            ws_memory_mb: 128,
-            connect_ms: 20,
-            subscribe_ms: 40,
-            fanout_ms: 30,
-            disconnect_ms: 20,
+            ws_memory_mb: super::template::max_memory_mb(&["websocket", "fanout"]),
+            ws_billed_ms: None,
             stream_window_s: 57,
             sse_polls_per_min: 60.0,
             sse_poll_rru: 0.5,
             page_rru: 2.0,
             poll_interval_s: 1.0,
-            subscribers_rru: 1.0,
-            ws_item_wru: 1.0,
         }
     }
 }
@@ -160,7 +167,7 @@ fn line(
 }
 
 /// What delivering `watch` costs in `mode`, line by line, with its assumptions.
-pub fn price(mode: Mode, watch: &Watch, a: &Assumptions) -> Bill {
+pub fn price(mode: Mode, watch: &Watch, a: &Assumptions, ws: &WsCounts) -> Bill {
     use prices::*;
     let watchers = 2u64;
     let mut lines = Vec::new();
@@ -279,10 +286,7 @@ pub fn price(mode: Mode, watch: &Watch, a: &Assumptions) -> Bill {
             ));
         }
         Mode::WebSocket => {
-            let backlog = watch.console_backlog;
-            let pushed = watch.console_live + watch.agent_live;
-            // Received: one `subscribe` per watcher; sent: every frame.
-            let messages = watchers + backlog + pushed;
+            let messages = ws.received + ws.sent;
             lines.push(line(
                 "API Gateway",
                 "WebSocket messages",
@@ -291,8 +295,8 @@ pub fn price(mode: Mode, watch: &Watch, a: &Assumptions) -> Bill {
                 "messages",
                 API_GATEWAY_WS_MESSAGE_USD,
                 format!(
-                    "{watchers} subscribe + {backlog} backlog + {pushed} pushed frames (each \
-                     under 32 KB)"
+                    "{} received (subscribe) + {} frames sent (each under 32 KB), counted",
+                    ws.received, ws.sent
                 ),
             ));
             let minutes = watchers as f64 * watch.minutes().ceil();
@@ -308,17 +312,12 @@ pub fn price(mode: Mode, watch: &Watch, a: &Assumptions) -> Bill {
                     watch.minutes().ceil()
                 ),
             ));
-            let batches = watch.live_events();
-            let invocations = [
-                ("$connect", watchers, a.connect_ms),
-                ("subscribe", watchers, a.subscribe_ms),
-                ("fanout", batches, a.fanout_ms),
-                ("$disconnect", watchers, a.disconnect_ms),
-            ];
-            let count: u64 = invocations.iter().map(|(_, n, _)| n).sum();
-            let gbs: f64 = invocations
+            let billed = |ms: f64| a.ws_billed_ms.unwrap_or(ms.ceil().max(1.0) as u32);
+            let count: u64 = ws.invocations.iter().map(|(_, n, _)| n).sum();
+            let gbs: f64 = ws
+                .invocations
                 .iter()
-                .map(|(_, n, ms)| *n as f64 * gb_s(a.ws_memory_mb, *ms as f64))
+                .map(|(_, n, ms)| *n as f64 * gb_s(a.ws_memory_mb, billed(*ms) as f64))
                 .sum();
             lines.push(line(
                 "Lambda",
@@ -327,7 +326,7 @@ pub fn price(mode: Mode, watch: &Watch, a: &Assumptions) -> Bill {
                 count as f64,
                 "requests",
                 LAMBDA_REQUEST_USD,
-                invocations
+                ws.invocations
                     .iter()
                     .map(|(f, n, _)| format!("{f} ×{n}"))
                     .collect::<Vec<_>>()
@@ -343,78 +342,44 @@ pub fn price(mode: Mode, watch: &Watch, a: &Assumptions) -> Bill {
                 format!(
                     "{} MB × ({})",
                     a.ws_memory_mb,
-                    invocations
+                    ws.invocations
                         .iter()
-                        .map(|(f, _, ms)| format!("{f} {ms} ms"))
+                        .map(|(f, _, ms)| format!("{f} {} ms", billed(*ms)))
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
             ));
-            let (puts, deletes) = (2 * watchers, 2 * watchers);
-            lines.push(line(
-                "DynamoDB",
-                "PutItem (connection, subscription)",
-                puts,
-                puts as f64 * a.ws_item_wru,
-                "WRU",
-                DYNAMODB_WRU_USD,
-                format!(
-                    "$connect 1 + subscribe 1 per watcher × {} WRU",
-                    a.ws_item_wru
-                ),
-            ));
-            lines.push(line(
-                "DynamoDB",
-                "DeleteItem (connection, subscription)",
-                deletes,
-                deletes as f64 * a.ws_item_wru,
-                "WRU",
-                DYNAMODB_WRU_USD,
-                format!("$disconnect: 2 per watcher × {} WRU", a.ws_item_wru),
-            ));
-            lines.push(line(
-                "DynamoDB",
-                "backlog page reads",
-                watchers,
-                watchers as f64 * a.page_rru,
-                "RRU",
-                DYNAMODB_RRU_USD,
-                format!("one replay page per subscribe × {} RRU", a.page_rru),
-            ));
-            lines.push(line(
-                "DynamoDB",
-                "Query (subscribers)",
-                batches,
-                batches as f64 * a.subscribers_rru,
-                "RRU",
-                DYNAMODB_RRU_USD,
-                format!(
-                    "one per stream batch, one batch per event (no batching window) × {} RRU",
-                    a.subscribers_rru
-                ),
-            ));
+            for l in &ws.dynamo {
+                lines.push(Line {
+                    item: format!("{} (WebSocket)", l.item),
+                    ..l.clone()
+                });
+            }
             lines.push(line(
                 "DynamoDB",
                 "Streams GetRecords",
-                batches,
+                watch.live_events(),
                 0.0,
                 "-",
                 0.0,
                 "made by the Lambda event source mapping: free".into(),
             ));
             assumptions.push(format!(
-                "WebSocket: API Gateway ${}/million messages (32 KB units; sent and received) \
-                 and ${}/million connection-minutes; `$connect`/`$disconnect` are no messages; \
-                 functions at {} MB, x86_64, billed {} / {} / {} / {} ms ($connect / \
-                 subscribe / fanout per batch / $disconnect; assumed, not measured); one \
-                 stream batch per event; the agent stays connected for the whole wait",
+                "WebSocket: the `websocket` and `fanout` handlers run on DynamoDB Local for this \
+                 lifecycle, every message, invocation and DynamoDB call counted; API Gateway \
+                 ${}/million messages (32 KB units; sent and received) and ${}/million \
+                 connection-minutes; `$connect`/`$disconnect` are no messages; functions at {} \
+                 MB, x86_64, billed {}; one stream batch per event; the agent stays connected \
+                 for the whole wait",
                 API_GATEWAY_WS_MESSAGE_USD * 1e6,
                 API_GATEWAY_WS_CONNECTION_MINUTE_USD * 1e6,
                 a.ws_memory_mb,
-                a.connect_ms,
-                a.subscribe_ms,
-                a.fanout_ms,
-                a.disconnect_ms
+                match a.ws_billed_ms {
+                    Some(ms) => format!("{ms} ms each (assumed)"),
+                    None => "their warm durations as measured here (DynamoDB Local on this \
+                             machine, not AWS), rounded up to the ms"
+                        .into(),
+                }
             ));
         }
     }
@@ -432,18 +397,7 @@ mod tests {
     use super::*;
 
     fn reference() -> Watch {
-        let events = [
-            "run_started",
-            "tool.approval_required",
-            "tool.approval_pending",
-            "tool.approval_pending",
-            "tool.approval_pending",
-            "tool.approval_resolved",
-            "tool_execution_started",
-            "tool_execution",
-            "run_completed",
-        ]
-        .map(String::from);
+        let events = crate::lifecycle::EVENTS.map(String::from);
         Watch::of_lifecycle(&events, 300)
     }
 
@@ -460,30 +414,70 @@ mod tests {
         );
     }
 
+    fn counted() -> WsCounts {
+        WsCounts {
+            received: 2,
+            sent: 13,
+            invocations: vec![("$connect", 2, 3.2), ("fanout", 8, 0.4)],
+            dynamo: vec![Line {
+                service: "DynamoDB",
+                item: "PutItem".into(),
+                count: 4,
+                units: 4.0,
+                unit: "WRU",
+                usd_per_unit: prices::DYNAMODB_WRU_USD,
+                note: String::new(),
+            }],
+        }
+    }
+
     #[test]
-    fn websocket_counts_follow_the_watch() {
-        let bill = price(Mode::WebSocket, &reference(), &Assumptions::default());
-        let count = |item: &str| {
+    fn websocket_prices_what_was_counted() {
+        let a = Assumptions::default();
+        let bill = price(Mode::WebSocket, &reference(), &a, &counted());
+        let line = |item: &str| {
             bill.lines
                 .iter()
                 .find(|l| l.item == item)
                 .unwrap_or_else(|| panic!("{item}"))
-                .units
+                .clone()
         };
-        assert_eq!(count("WebSocket messages"), 2.0 + 1.0 + 12.0);
-        assert_eq!(count("WebSocket connection-minutes"), 10.0);
-        assert_eq!(count("WebSocket invocations"), 2.0 + 2.0 + 8.0 + 2.0);
-        assert_eq!(count("Query (subscribers)"), 8.0);
+        assert_eq!(line("WebSocket messages").units, 15.0);
+        assert_eq!(line("WebSocket connection-minutes").units, 10.0);
+        assert_eq!(line("WebSocket invocations").units, 10.0);
+        // Billed per invocation rounded up to the ms: 2 × 4 ms + 8 × 1 ms.
+        let gb = a.ws_memory_mb as f64 / 1024.0;
+        let gbs = line("WebSocket compute").units;
+        assert!((gbs - gb * 16.0 / 1000.0).abs() < 1e-12, "{gbs}");
+        assert_eq!(line("PutItem (WebSocket)").units, 4.0);
+        let fixed = Assumptions {
+            ws_billed_ms: Some(10),
+            ..a
+        };
+        let bill = price(Mode::WebSocket, &reference(), &fixed, &counted());
+        let gbs = bill
+            .lines
+            .iter()
+            .find(|l| l.item == "WebSocket compute")
+            .unwrap()
+            .units;
+        assert!((gbs - gb * 100.0 / 1000.0).abs() < 1e-12, "{gbs}");
     }
 
     #[test]
     fn a_held_stream_costs_its_whole_wait() {
-        let bill = price(Mode::Sse, &reference(), &Assumptions::default());
+        let bill = price(Mode::Sse, &reference(), &Assumptions::default(), &counted());
         let held = &bill.lines[0];
         assert_eq!(held.units, 2.0 * 300.0 * 0.25);
         assert!(
             bill.total_usd()
-                > price(Mode::WebSocket, &reference(), &Assumptions::default()).total_usd()
+                > price(
+                    Mode::WebSocket,
+                    &reference(),
+                    &Assumptions::default(),
+                    &counted()
+                )
+                .total_usd()
         );
     }
 }

@@ -34,6 +34,7 @@ pub mod delivery;
 mod interceptor;
 mod model;
 pub mod prices;
+pub mod template;
 mod timers;
 
 pub use bill::*;

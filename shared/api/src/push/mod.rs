@@ -100,27 +100,17 @@ pub fn upgrade_credential<'a>(
     headers: &'a HeaderMap,
     access_token: Option<&'a str>,
 ) -> Result<(Option<&'a str>, bool), ApiError> {
-    let offered: Vec<&str> = headers
-        .get_all("sec-websocket-protocol")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .collect();
-    if offered.is_empty() {
-        return Ok((access_token, false));
+    let offer = crate::auth::upgrade_offer(headers, access_token);
+    if offer.protocols.is_empty() {
+        return Ok((offer.token, false));
     }
-    if !offered.contains(&ws::SUBPROTOCOL) {
+    if !offer.protocols.contains(&ws::SUBPROTOCOL) {
         return Err(ApiError::unauthorized(format!(
             "Sec-WebSocket-Protocol must offer {}",
             ws::SUBPROTOCOL
         )));
     }
-    let bearer = offered
-        .iter()
-        .find_map(|p| p.strip_prefix(ws::BEARER_PREFIX));
-    Ok((bearer.or(access_token), true))
+    Ok((offer.token, true))
 }
 
 /// The `websocket` function's routes over the registry and the run log.

@@ -95,6 +95,9 @@ impl DynamoStore {
                 .expression_attribute_names("#state", "state")
                 .expression_attribute_values(":pending", s(ApprovalState::Pending.as_str()));
         }
+        if condition.contains(":created_at") {
+            put = put.expression_attribute_values(":created_at", n(card.created_at));
+        }
         Ok(aws_sdk_dynamodb::types::TransactWriteItem::builder()
             .put(put.build().map_err(build_error)?)
             .build())
@@ -705,6 +708,15 @@ impl ApprovalStore for DynamoStore {
         self.locate_card(run_id, request_id, true).await
     }
 
+    async fn locate_fresh(
+        &self,
+        run_id: &str,
+        request_id: &str,
+    ) -> Result<Option<Located>, StoreError> {
+        self.cards.forget(run_id, request_id);
+        self.locate_card(run_id, request_id, true).await
+    }
+
     async fn resolve(
         &self,
         run_id: &str,
@@ -759,9 +771,13 @@ impl ApprovalStore for DynamoStore {
             let now = now_millis();
             // Invariant: a card ends once — exactly one resolution, one resolved event,
             // one policy; the losers of a race read the winner's state.
+            // Conditioned on the card as it was armed too (its `created_at` never
+            // changes): a remembered card of an earlier run of the same id loses here,
+            // and the stored card it is answered with is decided instead
+            // (docs/architecture.md §6).
             let mut side = vec![self.card_put(
                 &ended,
-                "attribute_exists(item_key) AND #state = :pending",
+                "attribute_exists(item_key) AND #state = :pending AND created_at = :created_at",
                 now,
                 None,
             )?];

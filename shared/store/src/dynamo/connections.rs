@@ -10,6 +10,9 @@
 //! - get by connection: `GetItem conn#<id>/conn`;
 //! - a run's subscribers: `Query pk = run#<run_id>` (strongly consistent: a subscription
 //!   recorded before the fanout reads is seen);
+//! - subscribe: the run added to the connection's `runs` set (conditioned on the
+//!   connection and its limit), then the subscription item put — plain writes, each
+//!   billed once (a transaction bills every item twice); unsubscribe the reverse;
 //! - a connection's subscriptions on disconnect: its `runs` set (the connection item,
 //!   deleted with `ReturnValues ALL_OLD`), then one `BatchWriteItem` of deletes;
 //! - caps: the sparse indexes `by_holder` (a run token's run, or an agent) and
@@ -21,10 +24,7 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::types::{
-    AttributeValue, Delete, DeleteRequest, Put, ReturnValue, Select, TransactWriteItem, Update,
-    WriteRequest,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, ReturnValue, Select, WriteRequest};
 use aws_sdk_dynamodb::Client;
 
 use super::commit::backoff;
@@ -216,9 +216,10 @@ impl Connections {
 
     /// Records `sub` on its connection: the caps are counted first (one `Query` each;
     /// the count is approximate under concurrent subscribes, by at most those in flight),
-    /// then the subscription item and the connection's `runs` set are written together
-    /// (`TransactWriteItems`), the set conditioned on the connection existing and
-    /// following fewer than `max_per_connection` other runs.
+    /// then the run added to the connection's `runs` set (`UpdateItem`, conditioned on the
+    /// connection existing and following fewer than `max_per_connection` other runs),
+    /// then the subscription item put (`PutItem`). A run the connection already follows
+    /// is only put again.
     /// `connection` is the record as read (by [`Connections::get_connection`]) before.
     pub async fn subscribe(
         &self,
@@ -248,12 +249,19 @@ impl Connections {
         if let Some(t) = &sub.tenant {
             item.insert("tenant".into(), s(t));
         }
-        let put = Put::builder()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .build()
-            .map_err(build_error)?;
-        let update = Update::builder()
+        // The connection's set first, conditioned; then the subscription item. Two plain
+        // writes, not one transaction (which bills every item twice): should the second
+        // fail, the set names one run too many until it is unsubscribed or the
+        // connection goes, which only counts against the per-connection limit, and a
+        // retried subscribe finds the run already in the set.
+        if already {
+            // Followed already: the item is put again, with a fresh expiry.
+            self.put_subscription(item).await?;
+            return Ok(Subscribed::Recorded);
+        }
+        let added = self
+            .client
+            .update_item()
             .table_name(&self.table)
             .set_key(Some(conn_key(&sub.connection_id)))
             .update_expression("ADD runs :r")
@@ -265,75 +273,67 @@ impl Connections {
             .expression_attribute_values(":run", s(&sub.run_id))
             .expression_attribute_values(":max", n(max_per_connection))
             .expression_attribute_values(":now", n(now_secs()))
-            .build()
-            .map_err(build_error)?;
-        let items = vec![
-            TransactWriteItem::builder().update(update).build(),
-            TransactWriteItem::builder().put(put).build(),
-        ];
-        if self.transact(items).await? {
-            return Ok(Subscribed::Recorded);
+            .send()
+            .await;
+        if let Err(e) = added {
+            if !e
+                .as_service_error()
+                .is_some_and(|se| se.is_conditional_check_failed_exception())
+            {
+                return Err(unavailable(e));
+            }
+            // The condition failed: gone, or full by a concurrent subscribe.
+            return match self.get_connection(&sub.connection_id).await? {
+                None => Ok(Subscribed::NoConnection),
+                Some(_) => Ok(Subscribed::TooManyOnConnection),
+            };
         }
-        // The condition failed: gone, or full by a concurrent subscribe.
-        match self.get_connection(&sub.connection_id).await? {
-            None => Ok(Subscribed::NoConnection),
-            Some(_) => Ok(Subscribed::TooManyOnConnection),
-        }
+        self.put_subscription(item).await?;
+        Ok(Subscribed::Recorded)
     }
 
-    /// One `TransactWriteItems`: `Ok(false)` when a condition cancelled it (nothing
-    /// written).
-    async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<bool, StoreError> {
-        match self
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(items))
+    async fn put_subscription(&self, item: Item) -> Result<(), StoreError> {
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
             .send()
             .await
-        {
-            Ok(_) => Ok(true),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|se| se.is_transaction_canceled_exception()) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(unavailable(e)),
-        }
+            .map_err(unavailable)?;
+        Ok(())
     }
 
-    /// Stops `connection_id` following `run_id` (`TransactWriteItems`: the subscription
-    /// item deleted, the run taken out of the connection's set). Nothing followed is no
-    /// error.
+    /// Stops `connection_id` following `run_id`: the subscription item deleted, then the
+    /// run taken out of the connection's set (two plain writes; a connection already
+    /// gone is no error). Nothing followed is no error.
     pub async fn unsubscribe(&self, connection_id: &str, run_id: &str) -> Result<(), StoreError> {
-        let delete = Delete::builder()
+        self.client
+            .delete_item()
             .table_name(&self.table)
             .set_key(Some(sub_key(run_id, connection_id)))
-            .build()
-            .map_err(build_error)?;
-        let update = Update::builder()
+            .send()
+            .await
+            .map_err(unavailable)?;
+        let removed = self
+            .client
+            .update_item()
             .table_name(&self.table)
             .set_key(Some(conn_key(connection_id)))
             .update_expression("DELETE runs :r")
             .condition_expression("attribute_exists(pk)")
             .expression_attribute_values(":r", AttributeValue::Ss(vec![run_id.to_owned()]))
-            .build()
-            .map_err(build_error)?;
-        let items = vec![
-            TransactWriteItem::builder().delete(delete).build(),
-            TransactWriteItem::builder().update(update).build(),
-        ];
-        if !self.transact(items).await? {
-            // No connection item: only the subscription (if any) is left to delete.
-            self.client
-                .delete_item()
-                .table_name(&self.table)
-                .set_key(Some(sub_key(run_id, connection_id)))
-                .send()
-                .await
-                .map_err(unavailable)?;
+            .send()
+            .await;
+        match removed {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(unavailable(e)),
         }
-        Ok(())
     }
 
     /// Deletes a connection and every subscription it holds: the connection item
