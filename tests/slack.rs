@@ -38,6 +38,7 @@ tollgate_tests::for_each_backend! {
     slack_http_resolution_rewrites_the_message => a_card_resolved_over_http_rewrites_the_message;
     slack_unmapped_users_and_tampered_buttons => unmapped_users_and_tampered_buttons_decide_nothing;
     slack_only_the_owner_grants_beyond_once => only_the_owner_grants_beyond_once;
+    slack_decides_a_card_of_a_run_of_no_project => a_card_of_a_run_of_no_project_is_decided_by_an_operator_of_every_project;
 }
 
 /// One Web API call the fake Slack received.
@@ -645,4 +646,44 @@ async fn only_the_owner_grants_beyond_once(backend: Backend) {
         (Some("bob"), Some("once"))
     );
     assert!(pods::policies(&srv, &run_id).await.is_empty());
+}
+
+/// A run of no project: its buttons name no project, so an operator of every project
+/// (dave) decides it; an operator of one project (alice) is refused.
+async fn a_card_of_a_run_of_no_project_is_decided_by_an_operator_of_every_project(
+    backend: Backend,
+) {
+    let Setup { _serve, srv, slack } = setup(backend).await;
+    let agent = srv.auth.mint_jwt("agent-slack", Role::Agent, 3600, None);
+    let (status, v) = srv
+        .post(
+            "/api/runs",
+            &agent,
+            &json!({"owner": "dave", "channel_id": CHANNEL}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let run_id = v["run_id"].as_str().unwrap().to_owned();
+    let token = v["run_token"].as_str().unwrap().to_owned();
+    let rid = arm(&srv, &run_id, &token, "web_fetch").await;
+    let message = posted(&slack, &rid).await;
+    let approve = element(&message, "tollgate.approve");
+    assert!(
+        !approve["value"].as_str().unwrap().contains("\"p\":\"-\""),
+        "the button names no project: {approve}"
+    );
+
+    let (status, v) = click(&srv, "U0ALICE", &approve, Some("once")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["outcome"], "refused", "{v}");
+    assert_eq!(card(&srv, &run_id, &token, &rid).await["state"], "pending");
+
+    let (status, v) = click(&srv, "U0DAVE", &approve, Some("once")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["outcome"], "decided", "{v}");
+    let c = card(&srv, &run_id, &token, &rid).await;
+    assert_eq!(
+        (c["state"].as_str(), c["decided_by"].as_str()),
+        (Some("approved"), Some("dave"))
+    );
 }

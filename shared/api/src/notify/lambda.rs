@@ -17,8 +17,8 @@ use tollgate_store::dynamo::{event_from_item, DynamoStore, Tables};
 
 use super::{Notifier, RetryPolicy};
 
-/// One stream batch: every card event handed to the notifier; the positions of those
-/// that could not be handled reported back.
+/// One stream batch: its card events handed to the notifier in order, up to the first
+/// that could not be handled, whose position is reported back.
 pub async fn handle_stream(notifier: &Notifier, event: Event) -> DynamoDbEventResponse {
     let mut response = DynamoDbEventResponse::default();
     for record in &event.records {
@@ -26,14 +26,27 @@ pub async fn handle_stream(notifier: &Notifier, event: Event) -> DynamoDbEventRe
             continue;
         }
         let item = crate::push::fanout::image_item(record);
-        let Ok(Some((run_id, stored))) = event_from_item(&item) else {
-            continue;
+        let (run_id, stored) = match event_from_item(&item) {
+            Ok(Some(found)) => found,
+            Ok(None) => continue,
+            Err(e) => {
+                // Retrying cannot mend it; skipping it must not be silent.
+                tracing::error!(
+                    sequence_number = record.change.sequence_number.as_deref().unwrap_or(""),
+                    error = %e,
+                    "notifier: a stream record is not an event this version reads; skipped"
+                );
+                continue;
+            }
         };
         if let Err(e) = notifier.on_event(&run_id, &stored).await {
             tracing::error!(run_id, error = %e, "notifier: a card event was not handled; reported for retry");
+            // Stop here: Lambda retries the batch from this record, so a card's resolution
+            // is never handled before its arm that failed.
             let mut failure = DynamoDbBatchItemFailure::default();
             failure.item_identifier = record.change.sequence_number.clone();
             response.batch_item_failures.push(failure);
+            break;
         }
     }
     response

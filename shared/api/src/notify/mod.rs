@@ -42,6 +42,9 @@ impl fmt::Display for NoticeKind {
     }
 }
 
+/// The project a notice and its delivery records name for a run of no project.
+pub const NO_PROJECT: &str = "-";
+
 /// One card event, as a sink sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CardNotice {

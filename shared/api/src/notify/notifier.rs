@@ -181,7 +181,10 @@ impl Notifier {
         };
         Ok(Some(CardNotice {
             kind,
-            project: head.project_id.clone().unwrap_or_else(|| "-".into()),
+            project: head
+                .project_id
+                .clone()
+                .unwrap_or_else(|| super::NO_PROJECT.into()),
             run_id: run_id.to_owned(),
             request_id: request_id.to_owned(),
             sequence,

@@ -32,7 +32,7 @@ pub fn wire(d: &Delivery) -> WireDelivery {
         delivery_id: d.delivery_id.clone(),
         sink: d.key.sink.clone(),
         kind: d.key.kind.clone(),
-        project: (d.key.project != "-").then(|| d.key.project.clone()),
+        project: (d.key.project != super::NO_PROJECT).then(|| d.key.project.clone()),
         run_id: d.key.run_id.clone(),
         request_id: d.key.request_id.clone(),
         sequence: d.sequence,
@@ -59,7 +59,7 @@ fn project_of(claim: Option<&str>, query: Option<&str>) -> Result<String, ApiErr
             Err(ApiError::bad_request("project must be 1 to 256 bytes"))
         }
         (None, Some(asked)) => Ok(asked.to_owned()),
-        (None, None) => Ok("-".to_owned()),
+        (None, None) => Ok(super::NO_PROJECT.to_owned()),
     }
 }
 

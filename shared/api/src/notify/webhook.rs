@@ -69,7 +69,7 @@ pub fn body(notice: &CardNotice, delivery_id: &str) -> String {
     json!({
         "type": kind,
         "delivery_id": delivery_id,
-        "project": (notice.project != "-").then_some(notice.project.as_str()),
+        "project": (notice.project != super::NO_PROJECT).then_some(notice.project.as_str()),
         "run_id": notice.run_id,
         "request_id": notice.request_id,
         "sequence": notice.sequence,

@@ -11,12 +11,15 @@ use crate::config::Secret;
 
 /// Slack's Web API.
 pub const DEFAULT_API_URL: &str = "https://slack.com/api";
-/// How long one call may take.
+/// How long one call may take: well inside the notifier's claim on a delivery (its
+/// lease) and a notifier invocation's timeout, so a slow Slack never makes a second
+/// sender take the delivery over while the first may still post. A `Retry-After` is
+/// never waited out in place: the call answers [`SlackError::Retry`] and the notifier
+/// retries later.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-/// A `Retry-After` is waited out in place up to this long, at most [`MAX_WAITS`] times;
-/// beyond, the call answers [`SlackError::Retry`] and the notifier retries later.
-const MAX_WAIT: Duration = Duration::from_secs(30);
-const MAX_WAITS: usize = 2;
+/// How long an ephemeral answer to a click may take: the click's own answer to Slack
+/// is due within 3 s.
+const EPHEMERAL_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most bytes of an answer read.
 const MAX_ANSWER: usize = 256 * 1024;
 
@@ -128,36 +131,32 @@ impl SlackClient {
         user: &str,
         text: &str,
     ) -> Result<(), SlackError> {
-        self.call(
+        self.call_within(
             "chat.postEphemeral",
             &json!({"channel": channel, "user": user, "text": text}),
+            EPHEMERAL_TIMEOUT,
         )
         .await
         .map(drop)
     }
 
-    /// One Web API method, waiting out a short `Retry-After` in place.
+    /// One Web API method, once, within [`CALL_TIMEOUT`].
     async fn call(&self, method: &str, body: &Value) -> Result<Value, SlackError> {
-        let mut waits = 0;
-        loop {
-            match self.call_once(method, body).await {
-                Err(SlackError::Retry {
-                    after: Some(after), ..
-                }) if after <= MAX_WAIT && waits < MAX_WAITS => {
-                    waits += 1;
-                    tokio::time::sleep(after).await;
-                }
-                other => return other,
-            }
-        }
+        self.call_within(method, body, CALL_TIMEOUT).await
     }
 
-    async fn call_once(&self, method: &str, body: &Value) -> Result<Value, SlackError> {
+    async fn call_within(
+        &self,
+        method: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<Value, SlackError> {
         let url = format!("{}/{method}", self.base);
         let token = std::str::from_utf8(self.token.expose()).unwrap_or_default();
         let response = self
             .http
             .post(&url)
+            .timeout(timeout)
             .bearer_auth(token)
             .json(body)
             .send()

@@ -43,9 +43,10 @@ fn posted(memo: &str) -> Option<Posted> {
     })
 }
 
-/// The project a card's buttons name (none for a run of no project).
+/// The project a card's buttons name (none for a run of no project: the notifier names
+/// it `-`).
 fn project(notice: &CardNotice) -> Option<&str> {
-    Some(notice.project.as_str()).filter(|p| !p.is_empty())
+    Some(notice.project.as_str()).filter(|p| !p.is_empty() && *p != crate::notify::NO_PROJECT)
 }
 
 #[async_trait::async_trait]

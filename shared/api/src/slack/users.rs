@@ -41,8 +41,12 @@ fn slack_user_id(id: &str) -> bool {
             .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
 }
 
+/// An operator's name: not in another namespace Tollgate reads meaning into (a standing
+/// grant's `policy:` decider, the identity provider's `oidc:` operators).
 fn operator_name(name: &str) -> bool {
     !name.is_empty()
+        && !name.starts_with(tollgate_domain::approval::POLICY_DECIDER_PREFIX)
+        && !name.starts_with(crate::oidc::SUBJECT_PREFIX)
         && name.chars().count() <= MAX_OPERATOR
         && !name
             .chars()
@@ -56,7 +60,7 @@ impl SlackUsers {
         let bad = |why: String| ConfigError::Invalid(format!("{USERS_VAR}: {why}"));
         let default_project = default_project.map(str::trim).filter(|p| !p.is_empty());
         if let Some(p) = default_project {
-            if p != "*" && !valid_id(p) {
+            if p != "*" && (!valid_id(p) || p == crate::notify::NO_PROJECT) {
                 return Err(ConfigError::Invalid(format!(
                     "{PROJECT_VAR} must be a project id or *"
                 )));
@@ -79,12 +83,12 @@ impl SlackUsers {
             };
             if !operator_name(name) {
                 return Err(bad(format!(
-                    "the operator of {id} must be 1 to {MAX_OPERATOR} characters, without , @ = or control characters"
+                    "the operator of {id} must be 1 to {MAX_OPERATOR} characters, without , @ = or control characters, and not start with policy: or oidc:"
                 )));
             }
             let project = match project {
                 Some("*") => None,
-                Some(p) if valid_id(p) => Some(p.to_owned()),
+                Some(p) if valid_id(p) && p != crate::notify::NO_PROJECT => Some(p.to_owned()),
                 Some(p) => return Err(bad(format!("{p:?} (for {id}) is not a project id or *"))),
                 None => {
                     return Err(bad(format!(
