@@ -1471,7 +1471,7 @@
     try {
       r = await api('api/policies/' + encodeURIComponent(p.policy_id), { method: 'DELETE' });
     } catch (e) {
-      if (!quiet(e)) offerRevoke(p, row, action, expiry, 'Could not reach Tollgate; the grant stands.');
+      if (!quiet(e)) offerRevoke(p, row, action, expiry, 'No answer from Tollgate: the revoke may or may not have been recorded. Reload the list to see.');
       return;
     }
     if (!r.ok) {
@@ -1552,7 +1552,7 @@
     try {
       r = await api(path, { method: 'POST', body: { observed } });
     } catch (e) {
-      if (!quiet(e)) offerReconcile(runId, m, row, action, 'Could not reach Tollgate; nothing was recorded.');
+      if (!quiet(e)) offerReconcile(runId, m, row, action, 'No answer from Tollgate: the reconcile may or may not have been recorded. Reload the run to see.');
       return;
     }
     if (!r.ok) {

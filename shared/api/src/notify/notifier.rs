@@ -155,6 +155,9 @@ impl Notifier {
             let mut record = Delivery::new(key, notice.sequence, now);
             record.version = 1;
             record.leased_until = now + self.policy.lease.as_millis() as i64;
+            // Due again only when the lease lapses (its sender died): a delivery in flight
+            // never sits among the due ones, where it would crowd out those really due.
+            record.next_attempt_at = record.leased_until;
             if self.store.put_delivery(&record, 0).await? {
                 self.attempt(sink.as_ref(), &notice, record).await?;
             }
@@ -208,6 +211,7 @@ impl Notifier {
             let mut claimed = due.clone();
             claimed.version += 1;
             claimed.leased_until = now + self.policy.lease.as_millis() as i64;
+            claimed.next_attempt_at = claimed.leased_until;
             claimed.updated_at = now;
             if !self.store.put_delivery(&claimed, due.version).await? {
                 continue;
@@ -294,7 +298,14 @@ impl Notifier {
                     // The Armed notice is still on its way: this one waits for it (a sink
                     // may update what the Armed notice posted).
                     let mut wait = claimed.clone();
-                    wait.next_attempt_at = armed.next_attempt_at.max(now) + 1000;
+                    // In flight: its sender settles it within the call's bound; else it is
+                    // due at `next_attempt_at`.
+                    let armed_due = if armed.leased_until > now {
+                        now
+                    } else {
+                        armed.next_attempt_at.max(now)
+                    };
+                    wait.next_attempt_at = armed_due + 1000;
                     wait.leased_until = 0;
                     return self.settle(wait, claimed.version).await;
                 }
