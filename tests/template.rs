@@ -443,9 +443,8 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                 ("DeliveriesTable", &["dynamodb:GetItem", "dynamodb:PutItem"]),
                 ("DeliveriesTable/index/deliveries_due", &["dynamodb:Query"]),
                 ("WebhookSecret", &["secretsmanager:GetSecretValue"]),
-                // Slack's secrets (only when both ARNs are given: `HasSlack`).
+                // Slack's bot token (only when both ARNs are given: `HasSlack`).
                 ("SlackBotTokenSecretArn", &["secretsmanager:GetSecretValue"]),
-                ("SlackSigningSecretArn", &["secretsmanager:GetSecretValue"]),
                 ("NotifierDeadLetterQueue", &["sqs:SendMessage"]),
             ]),
         ),

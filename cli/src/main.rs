@@ -356,9 +356,10 @@ async fn main() {
                 .unwrap_or_else(|e| fail(e))
                 .map(std::sync::Arc::new);
             // Notification sinks (a signed webhook, Slack): a bad configuration stops here.
-            let sinks = tollgate_api::notify::sinks_from_env(slack.clone())
-                .await
-                .unwrap_or_else(|e| fail(e));
+            let sinks =
+                tollgate_api::notify::sinks_from_env(slack.as_ref().map(|s| s.client.clone()))
+                    .await
+                    .unwrap_or_else(|e| fail(e));
             let notify_policy =
                 tollgate_api::notify::RetryPolicy::from_env().unwrap_or_else(|e| fail(e));
             let timers = config.serve_timers().await.unwrap_or_else(|e| fail(e));

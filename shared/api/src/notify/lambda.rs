@@ -69,9 +69,7 @@ pub async fn handle(notifier: &Notifier, payload: Value) -> Result<Value, Error>
 pub async fn run_notifier(function: &crate::functions::Function) -> Result<(), Error> {
     crate::telemetry::init(true);
     let started = async {
-        let slack = crate::slack::Slack::from_secrets_manager_env()
-            .await?
-            .map(Arc::new);
+        let slack = crate::slack::SlackClient::from_secrets_manager_env().await?;
         let sinks = super::sinks_from_env(slack).await?;
         let policy = RetryPolicy::from_env()?;
         Ok::<_, crate::ConfigError>((sinks, policy))

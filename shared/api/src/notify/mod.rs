@@ -132,11 +132,12 @@ pub fn delivery_key_of(
 }
 
 /// The sinks `tollgate serve` and the `notifier` function build from their environment
-/// (`TOLLGATE_WEBHOOK_URL`, …), and the Slack sink when `slack` is configured (each
-/// reads Slack's secrets its own way: `Slack::from_env`, `Slack::from_secrets_manager_env`);
+/// (`TOLLGATE_WEBHOOK_URL`, …), and the Slack sink when `slack` (the bot token's Web API
+/// client) is configured (`serve`: `Slack::from_env`; the function:
+/// `SlackClient::from_secrets_manager_env`, the bot token only);
 /// a bad configuration fails start-up.
 pub async fn sinks_from_env(
-    slack: Option<std::sync::Arc<crate::slack::Slack>>,
+    slack: Option<crate::slack::SlackClient>,
 ) -> Result<Vec<std::sync::Arc<dyn Sink>>, crate::ConfigError> {
     let mut sinks: Vec<std::sync::Arc<dyn Sink>> = Vec::new();
     if let Some(webhook) = WebhookSink::from_env().await? {

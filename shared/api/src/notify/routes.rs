@@ -10,7 +10,7 @@ use tollgate_protocol::notifications::{DeadLetters, Delivery as WireDelivery};
 use tollgate_store::{Delivery, DeliveryState};
 
 use crate::auth::{Credentials, Role};
-use crate::request::{query_param, PathParams};
+use crate::request::PathParams;
 use crate::{ApiError, Deps};
 
 /// Most dead letters one listing answers (`limit`).
@@ -49,7 +49,11 @@ pub fn wire(d: &Delivery) -> WireDelivery {
 /// The project an operator acts on: its token's, or (a token that names none) the
 /// `project` query parameter, else runs without a project (`-`).
 fn project_of(claim: Option<&str>, query: Option<&str>) -> Result<String, ApiError> {
-    let asked = query_param(query, "project");
+    // Decoded (`%40`, `+`), as `GET /api/runs` reads its project.
+    let asked = url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .find(|(k, _)| k == "project")
+        .map(|(_, v)| v.into_owned());
+    let asked = asked.as_deref();
     match (claim, asked) {
         (Some(own), Some(asked)) if asked != own => Err(ApiError::forbidden(
             "your token is limited to another project",

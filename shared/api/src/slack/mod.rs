@@ -159,15 +159,44 @@ impl Slack {
             &env(users::USERS_VAR).unwrap_or_default(),
             env(users::PROJECT_VAR).as_deref(),
         )?;
-        let api_url = env(API_URL_VAR).unwrap_or_else(|| client::DEFAULT_API_URL.to_owned());
-        let parsed = url::Url::parse(&api_url)
-            .map_err(|_| ConfigError::Invalid(format!("{API_URL_VAR} is not a URL")))?;
-        if !matches!(parsed.scheme(), "http" | "https") {
+        Ok(Self::new(&api_url_from_env()?, token, secret, users))
+    }
+}
+
+/// `TOLLGATE_SLACK_API_URL` (default Slack's), checked to be an http(s) URL.
+fn api_url_from_env() -> Result<String, ConfigError> {
+    let api_url = env(API_URL_VAR).unwrap_or_else(|| client::DEFAULT_API_URL.to_owned());
+    let parsed = url::Url::parse(&api_url)
+        .map_err(|_| ConfigError::Invalid(format!("{API_URL_VAR} is not a URL")))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(ConfigError::Invalid(format!(
+            "{API_URL_VAR} must be an http(s) URL"
+        )));
+    }
+    Ok(api_url)
+}
+
+impl SlackClient {
+    /// The `notifier` function's Slack: the Web API client with the bot token from
+    /// Secrets Manager (`TOLLGATE_SLACK_BOT_TOKEN_ARN`, read once at cold start), and
+    /// nothing else: posting needs neither the signing secret nor the user mapping.
+    /// `None` when the ARN is not set; the token itself in the environment is refused.
+    pub async fn from_secrets_manager_env() -> Result<Option<Self>, ConfigError> {
+        if env(BOT_TOKEN_VAR).is_some() {
             return Err(ConfigError::Invalid(format!(
-                "{API_URL_VAR} must be an http(s) URL"
+                "{BOT_TOKEN_VAR} is set in the environment; functions read the bot token \
+                 from Secrets Manager ({BOT_TOKEN_ARN_VAR})"
             )));
         }
-        Ok(Self::new(&api_url, token, secret, users))
+        let Some(arn) = env(BOT_TOKEN_ARN_VAR) else {
+            return Ok(None);
+        };
+        let token =
+            crate::config::secret_string(&arn, "the Slack bot token", BOT_TOKEN_ARN_VAR).await?;
+        let token = Secret::opaque(token.trim()).ok_or_else(|| {
+            ConfigError::Invalid(format!("{BOT_TOKEN_ARN_VAR}: the secret is empty"))
+        })?;
+        Ok(Some(SlackClient::new(&api_url_from_env()?, token)))
     }
 }
 

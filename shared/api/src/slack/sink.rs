@@ -3,21 +3,21 @@
 //! card's resolution rewrites that message (`chat.update`) — approved or denied by whom,
 //! or expired — without buttons.
 
-use std::sync::Arc;
-
 use crate::notify::{CardNotice, DeliveryError, NoticeKind, Sink};
 
 use super::client::{Posted, SlackError};
-use super::{blocks, Slack};
+use super::{blocks, SlackClient};
 
 /// Delivers card notices to Slack.
 pub struct SlackSink {
-    slack: Arc<Slack>,
+    client: SlackClient,
 }
 
 impl SlackSink {
-    pub fn new(slack: Arc<Slack>) -> Self {
-        Self { slack }
+    /// A sink posting with `client` (the bot token only: the signing secret and the user
+    /// mapping belong to the interactivity endpoint).
+    pub fn new(client: SlackClient) -> Self {
+        Self { client }
     }
 }
 
@@ -70,7 +70,7 @@ impl Sink for SlackSink {
         let Some(channel) = notice.channel_id.as_deref() else {
             return Ok(None);
         };
-        let client = &self.slack.client;
+        let client = &self.client;
         match notice.kind {
             NoticeKind::Armed => {
                 // A card already resolved by the time its notice is delivered is posted
