@@ -3475,6 +3475,17 @@ export interface operations {
                     "application/json": components["schemas"]["Delivery"];
                 };
             };
+            /** @description Invalid request: the body, a parameter or an id (nothing written) */
+            400: {
+                headers: {
+                    /** @description The request's id (the caller's x-request-id when it is 1-64 of [A-Za-z0-9._-]); error bodies carry it as request_id. */
+                    "x-request-id"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description No credential, or one that does not verify */
             401: {
                 headers: {

@@ -379,7 +379,7 @@ pub const OPERATIONS: &[Operation] = &[
         credentials: &[Operator],
         query: &[text("project", "The dead letter's project (operators whose token names no project).")],
         request: None,
-        responses: responses![200 => Json("Delivery"), 404 => ERR],
+        responses: responses![200 => Json("Delivery"), 400 => ERR, 404 => ERR],
     },
     Operation {
         method: "POST",
