@@ -415,6 +415,45 @@ class RunList(Model):
 
 
 @dataclass
+class Delivery(Model):
+    """One notification delivery (a dead letter of ``GET /api/notifications/dead-letters``)."""
+
+    schema_name: ClassVar[str] = "Delivery"
+    delivery_id: str
+    sink: str
+    kind: str
+    run_id: str
+    request_id: str
+    sequence: int
+    state: str
+    attempts: int
+    created_at: str
+    updated_at: str
+    project: str | None = None
+    last_error: str | None = None
+    next_attempt_at: str | None = None
+
+
+@dataclass
+class DeadLetters(Model):
+    """``GET /api/notifications/dead-letters``: the project's dead letters, newest first."""
+
+    schema_name: ClassVar[str] = "DeadLetters"
+    dead_letters: list[dict[str, Any]]
+
+
+@dataclass
+class SlackAnswer(Model):
+    """What ``POST /api/slack/interactions`` answers a verified interaction."""
+
+    schema_name: ClassVar[str] = "SlackAnswer"
+    outcome: str
+    state: str | None = None
+    decided_by: str | None = None
+    message: str | None = None
+
+
+@dataclass
 class Start(Model):
     """``POST …/tool-calls/{tool_call_id}/start``'s body."""
 
@@ -768,6 +807,9 @@ MODELS: tuple[type[Model], ...] = (
     PolicyPage,
     RunSummary,
     RunList,
+    Delivery,
+    DeadLetters,
+    SlackAnswer,
     Start,
     Dispatch,
     Settle,
