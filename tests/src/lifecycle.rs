@@ -360,6 +360,9 @@ pub mod ws {
         invocations: Mutex<BTreeMap<&'static str, Vec<f64>>>,
         /// The last sequence handed to the fanout (the console's backlog ends at 1).
         fanned: Mutex<u64>,
+        /// This rig's connections' suffix: the registry table is shared by the tests
+        /// running at once, so each rig's connection ids are its own.
+        suffix: String,
     }
 
     impl Rig {
@@ -400,7 +403,13 @@ pub mod ws {
                 received: Mutex::new(0),
                 invocations: Mutex::default(),
                 fanned: Mutex::new(1),
+                suffix: uuid::Uuid::new_v4().simple().to_string(),
             }
+        }
+
+        /// The connection id API Gateway gives this rig's watcher `name`.
+        fn id(&self, name: &str) -> String {
+            format!("{name}-{}", self.suffix)
         }
 
         fn timed(&self, what: &'static str, started: Instant) {
@@ -415,6 +424,7 @@ pub mod ws {
 
         /// One WebSocket event as API Gateway hands it to the `websocket` function.
         async fn invoke(&self, route: &'static str, connection: &str, extra: Value) -> Value {
+            let connection = self.id(connection);
             let mut event = json!({
                 "requestContext": {
                     "routeKey": route,
@@ -478,7 +488,7 @@ pub mod ws {
                 .posted
                 .lock()
                 .unwrap()
-                .get(connection)
+                .get(&self.id(connection))
                 .cloned()
                 .unwrap_or_default()
         }
@@ -490,7 +500,7 @@ pub mod ws {
                 .gone
                 .lock()
                 .unwrap()
-                .insert(connection.to_owned());
+                .insert(self.id(connection));
             let answer = self.invoke("$disconnect", connection, json!({})).await;
             assert_eq!(answer["statusCode"], 200, "disconnect: {answer}");
         }
