@@ -169,6 +169,27 @@ impl Fleet {
         send(req).await
     }
 
+    /// `post`, sent again (to the next process) while it answers 503 `unavailable`, at
+    /// most five times, as a client retries a request that wrote nothing.
+    async fn post_until_served(
+        &self,
+        i: usize,
+        path: &str,
+        token: &str,
+        body: &Value,
+    ) -> (StatusCode, Value) {
+        let mut answer = self.post(i, path, token, body).await;
+        for attempt in 1..5 {
+            if answer.0 != StatusCode::SERVICE_UNAVAILABLE {
+                break;
+            }
+            eprintln!("{path}: 503 on attempt {attempt}, sending again: {}", answer.1);
+            tokio::time::sleep(Duration::from_millis(200 * attempt as u64)).await;
+            answer = self.post(i + attempt, path, token, body).await;
+        }
+        answer
+    }
+
     async fn get(&self, i: usize, path: &str, token: &str) -> (StatusCode, Value) {
         send(
             self.http
@@ -483,7 +504,9 @@ async fn dynamo_only_twenty_starts_over_four_serve_processes_respect_the_ceiling
             let body = json!({"request_id": request_id, "approval_id": approval_id,
                               "tool_name": "create_dashboard"});
             let token = run_token.clone();
-            tokio::spawn(async move { fleet.post(i, &path, &token, &body).await })
+            // A start that keeps losing the run's head to the others for the contention
+            // budget answers 503 with nothing written; a client sends it again, as here.
+            tokio::spawn(async move { fleet.post_until_served(i, &path, &token, &body).await })
         })
         .collect();
     let (mut admitted, mut refused) = (0, 0);
