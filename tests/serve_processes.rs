@@ -183,7 +183,10 @@ impl Fleet {
             if answer.0 != StatusCode::SERVICE_UNAVAILABLE {
                 break;
             }
-            eprintln!("{path}: 503 on attempt {attempt}, sending again: {}", answer.1);
+            eprintln!(
+                "{path}: 503 on attempt {attempt}, sending again: {}",
+                answer.1
+            );
             tokio::time::sleep(Duration::from_millis(200 * attempt as u64)).await;
             answer = self.post(i + attempt, path, token, body).await;
         }
