@@ -593,7 +593,12 @@ impl Phase {
             .flat_map(|b| &b.items)
             .map(|i| i.wcu)
             .sum();
-        let index: u64 = self.bills.iter().flat_map(|b| &b.index).map(|i| i.1).sum();
+        let index: u64 = self
+            .bills
+            .iter()
+            .flat_map(|b| &b.index)
+            .map(|i| i.units)
+            .sum();
         (items as f64 / n, index as f64 / n)
     }
 
@@ -624,7 +629,7 @@ impl Phase {
             self.bills
                 .iter()
                 .flat_map(|b| &b.index)
-                .flat_map(|(name, u)| std::iter::repeat_n(name.as_str(), *u as usize)),
+                .flat_map(|i| std::iter::repeat_n(i.index.as_str(), i.units as usize)),
         )
         .into_iter()
         .map(|(name, u)| format!("{name} {}", per(u, n)))

@@ -57,6 +57,11 @@ pub struct DynamoUsage {
     pub reported_won: u64,
     /// Model units by what they are for, e.g. `event Put` → 4.
     pub parts: BTreeMap<String, f64>,
+    /// Reported units by table (`table`) and index (`index <name>`).
+    pub reported_parts: BTreeMap<String, f64>,
+    /// Global secondary index units written by transactions, billed once: what doubling
+    /// them would add.
+    pub gsi_in_transactions: f64,
 }
 
 impl DynamoUsage {
@@ -77,6 +82,8 @@ impl DynamoUsage {
                     billed: 0.0,
                     reported_won: 0,
                     parts: BTreeMap::new(),
+                    reported_parts: BTreeMap::new(),
+                    gsi_in_transactions: 0.0,
                 });
             u.calls += 1;
             u.failed += c.failed as u64;
@@ -90,6 +97,10 @@ impl DynamoUsage {
             for (what, units) in &c.parts {
                 *u.parts.entry(what.clone()).or_insert(0.0) += units;
             }
+            for (what, units) in &c.reported_parts {
+                *u.reported_parts.entry(what.clone()).or_insert(0.0) += units;
+            }
+            u.gsi_in_transactions += c.gsi_in_transactions;
         }
         by_op.into_values().collect()
     }
@@ -129,6 +140,18 @@ impl Line {
 pub struct Bill {
     pub lines: Vec<Line>,
     pub assumptions: Vec<String>,
+    /// The cross-check of the writes against what DynamoDB reported for them.
+    pub writes: WriteCheck,
+}
+
+/// The writes DynamoDB reported capacity for: what it reported, what the model bills,
+/// and the global index units transactions wrote (billed once; DynamoDB Local doubles
+/// them, so its report exceeds the model by exactly these where both agree otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct WriteCheck {
+    pub reported: f64,
+    pub model: f64,
+    pub gsi_in_transactions: f64,
 }
 
 fn fmt_units(u: f64) -> String {
@@ -152,8 +175,20 @@ impl Bill {
                 CallKind::Write => ("WRU", DYNAMODB_WRU_USD),
                 CallKind::Free => ("-", 0.0),
             };
+            let reported_parts = || {
+                d.reported_parts
+                    .iter()
+                    .map(|(what, u)| format!("{what} {}", fmt_units(*u)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
             let source = match d.reported {
                 None => "model (nothing reported)".to_owned(),
+                Some(r) if d.kind == CallKind::Write => format!(
+                    "model; DynamoDB reported {} ({})",
+                    fmt_units(r),
+                    reported_parts()
+                ),
                 Some(r) if d.reported_won == 0 => {
                     format!("model; DynamoDB reported {}", fmt_units(r))
                 }
@@ -292,16 +327,33 @@ impl Bill {
                 lambda.memory_mb, lambda.billed_ms
             ),
         });
-        let assumptions = vec![
+        let gsi_once: f64 = usage.dynamo.iter().map(|d| d.gsi_in_transactions).sum();
+        let mut writes = WriteCheck::default();
+        for d in &usage.dynamo {
+            if let (CallKind::Write, Some(r)) = (d.kind, d.reported) {
+                writes.reported += r;
+                writes.model += d.model;
+                writes.gsi_in_transactions += d.gsi_in_transactions;
+            }
+        }
+        let mut assumptions = vec![
             format!(
                 "prices: us-east-1 on demand as of {AS_OF} (DynamoDB after its 2024-11-01 \
                  price cut; x86_64 Lambda), free tiers ignored"
             ),
-            "DynamoDB: per call the larger of the model (item sizes by DynamoDB's rules: \
-             1 WRU/KB per item and per index entry written, ×2 in a transaction incl. \
-             ConditionCheck and index entries; 1 RRU/4 KB strongly consistent, 0.5 \
-             eventually, ×2 per item in TransactGetItems; Query on the total read, a \
-             read finding nothing at the minimum) and what DynamoDB reported"
+            "DynamoDB writes: the model (item sizes by DynamoDB's rules: 1 WRU/KB per item \
+             written, ×2 in a transaction incl. ConditionCheck; an index entry 1 WRU/KB of \
+             what the index projects, written only when the item enters or leaves the index \
+             or changes its keys (2) or a projected attribute, as AWS documents (GSI.html \
+             #GSI.ThroughputConsiderations.Writes); a local index's entry ×2 in a \
+             transaction, a global index's once (updated asynchronously, from its own \
+             capacity)). DynamoDB Local's report is shown beside it, not billed for \
+             writes: it agrees on the items and on which index entries are written, and \
+             doubles a transaction's global index entries too (the line below)"
+                .into(),
+            "DynamoDB reads: per call the larger of the model (1 RRU/4 KB strongly \
+             consistent, 0.5 eventually, ×2 per item in TransactGetItems; Query on the \
+             total read, a read finding nothing at the minimum) and what DynamoDB reported"
                 .into(),
             format!(
                 "Lambda: {} MB × {} ms billed per warm invocation (assumed, not measured); \
@@ -310,7 +362,22 @@ impl Bill {
                 lambda.memory_mb, lambda.billed_ms
             ),
         ];
-        Self { lines, assumptions }
+        if gsi_once > 0.0 {
+            assumptions.push(format!(
+                "DynamoDB: global index entries written by transactions, {} WRU billed once; \
+                 were they doubled like the items, +${:.7}. Cross-check: DynamoDB Local \
+                 reported {} WRU for the writes it reported on, the model {}",
+                fmt_units(gsi_once),
+                gsi_once * DYNAMODB_WRU_USD,
+                fmt_units(writes.reported),
+                fmt_units(writes.model),
+            ));
+        }
+        Self {
+            lines,
+            assumptions,
+            writes,
+        }
     }
 
     pub fn total_usd(&self) -> f64 {
@@ -397,6 +464,8 @@ mod tests {
             billed,
             reported_won: 0,
             parts: BTreeMap::new(),
+            reported_parts: BTreeMap::new(),
+            gsi_in_transactions: 0.0,
         }
     }
 

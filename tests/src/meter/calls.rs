@@ -336,20 +336,54 @@ pub struct CallBill {
     pub reported: Option<f64>,
     /// Where the model's units come from, e.g. `("event Put", 2.0)`, `("index by_sequence", 2.0)`.
     pub parts: Vec<(String, f64)>,
+    /// What DynamoDB reported, by table (`table`) and index (`index <name>`).
+    pub reported_parts: Vec<(String, f64)>,
+    /// Global secondary index units a transaction wrote, billed once (see
+    /// [`IndexWrite::multiplier`]): what doubling them would add.
+    pub gsi_in_transactions: f64,
     pub failed: bool,
     pub attempts: u32,
 }
 
 impl CallBill {
-    /// What AWS bills: the larger of the model and the report.
+    /// What AWS bills. A read: the larger of the model and the report (the model cannot
+    /// see what a filter dropped, DynamoDB Local reports nothing for a read finding
+    /// nothing). A write: the model, which knows every image before and after and
+    /// follows DynamoDB's documented rules for items and index entries; DynamoDB Local's
+    /// report is kept beside it as a cross-check ([`WriteCheck`]: it also doubles the
+    /// global index entries of a transaction, which AWS does not document).
     pub fn billed(&self) -> f64 {
-        self.model.max(self.reported.unwrap_or(0.0))
+        match self.kind {
+            CallKind::Write => self.model,
+            _ => self.model.max(self.reported.unwrap_or(0.0)),
+        }
     }
 
-    /// The report exceeded the model.
+    /// The report exceeded the model and was billed (reads only).
     pub fn reported_won(&self) -> bool {
-        self.reported.is_some_and(|r| r > self.model)
+        self.kind != CallKind::Write && self.reported.is_some_and(|r| r > self.model)
     }
+}
+
+/// What DynamoDB reported for a call, by table and index.
+fn reported_parts(consumed: &[ConsumedCapacity]) -> Vec<(String, f64)> {
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    for c in consumed {
+        if let Some(t) = c.table().and_then(|t| t.capacity_units()) {
+            *out.entry("table".into()).or_default() += t;
+        }
+        let indexes = c
+            .global_secondary_indexes()
+            .into_iter()
+            .flatten()
+            .chain(c.local_secondary_indexes().into_iter().flatten());
+        for (name, cap) in indexes {
+            if let Some(u) = cap.capacity_units() {
+                *out.entry(format!("index {name}")).or_default() += u;
+            }
+        }
+    }
+    out.into_iter().collect()
 }
 
 fn bill_call(
@@ -381,6 +415,7 @@ fn bill_call(
     let empty = CallResponse::default();
     let resp = c.response.as_ref().unwrap_or(&empty);
     let mut parts: Vec<(String, f64)> = Vec::new();
+    let mut gsi_in_transactions = 0.0;
     match &c.request {
         CallRequest::GetItem {
             table,
@@ -549,7 +584,7 @@ fn bill_call(
                     "ConditionCheck" => before,
                     _ => k.as_deref().and_then(|k| images.after(k, ended)).or(before),
                 };
-                write_parts(
+                gsi_in_transactions += write_parts(
                     tables,
                     coordinators,
                     Written {
@@ -572,6 +607,8 @@ fn bill_call(
         model: parts.iter().map(|(_, u)| u).sum(),
         reported: c.reported_units(),
         parts,
+        reported_parts: reported_parts(&c.consumed),
+        gsi_in_transactions,
         failed: c.failed,
         attempts: c.attempts,
     }
@@ -583,16 +620,21 @@ fn write_parts(
     w: Written<'_>,
     multiplier: u64,
     parts: &mut Vec<(String, f64)>,
-) {
+) -> f64 {
     let mut b = TxBill::default();
     bill_item(tables, coordinators, w, multiplier, &mut b);
     for i in b.items {
         parts.push((format!("{} {}", i.label, i.op), i.wcu as f64));
     }
-    let m = TxBill::index_multiplier(multiplier > 1);
-    for (name, u) in b.index {
-        parts.push((format!("index {name}"), (m * u) as f64));
+    let mut gsi_in_transactions = 0.0;
+    for i in b.index {
+        let m = i.multiplier(multiplier > 1);
+        if multiplier > 1 && !i.local {
+            gsi_in_transactions += i.units as f64;
+        }
+        parts.push((format!("index {}", i.index), (m * i.units) as f64));
     }
+    gsi_in_transactions
 }
 
 #[cfg(test)]
@@ -675,7 +717,8 @@ mod tests {
 
     /// GIVEN a transaction putting a 1,500-byte event (one LSI entry) and updating a
     /// head seen at 200 bytes WHEN billed THEN items 2×1 + 2×2 WRU and the index entry
-    /// 2×2 (DynamoDB Local's 3 loses); an event put alone as PutItem costs 2 + 2.
+    /// 2×2 (a local index, maintained with the item; DynamoDB Local's 3 loses); an event
+    /// put alone as PutItem costs 2 + 2, whatever DynamoDB reports for it.
     #[test]
     fn writes_are_billed_per_started_kb_and_doubled_in_transactions() {
         use aws_sdk_dynamodb::types::{Put, Update};
@@ -753,7 +796,7 @@ mod tests {
                     item: event,
                 },
                 CallResponse::default(),
-                None,
+                Some(9.0), // a report above the model: kept, not billed for a write
             ),
         );
         let bills = log.bill_calls(&tables, &HashMap::new());
@@ -772,5 +815,7 @@ mod tests {
         assert_eq!(tx.billed(), 10.0);
         assert!(!tx.reported_won());
         assert_eq!(bills[2].billed(), 4.0, "{:?}", bills[2].parts);
+        assert_eq!(bills[2].reported, Some(9.0));
+        assert!(!bills[2].reported_won());
     }
 }

@@ -389,7 +389,11 @@ pub fn price(mode: Mode, watch: &Watch, a: &Assumptions, ws: &WsCounts) -> Bill 
          after its card ({} events to the resolution)",
         watch.seconds, watch.console_backlog, watch.console_live, watch.agent_live
     ));
-    Bill { lines, assumptions }
+    Bill {
+        lines,
+        assumptions,
+        writes: Default::default(),
+    }
 }
 
 #[cfg(test)]

@@ -47,13 +47,40 @@ pub fn units(bytes: usize, unit: usize) -> u64 {
     bytes.max(1).div_ceil(unit) as u64
 }
 
+/// What an index projects (`ProjectionType`, and `NonKeyAttributes` for `INCLUDE`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Projected {
+    /// `ALL`: an entry is the whole item.
+    All,
+    /// `KEYS_ONLY` (empty) or `INCLUDE` these non-key attributes: an entry is the table's
+    /// key, the index's key and these.
+    Only(Vec<String>),
+}
+
 /// One secondary index as the template declares it.
 #[derive(Debug, Clone)]
 pub struct IndexInfo {
     pub name: String,
     pub key: Vec<String>,
-    /// `ProjectionType: ALL` (an index entry is the whole item).
-    pub all: bool,
+    pub projected: Projected,
+    /// A local secondary index (maintained with the item, from the table's capacity);
+    /// otherwise global (updated asynchronously, its own capacity).
+    pub local: bool,
+}
+
+impl IndexInfo {
+    /// The index entry of `item` (which carries the index's key): what DynamoDB copies
+    /// into the index, keyed by the table's key `table_key`.
+    pub fn entry(&self, table_key: &[String], item: &Item) -> Item {
+        match &self.projected {
+            Projected::All => item.clone(),
+            Projected::Only(attrs) => item
+                .iter()
+                .filter(|(k, _)| table_key.contains(k) || self.key.contains(k) || attrs.contains(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
 }
 
 /// One table as the template declares it: what its items are, key, indexes.
@@ -80,15 +107,28 @@ pub fn table_infos(tables: &Tables) -> HashMap<String, TableInfo> {
                 "MutationsTable" => "mutation",
                 _ => "item",
             };
+            let index = |local: bool| {
+                move |(name, key, projection): (String, Vec<(String, String)>, String)| {
+                    let projected = match projection.split_once(':') {
+                        None if projection == "ALL" => Projected::All,
+                        None => Projected::Only(Vec::new()),
+                        Some((_, attrs)) => {
+                            Projected::Only(attrs.split(',').map(str::to_owned).collect())
+                        }
+                    };
+                    IndexInfo {
+                        name,
+                        key: names(key),
+                        projected,
+                        local,
+                    }
+                }
+            };
             let indexes = def
                 .local_indexes
                 .into_iter()
-                .chain(def.global_indexes)
-                .map(|(name, key, projection)| IndexInfo {
-                    name,
-                    key: names(key),
-                    all: projection == "ALL",
-                })
+                .map(index(true))
+                .chain(def.global_indexes.into_iter().map(index(false)))
                 .collect();
             Some((
                 physical,
@@ -142,26 +182,38 @@ pub struct ItemBill {
     pub wcu: u64,
 }
 
-/// One write call (a transaction, or a single- or batch-item write) as AWS bills it.
-#[derive(Debug, Clone, Default)]
-pub struct TxBill {
-    pub items: Vec<ItemBill>,
-    /// Index name → KB-units of each index entry written (1 per started KB; a moved
-    /// entry is a delete plus a put). Not multiplied for transactions: see
-    /// [`TxBill::index_multiplier`].
-    pub index: Vec<(String, u64)>,
+/// One index entry written.
+#[derive(Debug, Clone)]
+pub struct IndexWrite {
+    pub index: String,
+    /// KB-units of the entry (1 per started KB). Not multiplied for transactions: see
+    /// [`IndexWrite::multiplier`].
+    pub units: u64,
+    pub local: bool,
 }
 
-impl TxBill {
-    /// How AWS is taken to bill a transaction's index entries: doubled like its items
-    /// (the upper bound of the two readings of the price page).
-    pub fn index_multiplier(transactional: bool) -> u64 {
-        if transactional {
+impl IndexWrite {
+    /// How AWS bills an index entry written by a transaction (docs/architecture.md
+    /// §3, "What a write costs"): a transaction makes two underlying writes of every
+    /// *item* in it (prepare, commit); a global secondary index is updated
+    /// asynchronously from the table, from its own capacity, one write per entry as for
+    /// any write, so it is not doubled. A local secondary index is maintained with the
+    /// item, from the table's capacity: doubled like the item (the upper bound).
+    pub fn multiplier(&self, transactional: bool) -> u64 {
+        if transactional && self.local {
             2
         } else {
             1
         }
     }
+}
+
+/// One write call (a transaction, or a single- or batch-item write) as AWS bills it.
+#[derive(Debug, Clone, Default)]
+pub struct TxBill {
+    pub items: Vec<ItemBill>,
+    /// Each index entry written (a moved entry is a delete plus a put).
+    pub index: Vec<IndexWrite>,
 }
 
 /// One item written, as a write names it.
@@ -178,8 +230,10 @@ pub struct Written<'a> {
 }
 
 /// Bills one item written, `multiplier` 2 in a transaction, into `out`. Index entries
-/// are sized as the whole item (exact for `ALL` projections, every index of the
-/// template).
+/// follow DynamoDB's documented rule (docs/architecture.md §3, "What a write costs"):
+/// an entry is written when the item enters the index (1), leaves it (1), changes an
+/// index key (2: delete and put) or changes a projected attribute (1); a write that
+/// changes neither writes no entry. An entry is sized as what the index projects.
 pub fn bill_item<'a>(
     tables: &HashMap<String, TableInfo>,
     coordinators: &HashSet<String>,
@@ -215,25 +269,26 @@ pub fn bill_item<'a>(
         wcu: multiplier * units(bytes, 1024),
     });
     for index in &info.indexes {
-        let in_index =
-            |i: Option<&'a Item>| i.filter(|i| index.key.iter().all(|k| i.contains_key(k)));
-        let entries: Vec<usize> = match (in_index(before), in_index(after)) {
-            (None, None) => vec![],
-            (None, Some(a)) => vec![item_size(a)],
-            (Some(b), None) => vec![item_size(b)],
-            (Some(b), Some(a)) if index.key.iter().any(|k| b.get(k) != a.get(k)) => {
-                vec![item_size(b), item_size(a)] // the entry moves: delete + put
-            }
-            (Some(b), Some(a)) if b != a => vec![item_size(b).max(item_size(a))],
-            _ => vec![],
+        let entry = |i: Option<&'a Item>| {
+            i.filter(|i| index.key.iter().all(|k| i.contains_key(k)))
+                .map(|i| index.entry(&info.key, i))
         };
-        let name = if index.all {
-            index.name.clone()
-        } else {
-            format!("{} (not ALL: sized as the whole item)", index.name)
+        let entries: Vec<usize> = match (entry(before), entry(after)) {
+            (None, None) => vec![],
+            (None, Some(a)) => vec![item_size(&a)],
+            (Some(b), None) => vec![item_size(&b)],
+            (Some(b), Some(a)) if index.key.iter().any(|k| b.get(k) != a.get(k)) => {
+                vec![item_size(&b), item_size(&a)] // the entry moves: delete + put
+            }
+            (Some(b), Some(a)) if b != a => vec![item_size(&b).max(item_size(&a))],
+            _ => vec![], // neither its keys nor what it projects changed
         };
         for size in entries {
-            out.index.push((name.clone(), units(size, 1024)));
+            out.index.push(IndexWrite {
+                index: index.name.clone(),
+                units: units(size, 1024),
+                local: index.local,
+            });
         }
     }
 }
@@ -327,5 +382,70 @@ mod tests {
         assert_eq!(units(1024, 1024), 1);
         assert_eq!(units(1025, 1024), 2);
         assert_eq!(units(4097, 4096), 2);
+    }
+
+    /// GIVEN the runs table's `runs_by_project` (INCLUDE: the listing's fields) and a
+    /// head WHEN it is created, appended to (only `next_seq` changes) and ended (its
+    /// `status` changes), each in a transaction THEN the index entry is written at the
+    /// creation and the end only, once each (a global index is not doubled), sized as
+    /// what it projects; the items themselves are doubled.
+    #[test]
+    fn an_index_entry_is_written_only_when_its_keys_or_projection_change() {
+        use tollgate_store::dynamo::Tables;
+        let tables = table_infos(&Tables::with_prefix("t-"));
+        let head = |seq: &str, status: &str| -> Item {
+            [
+                ("run_id".to_owned(), s("r")),
+                ("project_runs".to_owned(), s("p:alpha")),
+                ("created_at".to_owned(), n("1700000000000")),
+                ("status".to_owned(), s(status)),
+                ("next_seq".to_owned(), n(seq)),
+                ("pad".to_owned(), s(&"x".repeat(1500))),
+            ]
+            .into()
+        };
+        let key: Item = [("run_id".to_owned(), s("r"))].into();
+        let bill = |before: Option<&Item>, after: Option<&Item>| {
+            let mut out = TxBill::default();
+            let w = Written {
+                op: "Update",
+                table: "t-runs",
+                attrs: &key,
+                before,
+                after,
+            };
+            bill_item(&tables, &HashSet::new(), w, 2, &mut out);
+            out
+        };
+        let (created, appended, ended) = (
+            head("1", "running"),
+            head("2", "running"),
+            head("3", "completed"),
+        );
+        let listed = |b: &TxBill| -> Vec<(u64, u64)> {
+            b.index
+                .iter()
+                .filter(|i| i.index == "runs_by_project")
+                .map(|i| (i.units, i.multiplier(true)))
+                .collect()
+        };
+        let create = bill(None, Some(&created));
+        assert_eq!(create.items[0].wcu, 4, "a 1.5 KB head, doubled");
+        assert_eq!(
+            listed(&create),
+            [(1, 1)],
+            "the entry is small: the pad is not projected"
+        );
+        let append = bill(Some(&created), Some(&appended));
+        assert_eq!(append.items[0].wcu, 4);
+        assert_eq!(listed(&append), [], "next_seq is not projected");
+        assert_eq!(listed(&bill(Some(&appended), Some(&ended))), [(1, 1)]);
+        let mut moved = ended.clone();
+        moved.insert("project_runs".into(), s("p:beta"));
+        assert_eq!(
+            listed(&bill(Some(&ended), Some(&moved))),
+            [(1, 1), (1, 1)],
+            "delete + put"
+        );
     }
 }
