@@ -183,7 +183,7 @@ async fn dynamo_only_live_delivery_modes_price_the_wait() {
 /// GIVEN the same lifecycle with WebSocket push for the agent's wait and the console
 /// THEN it costs at most $0.0001.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "over the goal, counted: ~$0.000115 (lifecycle ~$0.0000789 + WebSocket delivery ~$0.000036, 18 messages of it); see `make bench`"]
+#[ignore = "over the goal, counted: ~$0.000115 (lifecycle ~$0.0000789 + WebSocket delivery ~$0.000036), ~$0.000015 over: of the delivery, 18 messages ($0.000018) and 15 registry WRU ($0.0000094); an agent subscription filtered to its card's resolution (-3 messages), `subscribed` folded into the first frame (-2), `done` posted with the terminal event (-1) and the heartbeat's head+card snapshot read as two strong GetItems (-8 RRU) would save ~$0.000007 of it; see `make bench`"]
 async fn dynamo_only_websocket_lifecycle_with_wait_and_console_costs_at_most_a_hundredth_of_a_cent()
 {
     if !aws_endpoint_configured() {

@@ -8,69 +8,17 @@
 //!
 //! Needs DynamoDB (`make test`): every test is under `dynamo::`.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use aws_lambda_events::apigw::ApiGatewayWebsocketProxyRequest;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
 use serde_json::{json, Value};
 use tollgate_api::push::{Fanout, Poster, Websocket};
 use tollgate_api::{Auth, Role};
 use tollgate_app::runs::RunLog;
 use tollgate_store::dynamo::{Connections, DynamoStore, Tables};
+use tollgate_tests::connections::Endpoint;
 use tollgate_tests::TestServer;
-
-/// What the fake `@connections` endpoint was posted, per connection, in order.
-#[derive(Clone, Default)]
-struct Endpoint {
-    posts: Arc<Mutex<HashMap<String, Vec<Value>>>>,
-    gone: Arc<Mutex<HashSet<String>>>,
-}
-
-async fn post_to_connection(
-    State(ep): State<Endpoint>,
-    Path(id): Path<String>,
-    body: axum::body::Bytes,
-) -> axum::response::Response {
-    if ep.gone.lock().unwrap().contains(&id) {
-        return (
-            StatusCode::GONE,
-            [("x-amzn-errortype", "GoneException")],
-            r#"{"message":"gone"}"#,
-        )
-            .into_response();
-    }
-    let frame: Value = serde_json::from_slice(&body).expect("every frame is JSON");
-    ep.posts.lock().unwrap().entry(id).or_default().push(frame);
-    StatusCode::OK.into_response()
-}
-
-impl Endpoint {
-    async fn start() -> (Self, String) {
-        let ep = Endpoint::default();
-        let app = axum::Router::new()
-            .route(
-                "/live/@connections/{id}",
-                axum::routing::post(post_to_connection),
-            )
-            .with_state(ep.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/live", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        (ep, url)
-    }
-
-    /// Everything `connection` was sent so far, taken out.
-    fn take(&self, connection: &str) -> Vec<Value> {
-        self.posts
-            .lock()
-            .unwrap()
-            .remove(connection)
-            .unwrap_or_default()
-    }
-}
 
 /// The frames as a client keeps them: event frames above the last sequence delivered
 /// (the others dropped), control frames as they come. Answers the kept frames' `event`
@@ -483,7 +431,7 @@ mod dynamo {
             assert_eq!(rig.endpoint.take(c).len(), 2, "subscribed + run_started");
         }
         assert_eq!(rig.registry.subscribers(&run_id).await.unwrap().len(), 2);
-        rig.endpoint.gone.lock().unwrap().insert("conn-gone".into());
+        rig.endpoint.hang_up("conn-gone");
         s.append(&run_id, &run_token, events_of(2, "x")).await;
         assert_eq!(rig.fan_out().await["batchItemFailures"], json!([]));
         let mut last = 1;

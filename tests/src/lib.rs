@@ -3,6 +3,7 @@
 //! `AWS_ENDPOINT_URL*` points at), and talk to it the way a client does.
 
 pub mod chaos;
+pub mod connections;
 pub mod idp;
 pub mod lifecycle;
 pub mod meter;

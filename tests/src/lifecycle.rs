@@ -289,21 +289,19 @@ pub async fn lifecycle() -> Lifecycle {
 /// calls through a meter of their own, a loopback `@connections` endpoint that counts
 /// the frames posted, and each invocation counted and timed.
 pub mod ws {
-    use std::collections::{BTreeMap, HashSet};
+    use std::collections::BTreeMap;
     use std::sync::{Arc, Mutex};
     use std::time::Instant;
 
     use aws_lambda_events::apigw::ApiGatewayWebsocketProxyRequest;
     use aws_sdk_dynamodb::types::AttributeValue;
-    use axum::extract::{Path, State};
-    use axum::http::StatusCode;
-    use axum::response::IntoResponse;
     use serde_json::{json, Value};
     use tollgate_api::push::{Fanout, Poster, Websocket};
     use tollgate_api::Auth;
     use tollgate_app::runs::RunLog;
     use tollgate_store::dynamo::{Connections, DynamoStore};
 
+    use crate::connections::Endpoint;
     use crate::meter::delivery::WsCounts;
     use crate::meter::{Bill, DynamoMeter, DynamoUsage, LambdaAssumption, Usage};
 
@@ -322,32 +320,6 @@ pub mod ws {
         }
     }
     pub const AGENT: &str = "agent-connection";
-
-    /// The loopback `@connections` endpoint: frames posted per connection; a connection
-    /// hung up answers 410 Gone, as API Gateway does.
-    #[derive(Clone, Default)]
-    struct Endpoint {
-        posted: Arc<Mutex<BTreeMap<String, Vec<Value>>>>,
-        gone: Arc<Mutex<HashSet<String>>>,
-    }
-
-    async fn post_to_connection(
-        State(ep): State<Endpoint>,
-        Path(id): Path<String>,
-        body: axum::body::Bytes,
-    ) -> axum::response::Response {
-        if ep.gone.lock().unwrap().contains(&id) {
-            return (
-                StatusCode::GONE,
-                [("x-amzn-errortype", "GoneException")],
-                r#"{"message":"gone"}"#,
-            )
-                .into_response();
-        }
-        let frame: Value = serde_json::from_slice(&body).expect("every frame is JSON");
-        ep.posted.lock().unwrap().entry(id).or_default().push(frame);
-        StatusCode::OK.into_response()
-    }
 
     pub struct Rig {
         ws: Websocket,
@@ -371,16 +343,7 @@ pub mod ws {
             let store = meter.instrument(base);
             let registry =
                 Connections::new(store.client().clone(), base.tables().connections.clone());
-            let endpoint = Endpoint::default();
-            let app = axum::Router::new()
-                .route(
-                    "/live/@connections/{id}",
-                    axum::routing::post(post_to_connection),
-                )
-                .with_state(endpoint.clone());
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let url = format!("http://{}/live", listener.local_addr().unwrap());
-            tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+            let (endpoint, url) = Endpoint::start().await;
             let poster = Poster::new(
                 tollgate_store::dynamo::sdk_config().await,
                 Some(url.clone()),
@@ -484,23 +447,13 @@ pub mod ws {
         }
 
         fn frames(&self, connection: &str) -> Vec<Value> {
-            self.endpoint
-                .posted
-                .lock()
-                .unwrap()
-                .get(&self.id(connection))
-                .cloned()
-                .unwrap_or_default()
+            self.endpoint.sent(&self.id(connection))
         }
 
         /// `connection` hangs up: API Gateway answers 410 for it from now on and invokes
         /// `$disconnect`.
         async fn hang_up(&self, connection: &str) {
-            self.endpoint
-                .gone
-                .lock()
-                .unwrap()
-                .insert(self.id(connection));
+            self.endpoint.hang_up(&self.id(connection));
             let answer = self.invoke("$disconnect", connection, json!({})).await;
             assert_eq!(answer["statusCode"], 200, "disconnect: {answer}");
         }
@@ -589,14 +542,7 @@ pub mod ws {
                 Some(json!("tool.approval_resolved")),
                 "the agent saw its card resolved: {agent:?}"
             );
-            let sent = self
-                .endpoint
-                .posted
-                .lock()
-                .unwrap()
-                .values()
-                .map(|f| f.len() as u64)
-                .sum();
+            let sent = self.endpoint.total();
             let log = self.meter.snapshot();
             let finals = self.meter.final_images(base.client(), &log).await;
             let calls = log.bill_calls(self.meter.tables(), &finals);

@@ -1117,35 +1117,16 @@ async fn list_runs(
     creds: Credentials,
 ) -> Result<Response, ApiError> {
     let claims = deps.auth.require_role(&creds, Role::Operator)?;
-    // Decoded (`%40`, `+`): owners and run ids are matched as written.
-    let params: Vec<(String, String)> =
-        url::form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes())
-            .into_owned()
-            .collect();
-    let param = |name: &str| {
-        params
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    };
-    let limit = match param("limit") {
-        None => DEFAULT_RUNS,
-        Some(v) => v
-            .parse::<usize>()
-            .ok()
-            .filter(|l| (1..=MAX_RUNS).contains(l))
-            .ok_or_else(|| {
-                ApiError::bad_request(format!("limit must be a whole number, 1 to {MAX_RUNS}"))
-            })?,
-    };
-    let status = match param("status") {
+    let query = query.as_deref();
+    let limit = crate::request::limit_param(query, DEFAULT_RUNS, MAX_RUNS)?;
+    let status = match crate::request::decoded_param(query, "status") {
         None => None,
-        Some(v) => Some(tollgate_domain::RunStatus::parse(v).ok_or_else(|| {
+        Some(v) => Some(tollgate_domain::RunStatus::parse(&v).ok_or_else(|| {
             ApiError::bad_request("status must be running, completed, failed or cancelled")
         })?),
     };
     let text = |name: &str| -> Result<Option<String>, ApiError> {
-        let value = param(name).map(str::to_owned);
+        let value = crate::request::decoded_param(query, name);
         bounded(name, &value, tollgate_protocol::limits::MAX_RUN_FILTER)?;
         Ok(value)
     };
@@ -1154,14 +1135,15 @@ async fn list_runs(
         owner: text("owner")?,
         run_id_prefix: text("q")?,
     };
-    let project = text("project_id")?;
+    let project = crate::request::project_param(query, "project_id")?;
+    let after = crate::request::decoded_param(query, "after");
     let page = deps
         .runs
         .list(
             claims.project_id.as_deref(),
             project.as_deref(),
             &filter,
-            param("after"),
+            after.as_deref(),
             limit,
         )
         .await?;

@@ -156,6 +156,27 @@ pub fn token_run_id(run_id: &Result<RunId, ApiError>) -> &str {
     run_id.as_ref().map_or("", RunId::as_str)
 }
 
+/// A query parameter percent-decoded (`%40`, `+`: owners, projects and run ids are
+/// matched as written), `None` when absent.
+pub fn decoded_param(query: Option<&str>, key: &str) -> Option<String> {
+    url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.into_owned())
+}
+
+/// The project an operator names in the query under `key` (`project_id` on the runs
+/// listing, `project` on the dead letters), decoded: `None` when absent, 400 when empty
+/// or over [`tollgate_protocol::limits::MAX_RUN_FILTER`] bytes.
+pub fn project_param(query: Option<&str>, key: &str) -> Result<Option<String>, crate::ApiError> {
+    let max = tollgate_protocol::limits::MAX_RUN_FILTER;
+    match decoded_param(query, key) {
+        Some(p) if p.is_empty() || p.len() > max => Err(crate::ApiError::bad_request(format!(
+            "{key} must be 1 to {max} bytes"
+        ))),
+        project => Ok(project),
+    }
+}
+
 /// The `limit` query parameter: `default` when absent, else a whole number from 1 to
 /// `max` (anything else is 400).
 pub fn limit_param(
@@ -180,6 +201,23 @@ mod tests {
     use super::*;
     use axum::routing::get;
     use tower::ServiceExt;
+
+    /// GIVEN a query naming a project percent-encoded, empty, too long or not at all
+    /// WHEN its project is read THEN it is decoded, 400, 400 and absent.
+    #[test]
+    fn a_project_is_decoded_and_bounded() {
+        let q = Some("limit=2&project_id=team%40acme+eu");
+        assert_eq!(
+            project_param(q, "project_id").unwrap().as_deref(),
+            Some("team@acme eu")
+        );
+        assert_eq!(project_param(q, "project").unwrap(), None);
+        let err = project_param(Some("project="), "project").unwrap_err();
+        assert_eq!(err.status.as_u16(), 400);
+        let long = format!("project_id={}", "p".repeat(257));
+        assert!(project_param(Some(&long), "project_id").is_err());
+        assert_eq!(project_param(None, "project_id").unwrap(), None);
+    }
 
     /// What a route taking a `RunId` answers `path`: status and body.
     async fn answer(path: &str) -> (u16, String) {

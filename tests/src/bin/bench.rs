@@ -587,18 +587,11 @@ impl Phase {
     /// Mean write units per call: (transactional item units, index units).
     fn write_units(&self) -> (f64, f64) {
         let n = self.n as f64;
-        let items: u64 = self
-            .bills
-            .iter()
-            .flat_map(|b| &b.items)
-            .map(|i| i.wcu)
-            .sum();
-        let index: u64 = self
-            .bills
-            .iter()
-            .flat_map(|b| &b.index)
-            .map(|i| i.units)
-            .sum();
+        let (mut items, mut index) = (0u64, 0u64);
+        for b in &self.bills {
+            items += b.items.iter().map(|i| i.wcu).sum::<u64>();
+            index += b.index.iter().map(|i| i.units).sum::<u64>();
+        }
         (items as f64 / n, index as f64 / n)
     }
 

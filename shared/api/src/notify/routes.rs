@@ -50,20 +50,19 @@ pub fn wire(d: &Delivery) -> WireDelivery {
 /// `project` query parameter, else runs without a project (`-`).
 fn project_of(claim: Option<&str>, query: Option<&str>) -> Result<String, ApiError> {
     // Decoded (`%40`, `+`), as `GET /api/runs` reads its project.
-    let asked = url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
-        .find(|(k, _)| k == "project")
-        .map(|(_, v)| v.into_owned());
-    let asked = asked.as_deref();
+    let asked = crate::request::project_param(query, "project");
     match (claim, asked) {
-        (Some(own), Some(asked)) if asked != own => Err(ApiError::forbidden(
+        (Some(own), Ok(Some(asked))) if asked != own => Err(ApiError::forbidden(
+            "your token is limited to another project",
+        )),
+        // An empty or over-long project is not the token's either.
+        (Some(_), Err(_)) => Err(ApiError::forbidden(
             "your token is limited to another project",
         )),
         (Some(own), _) => Ok(own.to_owned()),
-        (None, Some(asked)) if asked.is_empty() || asked.len() > 256 => {
-            Err(ApiError::bad_request("project must be 1 to 256 bytes"))
-        }
-        (None, Some(asked)) => Ok(asked.to_owned()),
-        (None, None) => Ok(super::NO_PROJECT.to_owned()),
+        (None, Err(bad)) => Err(bad),
+        (None, Ok(Some(asked))) => Ok(asked),
+        (None, Ok(None)) => Ok(super::NO_PROJECT.to_owned()),
     }
 }
 
