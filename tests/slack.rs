@@ -4,7 +4,8 @@
 //! decides it as the operator the Slack user is mapped to and the message is rewritten;
 //! bad, stale or replayed signatures are 401 and decide nothing; concurrent clicks
 //! resolve the card once; a card resolved over HTTP rewrites the message too; an
-//! unmapped user, a tampered button or a non-owner's scope decide nothing.
+//! unmapped user, a tampered button or a non-owner's scope decide nothing; a click on a
+//! pod-held card whose pod does not answer is answered without it, recording nothing.
 //!
 //! Each test runs on the embedded store (`memory::`) and on DynamoDB (`dynamo::`, under
 //! the emulators: `tests/harness/emulators.sh with …`).
@@ -39,6 +40,7 @@ tollgate_tests::for_each_backend! {
     slack_unmapped_users_and_tampered_buttons => unmapped_users_and_tampered_buttons_decide_nothing;
     slack_only_the_owner_grants_beyond_once => only_the_owner_grants_beyond_once;
     slack_decides_a_card_of_a_run_of_no_project => a_card_of_a_run_of_no_project_is_decided_by_an_operator_of_every_project;
+    slack_a_slow_pod_is_answered_in_time => a_click_on_a_slow_pods_card_is_answered_without_waiting_for_the_pod;
 }
 
 /// One Web API call the fake Slack received.
@@ -161,6 +163,11 @@ struct Setup {
 }
 
 async fn setup(backend: Backend) -> Setup {
+    setup_with(backend, Vec::new()).await
+}
+
+/// [`setup`], `serve` given `extra` in its environment too.
+async fn setup_with(backend: Backend, extra: Vec<(&'static str, String)>) -> Setup {
     let slack = FakeSlack::start().await;
     let unique = uuid::Uuid::new_v4().simple().to_string();
     let mut env = vec![
@@ -170,6 +177,7 @@ async fn setup(backend: Backend) -> Setup {
         ("TOLLGATE_SLACK_USERS", USERS.to_owned()),
         ("TOLLGATE_ALWAYS_ELIGIBLE_TOOLS", "web_fetch".to_owned()),
     ];
+    env.extend(extra);
     let mut args = Vec::new();
     if backend == Backend::Dynamo {
         assert!(
@@ -201,16 +209,17 @@ async fn setup(backend: Backend) -> Setup {
 
 /// A run of [`PROJECT`] owned by `owner`, reporting to [`CHANNEL`]: `(run_id, run_token)`.
 async fn run(srv: &TestServer, owner: &str) -> (String, String) {
+    run_with(srv, json!({"owner": owner})).await
+}
+
+/// A run of [`PROJECT`] reporting to [`CHANNEL`], created with `body`'s fields too.
+async fn run_with(srv: &TestServer, mut body: Value) -> (String, String) {
     let agent = srv
         .auth
         .mint_jwt("agent-slack", Role::Agent, 3600, Some(PROJECT.into()));
-    let (status, v) = srv
-        .post(
-            "/api/runs",
-            &agent,
-            &json!({"owner": owner, "project_id": PROJECT, "channel_id": CHANNEL}),
-        )
-        .await;
+    body["project_id"] = json!(PROJECT);
+    body["channel_id"] = json!(CHANNEL);
+    let (status, v) = srv.post("/api/runs", &agent, &body).await;
     assert_eq!(status, StatusCode::CREATED, "{v}");
     (
         v["run_id"].as_str().unwrap().to_owned(),
@@ -686,4 +695,138 @@ async fn a_card_of_a_run_of_no_project_is_decided_by_an_operator_of_every_projec
         (c["state"].as_str(), c["decided_by"].as_str()),
         (Some("approved"), Some("dave"))
     );
+}
+
+/// A pod that holds its answer to a forwarded decision until the test lets it go: it
+/// applies the decision when it arrives (a real pod may apply it and then be slow to
+/// say so) and answers a repeat of it at once, `applied` again.
+struct SlowPod {
+    origin: String,
+    /// Forwarded decisions received.
+    hits: Arc<std::sync::atomic::AtomicUsize>,
+    /// Whether the first answer has been let go.
+    release: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl SlowPod {
+    async fn start() -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (listener, origin) = pods::listen().await;
+        let hits = Arc::new(AtomicUsize::new(0));
+        let release = Arc::new(tokio::sync::watch::channel(false).0);
+        let app = {
+            let (hits, release) = (hits.clone(), release.clone());
+            Router::new().route(
+                "/tool-approvals",
+                post(move |Json(_): Json<Value>| {
+                    let (hits, mut released) = (hits.clone(), release.subscribe());
+                    async move {
+                        if hits.fetch_add(1, Ordering::SeqCst) == 0 {
+                            // The first answer waits until the test lets it go.
+                            let _ = released.wait_for(|r| *r).await;
+                        }
+                        Json(
+                            json!({"resolved": true, "applied": true, "state": "approved",
+                                    "toolName": "web_fetch", "url": "https://example.com/a"}),
+                        )
+                    }
+                }),
+            )
+        };
+        pods::serve(listener, app);
+        Self {
+            origin,
+            hits,
+            release,
+        }
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Slack shows its user an error when a click is not answered within 3 s, and a decision
+/// on a pod-held card waits on the run's pod: the click is answered without waiting past
+/// the pod's budget (here while the pod still holds its answer), records nothing (the
+/// card stays pending, no resolution, the message keeps its buttons — fail closed), and
+/// the user is told it was not decided. Clicked again with the pod answering, the card is
+/// decided once and the message says so.
+async fn a_click_on_a_slow_pods_card_is_answered_without_waiting_for_the_pod(backend: Backend) {
+    let Setup { _serve, srv, slack } = setup_with(
+        backend,
+        vec![
+            ("TOLLGATE_ALLOW_LOOPBACK_ORIGINS", "1".to_owned()),
+            // An HTTP decision would wait this long on the pod: a click must not.
+            ("TOLLGATE_AGENTHOST_TIMEOUT_SECONDS", "600".to_owned()),
+        ],
+    )
+    .await;
+    let pod = SlowPod::start().await;
+    let (run_id, token) = run_with(
+        &srv,
+        json!({"owner": "alice", "execution_mode": "pod", "agenthost_origin": pod.origin}),
+    )
+    .await;
+    // The pod announces its card; the card's message is posted.
+    let rid = pods::request_id();
+    let (status, v) = srv
+        .post(
+            &format!("/api/runs/{run_id}/events"),
+            &token,
+            &json!({"events": [{"type": "tool.approval_required", "requestId": rid,
+                "displayId": &rid[..8], "toolName": "web_fetch", "url": "https://example.com/a",
+                "intention": "read the docs", "message": "The agent wants to fetch a URL."}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let message = posted(&slack, &rid).await;
+    let approve = element(&message, "tollgate.approve");
+
+    // alice approves; the pod takes the decision and holds its answer.
+    let (status, answer) = click(&srv, "U0ALICE", &approve, None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(
+        !*pod.release.borrow(),
+        "answered while the pod still holds its answer"
+    );
+    assert_eq!(pod.hits(), 1, "the decision reached the pod");
+    assert_eq!(answer["outcome"], "refused", "{answer}");
+    assert!(
+        answer["message"]
+            .as_str()
+            .unwrap()
+            .contains("did not answer in time"),
+        "{answer}"
+    );
+    let told = slack.wait_ephemeral("U0ALICE", 1).await;
+    assert!(told[0].contains("Nothing was recorded"), "{told:?}");
+    // Nothing recorded: the card is pending, no resolution, the message not rewritten.
+    let c = card(&srv, &run_id, &token, &rid).await;
+    assert_eq!(c["state"], "pending", "{c}");
+    assert!(resolutions(&srv, &run_id, &token).await.is_empty());
+    assert!(slack.about("chat.update", &rid).is_empty());
+
+    // The pod answers (late, to nobody); alice clicks again: the pod says it applied
+    // the decision, which is recorded once and rewrites the message.
+    pod.release.send_replace(true);
+    let (status, answer) = click(&srv, "U0ALICE", &approve, None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        (answer["outcome"].as_str(), answer["state"].as_str()),
+        (Some("decided"), Some("approved")),
+        "{answer}"
+    );
+    assert_eq!(pod.hits(), 2);
+    let c = card(&srv, &run_id, &token, &rid).await;
+    assert_eq!(
+        (c["state"].as_str(), c["decided_by"].as_str()),
+        (Some("approved"), Some("alice")),
+        "{c}"
+    );
+    assert_eq!(resolutions(&srv, &run_id, &token).await.len(), 1);
+    let updates = slack.wait_for("chat.update", &rid, 1).await;
+    let update = &updates.last().unwrap().body;
+    assert!(update.to_string().contains("Approved by alice"), "{update}");
+    assert!(!has_actions(update), "{update}");
 }
