@@ -41,6 +41,8 @@ tollgate_tests::for_each_backend! {
     slack_only_the_owner_grants_beyond_once => only_the_owner_grants_beyond_once;
     slack_decides_a_card_of_a_run_of_no_project => a_card_of_a_run_of_no_project_is_decided_by_an_operator_of_every_project;
     slack_a_slow_pod_is_answered_in_time => a_click_on_a_slow_pods_card_is_answered_without_waiting_for_the_pod;
+    slack_retry_after_is_honoured => a_rate_limited_post_is_retried_no_sooner_than_asked;
+    slack_an_expired_card_is_told_everywhere => an_expired_card_rewrites_its_message_and_reaches_the_webhook;
 }
 
 /// One Web API call the fake Slack received.
@@ -51,23 +53,41 @@ struct Call {
     body: Value,
     /// What the fake answered.
     answer: Value,
+    /// When it came.
+    at: Instant,
 }
 
 /// A fake Slack Web API: answers `chat.postMessage` with a fresh `ts`, everything else
-/// `ok`, and records every call.
+/// `ok`, and records every call; the first `limited` calls of `chat.postMessage` are
+/// answered 429 `ratelimited` with `Retry-After: RATE_LIMIT_SECONDS`.
 struct FakeSlack {
     base: String,
     calls: Arc<Mutex<Vec<Call>>>,
 }
 
+/// The `Retry-After` of a rate-limited call.
+const RATE_LIMIT_SECONDS: u64 = 3;
+
+type FakeState = (Arc<Mutex<Vec<Call>>>, Arc<std::sync::atomic::AtomicUsize>);
+
 async fn record(
-    State(calls): State<Arc<Mutex<Vec<Call>>>>,
+    State((calls, limited)): State<FakeState>,
     Path(method): Path<String>,
     headers: HeaderMap,
     Json(body): Json<Value>,
-) -> Json<Value> {
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
     let mut calls = calls.lock().unwrap();
+    let throttled = method == "chat.postMessage"
+        && limited
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |n| n.checked_sub(1),
+            )
+            .is_ok();
     let answer = match method.as_str() {
+        _ if throttled => json!({"ok": false, "error": "ratelimited"}),
         "chat.postMessage" => json!({
             "ok": true,
             "channel": body["channel"],
@@ -83,17 +103,32 @@ async fn record(
             .map(str::to_owned),
         body,
         answer: answer.clone(),
+        at: Instant::now(),
     });
-    Json(answer)
+    if throttled {
+        let after = [("retry-after", RATE_LIMIT_SECONDS.to_string())];
+        return (
+            axum::http::StatusCode::TOO_MANY_REQUESTS,
+            after,
+            Json(answer),
+        )
+            .into_response();
+    }
+    Json(answer).into_response()
 }
 
 impl FakeSlack {
     async fn start() -> Self {
+        Self::start_limited(0).await
+    }
+
+    async fn start_limited(limited: usize) -> Self {
         let calls = Arc::new(Mutex::new(Vec::new()));
+        let limited = Arc::new(std::sync::atomic::AtomicUsize::new(limited));
         let (listener, base) = pods::listen().await;
         let app = Router::new()
             .route("/api/{method}", post(record))
-            .with_state(calls.clone());
+            .with_state((calls.clone(), limited));
         pods::serve(listener, app);
         Self {
             base: format!("{base}/api"),
@@ -168,7 +203,15 @@ async fn setup(backend: Backend) -> Setup {
 
 /// [`setup`], `serve` given `extra` in its environment too.
 async fn setup_with(backend: Backend, extra: Vec<(&'static str, String)>) -> Setup {
-    let slack = FakeSlack::start().await;
+    setup_against(backend, FakeSlack::start().await, extra).await
+}
+
+/// [`setup_with`] against `slack`.
+async fn setup_against(
+    backend: Backend,
+    slack: FakeSlack,
+    extra: Vec<(&'static str, String)>,
+) -> Setup {
     let unique = uuid::Uuid::new_v4().simple().to_string();
     let mut env = vec![
         ("TOLLGATE_SLACK_API_URL", slack.base.clone()),
@@ -229,6 +272,11 @@ async fn run_with(srv: &TestServer, mut body: Value) -> (String, String) {
 
 /// Arms a card for `tool` and returns its request id.
 async fn arm(srv: &TestServer, run_id: &str, token: &str, tool: &str) -> String {
+    arm_for(srv, run_id, token, tool, 600).await
+}
+
+/// Arms a card for `tool` that expires after `timeout` seconds; its request id.
+async fn arm_for(srv: &TestServer, run_id: &str, token: &str, tool: &str, timeout: u64) -> String {
     let rid = pods::request_id();
     let (status, v) = srv
         .post(
@@ -238,7 +286,7 @@ async fn arm(srv: &TestServer, run_id: &str, token: &str, tool: &str) -> String 
                 "request_id": rid, "tool_name": tool, "url": "https://example.com/a",
                 "intention": "fetch the page", "message": "please allow",
                 "arguments_preview": {"path": "/a", "api_key": "sk-should-be-redacted"},
-                "timeout_seconds": 600,
+                "timeout_seconds": timeout,
             }),
         )
         .await;
@@ -829,4 +877,115 @@ async fn a_click_on_a_slow_pods_card_is_answered_without_waiting_for_the_pod(bac
     let update = &updates.last().unwrap().body;
     assert!(update.to_string().contains("Approved by alice"), "{update}");
     assert!(!has_actions(update), "{update}");
+}
+
+/// Slack answers the card's first `chat.postMessage` 429 `ratelimited` with
+/// `Retry-After: 3`, while the notifier's own backoff would try again after 100 ms: the
+/// message is posted again no sooner than Slack asked, once, and nothing is a dead letter.
+async fn a_rate_limited_post_is_retried_no_sooner_than_asked(backend: Backend) {
+    let Setup { _serve, srv, slack } = setup_against(
+        backend,
+        FakeSlack::start_limited(1).await,
+        vec![("TOLLGATE_NOTIFY_RETRY_BASE_MS", "100".to_owned())],
+    )
+    .await;
+    let (run_id, token) = run(&srv, "alice").await;
+    let rid = arm(&srv, &run_id, &token, "web_fetch").await;
+    let posts = slack.wait_for("chat.postMessage", &rid, 2).await;
+    assert_eq!(posts[0].answer["error"], "ratelimited", "{posts:#?}");
+    assert_eq!(posts[1].answer["ok"], true, "{posts:#?}");
+    let waited = posts[1].at.duration_since(posts[0].at);
+    assert!(
+        waited >= Duration::from_secs(RATE_LIMIT_SECONDS),
+        "posted again after {waited:?}, sooner than Retry-After"
+    );
+    // Decided: the posted message is the one updated, and no post came a third time.
+    let approve = element(&posts[1].body, "tollgate.approve");
+    let (status, answer) = click(&srv, "U0ALICE", &approve, None).await;
+    assert_eq!(
+        (status, answer["outcome"].as_str()),
+        (StatusCode::OK, Some("decided"))
+    );
+    let updates = slack.wait_for("chat.update", &rid, 1).await;
+    assert_eq!(updates[0].body["ts"], posts[1].answer["ts"]);
+    assert_eq!(slack.about("chat.postMessage", &rid).len(), 2);
+    let operator = srv
+        .auth
+        .mint_jwt("ops", Role::Operator, 600, Some(PROJECT.into()));
+    let (status, dead) = srv.get("/api/notifications/dead-letters", &operator).await;
+    assert_eq!(status, StatusCode::OK, "{dead}");
+    assert!(
+        dead.to_string().find(&rid).is_none(),
+        "no dead letter: {dead}"
+    );
+}
+
+/// A card nobody decides expires (its timer, in `serve`): its Slack message is rewritten
+/// to say so, without buttons, and a webhook configured beside Slack gets the card's
+/// `card.resolved` with `state: expired` — once each.
+async fn an_expired_card_rewrites_its_message_and_reaches_the_webhook(backend: Backend) {
+    let (listener, origin) = pods::listen().await;
+    let hooks: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let log = hooks.clone();
+    pods::serve(
+        listener,
+        Router::new().route(
+            "/hook",
+            post(move |Json(body): Json<Value>| {
+                let log = log.clone();
+                async move {
+                    log.lock().unwrap().push(body);
+                    axum::http::StatusCode::NO_CONTENT
+                }
+            }),
+        ),
+    );
+    let Setup { _serve, srv, slack } = setup_with(
+        backend,
+        vec![
+            ("TOLLGATE_WEBHOOK_URL", format!("{origin}/hook")),
+            (
+                "TOLLGATE_WEBHOOK_SECRET",
+                "whsec-slack-tests-0123456789".to_owned(),
+            ),
+            ("TOLLGATE_ALLOW_LOOPBACK_ORIGINS", "1".to_owned()),
+        ],
+    )
+    .await;
+    let (run_id, token) = run(&srv, "alice").await;
+    let rid = arm_for(&srv, &run_id, &token, "web_fetch", 2).await;
+    let message = posted(&slack, &rid).await;
+    assert!(has_actions(&message), "{message}");
+    let updates = slack.wait_for("chat.update", &rid, 1).await;
+    let update = &updates[0].body;
+    assert!(update.to_string().contains("Expired"), "{update}");
+    assert!(!has_actions(update), "{update}");
+    let c = card(&srv, &run_id, &token, &rid).await;
+    assert_eq!(c["state"], "expired", "{c}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let resolved = loop {
+        let resolved: Vec<Value> = hooks
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|h| h["request_id"] == json!(rid) && h["type"] == "card.resolved")
+            .cloned()
+            .collect();
+        if !resolved.is_empty() {
+            break resolved;
+        }
+        assert!(Instant::now() < deadline, "no card.resolved for {rid}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(resolved[0]["card"]["state"], "expired", "{resolved:?}");
+    // Once each: nothing more comes for the card.
+    let armed = hooks
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|h| h["request_id"] == json!(rid) && h["type"] == "card.armed")
+        .count();
+    assert_eq!((armed, resolved.len()), (1, 1));
+    assert_eq!(slack.about("chat.update", &rid).len(), 1);
+    assert_eq!(resolutions(&srv, &run_id, &token).await.len(), 1);
 }
