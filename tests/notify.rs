@@ -430,6 +430,7 @@ async fn refusals_are_permanent(backend: Backend) {
 }
 
 tollgate_tests::for_each_backend! {
+    a_sink_nobody_has_is_put_off_then_dead_lettered => strays_are_put_off_then_dead;
     a_receiver_failing_three_times_gets_each_notice_once => survives_three_failures;
     dead_letters_are_listed_per_project_and_retried => dead_letters_are_kept_and_retried;
     a_4xx_answer_is_a_dead_letter_at_once => refusals_are_permanent;
@@ -492,6 +493,136 @@ async fn dynamo_only_two_processes_send_each_notice_once() {
     );
 }
 
+/// A `serve --backend aws` killed (SIGKILL) while a delivery waits for its next attempt
+/// (the receiver failed the first): a fresh process on the same tables finds the
+/// delivery in its record and finishes it — the receiver accepts each of the card's
+/// notices exactly once, every post with the same delivery id, nothing after the
+/// accepted one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamo_only_a_killed_process_retry_is_finished_once_by_the_next() {
+    let receiver = Receiver::start(2, 503).await;
+    let setup = aws_setup();
+    // Retries 1.5 to 3 s apart: the kill comes between two attempts.
+    let slow = [("TOLLGATE_NOTIFY_RETRY_BASE_MS", "3000")];
+    let mut a = start(
+        Backend::Dynamo,
+        webhook_env(&receiver, &slow),
+        Some(&setup),
+        None,
+        "killed",
+    );
+    let queue = a
+        .queue_url()
+        .expect("the first process names its timer queue");
+    let (run_id, rid) = arm_card(&client(&a.base, "p-kill")).await;
+    receiver
+        .until("the first attempt", |all| {
+            !of_card(all, &rid, "card.armed").is_empty()
+        })
+        .await;
+    a.kill();
+    let b = start(
+        Backend::Dynamo,
+        webhook_env(&receiver, &slow),
+        Some(&setup),
+        Some(&queue),
+        "next",
+    );
+    let srv = client(&b.base, "p-kill");
+    approve(&srv, &run_id, &rid).await;
+    let all = receiver
+        .until("both notices accepted", |all| {
+            accepted(all, &rid, "card.armed") >= 1 && accepted(all, &rid, "card.resolved") >= 1
+        })
+        .await;
+    for kind in ["card.armed", "card.resolved"] {
+        let posts = of_card(&all, &rid, kind);
+        assert_eq!(accepted(&all, &rid, kind), 1, "{kind}: {posts:#?}");
+        assert!(
+            posts.last().unwrap().accepted,
+            "nothing after the accepted one: {posts:#?}"
+        );
+        assert!(
+            posts
+                .iter()
+                .all(|p| p.delivery_id == posts[0].delivery_id && signature_valid(p)),
+            "{posts:#?}"
+        );
+    }
+}
+
+/// A webhook enabled for the first time on tables that already hold card events (the
+/// stream is read from its oldest record): the backlog is not notified — neither the
+/// cards armed and decided before nor the arm of a card still pending — while what
+/// happens after is: the pending card's resolution, and a new card's two notices. The
+/// sink's first enabling is recorded once and stands for a process started later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamo_only_a_sink_enabled_later_does_not_notify_the_backlog() {
+    let receiver = Receiver::start(0, 500).await;
+    let setup = aws_setup();
+    let a = start(Backend::Dynamo, Vec::new(), Some(&setup), None, "no sink");
+    let queue = a
+        .queue_url()
+        .expect("the first process names its timer queue");
+    let before = client(&a.base, "p-backlog");
+    let mut backlog = Vec::new();
+    for _ in 0..3 {
+        let (run_id, rid) = arm_card(&before).await;
+        approve(&before, &run_id, &rid).await;
+        backlog.push(rid);
+    }
+    let (waiting_run, waiting) = arm_card(&before).await;
+
+    let b = start(
+        Backend::Dynamo,
+        webhook_env(&receiver, &[]),
+        Some(&setup),
+        Some(&queue),
+        "sink",
+    );
+    let after = client(&b.base, "p-backlog");
+    approve(&after, &waiting_run, &waiting).await;
+    let (run_id, fresh) = arm_card(&after).await;
+    approve(&after, &run_id, &fresh).await;
+    // A second process with the sink, started later: the first enabling stands for it.
+    let c = start(
+        Backend::Dynamo,
+        webhook_env(&receiver, &[]),
+        Some(&setup),
+        Some(&queue),
+        "sink, later",
+    );
+    let later = client(&c.base, "p-backlog");
+    let (run_id, last) = arm_card(&later).await;
+    approve(&later, &run_id, &last).await;
+    let all = receiver
+        .until("the notices after the sink was enabled", |all| {
+            [&fresh, &last].iter().all(|rid| {
+                accepted(all, rid, "card.armed") >= 1 && accepted(all, rid, "card.resolved") >= 1
+            }) && accepted(all, &waiting, "card.resolved") >= 1
+        })
+        .await;
+    for rid in &backlog {
+        assert!(
+            all.iter().all(|r| body_of(r)["request_id"] != json!(rid)),
+            "the backlog is not notified: {all:#?}"
+        );
+    }
+    assert!(
+        of_card(&all, &waiting, "card.armed").is_empty(),
+        "an arm from before the sink is not notified: {all:#?}"
+    );
+    for (rid, kind) in [
+        (&fresh, "card.armed"),
+        (&fresh, "card.resolved"),
+        (&last, "card.armed"),
+        (&last, "card.resolved"),
+        (&waiting, "card.resolved"),
+    ] {
+        assert_eq!(of_card(&all, rid, kind).len(), 1, "{rid} {kind}: {all:#?}");
+    }
+}
+
 /// What `tollgate serve` says and does with a bad webhook configuration: it does not
 /// start, and its output never shows the secret.
 fn refused_startup(env: &[(&str, &str)]) -> String {
@@ -552,5 +683,144 @@ fn private_and_metadata_targets_are_refused() {
         ]);
         assert!(text.contains("TOLLGATE_WEBHOOK_URL"), "{url}: {text}");
         assert!(!text.contains(WEBHOOK_SECRET), "{text}");
+    }
+}
+
+/// A store of its own (on DynamoDB, tables of its own: the retry pass reads every
+/// project's due deliveries).
+async fn own_store(backend: Backend) -> Arc<dyn tollgate_store::Store> {
+    match backend {
+        Backend::Memory => Arc::new(tollgate_store::memory::MemoryStore::new()),
+        Backend::Dynamo => {
+            assert!(
+                tollgate_tests::aws_endpoint_configured(),
+                "no DynamoDB endpoint"
+            );
+            let sdk = tollgate_store::dynamo::sdk_config().await;
+            let client = tollgate_store::dynamo::client(&sdk);
+            let (prefix, _) = aws_setup();
+            let tables = tollgate_store::dynamo::Tables::with_prefix(&prefix);
+            tollgate_store::schema::ensure_tables(&client, &tables)
+                .await
+                .expect("tables");
+            Arc::new(tollgate_store::dynamo::DynamoStore::new(client, tables))
+        }
+    }
+}
+
+/// A sink that records what it is asked to deliver and delivers it.
+struct Recording(&'static str, Arc<Mutex<Vec<String>>>);
+
+#[async_trait::async_trait]
+impl tollgate_api::notify::Sink for Recording {
+    fn name(&self) -> &'static str {
+        self.0
+    }
+    fn wants(&self, _: &tollgate_api::notify::CardNotice) -> bool {
+        true
+    }
+    async fn deliver(
+        &self,
+        notice: &tollgate_api::notify::CardNotice,
+        _: Option<&str>,
+    ) -> Result<Option<String>, tollgate_api::notify::DeliveryError> {
+        self.1.lock().unwrap().push(notice.request_id.clone());
+        Ok(None)
+    }
+}
+
+/// Pending deliveries of a sink (`slack`) the notifier running the retry pass does not
+/// have (it has `webhook` only): one just due is left to the processes that have the
+/// sink; one overdue past the grace is put off (still pending, out of the due ones); one
+/// older than the horizon is a dead letter saying why, listed for its project. Another
+/// pass touches none of them; a process that has the sink then delivers the one put off.
+async fn strays_are_put_off_then_dead(backend: Backend) {
+    use tollgate_store::{Delivery, DeliveryKey, DeliveryState};
+    let store = own_store(backend).await;
+    let policy = tollgate_api::notify::RetryPolicy {
+        stray_after: Duration::from_secs(100),
+        ..Default::default()
+    };
+    let grace = policy.stray_grace().as_millis() as i64;
+    let now = tollgate_domain::now_millis();
+    let pending = |rid: &str, created_at: i64, next_attempt_at: i64| {
+        let key = DeliveryKey {
+            sink: "slack".into(),
+            project: "p-stray".into(),
+            run_id: "run-stray".into(),
+            request_id: rid.into(),
+            kind: "armed".into(),
+        };
+        let mut d = Delivery::new(key, 3, created_at);
+        d.version = 2;
+        d.attempts = 1;
+        d.next_attempt_at = next_attempt_at;
+        d
+    };
+    let just_due = pending("just-due", now - 1_000, now);
+    let overdue = pending("overdue", now - 2 * grace, now - 2 * grace);
+    let old = pending("old", now - 101_000, now - 2 * grace);
+    for d in [&just_due, &overdue, &old] {
+        assert!(store.put_delivery(d, 0).await.unwrap());
+    }
+    let delivered: Arc<Mutex<Vec<String>>> = Arc::default();
+    let without = tollgate_api::notify::Notifier::new(
+        store.clone(),
+        vec![Arc::new(Recording("webhook", delivered.clone()))],
+    )
+    .with_policy(policy);
+    for _ in 0..2 {
+        assert_eq!(without.retry_due().await.unwrap(), 0);
+    }
+    let read = |d: &Delivery| {
+        let (store, id) = (store.clone(), d.delivery_id.clone());
+        async move { store.read_delivery(&id).await.unwrap().unwrap() }
+    };
+    assert_eq!(
+        read(&just_due).await,
+        just_due,
+        "left to the sink's processes"
+    );
+    let put_off = read(&overdue).await;
+    assert_eq!(
+        (put_off.state, put_off.attempts, put_off.version),
+        (DeliveryState::Pending, 1, 3),
+        "{put_off:?}"
+    );
+    assert!(put_off.next_attempt_at > now, "{put_off:?}");
+    let dead = read(&old).await;
+    assert_eq!(
+        (dead.state, dead.attempts),
+        (DeliveryState::Dead, 1),
+        "{dead:?}"
+    );
+    let why = dead.last_error.clone().unwrap_or_default();
+    assert!(why.contains("no notifier has the sink slack"), "{why}");
+    let listed = without.dead_letters("p-stray", 10).await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].delivery_id, old.delivery_id);
+    assert!(delivered.lock().unwrap().is_empty());
+
+    // A process with the sink claims the one put off once it is due again (its run is
+    // gone here, so it is settled as such — by the process that has the sink).
+    let with = tollgate_api::notify::Notifier::new(
+        store.clone(),
+        vec![Arc::new(Recording("slack", delivered.clone()))],
+    )
+    .with_policy(policy);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        with.retry_due().await.unwrap();
+        let d = read(&overdue).await;
+        if d.state != DeliveryState::Pending {
+            assert_eq!(
+                d.last_error.as_deref(),
+                Some("the run or its card no longer exists"),
+                "{d:?}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "never claimed: {d:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -4,7 +4,8 @@
 //! decides it as the operator the Slack user is mapped to and the message is rewritten;
 //! bad, stale or replayed signatures are 401 and decide nothing; concurrent clicks
 //! resolve the card once; a card resolved over HTTP rewrites the message too; an
-//! unmapped user, a tampered button or a non-owner's scope decide nothing.
+//! unmapped user, a tampered button or a non-owner's scope decide nothing; a click on a
+//! pod-held card whose pod does not answer is answered without it, recording nothing.
 //!
 //! Each test runs on the embedded store (`memory::`) and on DynamoDB (`dynamo::`, under
 //! the emulators: `tests/harness/emulators.sh with …`).
@@ -39,6 +40,9 @@ tollgate_tests::for_each_backend! {
     slack_unmapped_users_and_tampered_buttons => unmapped_users_and_tampered_buttons_decide_nothing;
     slack_only_the_owner_grants_beyond_once => only_the_owner_grants_beyond_once;
     slack_decides_a_card_of_a_run_of_no_project => a_card_of_a_run_of_no_project_is_decided_by_an_operator_of_every_project;
+    slack_a_slow_pod_is_answered_in_time => a_click_on_a_slow_pods_card_is_answered_without_waiting_for_the_pod;
+    slack_retry_after_is_honoured => a_rate_limited_post_is_retried_no_sooner_than_asked;
+    slack_an_expired_card_is_told_everywhere => an_expired_card_rewrites_its_message_and_reaches_the_webhook;
 }
 
 /// One Web API call the fake Slack received.
@@ -49,23 +53,41 @@ struct Call {
     body: Value,
     /// What the fake answered.
     answer: Value,
+    /// When it came.
+    at: Instant,
 }
 
 /// A fake Slack Web API: answers `chat.postMessage` with a fresh `ts`, everything else
-/// `ok`, and records every call.
+/// `ok`, and records every call; the first `limited` calls of `chat.postMessage` are
+/// answered 429 `ratelimited` with `Retry-After: RATE_LIMIT_SECONDS`.
 struct FakeSlack {
     base: String,
     calls: Arc<Mutex<Vec<Call>>>,
 }
 
+/// The `Retry-After` of a rate-limited call.
+const RATE_LIMIT_SECONDS: u64 = 3;
+
+type FakeState = (Arc<Mutex<Vec<Call>>>, Arc<std::sync::atomic::AtomicUsize>);
+
 async fn record(
-    State(calls): State<Arc<Mutex<Vec<Call>>>>,
+    State((calls, limited)): State<FakeState>,
     Path(method): Path<String>,
     headers: HeaderMap,
     Json(body): Json<Value>,
-) -> Json<Value> {
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
     let mut calls = calls.lock().unwrap();
+    let throttled = method == "chat.postMessage"
+        && limited
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |n| n.checked_sub(1),
+            )
+            .is_ok();
     let answer = match method.as_str() {
+        _ if throttled => json!({"ok": false, "error": "ratelimited"}),
         "chat.postMessage" => json!({
             "ok": true,
             "channel": body["channel"],
@@ -81,17 +103,32 @@ async fn record(
             .map(str::to_owned),
         body,
         answer: answer.clone(),
+        at: Instant::now(),
     });
-    Json(answer)
+    if throttled {
+        let after = [("retry-after", RATE_LIMIT_SECONDS.to_string())];
+        return (
+            axum::http::StatusCode::TOO_MANY_REQUESTS,
+            after,
+            Json(answer),
+        )
+            .into_response();
+    }
+    Json(answer).into_response()
 }
 
 impl FakeSlack {
     async fn start() -> Self {
+        Self::start_limited(0).await
+    }
+
+    async fn start_limited(limited: usize) -> Self {
         let calls = Arc::new(Mutex::new(Vec::new()));
+        let limited = Arc::new(std::sync::atomic::AtomicUsize::new(limited));
         let (listener, base) = pods::listen().await;
         let app = Router::new()
             .route("/api/{method}", post(record))
-            .with_state(calls.clone());
+            .with_state((calls.clone(), limited));
         pods::serve(listener, app);
         Self {
             base: format!("{base}/api"),
@@ -161,7 +198,20 @@ struct Setup {
 }
 
 async fn setup(backend: Backend) -> Setup {
-    let slack = FakeSlack::start().await;
+    setup_with(backend, Vec::new()).await
+}
+
+/// [`setup`], `serve` given `extra` in its environment too.
+async fn setup_with(backend: Backend, extra: Vec<(&'static str, String)>) -> Setup {
+    setup_against(backend, FakeSlack::start().await, extra).await
+}
+
+/// [`setup_with`] against `slack`.
+async fn setup_against(
+    backend: Backend,
+    slack: FakeSlack,
+    extra: Vec<(&'static str, String)>,
+) -> Setup {
     let unique = uuid::Uuid::new_v4().simple().to_string();
     let mut env = vec![
         ("TOLLGATE_SLACK_API_URL", slack.base.clone()),
@@ -170,6 +220,7 @@ async fn setup(backend: Backend) -> Setup {
         ("TOLLGATE_SLACK_USERS", USERS.to_owned()),
         ("TOLLGATE_ALWAYS_ELIGIBLE_TOOLS", "web_fetch".to_owned()),
     ];
+    env.extend(extra);
     let mut args = Vec::new();
     if backend == Backend::Dynamo {
         assert!(
@@ -201,16 +252,17 @@ async fn setup(backend: Backend) -> Setup {
 
 /// A run of [`PROJECT`] owned by `owner`, reporting to [`CHANNEL`]: `(run_id, run_token)`.
 async fn run(srv: &TestServer, owner: &str) -> (String, String) {
+    run_with(srv, json!({"owner": owner})).await
+}
+
+/// A run of [`PROJECT`] reporting to [`CHANNEL`], created with `body`'s fields too.
+async fn run_with(srv: &TestServer, mut body: Value) -> (String, String) {
     let agent = srv
         .auth
         .mint_jwt("agent-slack", Role::Agent, 3600, Some(PROJECT.into()));
-    let (status, v) = srv
-        .post(
-            "/api/runs",
-            &agent,
-            &json!({"owner": owner, "project_id": PROJECT, "channel_id": CHANNEL}),
-        )
-        .await;
+    body["project_id"] = json!(PROJECT);
+    body["channel_id"] = json!(CHANNEL);
+    let (status, v) = srv.post("/api/runs", &agent, &body).await;
     assert_eq!(status, StatusCode::CREATED, "{v}");
     (
         v["run_id"].as_str().unwrap().to_owned(),
@@ -220,6 +272,11 @@ async fn run(srv: &TestServer, owner: &str) -> (String, String) {
 
 /// Arms a card for `tool` and returns its request id.
 async fn arm(srv: &TestServer, run_id: &str, token: &str, tool: &str) -> String {
+    arm_for(srv, run_id, token, tool, 600).await
+}
+
+/// Arms a card for `tool` that expires after `timeout` seconds; its request id.
+async fn arm_for(srv: &TestServer, run_id: &str, token: &str, tool: &str, timeout: u64) -> String {
     let rid = pods::request_id();
     let (status, v) = srv
         .post(
@@ -229,7 +286,7 @@ async fn arm(srv: &TestServer, run_id: &str, token: &str, tool: &str) -> String 
                 "request_id": rid, "tool_name": tool, "url": "https://example.com/a",
                 "intention": "fetch the page", "message": "please allow",
                 "arguments_preview": {"path": "/a", "api_key": "sk-should-be-redacted"},
-                "timeout_seconds": 600,
+                "timeout_seconds": timeout,
             }),
         )
         .await;
@@ -686,4 +743,249 @@ async fn a_card_of_a_run_of_no_project_is_decided_by_an_operator_of_every_projec
         (c["state"].as_str(), c["decided_by"].as_str()),
         (Some("approved"), Some("dave"))
     );
+}
+
+/// A pod that holds its answer to a forwarded decision until the test lets it go: it
+/// applies the decision when it arrives (a real pod may apply it and then be slow to
+/// say so) and answers a repeat of it at once, `applied` again.
+struct SlowPod {
+    origin: String,
+    /// Forwarded decisions received.
+    hits: Arc<std::sync::atomic::AtomicUsize>,
+    /// Whether the first answer has been let go.
+    release: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl SlowPod {
+    async fn start() -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (listener, origin) = pods::listen().await;
+        let hits = Arc::new(AtomicUsize::new(0));
+        let release = Arc::new(tokio::sync::watch::channel(false).0);
+        let app = {
+            let (hits, release) = (hits.clone(), release.clone());
+            Router::new().route(
+                "/tool-approvals",
+                post(move |Json(_): Json<Value>| {
+                    let (hits, mut released) = (hits.clone(), release.subscribe());
+                    async move {
+                        if hits.fetch_add(1, Ordering::SeqCst) == 0 {
+                            // The first answer waits until the test lets it go.
+                            let _ = released.wait_for(|r| *r).await;
+                        }
+                        Json(
+                            json!({"resolved": true, "applied": true, "state": "approved",
+                                    "toolName": "web_fetch", "url": "https://example.com/a"}),
+                        )
+                    }
+                }),
+            )
+        };
+        pods::serve(listener, app);
+        Self {
+            origin,
+            hits,
+            release,
+        }
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Slack shows its user an error when a click is not answered within 3 s, and a decision
+/// on a pod-held card waits on the run's pod: the click is answered without waiting past
+/// the pod's budget (here while the pod still holds its answer), records nothing (the
+/// card stays pending, no resolution, the message keeps its buttons — fail closed), and
+/// the user is told it was not decided. Clicked again with the pod answering, the card is
+/// decided once and the message says so.
+async fn a_click_on_a_slow_pods_card_is_answered_without_waiting_for_the_pod(backend: Backend) {
+    let Setup { _serve, srv, slack } = setup_with(
+        backend,
+        vec![
+            ("TOLLGATE_ALLOW_LOOPBACK_ORIGINS", "1".to_owned()),
+            // An HTTP decision would wait this long on the pod: a click must not.
+            ("TOLLGATE_AGENTHOST_TIMEOUT_SECONDS", "600".to_owned()),
+        ],
+    )
+    .await;
+    let pod = SlowPod::start().await;
+    let (run_id, token) = run_with(
+        &srv,
+        json!({"owner": "alice", "execution_mode": "pod", "agenthost_origin": pod.origin}),
+    )
+    .await;
+    // The pod announces its card; the card's message is posted.
+    let rid = pods::request_id();
+    let (status, v) = srv
+        .post(
+            &format!("/api/runs/{run_id}/events"),
+            &token,
+            &json!({"events": [{"type": "tool.approval_required", "requestId": rid,
+                "displayId": &rid[..8], "toolName": "web_fetch", "url": "https://example.com/a",
+                "intention": "read the docs", "message": "The agent wants to fetch a URL."}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let message = posted(&slack, &rid).await;
+    let approve = element(&message, "tollgate.approve");
+
+    // alice approves; the pod takes the decision and holds its answer.
+    let (status, answer) = click(&srv, "U0ALICE", &approve, None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(
+        !*pod.release.borrow(),
+        "answered while the pod still holds its answer"
+    );
+    assert_eq!(pod.hits(), 1, "the decision reached the pod");
+    assert_eq!(answer["outcome"], "refused", "{answer}");
+    assert!(
+        answer["message"]
+            .as_str()
+            .unwrap()
+            .contains("did not answer in time"),
+        "{answer}"
+    );
+    let told = slack.wait_ephemeral("U0ALICE", 1).await;
+    assert!(told[0].contains("Nothing was recorded"), "{told:?}");
+    // Nothing recorded: the card is pending, no resolution, the message not rewritten.
+    let c = card(&srv, &run_id, &token, &rid).await;
+    assert_eq!(c["state"], "pending", "{c}");
+    assert!(resolutions(&srv, &run_id, &token).await.is_empty());
+    assert!(slack.about("chat.update", &rid).is_empty());
+
+    // The pod answers (late, to nobody); alice clicks again: the pod says it applied
+    // the decision, which is recorded once and rewrites the message.
+    pod.release.send_replace(true);
+    let (status, answer) = click(&srv, "U0ALICE", &approve, None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        (answer["outcome"].as_str(), answer["state"].as_str()),
+        (Some("decided"), Some("approved")),
+        "{answer}"
+    );
+    assert_eq!(pod.hits(), 2);
+    let c = card(&srv, &run_id, &token, &rid).await;
+    assert_eq!(
+        (c["state"].as_str(), c["decided_by"].as_str()),
+        (Some("approved"), Some("alice")),
+        "{c}"
+    );
+    assert_eq!(resolutions(&srv, &run_id, &token).await.len(), 1);
+    let updates = slack.wait_for("chat.update", &rid, 1).await;
+    let update = &updates.last().unwrap().body;
+    assert!(update.to_string().contains("Approved by alice"), "{update}");
+    assert!(!has_actions(update), "{update}");
+}
+
+/// Slack answers the card's first `chat.postMessage` 429 `ratelimited` with
+/// `Retry-After: 3`, while the notifier's own backoff would try again after 100 ms: the
+/// message is posted again no sooner than Slack asked, once, and nothing is a dead letter.
+async fn a_rate_limited_post_is_retried_no_sooner_than_asked(backend: Backend) {
+    let Setup { _serve, srv, slack } = setup_against(
+        backend,
+        FakeSlack::start_limited(1).await,
+        vec![("TOLLGATE_NOTIFY_RETRY_BASE_MS", "100".to_owned())],
+    )
+    .await;
+    let (run_id, token) = run(&srv, "alice").await;
+    let rid = arm(&srv, &run_id, &token, "web_fetch").await;
+    let posts = slack.wait_for("chat.postMessage", &rid, 2).await;
+    assert_eq!(posts[0].answer["error"], "ratelimited", "{posts:#?}");
+    assert_eq!(posts[1].answer["ok"], true, "{posts:#?}");
+    let waited = posts[1].at.duration_since(posts[0].at);
+    assert!(
+        waited >= Duration::from_secs(RATE_LIMIT_SECONDS),
+        "posted again after {waited:?}, sooner than Retry-After"
+    );
+    // Decided: the posted message is the one updated, and no post came a third time.
+    let approve = element(&posts[1].body, "tollgate.approve");
+    let (status, answer) = click(&srv, "U0ALICE", &approve, None).await;
+    assert_eq!(
+        (status, answer["outcome"].as_str()),
+        (StatusCode::OK, Some("decided"))
+    );
+    let updates = slack.wait_for("chat.update", &rid, 1).await;
+    assert_eq!(updates[0].body["ts"], posts[1].answer["ts"]);
+    assert_eq!(slack.about("chat.postMessage", &rid).len(), 2);
+    let operator = srv
+        .auth
+        .mint_jwt("ops", Role::Operator, 600, Some(PROJECT.into()));
+    let (status, dead) = srv.get("/api/notifications/dead-letters", &operator).await;
+    assert_eq!(status, StatusCode::OK, "{dead}");
+    assert!(
+        dead.to_string().find(&rid).is_none(),
+        "no dead letter: {dead}"
+    );
+}
+
+/// A card nobody decides expires (its timer, in `serve`): its Slack message is rewritten
+/// to say so, without buttons, and a webhook configured beside Slack gets the card's
+/// `card.resolved` with `state: expired` — once each.
+async fn an_expired_card_rewrites_its_message_and_reaches_the_webhook(backend: Backend) {
+    let (listener, origin) = pods::listen().await;
+    let hooks: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let log = hooks.clone();
+    pods::serve(
+        listener,
+        Router::new().route(
+            "/hook",
+            post(move |Json(body): Json<Value>| {
+                let log = log.clone();
+                async move {
+                    log.lock().unwrap().push(body);
+                    axum::http::StatusCode::NO_CONTENT
+                }
+            }),
+        ),
+    );
+    let Setup { _serve, srv, slack } = setup_with(
+        backend,
+        vec![
+            ("TOLLGATE_WEBHOOK_URL", format!("{origin}/hook")),
+            (
+                "TOLLGATE_WEBHOOK_SECRET",
+                "whsec-slack-tests-0123456789".to_owned(),
+            ),
+            ("TOLLGATE_ALLOW_LOOPBACK_ORIGINS", "1".to_owned()),
+        ],
+    )
+    .await;
+    let (run_id, token) = run(&srv, "alice").await;
+    let rid = arm_for(&srv, &run_id, &token, "web_fetch", 2).await;
+    let message = posted(&slack, &rid).await;
+    assert!(has_actions(&message), "{message}");
+    let updates = slack.wait_for("chat.update", &rid, 1).await;
+    let update = &updates[0].body;
+    assert!(update.to_string().contains("Expired"), "{update}");
+    assert!(!has_actions(update), "{update}");
+    let c = card(&srv, &run_id, &token, &rid).await;
+    assert_eq!(c["state"], "expired", "{c}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let resolved = loop {
+        let resolved: Vec<Value> = hooks
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|h| h["request_id"] == json!(rid) && h["type"] == "card.resolved")
+            .cloned()
+            .collect();
+        if !resolved.is_empty() {
+            break resolved;
+        }
+        assert!(Instant::now() < deadline, "no card.resolved for {rid}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(resolved[0]["card"]["state"], "expired", "{resolved:?}");
+    // Once each: nothing more comes for the card.
+    let armed = hooks
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|h| h["request_id"] == json!(rid) && h["type"] == "card.armed")
+        .count();
+    assert_eq!((armed, resolved.len()), (1, 1));
+    assert_eq!(slack.about("chat.update", &rid).len(), 1);
+    assert_eq!(resolutions(&srv, &run_id, &token).await.len(), 1);
 }

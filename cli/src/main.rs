@@ -452,10 +452,15 @@ async fn main() {
                     "Notifications: {} (delivered from this process).",
                     names.join(", ")
                 );
-                let notifier = std::sync::Arc::new(
-                    tollgate_api::notify::Notifier::new(store.clone(), sinks)
-                        .with_policy(notify_policy),
-                );
+                // Each sink's first enabling is recorded before anything is read: what
+                // the stream holds from before it is not this sink's to notify.
+                let notifier = tollgate_api::notify::Notifier::new(store.clone(), sinks)
+                    .with_policy(notify_policy)
+                    .with_backlog_grace(std::time::Duration::ZERO);
+                notifier.enable_sinks().await.unwrap_or_else(|e| {
+                    fail(format!("notifications: the sinks' first enabling: {e}"))
+                });
+                let notifier = std::sync::Arc::new(notifier);
                 let feed = match &memory {
                     Some(m) => {
                         tollgate_api::notify::feed::spawn_embedded(notifier.clone(), m.clone())

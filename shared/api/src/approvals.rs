@@ -308,7 +308,7 @@ async fn decide(
     let claims = deps.auth.require_role(&creds, Role::Operator)?;
     let body: tollgate_protocol::approvals::Decide = serde_json::from_value(body.value().await?)
         .map_err(|e| ApiError::bad_request(format!("invalid decision: {e}")))?;
-    let decided = decide_as(deps, claims, run_id, body, verb).await?;
+    let decided = decide_as(deps, claims, run_id, body, verb, PodWait::Configured).await?;
     Ok(Json(decided.answer).into_response())
 }
 
@@ -317,7 +317,9 @@ async fn decide(
 /// its `project_id` bounds what it reaches): the HTTP routes call it with a verified
 /// operator token, the Slack interactivity endpoint with the operator its Slack user is
 /// mapped to (docs/architecture.md §6). Answers what the HTTP routes answer, and
-/// whether this call is the one that resolved the card.
+/// whether this call is the one that resolved the card. `wait` bounds what it waits on
+/// a run's pod: a decision that must answer by a deadline (Slack's, §11) gives the
+/// deadline, and a forward that reaches it has recorded nothing (503).
 #[instrument(skip_all, fields(run_id, request_id, verb = ?verb))]
 pub(crate) async fn decide_as(
     deps: Deps,
@@ -325,6 +327,7 @@ pub(crate) async fn decide_as(
     run_id: Result<RunId, ApiError>,
     body: tollgate_protocol::approvals::Decide,
     verb: Verb,
+    wait: PodWait,
 ) -> Result<Decision, ApiError> {
     tracing::Span::current().record("request_id", body.request_id.as_str());
     checked_reason(&body.reason)?;
@@ -345,7 +348,7 @@ pub(crate) async fn decide_as(
             let (deps, claims) = (deps.clone(), claims.clone());
             return tokio::spawn(async move {
                 let _permit = permit;
-                forward_decision(&deps, &claims, &run_id, &body, verb).await
+                forward_decision(&deps, &claims, &run_id, &body, verb, wait).await
             })
             .await
             .map_err(forward_task_failed)?
@@ -372,7 +375,7 @@ pub(crate) async fn decide_as(
         let permit = forward_permit(&deps)?;
         return tokio::spawn(async move {
             let _permit = permit;
-            decide_pod_card(&deps, located, resolution).await
+            decide_pod_card(&deps, located, resolution, wait).await
         })
         .await
         .map_err(forward_task_failed)?
@@ -388,6 +391,29 @@ pub(crate) async fn decide_as(
             fresh: Some(false),
         },
     })
+}
+
+/// How long a decision may wait on its run's pod (docs/architecture.md §8, §11).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum PodWait {
+    /// Each call to the pod up to the configured forward timeout (the HTTP routes).
+    Configured,
+    /// Every call to the pod, together, ends by this deadline (and by the configured
+    /// timeout): what has not answered by then is not an answer.
+    Until(tokio::time::Instant),
+}
+
+impl PodWait {
+    /// The time a call to the pod starting now may take.
+    fn timeout(self, deps: &Deps) -> Duration {
+        let configured = deps.gate.config().forward_timeout;
+        match self {
+            PodWait::Configured => configured,
+            PodWait::Until(deadline) => {
+                configured.min(deadline.saturating_duration_since(tokio::time::Instant::now()))
+            }
+        }
+    }
 }
 
 /// What [`decide_as`] answers: the decision routes' answer, and whether this call
@@ -457,10 +483,10 @@ async fn ask_pod(
     deps: &Deps,
     head: &RunHead,
     request_id: &str,
-    verb: Verb,
-    scope: Scope,
+    (verb, scope): (Verb, Scope),
     tool: Option<&str>,
     by: &str,
+    wait: PodWait,
 ) -> Result<PodVerdict, ApiError> {
     let Some(origin) = head.agenthost_origin.as_deref() else {
         return Err(agenthost_unreachable("the run has no agenthost_origin"));
@@ -488,7 +514,7 @@ async fn ask_pod(
                 by,
             ]),
         },
-        pod_reach(deps),
+        pod_reach(deps, wait),
     )
     .await;
     let (state, applied, pod_scope, tool_name) = match answer {
@@ -538,11 +564,10 @@ async fn ask_pod(
     })
 }
 
-fn pod_reach(deps: &Deps) -> crate::forward::Reach {
-    let config = deps.gate.config();
+fn pod_reach(deps: &Deps, wait: PodWait) -> crate::forward::Reach {
     crate::forward::Reach {
-        timeout: config.forward_timeout,
-        allow_loopback: config.allow_loopback_origins,
+        timeout: wait.timeout(deps),
+        allow_loopback: deps.gate.config().allow_loopback_origins,
     }
 }
 
@@ -553,12 +578,9 @@ async fn recorded_by_the_applying_forward(
     deps: &Deps,
     run_id: &str,
     request_id: &str,
+    wait: PodWait,
 ) -> Result<Option<ApprovalRequest>, ApiError> {
-    let wait = deps
-        .gate
-        .config()
-        .forward_timeout
-        .min(Duration::from_secs(2));
+    let wait = wait.timeout(deps).min(Duration::from_secs(2));
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         if let Some(l) = deps.gate.locate(run_id, request_id).await? {
@@ -597,6 +619,7 @@ async fn decide_pod_card(
     deps: &Deps,
     located: Located,
     resolution: Resolution,
+    wait: PodWait,
 ) -> Result<Decided, ApiError> {
     let verb = match resolution {
         Resolution::Denied { .. } => Verb::Deny,
@@ -613,21 +636,20 @@ async fn decide_pod_card(
         .head
         .clone()
         .filter(|h| h.run_id == card.run_id && !h.status.is_terminal());
-    let backstop_due =
-        now_millis() + deps.gate.config().forward_timeout.as_millis() as i64 >= card.expires_at;
+    let backstop_due = now_millis() + wait.timeout(deps).as_millis() as i64 >= card.expires_at;
     match head {
         Some(head) if !backstop_due => {
             let verdict = ask_pod(
                 deps,
                 &head,
                 &card.request_id,
-                verb,
-                scope,
+                (verb, scope),
                 Some(&card.tool_name),
                 &by,
+                wait,
             )
             .await?;
-            record_verdict(deps, located, verdict, resolution, verb).await
+            record_verdict(deps, located, verdict, resolution, verb, wait).await
         }
         // The run has ended (the store ends the card `run_ended`) or the backstop is due.
         _ => {
@@ -656,6 +678,7 @@ async fn record_verdict(
     verdict: PodVerdict,
     resolution: Resolution,
     verb: Verb,
+    wait: PodWait,
 ) -> Result<Decided, ApiError> {
     let asked = resolution.state();
     let (ended, applied) = match verdict {
@@ -667,8 +690,13 @@ async fn record_verdict(
             ..
         } => {
             let card = &located.card;
-            return match recorded_by_the_applying_forward(deps, &card.run_id, &card.request_id)
-                .await?
+            return match recorded_by_the_applying_forward(
+                deps,
+                &card.run_id,
+                &card.request_id,
+                wait,
+            )
+            .await?
             {
                 Some(card) => Ok(decision_answer(&card, verb)),
                 None => Err(unapplied_approval()),
@@ -722,6 +750,7 @@ async fn forward_decision(
     run_id: &str,
     body: &tollgate_protocol::approvals::Decide,
     verb: Verb,
+    wait: PodWait,
 ) -> Result<Decided, ApiError> {
     let head = deps
         .runs
@@ -752,7 +781,7 @@ async fn forward_decision(
                 &deps.auth.pod_credential(&head.run_id, &head.incarnation),
                 &head.run_id,
                 &body.request_id,
-                pod_reach(deps),
+                pod_reach(deps, wait),
             )
             .await;
             let tool = match context {
@@ -783,10 +812,10 @@ async fn forward_decision(
         deps,
         &head,
         &body.request_id,
-        verb,
-        scope,
+        (verb, scope),
         asked_tool.as_deref(),
         &claims.sub,
+        wait,
     )
     .await?;
     let PodVerdict::Terminal {
@@ -803,7 +832,9 @@ async fn forward_decision(
     // stands; otherwise nothing is written (409 `pending`), never an approval on the
     // pod's word alone.
     if state == ApprovalState::Approved && !applied {
-        return match recorded_by_the_applying_forward(deps, &head.run_id, &body.request_id).await? {
+        return match recorded_by_the_applying_forward(deps, &head.run_id, &body.request_id, wait)
+            .await?
+        {
             Some(card) => Ok(decision_answer(&card, verb)),
             None => Err(unapplied_approval()),
         };
@@ -878,7 +909,7 @@ async fn forward_decision(
             scope: pod_scope,
             tool_name,
         };
-        return record_verdict(deps, located, verdict, resolution, verb).await;
+        return record_verdict(deps, located, verdict, resolution, verb, wait).await;
     }
     tracing::info!(
         state = state.as_str(),

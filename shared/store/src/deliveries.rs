@@ -148,4 +148,17 @@ pub trait DeliveryStore: Send + Sync + 'static {
 
     /// One project's dead letters, newest first, at most `limit`.
     async fn dead_letters(&self, project: &str, limit: usize) -> Result<Vec<Delivery>, StoreError>;
+
+    /// When the sink named `sink` was first enabled (ms): the time stored, or `at` when
+    /// none is — written then with a conditional write, so of several first writers one
+    /// wins and every one answers its time. Kept for good: a notifier skips card events
+    /// older than it (what a sink enabled for the first time finds in a stream's backlog,
+    /// docs/architecture.md §10).
+    async fn sink_enabled_at(&self, sink: &str, at: i64) -> Result<i64, StoreError>;
+}
+
+/// The key under which [`DeliveryStore::sink_enabled_at`] is kept, beside the delivery
+/// records (whose ids start `dlv_`).
+pub fn sink_marker_id(sink: &str) -> String {
+    format!("sink#{sink}")
 }

@@ -48,6 +48,8 @@ pub struct MemoryStore {
     state: Mutex<State>,
     /// Notification delivery records by delivery id (docs/architecture.md §10).
     deliveries: Mutex<HashMap<String, crate::Delivery>>,
+    /// When each notification sink was first enabled (ms).
+    sinks_enabled: Mutex<HashMap<String, i64>>,
     /// Bumped after every write: what a live stream waits on ([`RunStore::appended`]).
     appended: tokio::sync::watch::Sender<u64>,
 }
@@ -57,6 +59,7 @@ impl Default for MemoryStore {
         Self {
             state: Mutex::default(),
             deliveries: Mutex::default(),
+            sinks_enabled: Mutex::default(),
             appended: tokio::sync::watch::Sender::new(0),
         }
     }
@@ -1309,5 +1312,10 @@ impl crate::DeliveryStore for MemoryStore {
         dead.sort_by_key(|d| std::cmp::Reverse((d.updated_at, d.delivery_id.clone())));
         dead.truncate(limit);
         Ok(dead)
+    }
+
+    async fn sink_enabled_at(&self, sink: &str, at: i64) -> Result<i64, StoreError> {
+        let mut all = self.sinks_enabled.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(*all.entry(sink.to_owned()).or_insert(at))
     }
 }

@@ -62,6 +62,9 @@ pub struct CardNotice {
     pub channel_id: Option<String>,
     /// The run's owner.
     pub owner: Option<String>,
+    /// When what the event announces happened (ms): the card's arm for an Armed notice,
+    /// its resolution for a Resolved one.
+    pub at: i64,
 }
 
 /// Why a delivery failed. The text never contains a secret.
@@ -69,6 +72,8 @@ pub struct CardNotice {
 pub enum DeliveryError {
     /// Worth trying again later (a timeout, 429, 5xx).
     Retry(String),
+    /// Worth trying again, not before this long from now (the receiver's `Retry-After`).
+    RetryAfter(String, std::time::Duration),
     /// Will never succeed as configured (another 4xx): dead-lettered at once.
     Permanent(String),
 }
@@ -77,6 +82,9 @@ impl fmt::Display for DeliveryError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DeliveryError::Retry(m) => write!(f, "retryable: {m}"),
+            DeliveryError::RetryAfter(m, after) => {
+                write!(f, "retryable after {} s: {m}", after.as_secs())
+            }
             DeliveryError::Permanent(m) => write!(f, "permanent: {m}"),
         }
     }

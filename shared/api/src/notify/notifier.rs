@@ -34,6 +34,12 @@ pub struct RetryPolicy {
     /// How long a claimed delivery is left to its sender before another may take it
     /// (well above a sink's own time limit).
     pub lease: Duration,
+    /// A pending delivery for a sink this notifier does not have, created longer ago
+    /// than this, is a dead letter ("no notifier has the sink configured"): its sink was
+    /// removed, or every process that has it has been gone this long. Younger ones are
+    /// left to the processes that have the sink, and once overdue by
+    /// [`RetryPolicy::stray_grace`] put off by as much, out of the due ones.
+    pub stray_after: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -43,6 +49,7 @@ impl Default for RetryPolicy {
             base_delay: Duration::from_secs(2),
             max_delay: Duration::from_secs(15 * 60),
             lease: Duration::from_secs(60),
+            stray_after: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -69,7 +76,18 @@ impl RetryPolicy {
         if let Some(ms) = num("TOLLGATE_NOTIFY_RETRY_BASE_MS")? {
             policy.base_delay = Duration::from_millis(ms);
         }
+        if let Some(s) = num("TOLLGATE_NOTIFY_STRAY_AFTER_SECONDS")? {
+            policy.stray_after = Duration::from_secs(s);
+        }
         Ok(policy)
+    }
+
+    /// How long a due delivery of a sink this notifier does not have is left to the
+    /// processes that have it before it is put off (and by how much): a tenth of
+    /// [`RetryPolicy::stray_after`], at most 10 minutes — many retry passes of a process
+    /// with the sink.
+    pub fn stray_grace(&self) -> Duration {
+        (self.stray_after / 10).min(Duration::from_secs(600))
     }
 
     /// The delay after the `attempts`-th failed attempt: `base · 2^(attempts-1)`, at most
@@ -84,10 +102,19 @@ impl RetryPolicy {
     }
 }
 
+/// How far before its first start a sink's notifier still notifies card events, by
+/// default: the `notifier` function starts on the first event it is given, so a sink
+/// enabled with a new stack still notifies the cards that woke it.
+pub const BACKLOG_GRACE: Duration = Duration::from_secs(5 * 60);
+
 pub struct Notifier {
     store: Arc<dyn Store>,
     sinks: Vec<Arc<dyn Sink>>,
     policy: RetryPolicy,
+    /// Card events older than their sink's first enabling, less this, are not notified.
+    backlog_grace: Duration,
+    /// Each sink's first enabling (ms), once read.
+    enabled: std::sync::Mutex<std::collections::HashMap<&'static str, i64>>,
 }
 
 impl Notifier {
@@ -96,7 +123,44 @@ impl Notifier {
             store,
             sinks,
             policy: RetryPolicy::default(),
+            backlog_grace: BACKLOG_GRACE,
+            enabled: Default::default(),
         }
+    }
+
+    /// How far before its sinks' first enabling card events are still notified
+    /// ([`BACKLOG_GRACE`] unless set): `tollgate serve` enables its sinks before it reads
+    /// anything ([`Notifier::enable_sinks`]) and needs none.
+    pub fn with_backlog_grace(mut self, grace: Duration) -> Self {
+        self.backlog_grace = grace;
+        self
+    }
+
+    /// Records (once, durably: the first writer's time stands) when each sink was first
+    /// enabled, and remembers it: card events older than that are a backlog this sink
+    /// never had to notify (docs/architecture.md §10).
+    pub async fn enable_sinks(&self) -> Result<(), StoreError> {
+        for sink in &self.sinks {
+            self.enabled_at(sink.name()).await?;
+        }
+        Ok(())
+    }
+
+    /// When the sink named `sink` was first enabled, less the backlog grace.
+    async fn enabled_at(&self, sink: &'static str) -> Result<i64, StoreError> {
+        if let Some(at) = self.enabled_lock().get(sink) {
+            return Ok(*at);
+        }
+        let first = now_millis() - self.backlog_grace.as_millis() as i64;
+        let at = self.store.sink_enabled_at(sink, first).await?;
+        self.enabled_lock().insert(sink, at);
+        Ok(at)
+    }
+
+    fn enabled_lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<&'static str, i64>> {
+        self.enabled.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn with_policy(mut self, policy: RetryPolicy) -> Self {
@@ -151,6 +215,18 @@ impl Notifier {
             if !sink.wants(&notice) {
                 continue;
             }
+            // A backlog from before this sink was enabled (a stream read from its oldest
+            // record): not this sink's to notify.
+            if notice.at < self.enabled_at(sink.name()).await? {
+                tracing::debug!(
+                    sink = sink.name(),
+                    run_id,
+                    request_id = %notice.request_id,
+                    kind = %kind,
+                    "card event from before the sink was enabled; not notified"
+                );
+                continue;
+            }
             let key = delivery_key(&notice, sink.name());
             let mut record = Delivery::new(key, notice.sequence, now);
             record.version = 1;
@@ -194,6 +270,10 @@ impl Notifier {
             card: crate::wire::card(&card),
             channel_id: head.channel_id.clone(),
             owner: head.owner.clone(),
+            at: match kind {
+                NoticeKind::Armed => card.created_at,
+                NoticeKind::Resolved => card.decided_at.unwrap_or(card.created_at),
+            },
         }))
     }
 
@@ -202,12 +282,13 @@ impl Notifier {
         let now = now_millis();
         let mut attempted = 0;
         for due in self.store.due_deliveries(now, 100).await? {
-            let Some(sink) = self.sinks.iter().find(|s| s.name() == due.key.sink) else {
-                continue;
-            };
             if due.leased_until > now {
                 continue;
             }
+            let Some(sink) = self.sinks.iter().find(|s| s.name() == due.key.sink) else {
+                self.stray(due, now).await?;
+                continue;
+            };
             let mut claimed = due.clone();
             claimed.version += 1;
             claimed.leased_until = now + self.policy.lease.as_millis() as i64;
@@ -241,6 +322,39 @@ impl Notifier {
             }
         }
         Ok(attempted)
+    }
+
+    /// A due delivery for a sink this notifier does not have (docs/architecture.md §10):
+    /// left to the processes that have it while it is overdue by less than the grace;
+    /// then put off by the grace (so it no longer crowds the due ones, and a process
+    /// with the sink still finds it); a dead letter once older than `stray_after`. Each
+    /// write is on the version read: a process with the sink that claims it first wins.
+    async fn stray(&self, due: Delivery, now: i64) -> Result<(), StoreError> {
+        let grace = self.policy.stray_grace().as_millis() as i64;
+        if now - due.next_attempt_at < grace {
+            return Ok(());
+        }
+        let mut record = due.clone();
+        if now - due.created_at >= self.policy.stray_after.as_millis() as i64 {
+            record.state = DeliveryState::Dead;
+            record.last_error = Some(format!(
+                "no notifier has the sink {} configured (pending for more than {} s)",
+                due.key.sink,
+                self.policy.stray_after.as_secs()
+            ));
+            tracing::warn!(
+                sink = %due.key.sink,
+                delivery_id = %due.delivery_id,
+                "notification dead-lettered: no notifier has its sink"
+            );
+        } else {
+            record.next_attempt_at = now + grace;
+        }
+        record.version = due.version + 1;
+        record.updated_at = now.max(record.updated_at);
+        // Lost: a process with the sink claimed it meanwhile — theirs.
+        self.store.put_delivery(&record, due.version).await?;
+        Ok(())
     }
 
     /// Revives a dead letter of `project` (an operator's retry): due now, its attempts
@@ -316,6 +430,12 @@ impl Notifier {
         let mut done = claimed.clone();
         done.attempts += 1;
         done.leased_until = 0;
+        // A receiver that named when is tried no sooner than that (nor sooner than the
+        // backoff).
+        let asked = match &answer {
+            Err(DeliveryError::RetryAfter(_, after)) => *after,
+            _ => Duration::ZERO,
+        };
         match answer {
             Ok(memo) => {
                 done.state = DeliveryState::Sent;
@@ -330,9 +450,11 @@ impl Notifier {
                     "notification delivered"
                 );
             }
-            Err(DeliveryError::Retry(why)) if done.attempts < self.policy.max_attempts => {
-                done.next_attempt_at =
-                    now_millis() + self.policy.delay(done.attempts).as_millis() as i64;
+            Err(DeliveryError::Retry(why) | DeliveryError::RetryAfter(why, _))
+                if done.attempts < self.policy.max_attempts =>
+            {
+                let delay = self.policy.delay(done.attempts).max(asked);
+                done.next_attempt_at = now_millis() + delay.as_millis() as i64;
                 tracing::warn!(
                     sink = sink.name(),
                     delivery_id = %done.delivery_id,
@@ -342,7 +464,11 @@ impl Notifier {
                 );
                 done.last_error = Some(why);
             }
-            Err(DeliveryError::Retry(why) | DeliveryError::Permanent(why)) => {
+            Err(
+                DeliveryError::Retry(why)
+                | DeliveryError::RetryAfter(why, _)
+                | DeliveryError::Permanent(why),
+            ) => {
                 done.state = DeliveryState::Dead;
                 tracing::warn!(
                     sink = sink.name(),

@@ -13,7 +13,11 @@
 //! 4. whatever decided nothing (an unmapped user, a card outside the user's projects, a
 //!    scope the gate refuses) is answered 200 and told to the user in an ephemeral
 //!    message; the card message itself is rewritten by the sink when the card resolves,
-//!    however it resolves.
+//!    however it resolves;
+//! 5. every click is answered within Slack's window (3 s): a decision forwarded to a
+//!    run's pod waits on it only until [`FORWARD_BUDGET`] after the request arrived, and
+//!    one the pod did not answer by then records nothing and is told to the user as not
+//!    decided (docs/architecture.md §11).
 
 pub mod blocks;
 pub mod client;
@@ -35,7 +39,7 @@ use tollgate_protocol::slack::{
     ButtonValue, SlackAnswer, APPROVE_ACTION, DENY_ACTION, MAX_BUTTON_VALUE, SCOPE_ACTION,
 };
 
-use crate::approvals::{decide_as, Verb};
+use crate::approvals::{decide_as, PodWait, Verb};
 use crate::auth::{Claims, Role};
 use crate::config::Secret;
 use crate::request::{JsonBody, RunId};
@@ -44,6 +48,15 @@ use crate::{ApiError, ConfigError, Deps};
 pub use client::{Posted, SlackClient, SlackError};
 pub use sink::SlackSink;
 pub use users::{SlackOperator, SlackUsers};
+
+/// How long after a click arrives a decision may still wait on its run's pod: Slack
+/// shows the user an error when its request is not answered within 3 s, so the forward,
+/// its recording and the ephemeral message all fit inside [`ANSWER_BUDGET`], which
+/// leaves room for the network both ways (docs/architecture.md §11).
+pub const FORWARD_BUDGET: std::time::Duration = std::time::Duration::from_millis(1800);
+/// When a click is answered at the latest (bar a store slower than its own budget):
+/// an ephemeral message not sent by then is dropped (logged).
+pub const ANSWER_BUDGET: std::time::Duration = std::time::Duration::from_millis(2500);
 
 /// The interactivity endpoint (Slack app → Interactivity → Request URL).
 pub const INTERACTIONS_PATH: &str = "/api/slack/interactions";
@@ -317,6 +330,8 @@ async fn interaction(
     headers: HeaderMap,
     body: JsonBody,
 ) -> Result<Json<SlackAnswer>, ApiError> {
+    let arrived = tokio::time::Instant::now();
+    let answer_by = arrived + ANSWER_BUDGET;
     let Some(slack) = deps.slack.clone() else {
         return Err(ApiError::not_found(
             "Slack is not configured on this server",
@@ -359,7 +374,7 @@ async fn interaction(
         .map(|u| u.id.as_str())
         .ok_or_else(|| ApiError::bad_request("the interaction names no user"))?;
     let channel = interaction.channel.as_ref().map(|c| c.id.as_str());
-    let refuse = |message: String| refused(&slack, channel, user, message);
+    let refuse = |message: String| refused(&slack, channel, user, message, answer_by);
     let Some(operator) = slack.users.operator(user).cloned() else {
         tracing::info!(
             slack_user = user,
@@ -392,7 +407,16 @@ async fn interaction(
         tool_name: None,
         reason: None,
     };
-    let decided = decide_as(deps.clone(), claims, Ok(click.run_id), decide, click.verb).await;
+    let wait = PodWait::Until(arrived + FORWARD_BUDGET);
+    let decided = decide_as(
+        deps.clone(),
+        claims,
+        Ok(click.run_id),
+        decide,
+        click.verb,
+        wait,
+    )
+    .await;
     match decided {
         Ok(decision) => {
             let decided = decision.answer;
@@ -428,7 +452,7 @@ async fn interaction(
                         .map(|by| format!(" by {by}"))
                         .unwrap_or_default()
                 );
-                tell(&slack, channel, user, &message).await;
+                tell(&slack, channel, user, &message, answer_by).await;
                 out.message = Some(message);
             }
             Ok(Json(out))
@@ -436,7 +460,27 @@ async fn interaction(
         // Refused by the gate: nothing decided, the card as it stands.
         Err(e) if e.status == StatusCode::NOT_FOUND => refuse(not_allowed()).await,
         Err(e) if e.status.is_client_error() => refuse(format!("Not decided: {}", e.error)).await,
-        Err(e) => Err(e),
+        // The run's pod did not answer in time (or is unreachable), the store is
+        // unavailable, or too many decisions are on their way: nothing was recorded
+        // (a forward that timed out records nothing, §8), the card stands as its message
+        // shows, and the user may click again. Slack still gets its 200 in time.
+        Err(e) => {
+            tracing::warn!(
+                slack_user = user,
+                status = e.status.as_u16(),
+                error = %e.error,
+                "Slack click not decided"
+            );
+            refuse(format!(
+                "Not decided: {} Nothing was recorded; the card is as its message shows. Click again to retry.",
+                if e.state == Some(tollgate_app::ErrorState::AgenthostUnreachable) {
+                    "the agent's host did not answer in time."
+                } else {
+                    "Tollgate could not decide it just now."
+                }
+            ))
+            .await
+        }
     }
 }
 
@@ -446,8 +490,9 @@ async fn refused(
     channel: Option<&str>,
     user: &str,
     message: String,
+    answer_by: tokio::time::Instant,
 ) -> Result<Json<SlackAnswer>, ApiError> {
-    tell(slack, channel, user, &message).await;
+    tell(slack, channel, user, &message, answer_by).await;
     Ok(Json(SlackAnswer {
         message: Some(message),
         ..answer("refused")
@@ -458,10 +503,23 @@ fn not_allowed() -> String {
     "Not allowed: this card is outside your Tollgate projects (or no longer exists). Nothing was decided.".into()
 }
 
-/// Shows `message` to `user` alone (best effort: a failure is logged, the answer stands).
-async fn tell(slack: &Arc<Slack>, channel: Option<&str>, user: &str, message: &str) {
+/// Shows `message` to `user` alone (best effort, and only until `answer_by`, Slack's
+/// answer being due: a failure or a Slack too slow is logged, the answer stands).
+async fn tell(
+    slack: &Arc<Slack>,
+    channel: Option<&str>,
+    user: &str,
+    message: &str,
+    answer_by: tokio::time::Instant,
+) {
     let Some(channel) = channel else { return };
-    if let Err(e) = slack.client.post_ephemeral(channel, user, message).await {
-        tracing::warn!(error = %e, "ephemeral Slack message not sent");
+    let by = answer_by.max(tokio::time::Instant::now() + EPHEMERAL_AT_LEAST);
+    match tokio::time::timeout_at(by, slack.client.post_ephemeral(channel, user, message)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "ephemeral Slack message not sent"),
+        Err(_) => tracing::warn!("ephemeral Slack message not sent in Slack's window"),
     }
 }
+
+/// The least time an ephemeral message is given, however late the answer already is.
+const EPHEMERAL_AT_LEAST: std::time::Duration = std::time::Duration::from_millis(200);

@@ -24,7 +24,11 @@ impl SlackSink {
 impl From<SlackError> for DeliveryError {
     fn from(e: SlackError) -> Self {
         match e {
-            SlackError::Retry { why, .. } => DeliveryError::Retry(why),
+            SlackError::Retry {
+                why,
+                after: Some(after),
+            } => DeliveryError::RetryAfter(why, after),
+            SlackError::Retry { why, after: None } => DeliveryError::Retry(why),
             SlackError::Permanent(why) => DeliveryError::Permanent(why),
         }
     }

@@ -135,3 +135,38 @@ pub async fn due_deliveries_and_dead_letters(store: Store) {
         "the same card event in two projects is two deliveries"
     );
 }
+
+/// Racing first enablings of one sink: one time is kept, every racer and every later
+/// call answers it; another sink has its own; the marker is neither due nor dead.
+pub async fn a_sink_is_first_enabled_once(store: Store) {
+    let sink = fresh_id("sink");
+    let now = tollgate_domain::now_millis();
+    let mut racers = Vec::new();
+    for i in 0..8 {
+        let (store, sink) = (store.clone(), sink.clone());
+        racers.push(tokio::spawn(async move {
+            store.sink_enabled_at(&sink, now + i).await
+        }));
+    }
+    let mut answers = Vec::new();
+    for racer in racers {
+        answers.push(racer.await.unwrap().unwrap());
+    }
+    let kept = answers[0];
+    assert!((now..now + 8).contains(&kept), "{answers:?}");
+    assert!(
+        answers.iter().all(|a| *a == kept),
+        "one time kept: {answers:?}"
+    );
+    assert_eq!(
+        store.sink_enabled_at(&sink, now + 60_000).await.unwrap(),
+        kept
+    );
+    let other = format!("{sink}-other");
+    assert_eq!(
+        store.sink_enabled_at(&other, now + 5).await.unwrap(),
+        now + 5
+    );
+    let due = store.due_deliveries(now + 3_600_000, 1000).await.unwrap();
+    assert!(!due.iter().any(|d| d.key.sink == sink), "{due:?}");
+}

@@ -365,6 +365,10 @@ macro_rules! contract_suite {
             $crate::contract::a_delivery_is_claimed_once(__store().await).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_sink_is_first_enabled_once() {
+            $crate::contract::a_sink_is_first_enabled_once(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn due_deliveries_and_dead_letters() {
             $crate::contract::due_deliveries_and_dead_letters(__store().await).await
         }

@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::item::{get_n, get_s, n, opt_s, s, shard_of, unavailable};
 use super::DynamoStore;
-use crate::deliveries::expires_at;
+use crate::deliveries::{expires_at, sink_marker_id};
 use crate::{Delivery, DeliveryKey, DeliveryState, StoreError};
 
 /// The sparse index of pending deliveries by `next_attempt_at` (`due_key`).
@@ -179,5 +179,48 @@ impl crate::DeliveryStore for DynamoStore {
                 Err(_) => true,
             })
             .collect()
+    }
+
+    async fn sink_enabled_at(&self, sink: &str, at: i64) -> Result<i64, StoreError> {
+        let id = sink_marker_id(sink);
+        let read = || async {
+            let out = self
+                .client
+                .get_item()
+                .table_name(&self.tables.deliveries)
+                .key("delivery_id", s(&id))
+                .consistent_read(true)
+                .send()
+                .await
+                .map_err(unavailable)?;
+            out.item()
+                .map(|item| get_n::<i64>(item, "enabled_at"))
+                .transpose()
+        };
+        if let Some(enabled) = read().await? {
+            return Ok(enabled);
+        }
+        // No due_key or dead_key: the marker is in neither index.
+        let put = self
+            .client
+            .put_item()
+            .table_name(&self.tables.deliveries)
+            .item("delivery_id", s(&id))
+            .item("sink", s(sink))
+            .item("enabled_at", n(at))
+            .condition_expression("attribute_not_exists(delivery_id)")
+            .send()
+            .await;
+        match put {
+            Ok(_) => Ok(at),
+            Err(SdkError::ServiceError(ctx))
+                if matches!(ctx.err(), PutItemError::ConditionalCheckFailedException(_)) =>
+            {
+                read()
+                    .await?
+                    .ok_or_else(|| super::item::corrupt("enabled_at"))
+            }
+            Err(e) => Err(unavailable(e)),
+        }
     }
 }
