@@ -57,8 +57,11 @@ async fn family(srv: &TestServer, owner: &str) -> Family {
     }
 }
 
+/// Arms a card. Here and in [`decide`] a 503 `unavailable` (the store gave up on a
+/// contended or slow write, nothing written) is sent again, as a client would: these
+/// tests race clicks and arms on one run.
 async fn arm(srv: &TestServer, run_id: &str, token: &str, body: Value) -> (StatusCode, Value) {
-    srv.post(
+    srv.post_until_served(
         &format!("/api/runs/{run_id}/approval-requests"),
         token,
         &body,
@@ -73,7 +76,7 @@ async fn decide(
     token: &str,
     body: Value,
 ) -> (StatusCode, Value) {
-    srv.post(&format!("/api/runs/{run_id}/{verb}"), token, &body)
+    srv.post_until_served(&format!("/api/runs/{run_id}/{verb}"), token, &body)
         .await
 }
 
