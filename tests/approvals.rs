@@ -911,9 +911,6 @@ async fn stall_guard(backend: Backend) {
     };
     let srv = TestServer::with_deps(TestServer::deps(store_for(backend).await, config)).await;
     let f = family(&srv, "alice").await;
-    let (quitter, quitter_token) = srv
-        .create_run(json!({"kind": "child", "parent_run_id": f.coordinator, "subtask_id": 4}))
-        .await;
     // The waiting child: a card with heartbeats, for longer than the stall timeout.
     arm(
         &srv,
@@ -940,16 +937,22 @@ async fn stall_guard(backend: Backend) {
         json!([{"type": "agent.message", "text": "waiting for a human"}]),
     )
     .await;
-    // The quitter: its wait ended with an error, then silence.
+    // The quitter: its wait ended with an error, then silence. Created right before it
+    // arms: on a loaded machine the others' setup can outlast the stall timeout, which
+    // would fail a quitter created first before it ever armed.
+    let (quitter, quitter_token) = srv
+        .create_run(json!({"kind": "child", "parent_run_id": f.coordinator, "subtask_id": 4}))
+        .await;
     let rid = request_id();
-    arm(
+    let (status, v) = arm(
         &srv,
         &quitter,
         &quitter_token,
         json!({"request_id": rid, "tool_name": "shell"}),
     )
     .await;
-    decide(
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let (status, v) = decide(
         &srv,
         "tool-denials",
         &quitter,
@@ -957,6 +960,7 @@ async fn stall_guard(backend: Backend) {
         json!({"request_id": rid}),
     )
     .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
     srv.append(
         &quitter,
         &quitter_token,
