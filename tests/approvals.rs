@@ -57,8 +57,11 @@ async fn family(srv: &TestServer, owner: &str) -> Family {
     }
 }
 
+/// Arms a card. Here and in [`decide`] a 503 `unavailable` (the store gave up on a
+/// contended or slow write, nothing written) is sent again, as a client would: these
+/// tests race clicks and arms on one run.
 async fn arm(srv: &TestServer, run_id: &str, token: &str, body: Value) -> (StatusCode, Value) {
-    srv.post(
+    srv.post_until_served(
         &format!("/api/runs/{run_id}/approval-requests"),
         token,
         &body,
@@ -73,7 +76,7 @@ async fn decide(
     token: &str,
     body: Value,
 ) -> (StatusCode, Value) {
-    srv.post(&format!("/api/runs/{run_id}/{verb}"), token, &body)
+    srv.post_until_served(&format!("/api/runs/{run_id}/{verb}"), token, &body)
         .await
 }
 
@@ -908,9 +911,6 @@ async fn stall_guard(backend: Backend) {
     };
     let srv = TestServer::with_deps(TestServer::deps(store_for(backend).await, config)).await;
     let f = family(&srv, "alice").await;
-    let (quitter, quitter_token) = srv
-        .create_run(json!({"kind": "child", "parent_run_id": f.coordinator, "subtask_id": 4}))
-        .await;
     // The waiting child: a card with heartbeats, for longer than the stall timeout.
     arm(
         &srv,
@@ -937,16 +937,22 @@ async fn stall_guard(backend: Backend) {
         json!([{"type": "agent.message", "text": "waiting for a human"}]),
     )
     .await;
-    // The quitter: its wait ended with an error, then silence.
+    // The quitter: its wait ended with an error, then silence. Created right before it
+    // arms: on a loaded machine the others' setup can outlast the stall timeout, which
+    // would fail a quitter created first before it ever armed.
+    let (quitter, quitter_token) = srv
+        .create_run(json!({"kind": "child", "parent_run_id": f.coordinator, "subtask_id": 4}))
+        .await;
     let rid = request_id();
-    arm(
+    let (status, v) = arm(
         &srv,
         &quitter,
         &quitter_token,
         json!({"request_id": rid, "tool_name": "shell"}),
     )
     .await;
-    decide(
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let (status, v) = decide(
         &srv,
         "tool-denials",
         &quitter,
@@ -954,6 +960,7 @@ async fn stall_guard(backend: Backend) {
         json!({"request_id": rid}),
     )
     .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
     srv.append(
         &quitter,
         &quitter_token,

@@ -18,7 +18,7 @@ use tollgate_api::GateConfig;
 use tollgate_client::pod::{PodArm, PodDecision, PodGate};
 use tollgate_client::Scope;
 use tollgate_tests::pods::{decide, listen, policies, request_id, serve};
-use tollgate_tests::{store_for, Backend, TestServer};
+use tollgate_tests::{store_for, until_served, Backend, TestServer};
 
 /// A server whose pods may live on loopback, forwarding with `timeout`.
 async fn server(backend: Backend, timeout: Duration) -> TestServer {
@@ -407,20 +407,26 @@ async fn once_wins_over_a_late_scope(backend: Backend) {
         let (gate, _pod) = pod(listener, &run.credential);
         let rid = request_id();
         let pending = gate.arm(PodArm::new(&rid, &run.run_id, "web_fetch"));
-        let once = decide(
-            &srv,
-            "tool-approvals",
-            &run.run_id,
-            "bob",
-            json!({"request_id": rid, "scope": "once"}),
-        );
-        let tool = decide(
-            &srv,
-            "tool-approvals",
-            &run.run_id,
-            "alice",
-            json!({"request_id": rid, "scope": "tool", "tool_name": "web_fetch"}),
-        );
+        // Racing on one run, either may spend the store's contention budget (503
+        // `unavailable`, nothing written): sent again, as a client would.
+        let once = until_served("once", || {
+            decide(
+                &srv,
+                "tool-approvals",
+                &run.run_id,
+                "bob",
+                json!({"request_id": rid, "scope": "once"}),
+            )
+        });
+        let tool = until_served("tool", || {
+            decide(
+                &srv,
+                "tool-approvals",
+                &run.run_id,
+                "alice",
+                json!({"request_id": rid, "scope": "tool", "tool_name": "web_fetch"}),
+            )
+        });
         let ((s1, a1), (s2, a2)) = tokio::join!(once, tool);
         assert_eq!((s1, s2), (StatusCode::OK, StatusCode::OK), "{a1} {a2}");
         let PodDecision::Approved { scope, .. } = decided(pending).await else {
@@ -452,13 +458,17 @@ async fn twenty_forwards_resolve_once(backend: Backend) {
     for _ in 0..20 {
         let (srv, run_id, rid) = (srv.clone(), run.run_id.clone(), rid.clone());
         clicks.push(tokio::spawn(async move {
-            decide(
-                &srv,
-                "tool-approvals",
-                &run_id,
-                "alice",
-                json!({"request_id": rid, "scope": "tool", "tool_name": "web_fetch"}),
-            )
+            // A forward that spent the contention budget (503 `unavailable`, nothing
+            // written) is sent again, as a client would.
+            until_served("forward", || {
+                decide(
+                    &srv,
+                    "tool-approvals",
+                    &run_id,
+                    "alice",
+                    json!({"request_id": rid, "scope": "tool", "tool_name": "web_fetch"}),
+                )
+            })
             .await
         }));
     }

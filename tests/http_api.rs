@@ -124,7 +124,7 @@ async fn terminal_fencing(backend: Backend) {
             tokio::spawn(async move {
                 for i in 0..30 {
                     let (status, v) = srv
-                        .post(&format!("/api/runs/{run_id}/events"), &token,
+                        .post_until_served(&format!("/api/runs/{run_id}/events"), &token,
                               &json!({"events": [{"type": "agent.message", "event_id": format!("r{w}-{i}")}]}))
                         .await;
                     match status {
@@ -140,8 +140,10 @@ async fn terminal_fencing(backend: Backend) {
         })
         .collect();
     tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    // The racers and the end contend for one head: a 503 `unavailable` (nothing
+    // written) is sent again, as a client would.
     let (status, first) = srv
-        .post(&format!("/api/runs/{run_id}/complete"), &token, &json!({}))
+        .post_until_served(&format!("/api/runs/{run_id}/complete"), &token, &json!({}))
         .await;
     assert_eq!(status, StatusCode::OK, "{first}");
     for r in racers {

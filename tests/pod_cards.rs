@@ -478,7 +478,12 @@ async fn coordinator_with_pod_children(backend: Backend) {
     .await;
     let coordinator = create(&srv, json!({"kind": "coordinator", "owner": "alice"})).await;
     let mut pods = Vec::new();
-    for subtask in [1, 2] {
+    let mut waiting = Vec::new();
+    let mut rids = Vec::new();
+    // Each pod child arms right after it is created: on a loaded machine creating the
+    // next ones can outlast the stall timeout, which would fail a pod child that was
+    // not yet waiting on a human.
+    for (subtask, tool) in [(1, "web_fetch"), (2, "shell")] {
         let (listener, origin) = listen().await;
         let child = create(
             &srv,
@@ -487,6 +492,9 @@ async fn coordinator_with_pod_children(backend: Backend) {
         )
         .await;
         let gate = pod_gate(&srv, listener, &child, Duration::from_millis(250));
+        let rid = request_id();
+        waiting.push(gate.arm(PodArm::new(&rid, &child.id, tool).timeout(Duration::from_secs(60))));
+        rids.push(rid);
         pods.push((child, gate));
     }
     let inline = create(
@@ -494,14 +502,6 @@ async fn coordinator_with_pod_children(backend: Backend) {
         json!({"kind": "child", "parent_run_id": coordinator.id, "subtask_id": 3, "owner": "alice"}),
     )
     .await;
-    let tools = ["web_fetch", "shell"];
-    let mut waiting = Vec::new();
-    let mut rids = Vec::new();
-    for ((child, gate), tool) in pods.iter().zip(tools) {
-        let rid = request_id();
-        waiting.push(gate.arm(PodArm::new(&rid, &child.id, tool).timeout(Duration::from_secs(60))));
-        rids.push(rid);
-    }
     // Both cards on the coordinator, each naming its child.
     let coord = until(&srv, &coordinator.id, |e| {
         of_type(e, "coordinator.child_approval_required").len() == 2

@@ -170,7 +170,8 @@ impl Fleet {
     }
 
     /// `post`, sent again (to the next process) while it answers 503 `unavailable`, at
-    /// most five times, as a client retries a request that wrote nothing.
+    /// most five times, as a client retries a request that wrote nothing (a 503 with
+    /// another code, e.g. `agenthost_unreachable`, is an answer).
     async fn post_until_served(
         &self,
         i: usize,
@@ -180,7 +181,7 @@ impl Fleet {
     ) -> (StatusCode, Value) {
         let mut answer = self.post(i, path, token, body).await;
         for attempt in 1..5 {
-            if answer.0 != StatusCode::SERVICE_UNAVAILABLE {
+            if !tollgate_tests::is_unavailable(answer.0, &answer.1) {
                 break;
             }
             eprintln!(
@@ -323,7 +324,7 @@ async fn dynamo_only_fifty_clicks_over_four_serve_processes() {
                 };
                 let op = fleet.operator_token(&format!("op-{i}"));
                 fleet
-                    .post(
+                    .post_until_served(
                         i,
                         &format!("/api/runs/{run_id}/{verb}"),
                         &op,
@@ -606,7 +607,7 @@ async fn dynamo_only_twenty_forwards_over_two_serve_processes_resolve_once() {
             let body = json!({"request_id": request_id, "scope": "tool",
                               "tool_name": "web_fetch"});
             let op = op.clone();
-            tokio::spawn(async move { fleet.post(i, &path, &op, &body).await })
+            tokio::spawn(async move { fleet.post_until_served(i, &path, &op, &body).await })
         })
         .collect();
     for click in clicks {

@@ -21,8 +21,10 @@ fn request_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
+/// Arms a card; a 503 `unavailable` (the store gave up on a contended write, nothing
+/// written) is sent again, as a client would: these tests race arms on shared counters.
 async fn arm(srv: &TestServer, run_id: &str, token: &str, body: Value) -> (StatusCode, Value) {
-    srv.post(
+    srv.post_until_served(
         &format!("/api/runs/{run_id}/approval-requests"),
         token,
         &body,
@@ -697,7 +699,7 @@ async fn dynamo_only_project_cap_holds_across_store_instances() {
                 rid.clone(),
             );
             tokio::spawn(async move {
-                srv.post(
+                srv.post_until_served(
                     &format!("/api/runs/{run_id}/tool-denials"),
                     &op,
                     &json!({"request_id": rid}),

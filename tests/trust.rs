@@ -50,8 +50,10 @@ async fn create(srv: &TestServer, token: &str, body: Value) -> (String, String) 
     )
 }
 
+/// Arms a card. Here and in [`approve`] a 503 `unavailable` (the store gave up on a
+/// contended write, nothing written) is sent again, as a client would.
 async fn arm(srv: &TestServer, run_id: &str, token: &str, tool: &str) -> (StatusCode, Value) {
-    srv.post(
+    srv.post_until_served(
         &format!("/api/runs/{run_id}/approval-requests"),
         token,
         &json!({"request_id": request_id(), "tool_name": tool,
@@ -67,7 +69,7 @@ async fn approve(
     token: &str,
     scope: &str,
 ) -> (StatusCode, Value) {
-    srv.post(
+    srv.post_until_served(
         &format!("/api/runs/{run_id}/tool-approvals"),
         token,
         &json!({"request_id": request_id, "scope": scope}),
@@ -378,7 +380,7 @@ async fn decisions_racing_the_run_end(backend: Backend) {
     let first = clicks.next().unwrap().await.unwrap();
     assert_eq!(first.0, StatusCode::OK, "{}", first.1);
     let (status, v) = ending
-        .post(
+        .post_until_served(
             &format!("/api/runs/{child}/complete"),
             &child_token,
             &json!({}),

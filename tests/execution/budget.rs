@@ -52,7 +52,7 @@ async fn assert_refused(srv: &TestServer, run: &Run, call: &Call, reason: &str) 
 }
 
 pub(super) async fn budget_refusals(backend: Backend) {
-    let srv = server(backend).await;
+    let srv = patient_server(backend).await;
     // No budget: nothing is admitted (fail closed).
     let bare = new_run(&srv, json!({})).await;
     let call = approved(&srv, &bare, TOOL).await;
@@ -99,7 +99,7 @@ pub(super) async fn budget_refusals(backend: Backend) {
 }
 
 pub(super) async fn receipts(backend: Backend) {
-    let srv = server(backend).await;
+    let srv = patient_server(backend).await;
     let delivery = format!("delivery-{}", short_id());
     let body = json!({"delivery_id": delivery, "budget": {"tools": {TOOL: 1}}});
     let (status, created) = srv.post("/api/runs", &srv.agent_token, &body).await;

@@ -10,7 +10,7 @@ pub(super) async fn bad_input_writes_nothing(backend: Backend) {
         b[k] = v;
         b
     };
-    let srv = server(backend).await;
+    let srv = patient_server(backend).await;
     let run = budget_run(&srv, json!({TOOL: 2})).await;
     let call = approved(&srv, &run, TOOL).await;
     let (status, _) = start(&srv, &run, &call).await;

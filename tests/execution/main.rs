@@ -36,18 +36,32 @@ use tollgate_tests::{store_for, Backend, TestServer};
 
 const TOOL: &str = "mcp__last9__create_dashboard";
 const DEADLINE_MS: i64 = 1_500;
+/// The settlement deadline of [`patient_server`]: far beyond any test, for the tests that
+/// are not about the deadline (on a loaded machine a few requests on DynamoDB Local can
+/// outlast [`DEADLINE_MS`], and the deadline would settle the attempt under them).
+const PATIENT_DEADLINE_MS: i64 = 600_000;
 const BEAT_MS: i64 = 300;
 /// Bound of every poll.
 const WAIT: Duration = Duration::from_secs(10);
 
+/// A server whose attempts settle at [`DEADLINE_MS`]: for the tests about the deadline.
 async fn server(backend: Backend) -> TestServer {
+    server_with_deadline(backend, DEADLINE_MS).await
+}
+
+/// A server whose deadline never falls inside a test ([`PATIENT_DEADLINE_MS`]).
+async fn patient_server(backend: Backend) -> TestServer {
+    server_with_deadline(backend, PATIENT_DEADLINE_MS).await
+}
+
+async fn server_with_deadline(backend: Backend, deadline_ms: i64) -> TestServer {
     TestServer::with_deps(TestServer::deps(
         store_for(backend).await,
         GateConfig {
             // No approval heartbeats in these transcripts: cards are decided promptly.
             heartbeat_every: Duration::from_secs(60),
             execution: ExecutionSettings {
-                settlement_deadline_ms: DEADLINE_MS,
+                settlement_deadline_ms: deadline_ms,
                 heartbeat_interval_ms: BEAT_MS,
             },
             ..GateConfig::default()
@@ -135,7 +149,7 @@ async fn arm(srv: &TestServer, run: &Run, call: &Call) -> Value {
 }
 
 async fn decide(srv: &TestServer, run: &Run, verb: &str, body: Value) -> (StatusCode, Value) {
-    srv.post(
+    srv.post_until_served(
         &format!("/api/runs/{}/{verb}", run.id),
         &srv.operator_token,
         &body,
@@ -177,7 +191,7 @@ async fn start_with(
     tool_call_id: &str,
     body: Value,
 ) -> (StatusCode, Value) {
-    srv.post(
+    srv.post_until_served(
         &format!("/api/runs/{}/tool-calls/{tool_call_id}/start", run.id),
         &run.token,
         &body,
@@ -192,7 +206,7 @@ async fn call_verb(
     verb: &str,
     body: Value,
 ) -> (StatusCode, Value) {
-    srv.post(
+    srv.post_until_served(
         &format!("/api/runs/{}/tool-calls/{tool_call_id}/{verb}", run.id),
         &run.token,
         &body,

@@ -7,7 +7,7 @@ use super::*;
 /// until an operator reconciles; `not_applied` then lets the fresh approval start it;
 /// reconciling needs an operator.
 pub(super) async fn unknown_blocks_until_reconciled(backend: Backend) {
-    let srv = server(backend).await;
+    let srv = patient_server(backend).await;
     let run = budget_run(&srv, json!({TOOL: 4})).await;
     let call = approved(&srv, &run, TOOL).await;
     start(&srv, &run, &call).await;
@@ -181,7 +181,7 @@ pub(super) async fn unknown_blocks_until_reconciled(backend: Backend) {
 /// with the response's facts) and blocks a fresh attempt until an operator reconciles it
 /// once more — the call is never run twice on a guess.
 pub(super) async fn a_late_response_contests_not_applied(backend: Backend) {
-    let srv = server(backend).await;
+    let srv = patient_server(backend).await;
     let run = budget_run(&srv, json!({TOOL: 3})).await;
     let call = approved(&srv, &run, TOOL).await;
     assert_eq!(start(&srv, &run, &call).await.0, StatusCode::OK);

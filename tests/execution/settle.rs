@@ -60,7 +60,7 @@ pub(super) async fn cancelled_before_dispatch(backend: Backend) {
 
 /// Confirmed: `executed` + `completed`, the result facts in the event and the record.
 pub(super) async fn confirmed_completes(backend: Backend) {
-    let srv = server(backend).await;
+    let srv = patient_server(backend).await;
     let run = budget_run(&srv, json!({TOOL: 2})).await;
     let call = approved(&srv, &run, TOOL).await;
     start(&srv, &run, &call).await;
@@ -124,7 +124,7 @@ pub(super) async fn confirmed_completes(backend: Backend) {
 
 /// Ambiguous: `executed` + error facts + `outcome_unknown` (default facts when none).
 pub(super) async fn ambiguous_is_unknown(backend: Backend) {
-    let srv = server(backend).await;
+    let srv = patient_server(backend).await;
     let run = budget_run(&srv, json!({TOOL: 3})).await;
     let call = approved(&srv, &run, TOOL).await;
     start(&srv, &run, &call).await;

@@ -6,7 +6,7 @@ use super::*;
 /// Exactly once per human-approved call, after `tool.approval_resolved`, before the
 /// dispatch; a retried start answers the same and appends nothing.
 pub(super) async fn started_once_after_approval(backend: Backend) {
-    let srv = server(backend).await;
+    let srv = patient_server(backend).await;
     let run = budget_run(&srv, json!({TOOL: 1})).await;
     let call = approved(&srv, &run, TOOL).await;
     let (status, first) = start(&srv, &run, &call).await;
@@ -82,7 +82,7 @@ pub(super) async fn started_once_after_approval(backend: Backend) {
 /// of one tool call: exactly one attempt admitted, the others blocked by it (409 with its
 /// state); concurrent dispatches: exactly one 200 — two transports must never send.
 pub(super) async fn concurrent_starts_and_dispatches(backend: Backend) {
-    let srv = server(backend).await;
+    let srv = patient_server(backend).await;
     let run = budget_run(&srv, json!({TOOL: 10})).await;
     let call = approved(&srv, &run, TOOL).await;
     let answers = futures::future::join_all((0..8).map(|_| start(&srv, &run, &call))).await;
@@ -167,7 +167,7 @@ pub(super) async fn concurrent_starts_and_dispatches(backend: Backend) {
 
 /// A call a `tool` policy approved: start → 400, nothing written.
 pub(super) async fn no_start_for_auto_approved(backend: Backend) {
-    let srv = server(backend).await;
+    let srv = patient_server(backend).await;
     let owner = format!("alice-{}", short_id());
     let alice = srv.auth.mint_jwt(&owner, Role::Operator, 600, None);
     let run = new_run(
@@ -238,7 +238,7 @@ pub(super) async fn no_start_for_auto_approved(backend: Backend) {
 /// produce" `tool_execution_started` — not even when a (misconfigured) budget lists
 /// `human__ask` and a human approved the card: asking a human is no execution.
 pub(super) async fn no_start_for_human_ask(backend: Backend) {
-    let srv = server(backend).await;
+    let srv = patient_server(backend).await;
     let run = budget_run(&srv, json!({"human__ask": 3})).await;
     let call = approved(&srv, &run, "human__ask").await;
     let (status, v) = start(&srv, &run, &call).await;
@@ -254,7 +254,7 @@ pub(super) async fn no_start_for_human_ask(backend: Backend) {
 /// A denied call: start → 409 `not_executed` (`approval_denied`), a terminal
 /// `tool_execution` and never `tool_execution_started`.
 pub(super) async fn no_start_for_denied(backend: Backend) {
-    let srv = server(backend).await;
+    let srv = patient_server(backend).await;
     let run = budget_run(&srv, json!({TOOL: 1})).await;
     let call = Call::new(TOOL);
     arm(&srv, &run, &call).await;
@@ -309,7 +309,7 @@ pub(super) async fn no_start_for_denied(backend: Backend) {
 /// A card that expired (1 s) before anyone decided: start → 409 `not_executed`
 /// (`approval_expired`), never `tool_execution_started`.
 pub(super) async fn no_start_for_expired(backend: Backend) {
-    let srv = server(backend).await;
+    let srv = patient_server(backend).await;
     let run = budget_run(&srv, json!({TOOL: 1})).await;
     let call = Call::new(TOOL);
     let mut body = call.arm_body();

@@ -156,6 +156,21 @@ impl TestServer {
             .await
     }
 
+    /// `post`, sent again while it answers 503 `unavailable` — the store gave up on a
+    /// contended or slow write and wrote nothing (`docs/architecture.md` §1) — at most
+    /// [`SERVED_ATTEMPTS`] times with a growing pause, as a client retries. For tests
+    /// about something else whose requests race on one run: under load (DynamoDB Local on
+    /// a busy machine) any of them may spend the store's contention budget. Each retry is
+    /// logged; the last answer is returned whatever it is.
+    pub async fn post_until_served(
+        &self,
+        path: &str,
+        token: &str,
+        body: &Value,
+    ) -> (StatusCode, Value) {
+        until_served(path, || self.post(path, token, body)).await
+    }
+
     pub async fn get(&self, path: &str, token: &str) -> (StatusCode, Value) {
         self.send(self.http.get(self.url(path)).bearer_auth(token))
             .await
@@ -183,10 +198,11 @@ impl TestServer {
         (status, body)
     }
 
-    /// Appends events, returning their sequences (asserting 200).
+    /// Appends events, returning their sequences (asserting 200); a 503 `unavailable`
+    /// (nothing written) is sent again, as [`Self::post_until_served`] says.
     pub async fn append(&self, run_id: &str, token: &str, events: Value) -> Vec<u64> {
         let (status, v) = self
-            .post(
+            .post_until_served(
                 &format!("/api/runs/{run_id}/events"),
                 token,
                 &json!({ "events": events }),
@@ -230,6 +246,39 @@ impl TestServer {
             after = next;
         }
     }
+}
+
+/// How many times [`TestServer::post_until_served`] and [`until_served`] send a request
+/// that keeps answering 503 `unavailable`.
+pub const SERVED_ATTEMPTS: u32 = 6;
+
+/// Whether an answer is the store's retryable refusal: 503 `unavailable`, nothing written
+/// (other 503s, e.g. `agenthost_unreachable`, are answers in their own right).
+pub fn is_unavailable(status: StatusCode, body: &Value) -> bool {
+    status == StatusCode::SERVICE_UNAVAILABLE && body["code"] == "unavailable"
+}
+
+/// Calls `send` again while it answers 503 `unavailable`, at most [`SERVED_ATTEMPTS`]
+/// times, pausing 250 ms × attempt between tries and logging each retry under `what`;
+/// answers the last answer. A client's retry of a request that wrote nothing.
+pub async fn until_served<F, Fut>(what: &str, mut send: F) -> (StatusCode, Value)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = (StatusCode, Value)>,
+{
+    let mut answer = send().await;
+    for attempt in 1..SERVED_ATTEMPTS {
+        if !is_unavailable(answer.0, &answer.1) {
+            break;
+        }
+        eprintln!(
+            "{what}: 503 unavailable on attempt {attempt}, sending again: {}",
+            answer.1
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250 * u64::from(attempt))).await;
+        answer = send().await;
+    }
+    answer
 }
 
 /// Sends `req` and reads the whole answer: its status, its `x-request-id` (asserted

@@ -594,9 +594,11 @@ pub async fn a_run_holds_a_bounded_number_of_pending_cards(store: Store) {
             .map(|rid| {
                 let (store, run_id, rid) = (store.clone(), run_id.clone(), rid.clone());
                 tokio::spawn(async move {
-                    store
-                        .arm(RunRef::any(&run_id), card_for(&run_id, &rid, None))
-                        .await
+                    // 16 arms race on one head: one may spend its contention budget.
+                    until_served("arm", || {
+                        store.arm(RunRef::any(&run_id), card_for(&run_id, &rid, None))
+                    })
+                    .await
                 })
             })
             .collect();

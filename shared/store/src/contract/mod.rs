@@ -48,6 +48,28 @@ fn producer(event_type: &str, event_id: Option<&str>, payload: Value) -> EventDr
     }
 }
 
+/// Calls `call` again while it fails `Unavailable` — the store gave up on a contended or
+/// slow write and wrote nothing (`docs/architecture.md` §1) — at most five times with a
+/// growing pause, as a client retries; logs each retry and answers the last result. For
+/// the contract's races, which are about something else: on a loaded machine DynamoDB
+/// Local can be slow enough for a writer among many to spend its contention budget.
+async fn until_served<T, F, Fut>(what: &str, mut call: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut result = call().await;
+    for attempt in 1..5u64 {
+        let Err(StoreError::Unavailable(why)) = &result else {
+            break;
+        };
+        eprintln!("{what}: unavailable on attempt {attempt} ({why}), calling again");
+        tokio::time::sleep(std::time::Duration::from_millis(250 * attempt)).await;
+        result = call().await;
+    }
+    result
+}
+
 async fn new_run(store: &Store, tag: &str) -> String {
     let run_id = fresh_id(tag);
     let outcome = store

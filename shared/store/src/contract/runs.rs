@@ -172,10 +172,12 @@ pub async fn concurrent_appends_across_stores(
                             json!({}),
                         ));
                     }
-                    let s = store
-                        .append_events(RunRef::any(&run_id), batch.clone())
-                        .await
-                        .expect("append under contention");
+                    // Keyed events: an append sent again lands once.
+                    let s = until_served("append", || {
+                        store.append_events(RunRef::any(&run_id), batch.clone())
+                    })
+                    .await
+                    .expect("append under contention");
                     assert_eq!(s.len(), batch.len());
                     assert!(
                         s.windows(2).all(|p| p[1] == p[0] + 1),
