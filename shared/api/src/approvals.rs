@@ -393,25 +393,20 @@ pub(crate) async fn decide_as(
     })
 }
 
-/// How long a decision may wait on its run's pod (docs/architecture.md §8, §11).
+/// How long a decision may wait on its run's pod (docs/architecture.md §8, §11): every
+/// caller waits the configured forward timeout, so what a pod answers is recorded (a
+/// Slack click that must be answered sooner lets its decision go on in a task).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum PodWait {
-    /// Each call to the pod up to the configured forward timeout (the HTTP routes).
+    /// Each call to the pod up to the configured forward timeout.
     Configured,
-    /// Every call to the pod, together, ends by this deadline (and by the configured
-    /// timeout): what has not answered by then is not an answer.
-    Until(tokio::time::Instant),
 }
 
 impl PodWait {
     /// The time a call to the pod starting now may take.
     fn timeout(self, deps: &Deps) -> Duration {
-        let configured = deps.gate.config().forward_timeout;
         match self {
-            PodWait::Configured => configured,
-            PodWait::Until(deadline) => {
-                configured.min(deadline.saturating_duration_since(tokio::time::Instant::now()))
-            }
+            PodWait::Configured => deps.gate.config().forward_timeout,
         }
     }
 }

@@ -166,13 +166,14 @@ pub fn decoded_param(query: Option<&str>, key: &str) -> Option<String> {
 
 /// The project an operator names in the query under `key` (`project_id` on the runs
 /// listing, `project` on the dead letters), decoded: `None` when absent, 400 when empty
-/// or over [`tollgate_protocol::limits::MAX_RUN_FILTER`] bytes.
+/// or over [`tollgate_protocol::limits::MAX_RUN_FILTER`] characters (as a run's project
+/// is bounded at creation).
 pub fn project_param(query: Option<&str>, key: &str) -> Result<Option<String>, crate::ApiError> {
     let max = tollgate_protocol::limits::MAX_RUN_FILTER;
     match decoded_param(query, key) {
-        Some(p) if p.is_empty() || p.len() > max => Err(crate::ApiError::bad_request(format!(
-            "{key} must be 1 to {max} bytes"
-        ))),
+        Some(p) if p.is_empty() || p.chars().count() > max => Err(crate::ApiError::bad_request(
+            format!("{key} must be 1 to {max} characters"),
+        )),
         project => Ok(project),
     }
 }

@@ -77,7 +77,9 @@ impl RetryPolicy {
             policy.base_delay = Duration::from_millis(ms);
         }
         if let Some(s) = num("TOLLGATE_NOTIFY_STRAY_AFTER_SECONDS")? {
-            policy.stray_after = Duration::from_secs(s);
+            // At least an hour: a process with a short horizon would otherwise dead-letter
+            // the deliveries of another process's healthy sink between its retry passes.
+            policy.stray_after = Duration::from_secs(s.max(MIN_STRAY_AFTER_SECONDS));
         }
         Ok(policy)
     }
@@ -101,6 +103,9 @@ impl RetryPolicy {
         Duration::from_millis(half + rand::random_range(0..=full - half))
     }
 }
+
+/// The least `TOLLGATE_NOTIFY_STRAY_AFTER_SECONDS` is taken as (seconds).
+pub const MIN_STRAY_AFTER_SECONDS: u64 = 3600;
 
 /// How far before its first start a sink's notifier still notifies card events, by
 /// default: the `notifier` function starts on the first event it is given, so a sink
@@ -218,7 +223,7 @@ impl Notifier {
             // A backlog from before this sink was enabled (a stream read from its oldest
             // record): not this sink's to notify.
             if notice.at < self.enabled_at(sink.name()).await? {
-                tracing::debug!(
+                tracing::warn!(
                     sink = sink.name(),
                     run_id,
                     request_id = %notice.request_id,
@@ -286,7 +291,10 @@ impl Notifier {
                 continue;
             }
             let Some(sink) = self.sinks.iter().find(|s| s.name() == due.key.sink) else {
-                self.stray(due, now).await?;
+                // One stray record that cannot be put off does not stop the pass.
+                if let Err(e) = self.stray(due, now).await {
+                    tracing::warn!(error = %e, "notifications: a stray delivery was not put off");
+                }
                 continue;
             };
             let mut claimed = due.clone();

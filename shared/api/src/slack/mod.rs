@@ -14,10 +14,11 @@
 //!    scope the gate refuses) is answered 200 and told to the user in an ephemeral
 //!    message; the card message itself is rewritten by the sink when the card resolves,
 //!    however it resolves;
-//! 5. every click is answered within Slack's window (3 s): a decision forwarded to a
-//!    run's pod waits on it only until [`FORWARD_BUDGET`] after the request arrived, and
-//!    one the pod did not answer by then records nothing and is told to the user as not
-//!    decided (docs/architecture.md §11).
+//! 5. in `serve` every click is answered within Slack's window (3 s): a decision
+//!    forwarded to a run's pod that has not answered by [`FORWARD_BUDGET`] after the
+//!    request arrived is answered `pending` and goes on in its task, which records what
+//!    the pod answers; a Lambda function, frozen after its answer, waits for it
+//!    (docs/architecture.md §11).
 
 pub mod blocks;
 pub mod client;
@@ -49,10 +50,11 @@ pub use client::{Posted, SlackClient, SlackError};
 pub use sink::SlackSink;
 pub use users::{SlackOperator, SlackUsers};
 
-/// How long after a click arrives a decision may still wait on its run's pod: Slack
-/// shows the user an error when its request is not answered within 3 s, so the forward,
-/// its recording and the ephemeral message all fit inside [`ANSWER_BUDGET`], which
-/// leaves room for the network both ways (docs/architecture.md §11).
+/// How long after a click arrives `serve` waits for its decision before answering
+/// `pending` (the decision goes on): Slack shows the user an error when its request is
+/// not answered within 3 s, so the wait and the ephemeral message fit inside
+/// [`ANSWER_BUDGET`], which leaves room for the network both ways
+/// (docs/architecture.md §11).
 pub const FORWARD_BUDGET: std::time::Duration = std::time::Duration::from_millis(1800);
 /// When a click is answered at the latest (bar a store slower than its own budget):
 /// an ephemeral message not sent by then is dropped (logged).
@@ -407,16 +409,52 @@ async fn interaction(
         tool_name: None,
         reason: None,
     };
-    let wait = PodWait::Until(arrived + FORWARD_BUDGET);
-    let decided = decide_as(
+    // The decision runs in a task of its own with the configured forward timeout, so
+    // whatever the run's pod answers is recorded (docs/architecture.md §11). `serve`
+    // answers Slack once FORWARD_BUDGET has passed and lets the task finish; a Lambda
+    // function is frozen after its response, so there the click waits for the task
+    // (Slack may show the user its timeout notice; the outcome is recorded and the
+    // card's message rewritten by the notifier).
+    let mut task = tokio::spawn(decide_as(
         deps.clone(),
         claims,
         Ok(click.run_id),
         decide,
         click.verb,
-        wait,
-    )
-    .await;
+        PodWait::Configured,
+    ));
+    let joined = if frozen_after_answer() {
+        (&mut task).await
+    } else {
+        match tokio::time::timeout_at(arrived + FORWARD_BUDGET, &mut task).await {
+            Ok(joined) => joined,
+            Err(_) => {
+                tracing::info!(
+                    slack_user = user,
+                    operator = %operator.name,
+                    "Slack click: the run's pod has not answered yet; deciding on"
+                );
+                let message = "Deciding: the agent's host has not answered yet. The card's \
+                               message will show the outcome when it does."
+                    .to_owned();
+                tell(&slack, channel, user, &message, answer_by).await;
+                return Ok(Json(SlackAnswer {
+                    message: Some(message),
+                    ..answer("pending")
+                }));
+            }
+        }
+    };
+    let decided = match joined {
+        Ok(decided) => decided,
+        Err(e) => {
+            tracing::error!(error = %e, "Slack click: the decision task failed");
+            Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the decision could not be confirmed",
+            ))
+        }
+    };
     match decided {
         Ok(decision) => {
             let decided = decision.answer;
@@ -472,9 +510,9 @@ async fn interaction(
                 "Slack click not decided"
             );
             refuse(format!(
-                "Not decided: {} Nothing was recorded; the card is as its message shows. Click again to retry.",
+                "Not confirmed: {} The card's message shows where it stands; click again if it still offers its buttons.",
                 if e.state == Some(tollgate_app::ErrorState::AgenthostUnreachable) {
-                    "the agent's host did not answer in time."
+                    "the agent's host could not be reached."
                 } else {
                     "Tollgate could not decide it just now."
                 }
@@ -482,6 +520,12 @@ async fn interaction(
             .await
         }
     }
+}
+
+/// Whether this process is frozen once it has answered (a Lambda function: the runtime
+/// sets `AWS_LAMBDA_FUNCTION_NAME`), so work left running after the answer may never end.
+fn frozen_after_answer() -> bool {
+    std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some()
 }
 
 /// Nothing decided: the user is told why, and Slack gets its 200.
