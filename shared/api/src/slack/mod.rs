@@ -410,11 +410,23 @@ async fn interaction(
         reason: None,
     };
     // The decision runs in a task of its own with the configured forward timeout, so
-    // whatever the run's pod answers is recorded (docs/architecture.md §11). `serve`
-    // answers Slack once FORWARD_BUDGET has passed and lets the task finish; a Lambda
+    // whatever the run's pod answers is recorded (docs/architecture.md §11). For a
+    // decision the pod makes, `serve` answers Slack once FORWARD_BUDGET has passed and
+    // lets the task finish; a Lambda
     // function is frozen after its response, so there the click waits for the task
     // (Slack may show the user its timeout notice; the outcome is recorded and the
     // card's message rewritten by the notifier).
+    // Only a decision the run's pod makes may be slow: a card the store does not know (a
+    // pod-per-run run's pod may hold it) or one its pod holds, still pending. Any other is
+    // the store's to decide, and is waited for.
+    let to_pod = !frozen_after_answer()
+        && match deps.gate.locate(click.run_id.as_str(), &click.card.q).await {
+            Ok(Some(l)) => {
+                l.card.held_by_pod && l.card.state == tollgate_domain::ApprovalState::Pending
+            }
+            Ok(None) => true,
+            Err(_) => false,
+        };
     let mut task = tokio::spawn(decide_as(
         deps.clone(),
         claims,
@@ -423,7 +435,7 @@ async fn interaction(
         click.verb,
         PodWait::Configured,
     ));
-    let joined = if frozen_after_answer() {
+    let joined = if !to_pod {
         (&mut task).await
     } else {
         match tokio::time::timeout_at(arrived + FORWARD_BUDGET, &mut task).await {
