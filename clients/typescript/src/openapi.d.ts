@@ -998,8 +998,10 @@ export interface components {
              * @description `decided` (this click decided the card), `already` (it had been decided or had
              *     expired), `refused` (nothing decided: the user is not mapped, the card is outside
              *     the user's projects, or the gate refused the decision, e.g. a scope beyond `once`
-             *     from someone who does not own the run) or `ignored` (not a decision: a scope
-             *     chosen, another kind of interaction).
+             *     from someone who does not own the run, or the decision failed), `pending` (`serve`
+             *     only: the run's pod has not answered yet; the decision goes on and the card's
+             *     message shows its outcome) or `ignored` (not a decision: a scope chosen, another
+             *     kind of interaction).
              */
             outcome: string;
             /** @description The card's state after the interaction, when a card was reached. */
