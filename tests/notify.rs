@@ -26,6 +26,7 @@ struct Received {
     signature: String,
     body: String,
     accepted: bool,
+    at: Instant,
 }
 
 /// A loopback webhook receiver: answers `fail_with` to the first `failures` requests of
@@ -38,6 +39,11 @@ struct Receiver {
 
 impl Receiver {
     async fn start(failures: usize, fail_with: u16) -> Self {
+        Self::start_asking(failures, fail_with, None).await
+    }
+
+    /// As [`Receiver::start`], each failure answered with `Retry-After: retry_after`.
+    async fn start_asking(failures: usize, fail_with: u16, retry_after: Option<u64>) -> Self {
         let (listener, origin) = listen().await;
         let got: Arc<Mutex<Vec<Received>>> = Arc::default();
         let log = got.clone();
@@ -62,12 +68,16 @@ impl Receiver {
                         signature: header("tollgate-signature"),
                         body,
                         accepted,
+                        at: Instant::now(),
                     });
+                    let mut answer = HeaderMap::new();
                     if accepted {
-                        AxumStatus::NO_CONTENT
-                    } else {
-                        AxumStatus::from_u16(fail_with).unwrap()
+                        return (AxumStatus::NO_CONTENT, answer);
                     }
+                    if let Some(after) = retry_after {
+                        answer.insert("retry-after", after.into());
+                    }
+                    (AxumStatus::from_u16(fail_with).unwrap(), answer)
                 }
             }),
         );
@@ -181,6 +191,25 @@ fn start(
     })
 }
 
+/// One `tollgate serve` on `backend` posting to `receiver` (its own tables on DynamoDB),
+/// and a client of it for `project`.
+fn serve_posting_to(
+    backend: Backend,
+    receiver: &Receiver,
+    project: &str,
+) -> (ServeProcess, TestServer) {
+    let setup = aws_setup();
+    let process = start(
+        backend,
+        webhook_env(receiver, &[]),
+        Some(&setup),
+        None,
+        "serve",
+    );
+    let srv = client(&process.base, project);
+    (process, srv)
+}
+
 /// A client of `base` whose agent and operator tokens name `project`.
 fn client(base: &str, project: &str) -> TestServer {
     let mut srv = TestServer::remote(base);
@@ -242,15 +271,7 @@ fn accepted(all: &[Received], rid: &str, kind: &str) -> usize {
 /// every one signed; nothing is sent again afterwards.
 async fn survives_three_failures(backend: Backend) {
     let receiver = Receiver::start(3, 503).await;
-    let setup = aws_setup();
-    let process = start(
-        backend,
-        webhook_env(&receiver, &[]),
-        Some(&setup),
-        None,
-        "serve",
-    );
-    let srv = client(&process.base, "p-notify");
+    let (_process, srv) = serve_posting_to(backend, &receiver, "p-notify");
     let (run_id, rid) = arm_card(&srv).await;
     receiver
         .until("the armed notice accepted", |all| {
@@ -305,6 +326,34 @@ async fn survives_three_failures(backend: Backend) {
         of_card(&all, &rid, "card.resolved")[0].delivery_id
     );
     // Nothing went to the dead letters.
+    let (status, v) = srv
+        .get("/api/notifications/dead-letters", &srv.operator_token)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["dead_letters"], json!([]));
+}
+
+/// A receiver that answers a card's first `card.armed` 429 with `Retry-After: 3`, while
+/// the notifier's own backoff would try again after 100 ms: posted again no sooner than
+/// asked, accepted then, once, and nothing is a dead letter.
+async fn retry_after_is_honoured(backend: Backend) {
+    const ASKED: u64 = 3;
+    let receiver = Receiver::start_asking(1, 429, Some(ASKED)).await;
+    let (_process, srv) = serve_posting_to(backend, &receiver, "p-notify");
+    let (_run_id, rid) = arm_card(&srv).await;
+    let all = receiver
+        .until("the armed notice accepted", |all| {
+            accepted(all, &rid, "card.armed") == 1
+        })
+        .await;
+    let posts = of_card(&all, &rid, "card.armed");
+    assert_eq!(posts.len(), 2, "one 429, then the one accepted: {posts:#?}");
+    assert!(!posts[0].accepted && posts[1].accepted, "{posts:#?}");
+    let waited = posts[1].at.duration_since(posts[0].at);
+    assert!(
+        waited >= Duration::from_secs(ASKED),
+        "posted again after {waited:?}, sooner than Retry-After"
+    );
     let (status, v) = srv
         .get("/api/notifications/dead-letters", &srv.operator_token)
         .await;
@@ -406,15 +455,7 @@ async fn wait_dead_letter(srv: &TestServer, rid: &str, attempts: u32) -> Value {
 /// A receiver answering 400: permanent, a dead letter after one attempt.
 async fn refusals_are_permanent(backend: Backend) {
     let receiver = Receiver::start(usize::MAX, 400).await;
-    let setup = aws_setup();
-    let process = start(
-        backend,
-        webhook_env(&receiver, &[]),
-        Some(&setup),
-        None,
-        "serve",
-    );
-    let srv = client(&process.base, "p-refused");
+    let (_process, srv) = serve_posting_to(backend, &receiver, "p-refused");
     let (_, rid) = arm_card(&srv).await;
     let letter = wait_dead_letter(&srv, &rid, 1).await;
     assert_eq!(letter["last_error"], "the receiver answered 400");
@@ -432,6 +473,7 @@ async fn refusals_are_permanent(backend: Backend) {
 tollgate_tests::for_each_backend! {
     a_sink_nobody_has_is_put_off_then_dead_lettered => strays_are_put_off_then_dead;
     a_receiver_failing_three_times_gets_each_notice_once => survives_three_failures;
+    a_receivers_retry_after_is_honoured => retry_after_is_honoured;
     dead_letters_are_listed_per_project_and_retried => dead_letters_are_kept_and_retried;
     a_4xx_answer_is_a_dead_letter_at_once => refusals_are_permanent;
 }
@@ -552,10 +594,10 @@ async fn dynamo_only_a_killed_process_retry_is_finished_once_by_the_next() {
 }
 
 /// A webhook enabled for the first time on tables that already hold card events (the
-/// stream is read from its oldest record): the backlog is not notified — neither the
-/// cards armed and decided before nor the arm of a card still pending — while what
-/// happens after is: the pending card's resolution, and a new card's two notices. The
-/// sink's first enabling is recorded once and stands for a process started later.
+/// stream is read from its oldest record): the backlog of cards armed and decided before
+/// is not notified, while a card still pending is (an operator can still decide it), and
+/// so is what happens after: the pending card's resolution, and a new card's two notices.
+/// The sink's first enabling is recorded once and stands for a process started later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamo_only_a_sink_enabled_later_does_not_notify_the_backlog() {
     let receiver = Receiver::start(0, 500).await;
@@ -581,6 +623,12 @@ async fn dynamo_only_a_sink_enabled_later_does_not_notify_the_backlog() {
         "sink",
     );
     let after = client(&b.base, "p-backlog");
+    // The card still pending is posted though armed before the sink was enabled.
+    receiver
+        .until("the pending card from before the sink", |all| {
+            accepted(all, &waiting, "card.armed") >= 1
+        })
+        .await;
     approve(&after, &waiting_run, &waiting).await;
     let (run_id, fresh) = arm_card(&after).await;
     approve(&after, &run_id, &fresh).await;
@@ -608,11 +656,8 @@ async fn dynamo_only_a_sink_enabled_later_does_not_notify_the_backlog() {
             "the backlog is not notified: {all:#?}"
         );
     }
-    assert!(
-        of_card(&all, &waiting, "card.armed").is_empty(),
-        "an arm from before the sink is not notified: {all:#?}"
-    );
     for (rid, kind) in [
+        (&waiting, "card.armed"),
         (&fresh, "card.armed"),
         (&fresh, "card.resolved"),
         (&last, "card.armed"),
@@ -788,6 +833,26 @@ async fn strays_are_put_off_then_dead(backend: Backend) {
         "{put_off:?}"
     );
     assert!(put_off.next_attempt_at > now, "{put_off:?}");
+    // Due again with nobody having claimed it in a whole grace: put off again at once,
+    // not left among the due ones for another grace.
+    let mut due_again = put_off.clone();
+    due_again.next_attempt_at = tollgate_domain::now_millis() - 1;
+    due_again.version += 1;
+    assert!(store
+        .put_delivery(&due_again, put_off.version)
+        .await
+        .unwrap());
+    assert_eq!(without.retry_due().await.unwrap(), 0);
+    let put_off = read(&overdue).await;
+    assert_eq!(
+        (put_off.state, put_off.attempts, put_off.version),
+        (DeliveryState::Pending, 1, due_again.version + 1),
+        "{put_off:?}"
+    );
+    assert!(
+        put_off.next_attempt_at > tollgate_domain::now_millis(),
+        "{put_off:?}"
+    );
     let dead = read(&old).await;
     assert_eq!(
         (dead.state, dead.attempts),

@@ -35,7 +35,10 @@ use tollgate_domain::execution::ExecutionSettings;
 use tollgate_tests::{store_for, Backend, TestServer};
 
 const TOOL: &str = "mcp__last9__create_dashboard";
-const DEADLINE_MS: i64 = 1_500;
+/// The settlement deadline of the tests about it. Long enough that the few requests a
+/// test sends before it (start, dispatch, a refused reconcile) land inside it on a loaded
+/// machine; short enough that waiting past it keeps the tests quick.
+const DEADLINE_MS: i64 = 3_000;
 /// The settlement deadline of [`patient_server`]: far beyond any test, for the tests that
 /// are not about the deadline (on a loaded machine a few requests on DynamoDB Local can
 /// outlast [`DEADLINE_MS`], and the deadline would settle the attempt under them).

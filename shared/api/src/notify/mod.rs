@@ -92,6 +92,19 @@ impl fmt::Display for DeliveryError {
 
 impl std::error::Error for DeliveryError {}
 
+/// A receiver's `Retry-After`, in seconds (the HTTP-date form is not taken), at most an
+/// hour: a retry is put off no sooner than the receiver asked.
+pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<std::time::Duration> {
+    headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(|s| std::time::Duration::from_secs(s.min(3600)))
+}
+
 /// Where notices go.
 #[async_trait::async_trait]
 pub trait Sink: Send + Sync {

@@ -104,6 +104,10 @@ impl RetryPolicy {
     }
 }
 
+/// How the last error of a delivery a process without its sink put off begins (a pending
+/// record's last error is seen by no client; a dead letter's says why it died).
+const PUT_OFF: &str = "put off";
+
 /// The least `TOLLGATE_NOTIFY_STRAY_AFTER_SECONDS` is taken as (seconds).
 pub const MIN_STRAY_AFTER_SECONDS: u64 = 3600;
 
@@ -221,14 +225,16 @@ impl Notifier {
                 continue;
             }
             // A backlog from before this sink was enabled (a stream read from its oldest
-            // record): not this sink's to notify.
-            if notice.at < self.enabled_at(sink.name()).await? {
+            // record): not this sink's to notify — but for the arm of a card still
+            // pending, which an operator can still decide there.
+            let pending_arm = kind == NoticeKind::Armed && notice.card.state == "pending";
+            if !pending_arm && notice.at < self.enabled_at(sink.name()).await? {
                 tracing::warn!(
                     sink = sink.name(),
                     run_id,
                     request_id = %notice.request_id,
                     kind = %kind,
-                    "card event from before the sink was enabled; not notified"
+                    "card event from before the sink was enabled, card no longer pending; not notified"
                 );
                 continue;
             }
@@ -339,7 +345,14 @@ impl Notifier {
     /// write is on the version read: a process with the sink that claims it first wins.
     async fn stray(&self, due: Delivery, now: i64) -> Result<(), StoreError> {
         let grace = self.policy.stray_grace().as_millis() as i64;
-        if now - due.next_attempt_at < grace {
+        // Put off before and due again: the processes with the sink had a whole grace
+        // and did not claim it, so it is put off again at once rather than crowding the
+        // due ones for another grace.
+        let put_off_before = due
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with(PUT_OFF));
+        if !put_off_before && now - due.next_attempt_at < grace {
             return Ok(());
         }
         let mut record = due.clone();
@@ -357,6 +370,10 @@ impl Notifier {
             );
         } else {
             record.next_attempt_at = now + grace;
+            record.last_error = Some(format!(
+                "{PUT_OFF}: no notifier here has the sink {} configured",
+                due.key.sink
+            ));
         }
         record.version = due.version + 1;
         record.updated_at = now.max(record.updated_at);

@@ -193,8 +193,8 @@ impl Sink for WebhookSink {
             .body(body)
             .send()
             .await;
-        let status = match answer {
-            Ok(r) => r.status().as_u16(),
+        let (status, after) = match answer {
+            Ok(r) => (r.status().as_u16(), super::retry_after(r.headers())),
             Err(e) if e.is_timeout() => {
                 return Err(DeliveryError::Retry(
                     "the receiver did not answer in time".into(),
@@ -208,9 +208,14 @@ impl Sink for WebhookSink {
         };
         match status {
             200..=299 => Ok(None),
-            429 | 500..=599 => Err(DeliveryError::Retry(format!(
-                "the receiver answered {status}"
-            ))),
+            429 | 500..=599 => {
+                let why = format!("the receiver answered {status}");
+                Err(match after {
+                    // Put off no sooner than the receiver asked (429, 503).
+                    Some(after) => DeliveryError::RetryAfter(why, after),
+                    None => DeliveryError::Retry(why),
+                })
+            }
             _ => Err(DeliveryError::Permanent(format!(
                 "the receiver answered {status}"
             ))),

@@ -167,7 +167,7 @@ impl SlackClient {
                 after: None,
             })?;
         let status = response.status();
-        let after = retry_after(response.headers());
+        let after = crate::notify::retry_after(response.headers());
         if status == reqwest::StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
             return Err(SlackError::Retry {
                 why: format!("{method}: HTTP {}", status.as_u16()),
@@ -210,16 +210,4 @@ impl SlackClient {
             Err(SlackError::Permanent(format!("{method}: {code}")))
         }
     }
-}
-
-/// `Retry-After` in seconds (bounded).
-fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    headers
-        .get(reqwest::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .map(|s| Duration::from_secs(s.min(3600)))
 }
