@@ -803,9 +803,14 @@ async fn strays_are_put_off_then_dead(backend: Backend) {
         d
     };
     let just_due = pending("just-due", now - 1_000, now);
+    // Put off once, then claimed (the mark cleared) or written again since less than a
+    // grace ago: still the sink's processes' to take.
+    let mut touched = pending("touched", now - 2 * grace, now - 1);
+    touched.last_error = Some("put off: no notifier here has the sink slack configured".into());
+    touched.updated_at = now - 1_000;
     let overdue = pending("overdue", now - 2 * grace, now - 2 * grace);
     let old = pending("old", now - 101_000, now - 2 * grace);
-    for d in [&just_due, &overdue, &old] {
+    for d in [&just_due, &touched, &overdue, &old] {
         assert!(store.put_delivery(d, 0).await.unwrap());
     }
     let delivered: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -826,6 +831,11 @@ async fn strays_are_put_off_then_dead(backend: Backend) {
         just_due,
         "left to the sink's processes"
     );
+    assert_eq!(
+        read(&touched).await,
+        touched,
+        "written less than a grace ago: left to the sink's processes"
+    );
     let put_off = read(&overdue).await;
     assert_eq!(
         (put_off.state, put_off.attempts, put_off.version),
@@ -836,7 +846,8 @@ async fn strays_are_put_off_then_dead(backend: Backend) {
     // Due again with nobody having claimed it in a whole grace: put off again at once,
     // not left among the due ones for another grace.
     let mut due_again = put_off.clone();
-    due_again.next_attempt_at = tollgate_domain::now_millis() - 1;
+    let later = tollgate_domain::now_millis();
+    (due_again.updated_at, due_again.next_attempt_at) = (later - grace - 1, later - 1);
     due_again.version += 1;
     assert!(store
         .put_delivery(&due_again, put_off.version)

@@ -308,7 +308,7 @@ async fn decide(
     let claims = deps.auth.require_role(&creds, Role::Operator)?;
     let body: tollgate_protocol::approvals::Decide = serde_json::from_value(body.value().await?)
         .map_err(|e| ApiError::bad_request(format!("invalid decision: {e}")))?;
-    let decided = decide_as(deps, claims, run_id, body, verb, PodWait::Configured).await?;
+    let decided = decide_as(deps, claims, run_id, body, verb).await?;
     Ok(Json(decided.answer).into_response())
 }
 
@@ -317,9 +317,9 @@ async fn decide(
 /// its `project_id` bounds what it reaches): the HTTP routes call it with a verified
 /// operator token, the Slack interactivity endpoint with the operator its Slack user is
 /// mapped to (docs/architecture.md §6). Answers what the HTTP routes answer, and
-/// whether this call is the one that resolved the card. `wait` bounds what it waits on
-/// a run's pod: a decision that must answer by a deadline (Slack's, §11) gives the
-/// deadline, and a forward that reaches it has recorded nothing (503).
+/// whether this call is the one that resolved the card. Each call to a run's pod may
+/// take the configured forward timeout, so what a pod answers is recorded (a Slack click
+/// that must be answered sooner lets its decision go on in a task, §11).
 #[instrument(skip_all, fields(run_id, request_id, verb = ?verb))]
 pub(crate) async fn decide_as(
     deps: Deps,
@@ -327,7 +327,6 @@ pub(crate) async fn decide_as(
     run_id: Result<RunId, ApiError>,
     body: tollgate_protocol::approvals::Decide,
     verb: Verb,
-    wait: PodWait,
 ) -> Result<Decision, ApiError> {
     tracing::Span::current().record("request_id", body.request_id.as_str());
     checked_reason(&body.reason)?;
@@ -348,7 +347,7 @@ pub(crate) async fn decide_as(
             let (deps, claims) = (deps.clone(), claims.clone());
             return tokio::spawn(async move {
                 let _permit = permit;
-                forward_decision(&deps, &claims, &run_id, &body, verb, wait).await
+                forward_decision(&deps, &claims, &run_id, &body, verb).await
             })
             .await
             .map_err(forward_task_failed)?
@@ -375,7 +374,7 @@ pub(crate) async fn decide_as(
         let permit = forward_permit(&deps)?;
         return tokio::spawn(async move {
             let _permit = permit;
-            decide_pod_card(&deps, located, resolution, wait).await
+            decide_pod_card(&deps, located, resolution).await
         })
         .await
         .map_err(forward_task_failed)?
@@ -391,24 +390,6 @@ pub(crate) async fn decide_as(
             fresh: Some(false),
         },
     })
-}
-
-/// How long a decision may wait on its run's pod (docs/architecture.md §8, §11): every
-/// caller waits the configured forward timeout, so what a pod answers is recorded (a
-/// Slack click that must be answered sooner lets its decision go on in a task).
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum PodWait {
-    /// Each call to the pod up to the configured forward timeout.
-    Configured,
-}
-
-impl PodWait {
-    /// The time a call to the pod starting now may take.
-    fn timeout(self, deps: &Deps) -> Duration {
-        match self {
-            PodWait::Configured => deps.gate.config().forward_timeout,
-        }
-    }
 }
 
 /// What [`decide_as`] answers: the decision routes' answer, and whether this call
@@ -481,7 +462,6 @@ async fn ask_pod(
     (verb, scope): (Verb, Scope),
     tool: Option<&str>,
     by: &str,
-    wait: PodWait,
 ) -> Result<PodVerdict, ApiError> {
     let Some(origin) = head.agenthost_origin.as_deref() else {
         return Err(agenthost_unreachable("the run has no agenthost_origin"));
@@ -509,7 +489,7 @@ async fn ask_pod(
                 by,
             ]),
         },
-        pod_reach(deps, wait),
+        pod_reach(deps),
     )
     .await;
     let (state, applied, pod_scope, tool_name) = match answer {
@@ -559,9 +539,9 @@ async fn ask_pod(
     })
 }
 
-fn pod_reach(deps: &Deps, wait: PodWait) -> crate::forward::Reach {
+fn pod_reach(deps: &Deps) -> crate::forward::Reach {
     crate::forward::Reach {
-        timeout: wait.timeout(deps),
+        timeout: deps.gate.config().forward_timeout,
         allow_loopback: deps.gate.config().allow_loopback_origins,
     }
 }
@@ -573,9 +553,12 @@ async fn recorded_by_the_applying_forward(
     deps: &Deps,
     run_id: &str,
     request_id: &str,
-    wait: PodWait,
 ) -> Result<Option<ApprovalRequest>, ApiError> {
-    let wait = wait.timeout(deps).min(Duration::from_secs(2));
+    let wait = deps
+        .gate
+        .config()
+        .forward_timeout
+        .min(Duration::from_secs(2));
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         if let Some(l) = deps.gate.locate(run_id, request_id).await? {
@@ -614,7 +597,6 @@ async fn decide_pod_card(
     deps: &Deps,
     located: Located,
     resolution: Resolution,
-    wait: PodWait,
 ) -> Result<Decided, ApiError> {
     let verb = match resolution {
         Resolution::Denied { .. } => Verb::Deny,
@@ -631,7 +613,8 @@ async fn decide_pod_card(
         .head
         .clone()
         .filter(|h| h.run_id == card.run_id && !h.status.is_terminal());
-    let backstop_due = now_millis() + wait.timeout(deps).as_millis() as i64 >= card.expires_at;
+    let backstop_due =
+        now_millis() + deps.gate.config().forward_timeout.as_millis() as i64 >= card.expires_at;
     match head {
         Some(head) if !backstop_due => {
             let verdict = ask_pod(
@@ -641,10 +624,9 @@ async fn decide_pod_card(
                 (verb, scope),
                 Some(&card.tool_name),
                 &by,
-                wait,
             )
             .await?;
-            record_verdict(deps, located, verdict, resolution, verb, wait).await
+            record_verdict(deps, located, verdict, resolution, verb).await
         }
         // The run has ended (the store ends the card `run_ended`) or the backstop is due.
         _ => {
@@ -673,7 +655,6 @@ async fn record_verdict(
     verdict: PodVerdict,
     resolution: Resolution,
     verb: Verb,
-    wait: PodWait,
 ) -> Result<Decided, ApiError> {
     let asked = resolution.state();
     let (ended, applied) = match verdict {
@@ -685,13 +666,8 @@ async fn record_verdict(
             ..
         } => {
             let card = &located.card;
-            return match recorded_by_the_applying_forward(
-                deps,
-                &card.run_id,
-                &card.request_id,
-                wait,
-            )
-            .await?
+            return match recorded_by_the_applying_forward(deps, &card.run_id, &card.request_id)
+                .await?
             {
                 Some(card) => Ok(decision_answer(&card, verb)),
                 None => Err(unapplied_approval()),
@@ -745,7 +721,6 @@ async fn forward_decision(
     run_id: &str,
     body: &tollgate_protocol::approvals::Decide,
     verb: Verb,
-    wait: PodWait,
 ) -> Result<Decided, ApiError> {
     let head = deps
         .runs
@@ -776,7 +751,7 @@ async fn forward_decision(
                 &deps.auth.pod_credential(&head.run_id, &head.incarnation),
                 &head.run_id,
                 &body.request_id,
-                pod_reach(deps, wait),
+                pod_reach(deps),
             )
             .await;
             let tool = match context {
@@ -810,7 +785,6 @@ async fn forward_decision(
         (verb, scope),
         asked_tool.as_deref(),
         &claims.sub,
-        wait,
     )
     .await?;
     let PodVerdict::Terminal {
@@ -827,9 +801,7 @@ async fn forward_decision(
     // stands; otherwise nothing is written (409 `pending`), never an approval on the
     // pod's word alone.
     if state == ApprovalState::Approved && !applied {
-        return match recorded_by_the_applying_forward(deps, &head.run_id, &body.request_id, wait)
-            .await?
-        {
+        return match recorded_by_the_applying_forward(deps, &head.run_id, &body.request_id).await? {
             Some(card) => Ok(decision_answer(&card, verb)),
             None => Err(unapplied_approval()),
         };
@@ -904,7 +876,7 @@ async fn forward_decision(
             scope: pod_scope,
             tool_name,
         };
-        return record_verdict(deps, located, verdict, resolution, verb, wait).await;
+        return record_verdict(deps, located, verdict, resolution, verb).await;
     }
     tracing::info!(
         state = state.as_str(),

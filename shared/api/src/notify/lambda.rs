@@ -81,6 +81,11 @@ pub async fn run_notifier(function: &crate::functions::Function) -> Result<(), E
     let sdk = tollgate_store::dynamo::sdk_config().await;
     let store = DynamoStore::new(tollgate_store::dynamo::client(&sdk), Tables::from_env());
     let notifier = Notifier::new(Arc::new(store), sinks).with_policy(policy);
+    // Each sink's first enabling, recorded at the first cold start (the schedule's tick
+    // starts one within minutes of a deploy); failing here, the first card event does it.
+    if let Err(e) = notifier.enable_sinks().await {
+        tracing::warn!(error = %e, "notifier: the sinks' first enabling was not recorded at start-up");
+    }
     let notifier = &notifier;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         handle(notifier, event.payload).await

@@ -65,6 +65,9 @@ pub struct CardNotice {
     /// When what the event announces happened (ms): the card's arm for an Armed notice,
     /// its resolution for a Resolved one.
     pub at: i64,
+    /// Whether the card could still be decided when the notice was made: pending, and
+    /// not past its deadline.
+    pub open: bool,
 }
 
 /// Why a delivery failed. The text never contains a secret.
@@ -95,14 +98,43 @@ impl std::error::Error for DeliveryError {}
 /// A receiver's `Retry-After`, in seconds (the HTTP-date form is not taken), at most an
 /// hour: a retry is put off no sooner than the receiver asked.
 pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<std::time::Duration> {
-    headers
-        .get(reqwest::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .map(|s| std::time::Duration::from_secs(s.min(3600)))
+    retry_after_seconds(headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?)
+        .map(std::time::Duration::from_secs)
+}
+
+/// [`retry_after`]'s value: whole seconds (digits only; too many for a `u64` is as many
+/// as can be), at most an hour; anything else is not taken.
+fn retry_after_seconds(value: &str) -> Option<u64> {
+    let digits = value.trim();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(digits.parse::<u64>().unwrap_or(u64::MAX).min(3600))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retry_after_seconds;
+
+    #[test]
+    fn retry_after_takes_whole_seconds_up_to_an_hour() {
+        for (value, taken) in [
+            ("3", Some(3)),
+            (" 120 ", Some(120)),
+            ("0", Some(0)),
+            ("3600", Some(3600)),
+            ("3601", Some(3600)),
+            ("99999999999999999999999", Some(3600)),
+            ("", None),
+            ("-5", None),
+            ("+5", None),
+            ("1.5", None),
+            ("5s", None),
+            ("Wed, 21 Oct 2015 07:28:00 GMT", None),
+        ] {
+            assert_eq!(retry_after_seconds(value), taken, "{value:?}");
+        }
+    }
 }
 
 /// Where notices go.

@@ -108,6 +108,14 @@ impl RetryPolicy {
 /// record's last error is seen by no client; a dead letter's says why it died).
 const PUT_OFF: &str = "put off";
 
+/// Whether a process without its sink put `delivery` off (and nobody claimed it since).
+fn is_put_off(delivery: &Delivery) -> bool {
+    delivery
+        .last_error
+        .as_deref()
+        .is_some_and(|e| e.starts_with(PUT_OFF))
+}
+
 /// The least `TOLLGATE_NOTIFY_STRAY_AFTER_SECONDS` is taken as (seconds).
 pub const MIN_STRAY_AFTER_SECONDS: u64 = 3600;
 
@@ -225,16 +233,19 @@ impl Notifier {
                 continue;
             }
             // A backlog from before this sink was enabled (a stream read from its oldest
-            // record): not this sink's to notify — but for the arm of a card still
-            // pending, which an operator can still decide there.
-            let pending_arm = kind == NoticeKind::Armed && notice.card.state == "pending";
-            if !pending_arm && notice.at < self.enabled_at(sink.name()).await? {
+            // record): not this sink's to notify — but for the arm of a card still open,
+            // which an operator can still decide there. (The sink's enabling is read
+            // first either way: the first card event records it.)
+            let enabled_at = self.enabled_at(sink.name()).await?;
+            let backlog = notice.at < enabled_at;
+            let open_arm = kind == NoticeKind::Armed && notice.open;
+            if backlog && !open_arm {
                 tracing::warn!(
                     sink = sink.name(),
                     run_id,
                     request_id = %notice.request_id,
                     kind = %kind,
-                    "card event from before the sink was enabled, card no longer pending; not notified"
+                    "card event from before the sink was enabled, card no longer open; not notified"
                 );
                 continue;
             }
@@ -246,7 +257,16 @@ impl Notifier {
             // never sits among the due ones, where it would crowd out those really due.
             record.next_attempt_at = record.leased_until;
             if self.store.put_delivery(&record, 0).await? {
-                self.attempt(sink.as_ref(), &notice, record).await?;
+                // An old arm is posted for being open: as the card stands now (a card
+                // decided meanwhile is posted without its buttons).
+                let fresh = match backlog {
+                    true => self
+                        .notice(kind, run_id, &request_id, event.sequence)
+                        .await?
+                        .unwrap_or_else(|| notice.clone()),
+                    false => notice.clone(),
+                };
+                self.attempt(sink.as_ref(), &fresh, record).await?;
             }
             // Lost: another instance created it (or this event was handed twice) — it is
             // theirs to send, or already sent; its retries come through `retry_due`.
@@ -285,6 +305,8 @@ impl Notifier {
                 NoticeKind::Armed => card.created_at,
                 NoticeKind::Resolved => card.decided_at.unwrap_or(card.created_at),
             },
+            open: card.state == tollgate_domain::ApprovalState::Pending
+                && card.expires_at > now_millis(),
         }))
     }
 
@@ -304,6 +326,10 @@ impl Notifier {
                 continue;
             };
             let mut claimed = due.clone();
+            if is_put_off(&claimed) {
+                // Claimed by a process with the sink: no longer a stray.
+                claimed.last_error = None;
+            }
             claimed.version += 1;
             claimed.leased_until = now + self.policy.lease.as_millis() as i64;
             claimed.next_attempt_at = claimed.leased_until;
@@ -345,13 +371,10 @@ impl Notifier {
     /// write is on the version read: a process with the sink that claims it first wins.
     async fn stray(&self, due: Delivery, now: i64) -> Result<(), StoreError> {
         let grace = self.policy.stray_grace().as_millis() as i64;
-        // Put off before and due again: the processes with the sink had a whole grace
-        // and did not claim it, so it is put off again at once rather than crowding the
-        // due ones for another grace.
-        let put_off_before = due
-            .last_error
-            .as_deref()
-            .is_some_and(|e| e.starts_with(PUT_OFF));
+        // Put off before, untouched since and due again: the processes with the sink had
+        // a whole grace and did not claim it (a claim clears the mark), so it is put off
+        // again at once rather than crowding the due ones for another grace.
+        let put_off_before = is_put_off(&due) && now - due.updated_at >= grace;
         if !put_off_before && now - due.next_attempt_at < grace {
             return Ok(());
         }

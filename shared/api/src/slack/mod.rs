@@ -40,7 +40,7 @@ use tollgate_protocol::slack::{
     ButtonValue, SlackAnswer, APPROVE_ACTION, DENY_ACTION, MAX_BUTTON_VALUE, SCOPE_ACTION,
 };
 
-use crate::approvals::{decide_as, PodWait, Verb};
+use crate::approvals::{decide_as, Verb};
 use crate::auth::{Claims, Role};
 use crate::config::Secret;
 use crate::request::{JsonBody, RunId};
@@ -433,7 +433,6 @@ async fn interaction(
         Ok(click.run_id),
         decide,
         click.verb,
-        PodWait::Configured,
     ));
     let joined = if !to_pod {
         (&mut task).await
