@@ -86,9 +86,12 @@ fn types(events: &[Value]) -> Vec<&str> {
 /// pending for a human — while A's own next run is still auto-approved.
 async fn claimed_owner_rides_no_always_grant(backend: Backend) {
     let srv = server(backend).await;
-    let a = agent(&srv, "agent-a", Some("p1"));
-    let b = agent(&srv, "agent-b", Some("p1"));
-    let alice = operator(&srv, "alice", Some("p1"));
+    // A project of its own: the `always` grant lasts in the tables the DynamoDB tests
+    // share, and must not reach a later run of this test or another one's cards.
+    let project = format!("p1-{}", uuid::Uuid::new_v4().simple());
+    let a = agent(&srv, "agent-a", Some(&project));
+    let b = agent(&srv, "agent-b", Some(&project));
+    let alice = operator(&srv, "alice", Some(&project));
     let (run_a, token_a) = create(&srv, &a, json!({"owner": "alice"})).await;
     let (status, card) = arm(&srv, &run_a, &token_a, "web_fetch").await;
     assert_eq!(status, StatusCode::CREATED, "{card}");

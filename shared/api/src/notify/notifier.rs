@@ -259,12 +259,12 @@ impl Notifier {
             if self.store.put_delivery(&record, 0).await? {
                 // An old arm is posted for being open: as the card stands now (a card
                 // decided meanwhile is posted without its buttons).
-                let fresh = match backlog {
-                    true => self
-                        .notice(kind, run_id, &request_id, event.sequence)
+                let fresh = if backlog {
+                    self.notice(kind, run_id, &request_id, event.sequence)
                         .await?
-                        .unwrap_or_else(|| notice.clone()),
-                    false => notice.clone(),
+                        .unwrap_or_else(|| notice.clone())
+                } else {
+                    notice.clone()
                 };
                 self.attempt(sink.as_ref(), &fresh, record).await?;
             }
