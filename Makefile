@@ -35,7 +35,7 @@ help:
 	@echo "make test        everything: unit, store contract on both adapters, integration on emulators"
 	@echo "make test-unit   unit + contract + HTTP tests on the embedded store only (no emulators)"
 	@echo "make test-lambda each function under cargo lambda watch, invoked with API Gateway v2 / Function URL fixtures"
-	@echo "make cold-init   cold init per function under the local Runtime API (release build)"
+	@echo "make cold-init   cold init per function under the local Runtime API, and warm CPU per request modelled per MemorySize (release build)"
 	@echo "make lint        rustfmt check + clippy -D warnings"
 	@echo "make bench       append/replay benchmarks on the embedded store and DynamoDB Local"
 	@echo "make chaos       randomized workload over serve processes under injected faults and crashes, then the history checker (at most 10 min)"

@@ -9,7 +9,7 @@
 # secret this script creates in the emulator), as deployed functions do.
 #
 #   tests/harness/emulators.sh with tests/lambda/cold_init.sh [--debug] [--samples N]
-#       [--bin-dir DIR]
+#       [--work N] [--bin-dir DIR]
 #
 # Three configurations per function:
 #   deployed        TOLLGATE_CREATE_TABLES unset (a deployed stack owns its tables)
@@ -20,6 +20,14 @@
 # leaves in target/lambda) or DIR/<function>.
 # Needs the emulator environment (DynamoDB, Secrets Manager).
 # Prints a table; the numbers depend on the machine and its load.
+#
+# Then the memory size (`MemorySize`) of the hot path: `ingress` creating a run (one
+# transaction), WORK invocations warm, with the CPU time the process spent on them
+# (every thread's /proc/<pid>/task/*/schedstat, ns) beside the wall time. Lambda gives
+# a function CPU in proportion to its memory (1,769 MB = one vCPU, AWS Lambda developer
+# guide, "Configuring function memory"), so each size is modelled as the wall time with
+# its CPU part stretched by 1769/MB (waiting on DynamoDB does not stretch), and priced
+# per million invocations (arm64, $0.0000133334/GB-s, billed per ms).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -28,13 +36,15 @@ CACHE=${TOLLGATE_CACHE:-$REPO/.cache}
 PROFILE=release
 BIN_DIR=
 SAMPLES=5
+WORK=200
 FUNCTIONS=(ingress approvals replay)
 while (($#)); do
   case $1 in
     --debug) PROFILE=debug ;;
     --samples) SAMPLES=$2; shift ;;
+    --work) WORK=$2; shift ;;
     --bin-dir) BIN_DIR=$(cd "$2" && pwd); shift ;;
-    *) echo "usage: $0 [--debug] [--samples N] [--bin-dir DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--debug] [--samples N] [--work N] [--bin-dir DIR]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -69,14 +79,14 @@ done < <(compgen -e | grep '^TOLLGATE_' || true)
 export AWS_REGION=${AWS_REGION:-us-east-1}
 
 mkdir -p "$CACHE/lambda-test"
-WORK=$(mktemp -d "$CACHE/lambda-test/cold-init-XXXXXX")
-trap 'rc=$?; ((rc == 0)) && rm -rf "$WORK" || log "logs kept in $WORK"' EXIT
+WORKDIR=$(mktemp -d "$CACHE/lambda-test/cold-init-XXXXXX")
+trap 'rc=$?; ((rc == 0)) && rm -rf "$WORKDIR" || log "logs kept in $WORKDIR"' EXIT
 
-python3 - "$REPO" "$BIN_DIR" "$WORK" "$SAMPLES" "${FUNCTIONS[@]}" <<'PY'
+python3 - "$REPO" "$BIN_DIR" "$WORKDIR" "$SAMPLES" "$WORK" "${FUNCTIONS[@]}" <<'PY'
 import json, os, signal, socket, statistics, subprocess, sys, threading, time, urllib.request, uuid
 
-repo, bindir, work, samples, *functions = sys.argv[1:]
-samples = int(samples)
+repo, bindir, work, samples, work_n, *functions = sys.argv[1:]
+samples, work_n = int(samples), int(work_n)
 SECRET = "tollgate-lambda-fixtures-secret-not-for-production"
 
 def free_port():
@@ -114,9 +124,12 @@ try:
     with open(os.path.join(repo, "fixtures/lambda/ingress/09-unknown-route-apigw.json")) as f:
         event = f.read().encode()
 
-    def invoke(result, timeout=60):
+    with open(os.path.join(repo, "fixtures/lambda/ingress/01-create-run-apigw.json")) as f:
+        create_run = f.read()
+
+    def invoke(result, timeout=60, data=None):
         try:
-            req = urllib.request.Request(invoke_url, data=event, method="POST")
+            req = urllib.request.Request(invoke_url, data=data or event, method="POST")
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 result["body"] = json.loads(r.read())
         except Exception as e:  # noqa: BLE001
@@ -216,6 +229,52 @@ try:
             cold = f"{statistics.median(colds):.0f} [{min(colds):.0f}-{max(colds):.0f}]"
             print(f"{fn:<9} {mode:<14} {cold:>20} {statistics.median(warms):>10.1f}ms "
                   f"{(max(rsss) if rsss else 0):>6.0f}MB {size:>6.1f}MB", flush=True)
+
+    def cpu_ns(pid):
+        """CPU time every thread of `pid` has run, in ns."""
+        total = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except OSError:
+                pass
+        return total
+
+    # The hot path warm: `ingress` creating runs, one after another (the fixture's token
+    # lives for decades, as the Lambda tier allows).
+    env = dict(base_env, **modes["tables-exist"](),
+               TOLLGATE_MAX_TOKEN_LIFETIME_SECONDS="4000000000")
+    flog = open(os.path.join(work, "ingress-work.log"), "a")
+    p = subprocess.Popen([binary("ingress")], env=env, stdin=subprocess.DEVNULL,
+                         stdout=flog, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def create():
+            body = create_run.replace("__RUN_ID__", f"run-coldinit-{uuid.uuid4().hex[:16]}")
+            r = {}
+            invoke(r, data=body.encode())
+            if r.get("body", {}).get("statusCode") != 201:
+                sys.exit(f"cold-init: ingress create: unexpected answer {r}; see {work}")
+        for _ in range(20):  # warm-up: connections, caches
+            create()
+        c0, t0 = cpu_ns(p.pid), time.perf_counter()
+        for _ in range(work_n):
+            create()
+        wall = (time.perf_counter() - t0) / work_n * 1000
+        cpu = (cpu_ns(p.pid) - c0) / work_n / 1e6
+        with open(f"/proc/{p.pid}/status") as f:
+            rss = next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
+    finally:
+        stop(p)
+    print(f"\nwarm ingress create run ({work_n} invocations): {wall:.2f} ms wall each here, "
+          f"{cpu:.2f} ms of it CPU (the function process's threads), max RSS {rss:.0f} MB")
+    print("memory size, modelled: CPU part × 1769/MB (Lambda's CPU share), the rest as here")
+    print(f"{'MemorySize':>10} {'vCPU':>6} {'duration':>10} {'$/million (arm64)':>18}")
+    for mb in (128, 256, 512, 1024):
+        share = min(1.0, mb / 1769)
+        dur = (wall - cpu) + cpu / share
+        usd = mb / 1024 * (int(dur) + 1) / 1000 * 0.0000133334 * 1e6
+        print(f"{mb:>8}MB {share:>6.3f} {dur:>8.1f}ms {usd:>18.2f}")
 finally:
     stop(watch)
 PY
