@@ -438,11 +438,29 @@ async fn separate_stores(shared: &DynamoStore, lanes: &AppendFigures) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() {
-    // `tollgate-bench sse`: only the live-stream phase (needs DynamoDB).
+    // `tollgate-bench sse`: only the live-stream phase (needs DynamoDB); `append`: only
+    // the append throughput on DynamoDB (1 writer, 8 through one store, 8 stores).
     match std::env::args().nth(1).as_deref() {
         None => {}
         Some("ws") => {
             ws_watchers().await;
+            return;
+        }
+        Some("append") => {
+            assert!(
+                aws_endpoint_configured(),
+                "the append phase needs a DynamoDB endpoint (`source .cache/emulators/env`)"
+            );
+            let d = dynamo_store().await;
+            let store: Arc<dyn RunStore> = Arc::new(d.clone());
+            // Warmed up as the whole benchmark warms the emulator.
+            append_throughput(&store, WRITERS).await;
+            append_throughput(&store, 1).await;
+            let lanes = AppendFigures {
+                one: append_throughput(&store, 1).await,
+                eight: append_throughput(&store, WRITERS).await,
+            };
+            separate_stores(&d, &lanes).await;
             return;
         }
         Some("sse") => {
@@ -455,7 +473,7 @@ async fn main() {
         }
         Some(other) => {
             eprintln!(
-                "usage: tollgate-bench [sse|ws]   (unknown phase {other:?}; none: every phase)"
+                "usage: tollgate-bench [append|sse|ws]   (unknown phase {other:?}; none: every phase)"
             );
             std::process::exit(2);
         }
