@@ -472,6 +472,7 @@ async fn refusals_are_permanent(backend: Backend) {
 
 tollgate_tests::for_each_backend! {
     a_sink_nobody_has_is_put_off_then_dead_lettered => strays_are_put_off_then_dead;
+    a_sink_first_enabled_by_an_open_old_arm_posts_it_and_records_the_enabling => open_old_arm_records_the_enabling;
     a_receiver_failing_three_times_gets_each_notice_once => survives_three_failures;
     a_receivers_retry_after_is_honoured => retry_after_is_honoured;
     dead_letters_are_listed_per_project_and_retried => dead_letters_are_kept_and_retried;
@@ -783,10 +784,12 @@ async fn strays_are_put_off_then_dead(backend: Backend) {
     use tollgate_store::{Delivery, DeliveryKey, DeliveryState};
     let store = own_store(backend).await;
     let policy = tollgate_api::notify::RetryPolicy {
-        stray_after: Duration::from_secs(100),
+        stray_after: Duration::from_secs(3600),
         ..Default::default()
     };
     let grace = policy.stray_grace().as_millis() as i64;
+    let window = policy.stray_window().as_millis() as i64;
+    assert!(window < grace, "{window} < {grace}");
     let now = tollgate_domain::now_millis();
     let pending = |rid: &str, created_at: i64, next_attempt_at: i64| {
         let key = DeliveryKey {
@@ -809,7 +812,7 @@ async fn strays_are_put_off_then_dead(backend: Backend) {
     touched.last_error = Some("put off: no notifier here has the sink slack configured".into());
     touched.updated_at = now - 1_000;
     let overdue = pending("overdue", now - 2 * grace, now - 2 * grace);
-    let old = pending("old", now - 101_000, now - 2 * grace);
+    let old = pending("old", now - 3_601_000, now - 2 * grace);
     for d in [&just_due, &touched, &overdue, &old] {
         assert!(store.put_delivery(d, 0).await.unwrap());
     }
@@ -843,16 +846,27 @@ async fn strays_are_put_off_then_dead(backend: Backend) {
         "{put_off:?}"
     );
     assert!(put_off.next_attempt_at > now, "{put_off:?}");
-    // Due again with nobody having claimed it in a whole grace: put off again at once,
-    // not left among the due ones for another grace.
-    let mut due_again = put_off.clone();
+    // Due again with nobody having claimed it in a whole grace (the clock moved on, as
+    // written here): left to the sink's processes for the window, not another grace...
+    let rewrite = |d: &Delivery, updated_at: i64, next_attempt_at: i64| {
+        let (store, mut next) = (store.clone(), d.clone());
+        (next.updated_at, next.next_attempt_at) = (updated_at, next_attempt_at);
+        next.version += 1;
+        async move {
+            assert!(store.put_delivery(&next, next.version - 1).await.unwrap());
+            next
+        }
+    };
     let later = tollgate_domain::now_millis();
-    (due_again.updated_at, due_again.next_attempt_at) = (later - grace - 1, later - 1);
-    due_again.version += 1;
-    assert!(store
-        .put_delivery(&due_again, put_off.version)
-        .await
-        .unwrap());
+    let due_again = rewrite(&put_off, later - grace - 1, later - 1).await;
+    assert_eq!(without.retry_due().await.unwrap(), 0);
+    assert_eq!(
+        read(&overdue).await,
+        due_again,
+        "within the window: left alone"
+    );
+    // ...then put off again.
+    let due_again = rewrite(&due_again, later - grace - 1, later - window - 1).await;
     assert_eq!(without.retry_due().await.unwrap(), 0);
     let put_off = read(&overdue).await;
     assert_eq!(
@@ -884,19 +898,68 @@ async fn strays_are_put_off_then_dead(backend: Backend) {
         vec![Arc::new(Recording("slack", delivered.clone()))],
     )
     .with_policy(policy);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        with.retry_due().await.unwrap();
-        let d = read(&overdue).await;
-        if d.state != DeliveryState::Pending {
-            assert_eq!(
-                d.last_error.as_deref(),
-                Some("the run or its card no longer exists"),
-                "{d:?}"
-            );
-            break;
+    let now = tollgate_domain::now_millis();
+    rewrite(&put_off, put_off.updated_at, now - 1).await;
+    with.retry_due().await.unwrap();
+    let d = read(&overdue).await;
+    assert_eq!(
+        (d.state, d.last_error.as_deref()),
+        (
+            DeliveryState::Dead,
+            Some("the run or its card no longer exists")
+        ),
+        "claimed by the process with the sink: {d:?}"
+    );
+}
+
+/// A sink's first card event is the arm of a card from before its enabling, still open:
+/// it is posted, and the sink's enabling is recorded by it all the same (a later event of
+/// a card decided before then is backlog); the arm of a card decided before the enabling
+/// is not posted.
+async fn open_old_arm_records_the_enabling(backend: Backend) {
+    let store = own_store(backend).await;
+    let srv = TestServer::with_store(store.clone()).await;
+    let (open_run, open) = arm_card(&srv).await;
+    let (decided_run, decided) = arm_card(&srv).await;
+    approve(&srv, &decided_run, &decided).await;
+    // A sink of its own (the marker lasts in the tables the DynamoDB tests share), first
+    // enabled now: both cards were armed before.
+    let sink: &'static str =
+        Box::leak(format!("rec-{}", uuid::Uuid::new_v4().simple()).into_boxed_str());
+    let delivered: Arc<Mutex<Vec<String>>> = Arc::default();
+    let notifier = tollgate_api::notify::Notifier::new(
+        store.clone(),
+        vec![Arc::new(Recording(sink, delivered.clone()))],
+    )
+    .with_backlog_grace(Duration::ZERO);
+    let arm_of = |run_id: String| {
+        let store = store.clone();
+        async move {
+            let page = store.read_events(&run_id, 0, 10).await.unwrap();
+            page.events
+                .into_iter()
+                .find(|e| e.event_type == "tool.approval_required")
+                .expect("the arm event")
         }
-        assert!(Instant::now() < deadline, "never claimed: {d:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    };
+    notifier
+        .on_event(&open_run, &arm_of(open_run.clone()).await)
+        .await
+        .unwrap();
+    assert_eq!(
+        *delivered.lock().unwrap(),
+        vec![open.clone()],
+        "the open card is posted"
+    );
+    let enabled = store.sink_enabled_at(sink, i64::MAX).await.unwrap();
+    assert!(enabled < i64::MAX, "the enabling was recorded: {enabled}");
+    notifier
+        .on_event(&decided_run, &arm_of(decided_run.clone()).await)
+        .await
+        .unwrap();
+    assert_eq!(
+        *delivered.lock().unwrap(),
+        vec![open],
+        "a card decided before the enabling is backlog"
+    );
 }

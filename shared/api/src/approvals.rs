@@ -308,7 +308,7 @@ async fn decide(
     let claims = deps.auth.require_role(&creds, Role::Operator)?;
     let body: tollgate_protocol::approvals::Decide = serde_json::from_value(body.value().await?)
         .map_err(|e| ApiError::bad_request(format!("invalid decision: {e}")))?;
-    let decided = decide_as(deps, claims, run_id, body, verb).await?;
+    let decided = decide_as(deps, claims, run_id, body, verb, None).await?;
     Ok(Json(decided.answer).into_response())
 }
 
@@ -318,8 +318,9 @@ async fn decide(
 /// operator token, the Slack interactivity endpoint with the operator its Slack user is
 /// mapped to (docs/architecture.md §6). Answers what the HTTP routes answer, and
 /// whether this call is the one that resolved the card. Each call to a run's pod may
-/// take the configured forward timeout, so what a pod answers is recorded (a Slack click
-/// that must be answered sooner lets its decision go on in a task, §11).
+/// take the configured forward timeout, so what a pod answers is recorded; `forwarding`
+/// is told when the decision goes to the pod (a Slack click that must be answered sooner
+/// then lets its decision go on in a task, §11).
 #[instrument(skip_all, fields(run_id, request_id, verb = ?verb))]
 pub(crate) async fn decide_as(
     deps: Deps,
@@ -327,6 +328,7 @@ pub(crate) async fn decide_as(
     run_id: Result<RunId, ApiError>,
     body: tollgate_protocol::approvals::Decide,
     verb: Verb,
+    forwarding: Option<tokio::sync::oneshot::Sender<()>>,
 ) -> Result<Decision, ApiError> {
     tracing::Span::current().record("request_id", body.request_id.as_str());
     checked_reason(&body.reason)?;
@@ -344,6 +346,7 @@ pub(crate) async fn decide_as(
         // apart (the pod applied it, the resolved event must follow).
         None => {
             let permit = forward_permit(&deps)?;
+            told_forwarding(forwarding);
             let (deps, claims) = (deps.clone(), claims.clone());
             return tokio::spawn(async move {
                 let _permit = permit;
@@ -372,6 +375,7 @@ pub(crate) async fn decide_as(
     // (in a task of its own, like any forward).
     if card.held_by_pod && card.state == ApprovalState::Pending {
         let permit = forward_permit(&deps)?;
+        told_forwarding(forwarding);
         return tokio::spawn(async move {
             let _permit = permit;
             decide_pod_card(&deps, located, resolution).await
@@ -390,6 +394,15 @@ pub(crate) async fn decide_as(
             fresh: Some(false),
         },
     })
+}
+
+/// Tells a caller of [`decide_as`] that the run's pod decides this one (what may take up
+/// to the forward timeout).
+fn told_forwarding(forwarding: Option<tokio::sync::oneshot::Sender<()>>) {
+    if let Some(tx) = forwarding {
+        // The caller may have stopped listening; the decision goes on either way.
+        let _ = tx.send(());
+    }
 }
 
 /// What [`decide_as`] answers: the decision routes' answer, and whether this call

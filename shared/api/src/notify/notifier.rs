@@ -92,6 +92,13 @@ impl RetryPolicy {
         (self.stray_after / 10).min(Duration::from_secs(600))
     }
 
+    /// How long a delivery put off before (and untouched since) stays among the due ones
+    /// when it comes due again, for a process with its sink to claim: [`STRAY_WINDOW`],
+    /// at most the grace.
+    pub fn stray_window(&self) -> Duration {
+        STRAY_WINDOW.min(self.stray_grace())
+    }
+
     /// The delay after the `attempts`-th failed attempt: `base · 2^(attempts-1)`, at most
     /// `max_delay`, drawn from its upper half (jitter: retries of many deliveries spread).
     pub fn delay(&self, attempts: u32) -> Duration {
@@ -115,6 +122,10 @@ fn is_put_off(delivery: &Delivery) -> bool {
         .as_deref()
         .is_some_and(|e| e.starts_with(PUT_OFF))
 }
+
+/// [`RetryPolicy::stray_window`]: longer than the slowest retry pass of a process with
+/// the sink (the `notifier` function's schedule runs one a minute; `serve` one a second).
+pub const STRAY_WINDOW: Duration = Duration::from_secs(150);
 
 /// The least `TOLLGATE_NOTIFY_STRAY_AFTER_SECONDS` is taken as (seconds).
 pub const MIN_STRAY_AFTER_SECONDS: u64 = 3600;
@@ -262,11 +273,19 @@ impl Notifier {
                 let fresh = if backlog {
                     self.notice(kind, run_id, &request_id, event.sequence)
                         .await?
-                        .unwrap_or_else(|| notice.clone())
                 } else {
-                    notice.clone()
+                    Some(notice.clone())
                 };
-                self.attempt(sink.as_ref(), &fresh, record).await?;
+                match fresh {
+                    Some(fresh) => self.attempt(sink.as_ref(), &fresh, record).await?,
+                    None => {
+                        let held = record.version;
+                        let mut dead = record;
+                        dead.state = DeliveryState::Dead;
+                        dead.last_error = Some("the run or its card no longer exists".into());
+                        self.settle(dead, held).await?;
+                    }
+                }
             }
             // Lost: another instance created it (or this event was handed twice) — it is
             // theirs to send, or already sent; its retries come through `retry_due`.
@@ -372,10 +391,15 @@ impl Notifier {
     async fn stray(&self, due: Delivery, now: i64) -> Result<(), StoreError> {
         let grace = self.policy.stray_grace().as_millis() as i64;
         // Put off before, untouched since and due again: the processes with the sink had
-        // a whole grace and did not claim it (a claim clears the mark), so it is put off
-        // again at once rather than crowding the due ones for another grace.
+        // a whole grace and did not claim it (a claim clears the mark), so it is left to
+        // them only for the window (long enough for the slowest retry pass of one), not
+        // another grace among the due ones.
         let put_off_before = is_put_off(&due) && now - due.updated_at >= grace;
-        if !put_off_before && now - due.next_attempt_at < grace {
+        let left_for = match put_off_before {
+            true => self.policy.stray_window().as_millis() as i64,
+            false => grace,
+        };
+        if now - due.next_attempt_at < left_for {
             return Ok(());
         }
         let mut record = due.clone();

@@ -177,6 +177,8 @@ pub fn outcome(card: &Card) -> String {
             Some("run_ended") => "Expired (the run ended)".to_owned(),
             _ => "Expired".to_owned(),
         },
+        // Still pending past its deadline: the expiry is on its way.
+        "pending" => "Past its deadline: expiring".to_owned(),
         other => other.to_owned(),
     }
 }

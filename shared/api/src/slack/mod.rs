@@ -417,44 +417,43 @@ async fn interaction(
     // (Slack may show the user its timeout notice; the outcome is recorded and the
     // card's message rewritten by the notifier).
     // Only a decision the run's pod makes may be slow: a card the store does not know (a
-    // pod-per-run run's pod may hold it) or one its pod holds, still pending. Any other is
-    // the store's to decide, and is waited for.
-    let to_pod = !frozen_after_answer()
-        && match deps.gate.locate(click.run_id.as_str(), &click.card.q).await {
-            Ok(Some(l)) => {
-                l.card.held_by_pod && l.card.state == tollgate_domain::ApprovalState::Pending
-            }
-            Ok(None) => true,
-            Err(_) => false,
-        };
+    // pod-per-run run's pod may hold it) or one its pod holds, still pending —
+    // `decide_as` says when it hands the decision to the pod. Any other is the store's
+    // to decide, and is waited for.
+    let (forwarding, to_pod) = tokio::sync::oneshot::channel();
     let mut task = tokio::spawn(decide_as(
         deps.clone(),
         claims,
         Ok(click.run_id),
         decide,
         click.verb,
+        (!frozen_after_answer()).then_some(forwarding),
     ));
-    let joined = if !to_pod {
-        (&mut task).await
-    } else {
-        match tokio::time::timeout_at(arrived + FORWARD_BUDGET, &mut task).await {
-            Ok(joined) => joined,
-            Err(_) => {
-                tracing::info!(
-                    slack_user = user,
-                    operator = %operator.name,
-                    "Slack click: the run's pod has not answered yet; deciding on"
-                );
-                let message = "Deciding: the agent's host has not answered yet. The card's \
-                               message will show the outcome when it does."
-                    .to_owned();
-                tell(&slack, channel, user, &message, answer_by).await;
-                return Ok(Json(SlackAnswer {
-                    message: Some(message),
-                    ..answer("pending")
-                }));
-            }
-        }
+    let joined = tokio::select! {
+        biased;
+        joined = &mut task => joined,
+        told = to_pod => match told {
+            Ok(()) => match tokio::time::timeout_at(arrived + FORWARD_BUDGET, &mut task).await {
+                Ok(joined) => joined,
+                Err(_) => {
+                    tracing::info!(
+                        slack_user = user,
+                        operator = %operator.name,
+                        "Slack click: the run's pod has not answered yet; deciding on"
+                    );
+                    let message = "Deciding: the agent's host has not answered yet. The \
+                                   card's message will show the outcome when it does."
+                        .to_owned();
+                    tell(&slack, channel, user, &message, answer_by).await;
+                    return Ok(Json(SlackAnswer {
+                        message: Some(message),
+                        ..answer("pending")
+                    }));
+                }
+            },
+            // Not the pod's: the store decides, and is waited for.
+            Err(_) => (&mut task).await,
+        },
     };
     let decided = match joined {
         Ok(decided) => decided,

@@ -77,9 +77,9 @@ impl Sink for SlackSink {
         let client = &self.client;
         match notice.kind {
             NoticeKind::Armed => {
-                // A card already resolved by the time its notice is delivered is posted
-                // as it ended (no buttons).
-                let (text, blocks) = if notice.card.state == "pending" {
+                // A card already resolved (or past its deadline) by the time its notice
+                // is delivered is posted as it stands, without buttons.
+                let (text, blocks) = if notice.open {
                     blocks::pending(&notice.card, project(notice), notice.owner.as_deref())
                 } else {
                     blocks::resolved(&notice.card)
