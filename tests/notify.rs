@@ -922,8 +922,9 @@ async fn open_old_arm_records_the_enabling(backend: Backend) {
     let (open_run, open) = arm_card(&srv).await;
     let (decided_run, decided) = arm_card(&srv).await;
     approve(&srv, &decided_run, &decided).await;
-    // A sink of its own (the marker lasts in the tables the DynamoDB tests share), first
-    // enabled now: both cards were armed before.
+    // A sink of its own, first enabled now: both cards were armed before (a few ms
+    // before, so that neither shares the enabling's millisecond).
+    tokio::time::sleep(Duration::from_millis(10)).await;
     let sink: &'static str =
         Box::leak(format!("rec-{}", uuid::Uuid::new_v4().simple()).into_boxed_str());
     let delivered: Arc<Mutex<Vec<String>>> = Arc::default();

@@ -228,7 +228,9 @@ async fn setup_against(
             "no DynamoDB endpoint: run under tests/harness/emulators.sh"
         );
         args = vec!["--backend", "aws", "--create-tables"];
-        env.push(("TOLLGATE_TABLE_PREFIX", format!("slack-{unique}-")));
+        if !env.iter().any(|(k, _)| *k == "TOLLGATE_TABLE_PREFIX") {
+            env.push(("TOLLGATE_TABLE_PREFIX", format!("slack-{unique}-")));
+        }
         env.push(("TOLLGATE_TIMER_QUEUE_NAME", format!("slack-{unique}")));
     }
     let serve = tokio::task::spawn_blocking(move || {
@@ -955,7 +957,9 @@ async fn an_expired_card_rewrites_its_message_and_reaches_the_webhook(backend: B
     )
     .await;
     let (run_id, token) = run(&srv, "alice").await;
-    let rid = arm_for(&srv, &run_id, &token, "web_fetch", 2).await;
+    // Long enough for the message to be posted while the card is open (with buttons) on
+    // a loaded machine; one past its deadline is posted without them.
+    let rid = arm_for(&srv, &run_id, &token, "web_fetch", 8).await;
     let message = posted(&slack, &rid).await;
     assert!(has_actions(&message), "{message}");
     let updates = slack.wait_for("chat.update", &rid, 1).await;
@@ -990,4 +994,70 @@ async fn an_expired_card_rewrites_its_message_and_reaches_the_webhook(backend: B
     assert_eq!((armed, resolved.len()), (1, 1));
     assert_eq!(slack.about("chat.update", &rid).len(), 1);
     assert_eq!(resolutions(&srv, &run_id, &token).await.len(), 1);
+}
+
+/// On DynamoDB reached through a proxy that holds every request 1 s: a click on a card the
+/// store decides takes longer than the 1.8 s `serve` gives a decision the run's pod makes
+/// (its remembered head is stale — another writer appended — so its first transaction
+/// loses and it writes again), and is still waited for: decided, never answered
+/// `pending`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamo_only_a_slow_store_decision_is_waited_for_not_answered_pending() {
+    use tollgate_tests::chaos::proxy::{FaultProxy, Service};
+    let upstream = std::env::var("AWS_ENDPOINT_URL_DYNAMODB")
+        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
+        .expect("no DynamoDB endpoint: run under tests/harness/emulators.sh");
+    let proxy = FaultProxy::start(Service::Dynamo, &upstream).await.unwrap();
+    let prefix = format!("slack-slow-{}-", uuid::Uuid::new_v4().simple());
+    let Setup { _serve, srv, slack } = setup_with(
+        Backend::Dynamo,
+        vec![
+            ("AWS_ENDPOINT_URL_DYNAMODB", proxy.url()),
+            ("TOLLGATE_TABLE_PREFIX", prefix.clone()),
+        ],
+    )
+    .await;
+    let (run_id, token, rid, message) = armed(&srv, &slack, "web_fetch").await;
+    // Another writer on the run (a store of its own, straight to DynamoDB).
+    let sdk = tollgate_store::dynamo::sdk_config().await;
+    let other = tollgate_store::dynamo::DynamoStore::new(
+        tollgate_store::dynamo::client(&sdk),
+        tollgate_store::dynamo::Tables::with_prefix(&prefix),
+    );
+    let mut payload = serde_json::Map::new();
+    payload.insert("text".into(), json!("another writer"));
+    tollgate_store::RunStore::append_events(
+        &other,
+        tollgate_store::RunRef::any(&run_id),
+        vec![tollgate_domain::EventDraft {
+            event_type: "agent.message".into(),
+            event_id: None,
+            payload,
+        }],
+    )
+    .await
+    .unwrap();
+    proxy.slow_down(Some(Duration::from_secs(1)));
+    let started = Instant::now();
+    let (status, answer) = click(
+        &srv,
+        "U0ALICE",
+        &element(&message, "tollgate.approve"),
+        None,
+    )
+    .await;
+    let took = started.elapsed();
+    proxy.slow_down(None);
+    assert_eq!(
+        (status, answer["outcome"].as_str(), answer["state"].as_str()),
+        (StatusCode::OK, Some("decided"), Some("approved")),
+        "{answer}"
+    );
+    // The premise: the store took longer than the budget a pod's decision gets.
+    assert!(
+        took > tollgate_api::slack::FORWARD_BUDGET,
+        "the store answered within the budget ({took:?}): nothing was tested"
+    );
+    let card = card(&srv, &run_id, &token, &rid).await;
+    assert_eq!(card["state"], "approved", "{card}");
 }

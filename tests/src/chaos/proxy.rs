@@ -224,6 +224,8 @@ struct State {
     seed: AtomicU64,
     next: AtomicU64,
     enabled: AtomicBool,
+    /// Every request held this long before it is forwarded (faults or not), when set.
+    slow: Mutex<Option<Duration>>,
     rates: Mutex<Rates>,
     counts: Mutex<FaultCounts>,
     /// The last `TransactWriteItems` forwarded and answered 200 (DynamoDB): when the
@@ -243,6 +245,7 @@ impl FaultProxy {
             seed: AtomicU64::new(0),
             next: AtomicU64::new(0),
             enabled: AtomicBool::new(false),
+            slow: Mutex::new(None),
             rates: Mutex::new(Rates::default()),
             counts: Mutex::new(FaultCounts::default()),
             acks: Mutex::new(VecDeque::new()),
@@ -278,6 +281,12 @@ impl FaultProxy {
         *self.state.rates.lock().unwrap() = rates;
         *self.state.counts.lock().unwrap() = FaultCounts::default();
         self.state.enabled.store(true, Ordering::SeqCst);
+    }
+
+    /// Holds every request `by` before forwarding it from now on (`None`: no more): a slow
+    /// upstream, without faults.
+    pub fn slow_down(&self, by: Option<Duration>) {
+        *self.state.slow.lock().unwrap() = by;
     }
 
     /// Faults off (everything forwarded).
@@ -354,6 +363,10 @@ async fn serve_conn(state: Arc<State>, mut conn: TcpStream) {
                 return;
             }
             continue;
+        }
+        let slow = *state.slow.lock().unwrap();
+        if let Some(by) = slow {
+            tokio::time::sleep(by).await;
         }
         let client = state.service == Service::Serve;
         let answer = match decision {
