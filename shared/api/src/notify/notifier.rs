@@ -278,13 +278,7 @@ impl Notifier {
                 };
                 match fresh {
                     Some(fresh) => self.attempt(sink.as_ref(), &fresh, record).await?,
-                    None => {
-                        let held = record.version;
-                        let mut dead = record;
-                        dead.state = DeliveryState::Dead;
-                        dead.last_error = Some("the run or its card no longer exists".into());
-                        self.settle(dead, held).await?;
-                    }
+                    None => self.bury_orphan(record).await?,
                 }
             }
             // Lost: another instance created it (or this event was handed twice) — it is
@@ -372,12 +366,7 @@ impl Notifier {
                     self.attempt(sink.as_ref(), &notice, claimed).await?;
                     attempted += 1;
                 }
-                None => {
-                    let mut dead = claimed.clone();
-                    dead.state = DeliveryState::Dead;
-                    dead.last_error = Some("the run or its card no longer exists".into());
-                    self.settle(dead, claimed.version).await?;
-                }
+                None => self.bury_orphan(claimed).await?,
             }
         }
         Ok(attempted)
@@ -395,9 +384,10 @@ impl Notifier {
         // them only for the window (long enough for the slowest retry pass of one), not
         // another grace among the due ones.
         let put_off_before = is_put_off(&due) && now - due.updated_at >= grace;
-        let left_for = match put_off_before {
-            true => self.policy.stray_window().as_millis() as i64,
-            false => grace,
+        let left_for = if put_off_before {
+            self.policy.stray_window().as_millis() as i64
+        } else {
+            grace
         };
         if now - due.next_attempt_at < left_for {
             return Ok(());
@@ -553,6 +543,14 @@ impl Notifier {
             }
         }
         self.settle(done, claimed.version).await
+    }
+
+    /// A delivery this instance holds whose run or card is gone: a dead letter saying so.
+    async fn bury_orphan(&self, mut held: Delivery) -> Result<(), StoreError> {
+        let version = held.version;
+        held.state = DeliveryState::Dead;
+        held.last_error = Some("the run or its card no longer exists".into());
+        self.settle(held, version).await
     }
 
     /// Writes the outcome on the version this instance holds.

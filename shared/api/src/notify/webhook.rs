@@ -206,19 +206,13 @@ impl Sink for WebhookSink {
                 ))
             }
         };
-        match status {
-            200..=299 => Ok(None),
-            429 | 500..=599 => {
-                let why = format!("the receiver answered {status}");
-                Err(match after {
-                    // Put off no sooner than the receiver asked (429, 503).
-                    Some(after) => DeliveryError::RetryAfter(why, after),
-                    None => DeliveryError::Retry(why),
-                })
-            }
-            _ => Err(DeliveryError::Permanent(format!(
-                "the receiver answered {status}"
-            ))),
+        let why = format!("the receiver answered {status}");
+        match (status, after) {
+            (200..=299, _) => Ok(None),
+            // Put off no sooner than the receiver asked (429, 503).
+            (429 | 500..=599, Some(after)) => Err(DeliveryError::RetryAfter(why, after)),
+            (429 | 500..=599, None) => Err(DeliveryError::Retry(why)),
+            _ => Err(DeliveryError::Permanent(why)),
         }
     }
 }

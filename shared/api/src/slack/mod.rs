@@ -410,16 +410,13 @@ async fn interaction(
         reason: None,
     };
     // The decision runs in a task of its own with the configured forward timeout, so
-    // whatever the run's pod answers is recorded (docs/architecture.md §11). For a
-    // decision the pod makes, `serve` answers Slack once FORWARD_BUDGET has passed and
-    // lets the task finish; a Lambda
-    // function is frozen after its response, so there the click waits for the task
-    // (Slack may show the user its timeout notice; the outcome is recorded and the
-    // card's message rewritten by the notifier).
-    // Only a decision the run's pod makes may be slow: a card the store does not know (a
-    // pod-per-run run's pod may hold it) or one its pod holds, still pending —
-    // `decide_as` says when it hands the decision to the pod. Any other is the store's
-    // to decide, and is waited for.
+    // whatever the run's pod answers is recorded (docs/architecture.md §11). Only a
+    // decision the pod makes may be slow (a card the store does not know, or one its pod
+    // holds, still pending), and `decide_as` says when it hands one to the pod: then
+    // `serve` answers `pending` once FORWARD_BUDGET has passed and lets the task finish.
+    // Any other decision is the store's, and is waited for; so is every decision in a
+    // Lambda function, frozen after its answer (Slack may show its timeout notice; the
+    // outcome is recorded and the card's message rewritten by the notifier).
     let (forwarding, to_pod) = tokio::sync::oneshot::channel();
     let mut task = tokio::spawn(decide_as(
         deps.clone(),
@@ -433,25 +430,15 @@ async fn interaction(
         biased;
         joined = &mut task => joined,
         told = to_pod => match told {
+            // The pod decides: answered by the budget at the latest.
             Ok(()) => match tokio::time::timeout_at(arrived + FORWARD_BUDGET, &mut task).await {
                 Ok(joined) => joined,
                 Err(_) => {
-                    tracing::info!(
-                        slack_user = user,
-                        operator = %operator.name,
-                        "Slack click: the run's pod has not answered yet; deciding on"
-                    );
-                    let message = "Deciding: the agent's host has not answered yet. The \
-                                   card's message will show the outcome when it does."
-                        .to_owned();
-                    tell(&slack, channel, user, &message, answer_by).await;
-                    return Ok(Json(SlackAnswer {
-                        message: Some(message),
-                        ..answer("pending")
-                    }));
+                    let pending = still_deciding(&slack, channel, user, &operator.name, answer_by);
+                    return Ok(pending.await);
                 }
             },
-            // Not the pod's: the store decides, and is waited for.
+            // The store decides: waited for.
             Err(_) => (&mut task).await,
         },
     };
@@ -532,6 +519,26 @@ async fn interaction(
     }
 }
 
+/// The answer to a click whose decision the run's pod has not made by the budget: the
+/// user is told, and the decision goes on in its task.
+async fn still_deciding(
+    slack: &Arc<Slack>,
+    channel: Option<&str>,
+    user: &str,
+    operator: &str,
+    answer_by: tokio::time::Instant,
+) -> Json<SlackAnswer> {
+    tracing::info!(
+        slack_user = user,
+        operator,
+        "Slack click: the run's pod has not answered yet; deciding on"
+    );
+    let message = "Deciding: the agent's host has not answered yet. The card's message will \
+                   show the outcome when it does."
+        .to_owned();
+    told(slack, channel, user, message, answer_by, "pending").await
+}
+
 /// Whether this process is frozen once it has answered (a Lambda function: the runtime
 /// sets `AWS_LAMBDA_FUNCTION_NAME`), so work left running after the answer may never end.
 fn frozen_after_answer() -> bool {
@@ -546,11 +553,23 @@ async fn refused(
     message: String,
     answer_by: tokio::time::Instant,
 ) -> Result<Json<SlackAnswer>, ApiError> {
+    Ok(told(slack, channel, user, message, answer_by, "refused").await)
+}
+
+/// The answer `outcome` with `message`, shown to `user` alone first ([`tell`]).
+async fn told(
+    slack: &Arc<Slack>,
+    channel: Option<&str>,
+    user: &str,
+    message: String,
+    answer_by: tokio::time::Instant,
+    outcome: &'static str,
+) -> Json<SlackAnswer> {
     tell(slack, channel, user, &message, answer_by).await;
-    Ok(Json(SlackAnswer {
+    Json(SlackAnswer {
         message: Some(message),
-        ..answer("refused")
-    }))
+        ..answer(outcome)
+    })
 }
 
 fn not_allowed() -> String {
