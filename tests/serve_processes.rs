@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tollgate_api::{Auth, Role};
+use tollgate_tests::frontend::CardBoard;
 use tollgate_tests::serve::{ServeProcess, Start};
 use tollgate_tests::{aws_endpoint_configured, TEST_SECRET};
 
@@ -650,5 +651,137 @@ async fn dynamo_only_twenty_forwards_over_two_serve_processes_resolve_once() {
     match Arc::try_unwrap(fleet) {
         Ok(fleet) => fleet.clean_up().await,
         Err(_) => panic!("every click finished"),
+    }
+}
+
+/// GIVEN a child run (under a coordinator) holding 3 pending cards WHEN it completes on
+/// one `tollgate serve` process while an operator decides its cards on the other (on the
+/// child and through the coordinator), five times over THEN on both streams a frontend
+/// keeping cards by seed 003's rules has no live card left: every card's end (a decision
+/// that won, or `run_ended`) is announced exactly once, before the terminal event, which
+/// is last, and no card of the run is pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamo_only_run_end_racing_decisions_over_two_serve_processes_leaves_no_live_card() {
+    let fleet = Arc::new(Fleet::start(2, &[("TOLLGATE_HEARTBEAT_SECONDS", "60")]));
+    let agent = fleet.agent_token();
+    let op = fleet.operator_token("alice");
+    for trial in 0..5 {
+        let (status, coord) = fleet
+            .post(
+                0,
+                "/api/runs",
+                &agent,
+                &json!({"kind": "coordinator", "owner": "alice"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{coord}");
+        let coordinator = coord["run_id"].as_str().unwrap().to_owned();
+        let (status, child) = fleet
+            .post(
+                1,
+                "/api/runs",
+                &agent,
+                &json!({"kind": "child", "parent_run_id": coordinator, "owner": "alice",
+                        "subtask_id": trial}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{child}");
+        let child_id = child["run_id"].as_str().unwrap().to_owned();
+        let token = child["run_token"].as_str().unwrap().to_owned();
+        let mut cards = Vec::new();
+        for i in 0..3 {
+            cards.push(fleet.arm(i, &child_id, &token, json!({})).await);
+        }
+        // Card 0 decided on the child, cards 1 and 2 through the coordinator; the end is
+        // sent at once, to the other process.
+        let decisions: Vec<_> = cards
+            .iter()
+            .enumerate()
+            .map(|(i, rid)| {
+                let fleet = Arc::clone(&fleet);
+                let on = if i == 0 { &child_id } else { &coordinator };
+                let verb = if i == 1 {
+                    "tool-denials"
+                } else {
+                    "tool-approvals"
+                };
+                let path = format!("/api/runs/{on}/{verb}");
+                let body = json!({"request_id": rid});
+                let op = op.clone();
+                tokio::spawn(async move { fleet.post_until_served(1, &path, &op, &body).await })
+            })
+            .collect();
+        let (status, ended) = fleet
+            .post_until_served(
+                0,
+                &format!("/api/runs/{child_id}/complete"),
+                &token,
+                &json!({}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{ended}");
+        let terminal = ended["sequence"].as_u64().unwrap();
+        let mut states = Vec::new();
+        for decision in decisions {
+            let (status, v) = decision.await.unwrap();
+            assert_eq!(status, StatusCode::OK, "{v}");
+            states.push(v["state"].as_str().unwrap().to_owned());
+        }
+        let events = fleet.replay_all(0, &child_id, &op).await;
+        assert_eq!(
+            events.last().unwrap()["type"],
+            "run_completed",
+            "{:?}",
+            types(&events)
+        );
+        assert_eq!(events.last().unwrap()["sequence"], json!(terminal));
+        for (rid, state) in cards.iter().zip(&states) {
+            let resolved: Vec<_> = events
+                .iter()
+                .filter(|e| e["type"] == "tool.approval_resolved" && e["requestId"] == json!(rid))
+                .collect();
+            assert_eq!(resolved.len(), 1, "{rid}: {:?}", types(&events));
+            assert!(resolved[0]["sequence"].as_u64().unwrap() < terminal);
+            // What the decision answered is what the stream announced.
+            let announced = match (
+                resolved[0]["approved"].as_bool(),
+                resolved[0]["expired"].as_bool(),
+            ) {
+                (Some(true), _) => "approved",
+                (_, Some(true)) => {
+                    assert_eq!(resolved[0]["reason"], "run_ended", "{}", resolved[0]);
+                    "expired"
+                }
+                _ => "denied",
+            };
+            assert_eq!(announced, state, "{}", resolved[0]);
+        }
+        let coord_events = fleet.replay_all(1, &coordinator, &op).await;
+        for (stream, run) in [(&events, &child_id), (&coord_events, &coordinator)] {
+            let board = CardBoard::replay(stream);
+            assert!(
+                board.live.is_empty(),
+                "{run}: live cards left {:?}",
+                board.live
+            );
+            assert!(board.violations.is_empty(), "{run}: {:?}", board.violations);
+            for rid in &cards {
+                assert!(board.resolved.contains(rid), "{run}: {rid} never resolved");
+            }
+        }
+        let (status, pending) = fleet
+            .get(
+                1,
+                &format!("/api/runs/{child_id}/approvals?state=pending"),
+                &op,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{pending}");
+        assert_eq!(pending["approvals"], json!([]), "{pending}");
+        eprintln!("trial {trial}: decisions answered {states:?}");
+    }
+    match Arc::try_unwrap(fleet) {
+        Ok(fleet) => fleet.clean_up().await,
+        Err(_) => panic!("every decision finished"),
     }
 }

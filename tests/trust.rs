@@ -4,7 +4,9 @@
 //! - a grant covers only runs created by the same authenticated agent principal (JWT
 //!   `sub`), never a run another agent created claiming the same `owner`;
 //! - a child joins only a coordinator its own agent created;
-//! - ending a run ends its pending cards (`expired`, reason `run_ended`): they leave the
+//! - ending a run ends its pending cards (`expired`, reason `run_ended`), each announced
+//!   with its `tool.approval_resolved` (and its coordinator's mirror) before the terminal
+//!   event: a frontend following seed 003's card rules keeps no live card; they leave the
 //!   pending listings, nothing follows the terminal event, a decision answers their end.
 
 use std::time::Duration;
@@ -12,6 +14,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tollgate_api::{GateConfig, Role};
+use tollgate_tests::frontend::CardBoard;
 use tollgate_tests::{store_for, Backend, TestServer};
 
 async fn server(backend: Backend) -> TestServer {
@@ -183,7 +186,8 @@ async fn children_join_only_their_own_agents_coordinator(backend: Backend) {
 
 /// GIVEN a run with pending cards (one mirrored on its coordinator) WHEN it completes
 /// THEN its cards leave every pending listing, end `expired` with reason `run_ended`,
-/// nothing follows `run_completed`, the coordinator is told, and a decision answers 200
+/// each announced on the child and the coordinator before `run_completed`, which is
+/// last (no live card on a seed-003 frontend's board), and a decision answers 200
 /// `{resolved: true, state: "expired"}` (never the 409 "retry").
 async fn ending_a_run_ends_its_cards(backend: Backend) {
     let srv = server(backend).await;
@@ -292,16 +296,41 @@ async fn ending_a_run_ends_its_cards(backend: Backend) {
         "{v}"
     );
 
-    // Nothing follows the terminal event on the child; the coordinator was told.
+    // Each card's end was announced before the terminal event, which is last; a
+    // frontend keeping cards by seed 003's rules has none left on either stream.
     let events = srv.replay_all(&child, &srv.operator_token, 100).await;
     assert_eq!(events.last().unwrap()["type"], "run_completed");
     assert_eq!(events.last().unwrap()["sequence"], json!(terminal));
+    for rid in &cards {
+        let resolved: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["type"] == "tool.approval_resolved" && e["requestId"] == json!(rid))
+            .collect();
+        assert_eq!(resolved.len(), 1, "{:?}", types(&events));
+        assert_eq!(
+            (
+                resolved[0]["expired"].as_bool(),
+                resolved[0]["approved"].as_bool(),
+                resolved[0]["reason"].as_str()
+            ),
+            (Some(true), Some(false), Some("run_ended")),
+            "{}",
+            resolved[0]
+        );
+        assert!(resolved[0]["sequence"].as_u64().unwrap() < terminal);
+    }
+    let board = CardBoard::replay(&events);
+    assert!(board.live.is_empty(), "live cards left: {:?}", board.live);
+    assert!(board.violations.is_empty(), "{:?}", board.violations);
     let coord = srv.replay_all(&coordinator, &srv.operator_token, 100).await;
     let resolved: Vec<&Value> = coord
         .iter()
         .filter(|e| e["type"] == "coordinator.child_approval_resolved")
         .collect();
     assert_eq!(resolved.len(), 3, "{:?}", types(&coord));
+    let board = CardBoard::replay(&coord);
+    assert!(board.live.is_empty(), "live cards left: {:?}", board.live);
+    assert!(board.violations.is_empty(), "{:?}", board.violations);
     for e in resolved {
         assert_eq!(
             (
@@ -330,9 +359,9 @@ async fn ending_a_run_ends_its_cards(backend: Backend) {
 
 /// Two servers on the same tables (separate store instances on DynamoDB, as two Lambda
 /// instances would be): a run completing on one while operators approve its cards on the
-/// other. Every card ends once — approved before the terminal event, or `run_ended` —
-/// none stays pending, nothing follows the terminal event, and the coordinator is told
-/// exactly once per card.
+/// other. Every card ends once, announced before the terminal event — approved, or
+/// `run_ended` — none stays pending or live on a seed-003 frontend's board, nothing
+/// follows the terminal event, and the coordinator is told exactly once per card.
 async fn decisions_racing_the_run_end(backend: Backend) {
     let store = store_for(backend).await;
     let second = match backend {
@@ -425,14 +454,23 @@ async fn decisions_racing_the_run_end(backend: Backend) {
             }
             Some("expired") => {
                 assert_eq!(card["reason"], "run_ended", "{card}");
-                assert!(resolved.is_empty(), "{card}");
+                assert_eq!(resolved.len(), 1, "{card}");
+                assert_eq!(resolved[0]["reason"], "run_ended", "{}", resolved[0]);
+                assert_eq!(resolved[0]["expired"], true, "{}", resolved[0]);
+                assert!(resolved[0]["sequence"].as_u64().unwrap() < terminal);
             }
             other => panic!("card left {other:?}: {card}"),
         }
     }
+    let board = CardBoard::replay(&events);
+    assert!(board.live.is_empty(), "live cards left: {:?}", board.live);
+    assert!(board.violations.is_empty(), "{:?}", board.violations);
     let coord = ending
         .replay_all(&coordinator, &ending.operator_token, 1000)
         .await;
+    let board = CardBoard::replay(&coord);
+    assert!(board.live.is_empty(), "live cards left: {:?}", board.live);
+    assert!(board.violations.is_empty(), "{:?}", board.violations);
     for rid in &cards {
         let told = coord
             .iter()

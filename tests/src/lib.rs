@@ -4,6 +4,7 @@
 
 pub mod chaos;
 pub mod connections;
+pub mod frontend;
 pub mod idp;
 pub mod lifecycle;
 pub mod meter;

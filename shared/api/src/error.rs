@@ -180,6 +180,12 @@ impl From<StoreError> for ApiError {
             }
             StoreError::Limit(msg) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, msg)
                 .with_state(ErrorState::LimitReached),
+            // Cards armed while the run was ending, round after round: retrying ends them.
+            StoreError::CardsOpen(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "approval requests were being armed while the run ended; retry",
+            )
+            .with_state(ErrorState::Unavailable),
             StoreError::Unavailable(detail) => {
                 // The detail may name tables or SDK internals: log it, don't serve it.
                 tracing::error!(%detail, "storage unavailable");

@@ -525,12 +525,38 @@ impl Gate {
         &self.store
     }
 
+    /// Ends each pending card of the running run `run_id` as `run_ended`, one at a time
+    /// (each transaction appends on the run's head, so concurrent ones would only
+    /// contend), each with its resolution event on the run and its coordinator; counts
+    /// the ones this call ended. A card a decision ended first is that decision's. Any
+    /// failure stops here: the run's end is refused until every card is announced.
+    pub(crate) async fn end_cards_before_end(&self, run_id: &str) -> Result<usize, StoreError> {
+        let mut ended = 0;
+        for card in self.store.pending_cards(run_id).await? {
+            match self
+                .store
+                .resolve(
+                    run_id,
+                    &card.request_id,
+                    Resolution::RunEnded,
+                    now_millis(),
+                    None,
+                )
+                .await
+            {
+                Ok(Resolved::Fresh(_)) => ended += 1,
+                Ok(_) | Err(StoreError::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(ended)
+    }
+
     /// Ends the pending cards of a run that has ended (`expired`, reason `run_ended`, no
-    /// event on the run; its running coordinator is told). Called after every terminal
-    /// transition, and again when a client repeats one: on DynamoDB the cards are ended
-    /// in their own transactions after the terminal one, so a repeat completes what a
-    /// crash in between left. Until then such a card can still be listed, but nothing can
-    /// approve it: any decision on it ends it as `run_ended` (fail closed).
+    /// event on the run; its running coordinator is told): only cards a run ended with
+    /// before its end announced them, found again when a client repeats the end. Until
+    /// then such a card can still be listed, but nothing can approve it: any decision
+    /// on it ends it as `run_ended` (fail closed).
     pub async fn end_cards_of(&self, run_id: &str) -> Result<usize, StoreError> {
         let pending = self.store.pending_cards(run_id).await?;
         self.end_each(

@@ -14,7 +14,7 @@ use tollgate_domain::{
     RunKind,
 };
 use tollgate_domain::{event::validate_payload, validate_producer_event, TerminalKind};
-use tollgate_store::{CreateOutcome, Finished, RunRef, RunStore};
+use tollgate_store::{CreateOutcome, Finished, RunRef, RunStore, StoreError};
 
 use crate::approvals::Gate;
 use crate::AppError;
@@ -317,11 +317,19 @@ async fn append(
     Ok(store.append_events(run, drafts).await?)
 }
 
+/// How many times a run's end ends the cards in its way before it answers 503: each
+/// round ends every card pending when it began, so only an agent arming while it ends
+/// its own run needs another.
+const END_ROUNDS: usize = 4;
+
 impl Gate {
-    /// Ends the run `run` names as `kind` with `payload` (its terminal event's fields),
-    /// then ends its pending cards — on a repeat too: it completes what a crash between
-    /// the two steps left. The run has ended either way; a card left open cannot be
-    /// approved, so a failure to end one is logged, not answered.
+    /// Ends the run `run` names as `kind` with `payload` (its terminal event's fields).
+    /// Its pending cards end first, each in its own step with its
+    /// `tool.approval_resolved` (`expired`, reason `run_ended`) and its coordinator's
+    /// mirror, then the terminal event, last (docs/architecture.md §6, invariant 3): a
+    /// stop between the steps leaves a running run whose ended cards were announced,
+    /// which a repeated call ends. A decision racing the end either wins its card or
+    /// finds it ended; a card armed meanwhile is ended in the next round.
     pub async fn finish_run(
         &self,
         run: RunRef<'_>,
@@ -337,12 +345,24 @@ impl Gate {
         }
         validate_payload(&payload).map_err(|e| invalid(e.to_string()))?;
         let run_id = run.run_id.to_owned();
-        let finished = self.store.finish_run(run, kind, payload).await?;
+        let mut round = 0;
+        let finished = loop {
+            match self.store.finish_run(run, kind, payload.clone()).await {
+                Err(StoreError::CardsOpen(open)) if round < END_ROUNDS => {
+                    round += 1;
+                    let ended = self.end_cards_before_end(&run_id).await?;
+                    tracing::info!(open, ended, round, "cards ended ahead of the run's end");
+                }
+                other => break other?,
+            }
+        };
         tracing::info!(
             sequence = finished.sequence,
             repeated = finished.already_finished,
             "run ended"
         );
+        // A run ended before its end announced its cards (by an earlier version) may
+        // still hold some: they expire silently, as nothing may follow its end.
         if finished.open_cards > 0 {
             if let Err(e) = self.end_cards_of(&run_id).await {
                 tracing::warn!(error = %e, "pending cards of the ended run not all ended");

@@ -91,6 +91,12 @@ pub enum StoreError {
     /// frees up as cards end (HTTP 429).
     #[error("{0}")]
     Limit(String),
+    /// The run still holds this many pending cards: a terminal transition refuses until
+    /// each is ended with its own `tool.approval_resolved` (`Gate::finish_run` does that
+    /// and asks again), so that nothing follows the terminal event and no card ends
+    /// unannounced (docs/architecture.md §6). Nothing was written.
+    #[error("the run holds {0} pending approval requests")]
+    CardsOpen(u64),
 }
 
 /// One page of policies and the cursor of the next (`None`: this was the last).
@@ -225,9 +231,9 @@ pub enum CreateOutcome {
 pub struct Finished {
     pub sequence: u64,
     pub already_finished: bool,
-    /// Pending cards the run held as it ended, where the store counts them on the head
-    /// and leaves ending them to the caller (DynamoDB; see `Gate::end_cards_of`): 0
-    /// when there is nothing to end (the embedded store ends them in the same step).
+    /// Pending cards an already ended run still counts on its head (0 for a fresh end,
+    /// which only commits with none): a run ended before its cards were announced
+    /// first, whose cards the caller ends silently (`Gate::end_cards_of`).
     pub open_cards: u64,
 }
 
@@ -263,7 +269,9 @@ pub trait RunStore: Send + Sync + 'static {
 
     /// Ends the run: sets the terminal status and appends its terminal event in one
     /// step. Repeating the same kind answers the existing terminal sequence; a different
-    /// kind on an ended run is `RunTerminal`.
+    /// kind on an ended run is `RunTerminal`. While the run holds a pending card it
+    /// writes nothing and answers [`StoreError::CardsOpen`]: its cards end first, each
+    /// announced on the run (and its coordinator) before the terminal event.
     async fn finish_run(
         &self,
         run: RunRef<'_>,

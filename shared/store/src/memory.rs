@@ -283,27 +283,17 @@ impl RunStore for MemoryStore {
         if head.status.is_terminal() {
             return ended_run_answer(head, kind);
         }
-        let now = now_millis();
-        let seq = record.end(kind, payload, now);
-        // Ending a run ends its pending cards, under the same lock: `expired` with
-        // reason `run_ended`, no event after the terminal one.
-        let pending: Vec<String> = record
+        // Invariant 3: every card a run's end closes is announced before the terminal
+        // event, so the end refuses while one is pending (`Gate::finish_run`).
+        let pending = record
             .cards
             .values()
             .filter(|c| c.state == ApprovalState::Pending)
-            .map(|c| c.request_id.clone())
-            .collect();
-        let run_id = run.run_id.to_owned();
-        for request_id in pending {
-            resolve_in(
-                &mut runs,
-                &run_id,
-                &request_id,
-                Resolution::RunEnded,
-                now,
-                None,
-            )?;
+            .count();
+        if pending > 0 {
+            return Err(StoreError::CardsOpen(pending as u64));
         }
+        let seq = record.end(kind, payload, now_millis());
         Ok(Finished {
             sequence: seq,
             already_finished: false,

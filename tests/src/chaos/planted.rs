@@ -801,11 +801,15 @@ fn a_failed_read_back_fails_the_check() {
     caught(&h, Invariant::ReadBack);
 }
 
-/// A card expired with its run's end says so (`reason: run_ended`).
+/// A card its run's end closed is announced before the terminal event, saying so
+/// (`reason: run_ended`): an unannounced one (a frontend keeps its live buttons) or an
+/// announcement without the reason is caught.
 #[test]
-fn an_expiry_on_an_ended_run_without_its_reason_is_caught() {
+fn a_run_end_that_closes_a_card_unannounced_is_caught() {
     let mut h = clean();
-    before_end(&mut h, vec![required("q6", "c6", "a6")]);
+    let mut announced = resolved("q6", "c6", "a6", false, true);
+    announced["reason"] = json!("run_ended");
+    before_end(&mut h, vec![required("q6", "c6", "a6"), announced]);
     h.cards.push(FinalCard {
         run_id: "r1".into(),
         request_id: "q6".into(),
@@ -815,8 +819,20 @@ fn an_expiry_on_an_ended_run_without_its_reason_is_caught() {
         ),
     });
     assert_eq!(check(&h), vec![]);
-    card_mut(&mut h, 2)["reason"] = Value::Null;
-    caught_with(&h, Invariant::AllOrNothing, "its reason");
+    let mut silent = h.clone();
+    let at = events(&mut silent)
+        .iter()
+        .position(|e| e["type"] == "tool.approval_resolved" && e["requestId"] == "q6")
+        .unwrap();
+    events(&mut silent).remove(at);
+    renumber(&mut silent);
+    caught_with(&silent, Invariant::AllOrNothing, "0 resolutions");
+    let at = events(&mut h)
+        .iter()
+        .position(|e| e["requestId"] == "q6" && e["type"] == "tool.approval_resolved")
+        .unwrap();
+    events(&mut h)[at]["reason"] = Value::Null;
+    caught_with(&h, Invariant::AllOrNothing, "stream says");
 }
 
 /// A child's card is mirrored on its running coordinator exactly once as required and

@@ -272,28 +272,54 @@ pub async fn deadlines_and_ended_runs(store: Store) {
             .await,
         Err(StoreError::NotFound)
     );
-    // Ended run: decisions refused, expiry silent.
+    // A run's end refuses while a card is pending, writing nothing (invariant 3: the
+    // cards it closes are announced first).
     store
         .arm(RunRef::any(&run_id), card_for(&run_id, "open-1", None))
         .await
         .unwrap();
+    let before = all_events(&store, &run_id).await;
+    assert_eq!(
+        store
+            .finish_run(RunRef::any(&run_id), TerminalKind::Complete, Map::new())
+            .await,
+        Err(StoreError::CardsOpen(1))
+    );
+    assert_eq!(all_events(&store, &run_id).await, before, "nothing written");
+    // Ended as `run_ended` while the run runs: announced on the run, expired.
+    let now = tollgate_domain::now_millis();
+    let Resolved::Fresh(c) = store
+        .resolve(&run_id, "open-1", Resolution::RunEnded, now, None)
+        .await
+        .unwrap()
+    else {
+        panic!("the card was pending");
+    };
+    assert_eq!(c.state, ApprovalState::Expired);
+    assert_eq!(c.end_reason.as_deref(), Some("run_ended"));
+    assert_eq!(c.decided_by, None, "nobody decided it");
+    let last = all_events(&store, &run_id).await.pop().unwrap();
+    assert_eq!(
+        (
+            &last["type"],
+            &last["requestId"],
+            &last["expired"],
+            &last["reason"]
+        ),
+        (
+            &json!("tool.approval_resolved"),
+            &json!("open-1"),
+            &json!(true),
+            &json!("run_ended")
+        )
+    );
     store
         .finish_run(RunRef::any(&run_id), TerminalKind::Complete, Map::new())
         .await
         .unwrap();
-    let now = tollgate_domain::now_millis();
-    // A decision on a card of an ended run never approves it: the card ends as
-    // `run_ended` (the embedded store ended it with the run already; DynamoDB ends it
-    // here, or in the gate's follow-up step after the terminal transaction).
-    let (Resolved::Fresh(c) | Resolved::Already(c)) = store
-        .resolve(&run_id, "open-1", approve("bob"), now, None)
-        .await
-        .unwrap();
-    assert_eq!(c.state, ApprovalState::Expired);
-    assert_eq!(c.end_reason.as_deref(), Some("run_ended"));
-    assert_eq!(c.decided_by, None, "nobody decided it");
+    // A decision after the end never approves the card: it answers the ended card.
     assert!(matches!(
-        store.resolve(&run_id, "open-1", Resolution::Expired, now, None).await.unwrap(),
+        store.resolve(&run_id, "open-1", approve("bob"), now, None).await.unwrap(),
         Resolved::Already(c) if c.state == ApprovalState::Expired
     ));
     assert!(
@@ -659,8 +685,8 @@ pub async fn a_run_holds_a_bounded_number_of_pending_cards(store: Store) {
 /// it wrote: a decision from what one instance remembers never undoes or doubles what
 /// the other did. A card denied on `b` stays denied when `a` (which armed it) approves
 /// it, with no policy; `a` decides a card after `b` moved the run's head, and the
-/// resolution lands after `b`'s events; once the run ended on `b`, `a`'s approval
-/// expires the card as `run_ended`.
+/// resolution lands after `b`'s events; once `b` ended the last card as `run_ended` and
+/// then the run, `a`'s approval answers that card.
 pub async fn remembered_cards_follow_other_instances(a: Store, b: Store) {
     let run_id = new_run(&a, "remembered-cards").await;
     let run = RunRef::any(&run_id);
@@ -737,6 +763,24 @@ pub async fn remembered_cards_follow_other_instances(a: Store, b: Store) {
         "the resolution follows the other's append"
     );
 
+    // `b` refuses the end while `a`'s card is pending, ends the card as the run's end
+    // does, then ends the run; `a`'s approval from what it remembers approves nothing.
+    assert_eq!(
+        b.finish_run(run, TerminalKind::Complete, Map::new()).await,
+        Err(StoreError::CardsOpen(1))
+    );
+    assert!(matches!(
+        b.resolve(
+            &run_id,
+            "run-ended",
+            Resolution::RunEnded,
+            tollgate_domain::now_millis(),
+            None
+        )
+        .await
+        .unwrap(),
+        Resolved::Fresh(_)
+    ));
     b.finish_run(run, TerminalKind::Complete, Map::new())
         .await
         .unwrap();
@@ -754,8 +798,8 @@ pub async fn remembered_cards_follow_other_instances(a: Store, b: Store) {
         Resolved::Fresh(c) | Resolved::Already(c) => c,
     };
     assert_eq!(
-        card.state,
-        ApprovalState::Expired,
+        (card.state, card.end_reason.as_deref()),
+        (ApprovalState::Expired, Some("run_ended")),
         "nothing approved after the run's end"
     );
     let events = all_events(&a, &run_id).await;
@@ -768,5 +812,5 @@ pub async fn remembered_cards_follow_other_instances(a: Store, b: Store) {
         "run_completed",
         "nothing after the end"
     );
-    assert_eq!(count_of(&a, &run_id, "tool.approval_resolved").await, 2);
+    assert_eq!(count_of(&a, &run_id, "tool.approval_resolved").await, 3);
 }

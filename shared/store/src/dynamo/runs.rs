@@ -14,7 +14,8 @@ use super::lanes::{approx_stored_bytes, Lane, QueuedAppend};
 use super::policies::{cursor_from_key, start_key_of_tenant};
 use super::DynamoStore;
 use crate::{
-    check_batch, ended_run_answer, CreateOutcome, EventPage, Finished, RunRef, RunStore, StoreError,
+    check_batch, ended_run_answer, ApprovalStore, CreateOutcome, EventPage, Finished, RunRef,
+    RunStore, StoreError,
 };
 
 /// The index of the runs table by tenant, newest first.
@@ -379,6 +380,23 @@ impl RunStore for DynamoStore {
                     .await;
                 return Ok(answer);
             }
+            // Invariant 3: the cards a run's end closes are announced before its terminal
+            // event, each in a transaction of its own (`Gate::finish_run`); this one
+            // refuses while the head counts one. The commit below is conditioned on the
+            // head as read, so a card armed since makes it lose and read again.
+            if head.open_cards > 0 {
+                let pending = self.pending_cards(run_id).await?.len() as u64;
+                if pending > 0 {
+                    return Err(StoreError::CardsOpen(pending));
+                }
+                // A count with no card behind it (a card item removed by hand, say) must
+                // not keep the run from ending.
+                tracing::warn!(
+                    run_id,
+                    counted = head.open_cards,
+                    "run head counts pending cards that are not stored; ending it"
+                );
+            }
             let plan = Plan {
                 runs: vec![RunWrite {
                     head: head.clone(),
@@ -395,7 +413,6 @@ impl RunStore for DynamoStore {
                     // go with it (see `mutation_item`).
                     self.expire_mutations_with_run(run_id, now).await;
                     let seq = head.next_seq;
-                    let open_cards = head.open_cards;
                     head.next_seq = seq + 1;
                     head.status = kind.status();
                     head.terminal_seq = Some(seq);
@@ -406,7 +423,7 @@ impl RunStore for DynamoStore {
                     return Ok(Finished {
                         sequence: seq,
                         already_finished: false,
-                        open_cards,
+                        open_cards: 0,
                     });
                 }
                 Committed::Lost(lost) => match lost.heads.into_iter().next().flatten() {
