@@ -483,6 +483,17 @@ enum Step {
     },
 }
 
+/// What this card's `tool.approval_resolved` means to the waiting call: its decision or
+/// expiry — or, when the run's end closed it (`reason: run_ended`, announced just before
+/// the terminal event), the run's end.
+fn resolved_step(data: &ApprovalResolved) -> Step {
+    if data.expired && data.reason.as_deref() == Some("run_ended") {
+        Step::RunEnded
+    } else {
+        Step::Resolved(Verdict::from_resolved_event(data))
+    }
+}
+
 impl Watch<'_> {
     async fn until_resolved(
         &mut self,
@@ -571,12 +582,12 @@ impl Watch<'_> {
     }
 
     /// Whether `event` (type, JSON text or value) is this card's resolution.
-    fn resolution(&self, event_type: &str, data: Option<ApprovalResolved>) -> Option<Verdict> {
+    fn resolution(&self, event_type: &str, data: Option<ApprovalResolved>) -> Option<Step> {
         if event_type != APPROVAL_RESOLVED {
             return None;
         }
         data.filter(|d| d.request_id == self.request_id)
-            .map(|d| Verdict::from_resolved_event(&d))
+            .map(|d| resolved_step(&d))
     }
 
     /// Frames from the WebSocket follower until the card resolves, the run ends, the
@@ -606,7 +617,7 @@ impl Watch<'_> {
                             .and_then(|e| e.payload_as());
                         // As `resolution` reads it (`self` is borrowed by the follower).
                         if let Some(d) = data.filter(|d| d.request_id == request_id) {
-                            return Ok(Step::Resolved(Verdict::from_resolved_event(&d)));
+                            return Ok(resolved_step(&d));
                         }
                     }
                 }
@@ -718,8 +729,8 @@ impl Watch<'_> {
                     let data = serde_json::from_str::<Event>(&frame.data)
                         .ok()
                         .and_then(|e| e.payload_as());
-                    if let Some(v) = self.resolution(&frame.event, data) {
-                        return Ok(Step::Resolved(v));
+                    if let Some(step) = self.resolution(&frame.event, data) {
+                        return Ok(step);
                     }
                 }
             }
@@ -751,8 +762,8 @@ impl Watch<'_> {
                 self.after = event.sequence;
                 // Only a resolution's payload is read (and copied) into its type.
                 if event.event_type == APPROVAL_RESOLVED {
-                    if let Some(v) = self.resolution(&event.event_type, event.payload_as()) {
-                        return Ok(Step::Resolved(v));
+                    if let Some(step) = self.resolution(&event.event_type, event.payload_as()) {
+                        return Ok(step);
                     }
                 }
             }
