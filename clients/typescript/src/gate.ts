@@ -303,6 +303,9 @@ class Watch {
     this.after = seq;
     if (event !== undefined) this.options.onEvent?.(event);
     if (type === APPROVAL_RESOLVED && event !== undefined && event.requestId === this.requestId) {
+      // Closed by its run's end (announced just before the terminal event, which follows):
+      // the run's end is the answer, not an expiry.
+      if (event.reason === "run_ended") return undefined;
       return verdictFromEvent(event);
     }
     return undefined;

@@ -209,7 +209,8 @@ describe("gate", () => {
     });
     await assert.rejects(waiting, RunEnded);
     await appended;
-    assert.deepEqual(seen, ["agent.message", "run_cancelled"]);
+    // The run's end announces the card it closes, then the terminal event.
+    assert.deepEqual(seen, ["agent.message", "tool.approval_resolved", "run_cancelled"]);
     const card = await run.approval(requestId);
     assert.equal(card.state, "expired");
     assert.equal(card.reason, "run_ended");

@@ -714,6 +714,10 @@ class AsyncRun:
         if w.on_event is not None:
             w.on_event(event)
         if event.get("type") == APPROVAL_RESOLVED and event.get("requestId") == w.request_id:
+            # Closed by its run's end (announced just before the terminal event, which
+            # follows): the run's end is the answer, not an expiry.
+            if event.get("reason") == "run_ended":
+                return None
             return _verdict_from_event(event)
         return None
 
