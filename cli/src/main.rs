@@ -5,6 +5,7 @@
 //! `TOLLGATE_TOKEN`).
 
 mod decide;
+mod mcp;
 mod remote;
 mod render;
 mod runs;
@@ -137,6 +138,11 @@ enum Command {
         #[command(flatten)]
         conn: remote::Conn,
     },
+    /// An MCP server's tools behind Tollgate: `tollgate mcp proxy --name NAME -- CMD …`.
+    Mcp {
+        #[command(subcommand)]
+        command: mcp::McpCommand,
+    },
     /// Deny a pending tool call.
     Deny {
         /// The run id (the child's or its coordinator's).
@@ -179,6 +185,11 @@ fn secret_from_env() -> Option<Secret> {
 async fn main() {
     let cli = Cli::parse();
     match cli.command {
+        Command::Mcp { command } => match mcp::run(command).await {
+            // The agent's stdin may still be held by a blocking read: exit now.
+            Ok(code) => std::process::exit(code),
+            Err(e) => fail(e),
+        },
         Command::Openapi => {
             let doc = tollgate_protocol::openapi::document();
             println!(

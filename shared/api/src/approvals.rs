@@ -37,6 +37,10 @@ pub fn arm_routes() -> Router<Deps> {
             "/api/runs/{run_id}/approval-requests/{request_id}",
             get(read_card),
         )
+        .route(
+            "/api/runs/{run_id}/approval-requests/{request_id}/withdraw",
+            post(withdraw_card),
+        )
 }
 
 /// Routes of the `approvals` function: decisions and the operator's listings.
@@ -262,6 +266,42 @@ async fn read_card(
             Err(ApiError::not_found("no such approval request").with_state(ErrorState::Unknown))
         }
     }
+}
+
+/// The agent withdraws a card it armed and no longer needs (its caller cancelled the
+/// call): 200 with the card as it ends (`expired`, `end_reason: "withdrawn"`, announced on
+/// the stream), or as it stands when it had already ended; 404 `unknown` for no such
+/// card; 409 for a card the run's pod holds (the pod ends its own cards).
+#[instrument(skip_all, fields(run_id = %run_id, request_id))]
+async fn withdraw_card(
+    State(deps): State<Deps>,
+    run_id: RunId,
+    PathParams((_, request_id)): PathParams<(String, String)>,
+    creds: Credentials,
+) -> Result<Response, ApiError> {
+    let incarnation = deps.auth.require_run_token(&creds, &run_id)?;
+    checked_id("request_id", &request_id)?;
+    tracing::Span::current().record("request_id", request_id.as_str());
+    let head = deps.runs.own_head(&run_id, &incarnation).await?;
+    let unknown =
+        || ApiError::not_found("no such approval request").with_state(ErrorState::Unknown);
+    let card = deps
+        .gate
+        .card(&head.run_id, &request_id)
+        .await?
+        .ok_or_else(unknown)?;
+    if card.held_by_pod {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "the run's pod holds this card; the pod ends it",
+        )
+        .with_state(ErrorState::Pending));
+    }
+    let card = match deps.gate.withdraw(&head.run_id, &request_id).await? {
+        Some(Resolved::Fresh(card) | Resolved::Already(card)) => card,
+        None => return Err(unknown()),
+    };
+    Ok(Json(crate::wire::card(&card)).into_response())
 }
 
 /// Which decision an operator makes.

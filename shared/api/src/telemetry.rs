@@ -7,6 +7,7 @@
 
 use tracing::{Level, Metadata};
 use tracing_subscriber::filter::filter_fn;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -21,11 +22,22 @@ fn allowed(meta: &Metadata<'_>) -> bool {
 }
 
 pub fn init(json: bool) {
+    init_with(json, BoxMakeWriter::new(std::io::stdout));
+}
+
+/// [`init`] with every line on stderr: for a process whose stdout is a protocol
+/// (`tollgate mcp proxy` speaks MCP there).
+pub fn init_stderr() {
+    init_with(false, BoxMakeWriter::new(std::io::stderr));
+}
+
+fn init_with(json: bool, writer: BoxMakeWriter) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,aws_config=warn,aws_smithy_runtime=warn"));
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(false)
-        .with_target(false);
+        .with_target(false)
+        .with_writer(writer);
     let layer = if json {
         fmt.json()
             .flatten_event(true)

@@ -411,6 +411,33 @@ impl Gate {
             .await
     }
 
+    /// Withdraws a pending card of the running run `run_id` on its agent's word: it ends
+    /// `expired` with reason `withdrawn` and its `tool.approval_resolved` (and the
+    /// coordinator's mirror), in one transaction like any decision. A card that already
+    /// ended answers as it stands; `None` when there is no such card. A card its pod
+    /// holds is the pod's to end (refused by the caller).
+    pub async fn withdraw(
+        &self,
+        run_id: &str,
+        request_id: &str,
+    ) -> Result<Option<Resolved>, StoreError> {
+        match self
+            .store
+            .resolve(
+                run_id,
+                request_id,
+                Resolution::Withdrawn,
+                now_millis(),
+                None,
+            )
+            .await
+        {
+            Ok(resolved) => Ok(Some(resolved)),
+            Err(StoreError::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Ends a located card as `resolution` asks (or as its run and deadline say) with no
     /// policy, whatever its scope: a pod's report of how it had ended its own card.
     pub async fn resolve_without_grant(

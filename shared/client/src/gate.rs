@@ -442,6 +442,20 @@ impl Run {
         Ok(verdict.into_decision(call))
     }
 
+    /// Withdraws a pending card the agent no longer needs
+    /// (`POST /api/runs/{id}/approval-requests/{request_id}/withdraw`): it ends
+    /// `expired` with reason `withdrawn`, announced on the stream, and nothing it asked
+    /// for may run. A card already decided answers its state unchanged.
+    pub async fn withdraw(&self, request_id: &str) -> Result<Card, Error> {
+        self.call(
+            Method::POST,
+            &["approval-requests", request_id, "withdraw"],
+            Some(&serde_json::json!({})),
+        )
+        .await?
+        .parse(&[200])
+    }
+
     /// The card `request_id` as the server holds it
     /// (`GET /api/runs/{id}/approval-requests/{request_id}`): `state`, `scope`,
     /// `decided_by`, … ([`Error::NotFound`] with state `unknown` when there is none).

@@ -85,6 +85,9 @@ pub enum Resolution {
     /// The card's run ended while it was pending: it expires with reason `run_ended`,
     /// whatever was asked of it (nothing is approved on a run that no longer runs).
     RunEnded,
+    /// The agent that armed it no longer needs it (its caller cancelled the call): it
+    /// expires with reason `withdrawn`, and nothing it asked for may run.
+    Withdrawn,
 }
 
 impl Resolution {
@@ -92,7 +95,9 @@ impl Resolution {
         match self {
             Resolution::Approved { .. } => ApprovalState::Approved,
             Resolution::Denied { .. } => ApprovalState::Denied,
-            Resolution::Expired | Resolution::RunEnded => ApprovalState::Expired,
+            Resolution::Expired | Resolution::RunEnded | Resolution::Withdrawn => {
+                ApprovalState::Expired
+            }
         }
     }
 
@@ -126,6 +131,8 @@ impl Resolution {
 
 /// Why an expired card ended when its deadline is not the reason.
 pub const REASON_RUN_ENDED: &str = "run_ended";
+/// Why an expired card ended when the agent that armed it withdrew it.
+pub const REASON_WITHDRAWN: &str = "withdrawn";
 
 /// An approval card as stored: one per `(run_id, request_id)`.
 #[derive(Debug, Clone, PartialEq)]
@@ -395,6 +402,7 @@ impl ApprovalRequest {
             }
             Resolution::Expired => {}
             Resolution::RunEnded => card.end_reason = Some(REASON_RUN_ENDED.into()),
+            Resolution::Withdrawn => card.end_reason = Some(REASON_WITHDRAWN.into()),
         }
         card
     }

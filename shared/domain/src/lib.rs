@@ -6,6 +6,7 @@ pub mod approval;
 pub mod card;
 pub mod event;
 pub mod execution;
+pub mod rules;
 pub mod run;
 
 pub use approval::{ApprovalRequest, ApprovalState, Policy, Reach, Resolution, Scope};

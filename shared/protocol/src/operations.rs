@@ -263,6 +263,16 @@ pub const OPERATIONS: &[Operation] = &[
     },
     Operation {
         method: "POST",
+        path: "/api/runs/{run_id}/approval-requests/{request_id}/withdraw",
+        id: "withdrawCard",
+        summary: "Withdraw a pending card the agent no longer needs (it expires as withdrawn, announced).",
+        credentials: &[RunToken],
+        query: &[],
+        request: None,
+        responses: responses![200 => Json("Card"), 400 => ERR, 404 => ERR, 409 => ERR],
+    },
+    Operation {
+        method: "POST",
         path: "/api/runs/{run_id}/tool-approvals",
         id: "approve",
         summary: "Approve a pending card, with a scope (once, run, tool, always).",

@@ -1,0 +1,54 @@
+//! # tollgate-mcp
+//!
+//! The MCP gateway behind `tollgate mcp proxy`: it serves MCP to an agent (over stdio)
+//! and relays everything to an upstream MCP server unchanged — except that each
+//! `tools/call` is decided first. The [`Policy`] allows it, denies it, or (by default)
+//! asks: a card is armed on the session's run (`mcp__<server>__<tool>`, the arguments'
+//! hash, a preview), and the call waits as long as the card lives while operators
+//! decide in the console, the CLI or Slack. An approved call goes through the execution
+//! ledger — start, dispatch right before the upstream request, settle with what the
+//! upstream answered — and a call whose answer never came is `outcome_unknown`: the
+//! agent is told not to retry, and the same call is refused until an operator
+//! reconciles the record.
+//!
+//! One agent session is one Tollgate run: created at the agent's first request,
+//! completed when the agent's session ends, failed when the upstream's does.
+
+mod gateway;
+pub mod policy;
+mod upstream;
+
+pub use gateway::{Gateway, Options, OUTCOME_UNKNOWN};
+pub use policy::{Policy, PolicyError, Verdict};
+pub use upstream::{Upstream, UpstreamError};
+
+use rmcp::ServiceExt;
+
+/// Why the gateway stopped.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The agent's session ended (stdin closed); the run completed.
+    AgentClosed,
+    /// The upstream's session ended first; the run failed.
+    UpstreamClosed,
+}
+
+/// Serves one agent on this process's stdin/stdout until its session or the upstream's
+/// ends, then ends the run. stdout carries only MCP.
+pub async fn serve_stdio(
+    gateway: Gateway,
+) -> Result<Ended, Box<dyn std::error::Error + Send + Sync>> {
+    let running = gateway
+        .clone()
+        .serve(rmcp::transport::io::stdio_pipes())
+        .await?;
+    let agent_done = running.waiting();
+    tokio::pin!(agent_done);
+    let ended = tokio::select! {
+        _ = &mut agent_done => Ended::AgentClosed,
+        _ = gateway.upstream_gone() => Ended::UpstreamClosed,
+    };
+    let failure = (ended == Ended::UpstreamClosed).then_some("the upstream MCP server exited");
+    gateway.finish(failure).await?;
+    Ok(ended)
+}
