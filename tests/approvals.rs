@@ -1565,10 +1565,118 @@ async fn reason_and_preview_input(backend: Backend) {
     assert_eq!(v["state"], "approved", "{v}");
 }
 
+/// GIVEN a pending card WHEN its agent withdraws it (the call was cancelled) THEN it ends
+/// `expired` with reason `withdrawn`, announced once on the run and its coordinator; an
+/// approval after that approves nothing; a repeat answers the same; another run's token,
+/// an unknown card and a bad id are refused, writing nothing.
+async fn withdrawn_card(backend: Backend) {
+    let srv = server(backend, 60_000).await;
+    let f = family(&srv, "alice").await;
+    let rid = request_id();
+    let (status, armed) = arm(
+        &srv,
+        &f.child,
+        &f.child_token,
+        json!({"request_id": rid, "tool_name": "mcp__git__git_commit"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{armed}");
+    let path = format!("/api/runs/{}/approval-requests/{rid}/withdraw", f.child);
+    // Another run's token may not withdraw this run's card.
+    let (_, other_token) = srv.create_run(json!({"owner": "bob"})).await;
+    let (status, refused) = srv.post(&path, &other_token, &json!({})).await;
+    assert!(status.is_client_error(), "{status} {refused}");
+    let (status, refused) = srv
+        .post(
+            &format!("/api/runs/{}/approval-requests/nope/withdraw", f.child),
+            &f.child_token,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(
+        (status, refused["state"].as_str()),
+        (StatusCode::NOT_FOUND, Some("unknown"))
+    );
+    let (status, refused) = srv
+        .post(
+            &format!("/api/runs/{}/approval-requests/a%20b/withdraw", f.child),
+            &f.child_token,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    let (status, card) = srv.post(&path, &f.child_token, &json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{card}");
+    assert_eq!(
+        (card["state"].as_str(), card["reason"].as_str()),
+        (Some("expired"), Some("withdrawn")),
+        "{card}"
+    );
+    // A repeat answers the card as it stands; nothing more is announced.
+    let (status, again) = srv.post(&path, &f.child_token, &json!({})).await;
+    assert_eq!(
+        (status, again["state"].as_str()),
+        (StatusCode::OK, Some("expired"))
+    );
+    // A click after the withdrawal approves nothing.
+    let (status, late) = decide(
+        &srv,
+        "tool-approvals",
+        &f.child,
+        &operator(&srv, "op-1"),
+        json!({"request_id": rid, "scope": "tool"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{late}");
+    assert_eq!(
+        (late["approved"].as_bool(), late["state"].as_str()),
+        (Some(false), Some("expired"))
+    );
+    let child = srv.replay_all(&f.child, &srv.operator_token, 100).await;
+    assert_eq!(
+        types(&child),
+        [
+            "run_started",
+            "tool.approval_required",
+            "tool.approval_resolved"
+        ]
+    );
+    assert_eq!(
+        (
+            child[2]["expired"].as_bool(),
+            child[2]["approved"].as_bool(),
+            child[2]["reason"].as_str()
+        ),
+        (Some(true), Some(false), Some("withdrawn"))
+    );
+    let coord = srv
+        .replay_all(&f.coordinator, &srv.operator_token, 100)
+        .await;
+    assert_eq!(
+        types(&coord),
+        [
+            "run_started",
+            "coordinator.child_approval_required",
+            "coordinator.child_approval_resolved"
+        ]
+    );
+    let (status, policies) = srv.get("/api/policies", &operator(&srv, "op-1")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        policies["policies"],
+        json!([]),
+        "no grant from a late click: {policies}"
+    );
+}
+
 macro_rules! for_backend {
     ($module:ident, $backend:expr) => {
         mod $module {
             use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn withdrawn_card() {
+                super::withdrawn_card($backend).await
+            }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn approve_transcript() {
                 super::approve_transcript($backend).await

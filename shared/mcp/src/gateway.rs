@@ -545,9 +545,11 @@ impl Gateway {
                 };
                 let dispatched = match started.dispatch().await {
                     Ok(d) => d,
-                    Err(e) => return Ok(tool_error(format!(
+                    Err(e) => {
+                        return Ok(tool_error(format!(
                         "Approved, but the call could not be dispatched, so it was not made: {e}"
-                    ))),
+                    )))
+                    }
                 };
                 let peer_ct = CancellationToken::new();
                 let executed = dispatched
