@@ -37,7 +37,7 @@ help:
 	@echo "make test-lambda each function under cargo lambda watch, invoked with API Gateway v2 / Function URL fixtures"
 	@echo "make cold-init   cold init per function under the local Runtime API, and warm CPU per request modelled per MemorySize (release build)"
 	@echo "make lint        rustfmt check + clippy -D warnings"
-	@echo "make bench       append/replay benchmarks on the embedded store and DynamoDB Local"
+	@echo "make bench       append/replay benchmarks on the embedded store and DynamoDB Local; the MCP gateway's cost per call"
 	@echo "make chaos       randomized workload over serve processes under injected faults and crashes, then the history checker (at most 10 min)"
 	@echo "make fuzz        the parsers under proptest (many more cases than make test runs), then cargo-fuzz targets (FUZZ_SECONDS each)"
 	@echo "make build       release bootstrap zips per function (ARCH=arm64|x86_64), each at most $(ZIP_LIMIT) bytes"
@@ -219,5 +219,7 @@ fuzz:
 # binary, tests/src/serve.rs), so it is built too.
 bench:
 	cargo build -p tollgate
-	cargo build --release -p tollgate-tests --bin tollgate-bench
+	cargo build --release -p tollgate-tests --bin tollgate-bench --bin tollgate-mcp-bench --bin tollgate-mcp-echo
+	cargo build --release -p tollgate
 	$(EMULATORS) with ./target/release/tollgate-bench
+	RUST_LOG=warn TOLLGATE_BIN=target/release/tollgate ./target/release/tollgate-mcp-bench
