@@ -143,6 +143,23 @@ enum Command {
         #[command(subcommand)]
         command: mcp::McpCommand,
     },
+    /// Reconcile an approved call whose outcome is unknown with what you observed at
+    /// the tool: `applied` (it ran: the record becomes completed) or `not_applied` (it
+    /// did not: not_executed, and the same call may be approved afresh).
+    Reconcile {
+        /// The run id.
+        run: String,
+        /// The call's tool_call_id (the MCP gateway's refusal names it).
+        tool_call_id: String,
+        /// The attempt's approval_id (defaults to the tool_call_id, as the gateway and
+        /// the clients arm cards).
+        approval_id: Option<String>,
+        /// What the tool shows happened.
+        #[arg(long, value_parser = ["applied", "not_applied"])]
+        observed: String,
+        #[command(flatten)]
+        conn: remote::Conn,
+    },
     /// Deny a pending tool call.
     Deny {
         /// The run id (the child's or its coordinator's).
@@ -258,6 +275,33 @@ async fn main() {
                 let verb = Verb::Approve;
                 let (tool, reason) = (tool.as_deref(), reason.as_deref());
                 decide::decide(&operator, &run, &request, verb, &scope, tool, reason).await
+            }
+            Err(f) => Err(f),
+        }),
+        Command::Reconcile {
+            run,
+            tool_call_id,
+            approval_id,
+            observed,
+            conn,
+        } => exit_with(match remote::connect(conn, None) {
+            Ok(operator) => {
+                let approval_id = approval_id.as_deref().unwrap_or(&tool_call_id);
+                match operator
+                    .reconcile(&run, &tool_call_id, approval_id, observed == "applied")
+                    .await
+                {
+                    Ok(state) => {
+                        println!("reconciled {tool_call_id}: {state}");
+                        Ok(0)
+                    }
+                    Err(tollgate_client::operator::OperatorError::Refused(r)) => {
+                        Err(remote::refusal(&r))
+                    }
+                    Err(e) => Err(remote::Failure::unavailable(format!(
+                        "the reconciliation may not have been recorded: {e}"
+                    ))),
+                }
             }
             Err(f) => Err(f),
         }),

@@ -465,6 +465,37 @@ impl Operator {
         })
     }
 
+    /// Reconciles an attempt whose outcome is unknown with what was observed at the tool
+    /// (`POST /api/runs/{run}/mutations/{tool_call_id}/{approval_id}/reconcile`,
+    /// `observed` `applied` or `not_applied`): the record's state it answers
+    /// (`completed` or `not_executed`).
+    pub async fn reconcile(
+        &self,
+        run: &str,
+        tool_call_id: &str,
+        approval_id: &str,
+        applied: bool,
+    ) -> Result<String, OperatorError> {
+        let body = serde_json::json!({"observed": if applied { "applied" } else { "not_applied" }});
+        let url = self.http.endpoint(&[
+            "api",
+            "runs",
+            run,
+            "mutations",
+            tool_call_id,
+            approval_id,
+            "reconcile",
+        ]);
+        let answer = self.ok(Method::POST, url, Some(&body)).await?;
+        answer["state"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| OperatorError::Unreadable {
+                status: 200,
+                message: "a reconciliation's answer without its state".into(),
+            })
+    }
+
     /// Follows `run`'s live stream from after sequence `after` (0: from the start).
     pub fn follow(&self, run: &str, after: u64) -> Follow<'_> {
         Follow {

@@ -513,10 +513,20 @@ impl Gateway {
             }
         };
         match decision {
-            Decision::Denied { decided_by } => Ok(tool_error(format!(
-                "Denied by {} (card {display}). The call was not made.",
-                decided_by.as_deref().unwrap_or("an operator")
-            ))),
+            Decision::Denied { decided_by } => {
+                // The operator's reason, when they gave one, is on the card.
+                let reason = run
+                    .approval(&request_id)
+                    .await
+                    .ok()
+                    .and_then(|card| card.decision_reason)
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default();
+                Ok(tool_error(format!(
+                    "Denied by {} (card {display}){reason}. The call was not made.",
+                    decided_by.as_deref().unwrap_or("an operator")
+                )))
+            }
             Decision::Expired => Ok(tool_error(format!(
                 "Nobody approved card {display} in time; it expired. The call was not made."
             ))),
@@ -592,10 +602,11 @@ impl Gateway {
                         Ok(tool_error(format!(
                             "The outcome of this call is unknown ({OUTCOME_UNKNOWN}): it was sent to the server, \
                              which did not answer. Do not retry it: the same call is refused until an operator \
-                             reconciles record {} (tollgate reconcile {} {} …).",
+                             reconciles record {} (tollgate reconcile {} {} {} --observed applied|not_applied).",
                             reference.tool_call_id,
                             run.id(),
                             reference.tool_call_id,
+                            reference.approval_id,
                         )))
                     }
                 }
