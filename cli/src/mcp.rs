@@ -113,7 +113,7 @@ pub async fn run(command: McpCommand) -> Result<i32, String> {
     options.call_timeout = Duration::from_secs(p.call_timeout);
     let gateway = Gateway::new(options, tollgate, upstream);
     match tollgate_mcp::serve_stdio(gateway).await {
-        Ok(Ended::AgentClosed) => Ok(0),
+        Ok(Ended::AgentClosed | Ended::Stopped) => Ok(0),
         Ok(Ended::UpstreamClosed) => {
             Err("the upstream MCP server exited; the session's run failed".into())
         }

@@ -31,6 +31,8 @@ pub enum Ended {
     AgentClosed,
     /// The upstream's session ended first; the run failed.
     UpstreamClosed,
+    /// The process was asked to stop (SIGINT, SIGTERM); the run completed.
+    Stopped,
 }
 
 /// Serves one agent on this process's stdin/stdout until its session or the upstream's
@@ -47,8 +49,32 @@ pub async fn serve_stdio(
     let ended = tokio::select! {
         _ = &mut agent_done => Ended::AgentClosed,
         _ = gateway.upstream_gone() => Ended::UpstreamClosed,
+        _ = stop_signal() => Ended::Stopped,
     };
     let failure = (ended == Ended::UpstreamClosed).then_some("the upstream MCP server exited");
     gateway.finish(failure).await?;
     Ok(ended)
+}
+
+/// SIGINT or SIGTERM (an MCP host stopping its servers sends one of them).
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
