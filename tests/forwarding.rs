@@ -113,7 +113,8 @@ async fn applied_approval(backend: Backend) {
     assert_eq!(
         answer,
         json!({"run_id": run.run_id, "request_id": rid, "approved": true, "resolved": true,
-               "state": "approved", "expired": false, "decided_by": "alice", "scope": "tool"})
+               "state": "approved", "expired": false, "decided_by": "alice", "scope": "tool",
+               "grant": {"tool_name": "web_fetch", "scope": "tool"}})
     );
     assert_eq!(
         decided(pending).await,
@@ -202,7 +203,8 @@ async fn ended_in_the_pod(backend: Backend) {
     assert!(policies(&srv, &run.run_id).await.is_empty());
 }
 
-/// Pod 404 → 404 `unknown`; pod 409 (its run ended) → 409 `pending`; neither writes.
+/// Pod 404 → 404 `unknown`; pod 409 `pending` (its run ended) → 409 `pending`; a pod 409
+/// saying anything else → 503 `agenthost_unreachable`; none writes.
 async fn unknown_and_pending(backend: Backend) {
     let srv = server(backend, Duration::from_secs(10)).await;
     let (listener, origin) = listen().await;
@@ -232,6 +234,36 @@ async fn unknown_and_pending(backend: Backend) {
     assert!(resolved(&srv, &run.run_id).await.is_empty());
     assert!(policies(&srv, &run.run_id).await.is_empty());
     drop(pending);
+
+    // A 409 that is not `pending` (AgentHost's `run_mismatch`: a misrouted decision) is
+    // an answer nothing can be done with: 503 `agenthost_unreachable`, nothing written.
+    for body in [
+        r#"{"state":"run_mismatch","error":"run_mismatch"}"#,
+        "{}",
+        "not json",
+    ] {
+        let (listener, origin) = listen().await;
+        let run = pod_run(&srv, &origin, "alice").await;
+        let (hits, _pod) = broken_pod(listener, 409, body, Duration::ZERO);
+        let (status, answer) = decide(
+            &srv,
+            "tool-denials",
+            &run.run_id,
+            "alice",
+            json!({"request_id": request_id()}),
+        )
+        .await;
+        assert_eq!(
+            (status, answer["state"].as_str()),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some("agenthost_unreachable")
+            ),
+            "{body}: {answer}"
+        );
+        assert_eq!(hits.load(Ordering::SeqCst), 1);
+        assert!(resolved(&srv, &run.run_id).await.is_empty());
+    }
 }
 
 /// A pod that answers every decision with `status` and `body` after `delay`, counting
@@ -644,7 +676,17 @@ async fn pod_answers_are_held_to_the_decision(backend: Backend) {
     let (listener, origin) = listen().await;
     let run = pod_run(&srv, &origin, "alice").await;
     let (hits, _pod) = broken_pod_of(listener, 200, "{}", Duration::ZERO, None);
+    // No tool named by the operator: a standing grant's tool is never the pod's choice.
     let (status, answer) = asked(&run.run_id, "tool", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("needs tool_name"),
+        "{answer}"
+    );
+    let (status, answer) = asked(&run.run_id, "tool", Some("web_fetch")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
     assert!(
         answer["error"].as_str().unwrap().contains("only once"),
@@ -656,7 +698,7 @@ async fn pod_answers_are_held_to_the_decision(backend: Backend) {
     let (hits, _pod) = broken_pod_of(listener, 200, "{}", Duration::ZERO, Some("shell"));
     let (status, answer) = asked(&run.run_id, "tool", Some("web_fetch")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
-    let (status, answer) = asked(&run.run_id, "always", None).await;
+    let (status, answer) = asked(&run.run_id, "always", Some("shell")).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
     let (status, answer) = asked(&run.run_id, "tool", Some("")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");

@@ -590,10 +590,12 @@ async fn coordinator_with_pod_children(backend: Backend) {
         .all(|c| !rids.contains(&c["request_id"].as_str().unwrap_or_default().to_owned())));
 }
 
-/// The pod's word alone approves nothing: an approval it reports but this forward did
-/// not apply is 409 `pending` and writes nothing, on an announced card and on one
-/// Tollgate never saw. A decision forwarded on a card Tollgate never saw keeps the card
-/// as it ended, so the pod's late announcement of it (and its heartbeats) write nothing.
+/// The pod's word alone grants nothing: an approval it reports but this forward did not
+/// apply (a late or repeated forward; its earlier decision won) is 200 with the pod's
+/// terminal state, attributed to nobody Tollgate knows (`agenthost`), announced once and
+/// with no policy, on an announced card and on one Tollgate never saw. A decision
+/// forwarded on a card Tollgate never saw keeps the card as it ended, so the pod's late
+/// announcement of it (and its heartbeats) write nothing.
 async fn the_pods_word_alone_approves_nothing(backend: Backend) {
     let srv = server(backend, Duration::from_secs(20), Duration::from_secs(300)).await;
     // A pod that answers every decision "approved earlier, not by you".
@@ -633,21 +635,28 @@ async fn the_pods_word_alone_approves_nothing(backend: Backend) {
         }
     };
     // An announced card, denied by an operator: the pod says "approved" without having
-    // applied it — nothing is recorded, the card stays pending.
+    // applied it — the pod's terminal state is recorded, by nobody Tollgate knows, with
+    // no policy; the repeat answers the same and announces nothing more.
     let rid = request_id();
     let (status, v) = append(json!({"type": "tool.approval_required", "requestId": rid,
                                     "toolName": "wire_transfer"}))
     .await;
     assert_eq!(status, StatusCode::OK, "{v}");
-    for verb in ["tool-denials", "tool-approvals"] {
-        let (status, v) = decide(&srv, verb, &run.id, "alice", json!({"request_id": rid})).await;
+    for (verb, scope) in [("tool-denials", None), ("tool-approvals", Some("tool"))] {
+        let mut body = json!({"request_id": rid});
+        if let Some(scope) = scope {
+            body["scope"] = scope.into();
+        }
+        let (status, v) = decide(&srv, verb, &run.id, "alice", body).await;
         assert_eq!(
-            (status, v["state"].as_str()),
-            (StatusCode::CONFLICT, Some("pending")),
+            (status, v["state"].as_str(), v["decided_by"].as_str()),
+            (StatusCode::OK, Some("approved"), Some("agenthost")),
             "{verb}: {v}"
         );
+        assert!(v.get("grant").is_none(), "{verb}: no standing grant: {v}");
     }
-    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    // The repeat found the card ended: only the first was forwarded.
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
     let (status, card) = srv
         .get(
             &format!("/api/runs/{}/approval-requests/{rid}", run.id),
@@ -656,36 +665,56 @@ async fn the_pods_word_alone_approves_nothing(backend: Backend) {
         .await;
     assert_eq!(
         (status, card["state"].as_str()),
-        (StatusCode::OK, Some("pending")),
+        (StatusCode::OK, Some("approved")),
         "{card}"
     );
-    // A card Tollgate never saw: the same, and no card either.
+    // A card Tollgate never saw: the same, recorded as the pod's state.
     let unseen = request_id();
-    let (status, v) = decide(
-        &srv,
-        "tool-approvals",
-        &run.id,
-        "alice",
-        json!({"request_id": unseen}),
-    )
-    .await;
-    assert_eq!(
-        (status, v["state"].as_str()),
-        (StatusCode::CONFLICT, Some("pending")),
-        "{v}"
-    );
-    let (status, _) = srv
-        .get(
-            &format!("/api/runs/{}/approval-requests/{unseen}", run.id),
-            &run.token,
+    for _ in 0..2 {
+        let (status, v) = decide(
+            &srv,
+            "tool-approvals",
+            &run.id,
+            "alice",
+            json!({"request_id": unseen}),
         )
         .await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(
+            (status, v["state"].as_str()),
+            (StatusCode::OK, Some("approved")),
+            "{v}"
+        );
+        assert!(v.get("grant").is_none(), "{v}");
+    }
     let seen = events(&srv, &run.id).await;
-    assert!(
-        of_type(&seen, "tool.approval_resolved").is_empty(),
+    let resolved = of_type(&seen, "tool.approval_resolved");
+    assert_eq!(
+        resolved
+            .iter()
+            .filter(|e| e["requestId"] == json!(rid))
+            .count(),
+        1,
         "{:?}",
         types(&seen)
+    );
+    assert_eq!(
+        resolved
+            .iter()
+            .filter(|e| e["requestId"] == json!(unseen))
+            .count(),
+        1,
+        "{:?}",
+        types(&seen)
+    );
+    let (status, policies) = srv.get("/api/policies", &srv.operator_token).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        !policies["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["origin_run_id"] == json!(run.id)),
+        "the pod's word wrote no policy: {policies}"
     );
 
     // A real pod (the client's, not announcing): a denial forwarded on a card Tollgate

@@ -163,6 +163,14 @@ pub async fn decide(
             serde_json::Value::from(truncate(&clean(reason), TARGET_MAX))
         ));
     }
+    if let Some(grant) = &answer.grant {
+        // What later cards this approval now approves without a human.
+        line.push_str(&format!(
+            "; standing grant: {} within scope {}",
+            clean(&grant.tool_name),
+            clean(&grant.scope)
+        ));
+    }
     println!("{line}");
     Ok(if as_asked { 0 } else { 1 })
 }

@@ -999,6 +999,12 @@ export interface components {
              *     otherwise meanwhile (the answer's `state` is how it ended).
              */
             pod_applied?: boolean | null;
+            /**
+             * @description The standing grant this card's approval made: which tool, for which scope (`run`,
+             *     `tool`, `always`); absent when it made none (`once`, a denial, an expiry, or an
+             *     approval its agent host applied before this decision).
+             */
+            grant?: components["schemas"]["Grant"] | null;
         };
         /**
          * @description What the interactivity endpoint answers a verified interaction (Slack reads only the
@@ -1518,6 +1524,12 @@ export interface components {
             type: string;
             /** @description `card_resolved`, `already_announced` or `too_soon`. */
             reason: string;
+        };
+        /** @description What a standing grant covers: later cards for `tool_name` within `scope`. */
+        Grant: {
+            tool_name: string;
+            /** @description `run`, `tool` or `always`. */
+            scope: string;
         };
     };
     responses: never;

@@ -626,15 +626,6 @@ async fn recorded_by_the_applying_forward(
     }
 }
 
-/// 409 `pending` for an approval the pod reports but this forward did not apply.
-fn unapplied_approval() -> ApiError {
-    ApiError::new(
-        StatusCode::CONFLICT,
-        "the agent host reports an approval this decision did not apply; it is recorded when the decision that applied it is sent again",
-    )
-    .with_state(ErrorState::Pending)
-}
-
 /// Who decided, for a card a pod reports ended by something other than this forward:
 /// the pod's word about who decided is not evidence.
 const DECIDED_IN_POD: &str = "agenthost";
@@ -719,12 +710,23 @@ async fn record_verdict(
             ..
         } => {
             let card = &located.card;
-            return match recorded_by_the_applying_forward(deps, &card.run_id, &card.request_id)
-                .await?
+            if let Some(card) =
+                recorded_by_the_applying_forward(deps, &card.run_id, &card.request_id).await?
             {
-                Some(card) => Ok(decision_answer(&card, verb)),
-                None => Err(unapplied_approval()),
+                return Ok(decision_answer(&card, verb));
+            }
+            // The pod's earlier decision won (a late or repeated forward): its terminal
+            // state, attributed to nobody, with no policy (a standing grant comes only
+            // from the forward that applied an approval).
+            let earlier = Resolution::Approved {
+                scope: Scope::Once,
+                by: DECIDED_IN_POD.into(),
+                reason: None,
             };
+            (
+                deps.gate.resolve_without_grant(located, earlier).await?,
+                false,
+            )
         }
         PodVerdict::Terminal {
             state: ApprovalState::Denied,
@@ -795,6 +797,16 @@ async fn forward_decision(
     // operator or the pod's decision answer merely names.
     let asked_tool = match scope {
         Scope::Once => body.tool_name.clone(),
+        // A standing grant on a card Tollgate never saw is for the tool the operator names,
+        // and only when the pod's own context agrees: the pod is an origin the agent named,
+        // so its word alone never chooses what later calls are approved without a human.
+        _ if body.tool_name.is_none() => {
+            return Err(ApiError::bad_request(format!(
+                "scope {} on a card Tollgate has not seen needs tool_name: the tool the grant is for, as the card shows it",
+                scope.as_str()
+            ))
+            )
+        }
         _ => {
             let Some(origin) = head.agenthost_origin.as_deref() else {
                 return Err(agenthost_unreachable("the run has no agenthost_origin"));
@@ -849,15 +861,16 @@ async fn forward_decision(
     else {
         return Err(unknown());
     };
-    // An approval this forward did not apply is recorded only from the forward that did
-    // (sent again, it answers `applied` again): a card recorded already answers as it
-    // stands; otherwise nothing is written (409 `pending`), never an approval on the
-    // pod's word alone.
+    // An approval this forward did not apply (the pod's earlier decision won): a card the
+    // applying forward recorded meanwhile answers as it stands; otherwise the pod's
+    // terminal state is recorded as it is — approved, by nobody Tollgate knows, with no
+    // policy (only the forward that applied a scoped approval writes one).
     if state == ApprovalState::Approved && !applied {
-        return match recorded_by_the_applying_forward(deps, &head.run_id, &body.request_id).await? {
-            Some(card) => Ok(decision_answer(&card, verb)),
-            None => Err(unapplied_approval()),
-        };
+        if let Some(card) =
+            recorded_by_the_applying_forward(deps, &head.run_id, &body.request_id).await?
+        {
+            return Ok(decision_answer(&card, verb));
+        }
     }
     let now = tollgate_domain::now_millis();
     let card = ApprovalRequest {
@@ -878,7 +891,11 @@ async fn forward_decision(
         // What this forward applied is what the operator asked; an earlier denial or
         // expiry is attributed to nobody (the pod's word about who decided is not
         // evidence).
-        scope: (state == ApprovalState::Approved).then_some(scope),
+        scope: (state == ApprovalState::Approved).then_some(if applied {
+            scope
+        } else {
+            Scope::Once
+        }),
         decided_by: applied.then(|| claims.sub.clone()),
         decided_at: Some(now),
         created_at: now,
@@ -1023,7 +1040,25 @@ fn decision_answer(card: &ApprovalRequest, verb: Verb) -> Decided {
         reason: card.end_reason.clone(),
         decision_reason: card.decision_reason.clone(),
         pod_applied: None,
+        grant: grant_made(card),
     }
+}
+
+/// The standing grant an approved card's decision made: a scope beyond `once` given by
+/// an operator (never by a policy, and never on its agent host's word).
+fn grant_made(card: &ApprovalRequest) -> Option<wire::Grant> {
+    let scope = card.scope.filter(|s| *s != Scope::Once)?;
+    let by_operator = card.decided_by.as_deref().is_some_and(|by| {
+        by != DECIDED_IN_POD && !by.starts_with(tollgate_domain::approval::POLICY_DECIDER_PREFIX)
+    });
+    (card.state == ApprovalState::Approved
+        && by_operator
+        && card.auto_approval.is_none()
+        && !card.tool_name.is_empty())
+    .then(|| wire::Grant {
+        tool_name: card.tool_name.clone(),
+        scope: scope.as_str().into(),
+    })
 }
 
 fn pending_only(query: Option<&str>) -> Result<(), ApiError> {

@@ -3,7 +3,8 @@
 //! decision the durable gate knows nothing of is forwarded to the pod —
 //! `POST {origin}/tool-approvals` `{runId, requestId, scope}` or `/tool-denials`
 //! `{runId, requestId}` with `Authorization: Bearer <the run's pod credential>` — and its
-//! answer mapped: a terminal state → 200, pod 404 → 404 `unknown`, pod 409 → 409
+//! answer mapped: a terminal state → 200, pod 404 → 404 `unknown`, pod 409 `{state:
+//! "pending"}` → 409
 //! `pending`, anything else (no answer in time, 5xx, 401, invalid JSON, another run's
 //! answer) → 503 `agenthost_unreachable`.
 //!
@@ -277,7 +278,10 @@ pub async fn forward(
     match status {
         200 => parse_terminal(&bytes, run_id, request_id),
         404 => PodAnswer::Unknown,
-        409 => PodAnswer::Pending,
+        // Only a 409 that says the card is pending is pending (AgentHost's other 409,
+        // `run_mismatch`, is an answer nothing can be done with: unreachable, not a
+        // reason for the operator to click again).
+        409 if says_pending(&bytes) => PodAnswer::Pending,
         other => PodAnswer::Unreachable(format!("the pod answered {other}")),
     }
 }
@@ -432,6 +436,18 @@ async fn read_bounded(mut response: reqwest::Response, max: usize) -> Option<Vec
     Some(out)
 }
 
+/// Whether a pod's 409 body says `state: "pending"`.
+fn says_pending(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(bytes)
+        .ok()
+        .and_then(|v| {
+            v.get("state")
+                .and_then(Value::as_str)
+                .map(|s| s == "pending")
+        })
+        .unwrap_or(false)
+}
+
 /// A 200 from the pod: a terminal state of this very card, or it is not an answer.
 fn parse_terminal(bytes: &[u8], run_id: &str, request_id: &str) -> PodAnswer {
     let Ok(Value::Object(v)) = serde_json::from_slice::<Value>(bytes) else {
@@ -523,6 +539,15 @@ mod tests {
         }
         assert!(check_origin("http://10.0.0.1:9000", true).is_err());
         assert!(check_origin("https://169.254.169.254", true).is_err());
+    }
+
+    #[test]
+    fn only_a_409_saying_pending_is_pending() {
+        assert!(says_pending(br#"{"state":"pending"}"#));
+        assert!(!says_pending(br#"{"state":"run_mismatch"}"#));
+        assert!(!says_pending(br#"{"error":"run_mismatch"}"#));
+        assert!(!says_pending(b"not json"));
+        assert!(!says_pending(b""));
     }
 
     #[test]

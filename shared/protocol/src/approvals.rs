@@ -134,6 +134,20 @@ pub struct Decided {
     /// otherwise meanwhile (the answer's `state` is how it ended).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_applied: Option<bool>,
+    /// The standing grant this card's approval made: which tool, for which scope (`run`,
+    /// `tool`, `always`); absent when it made none (`once`, a denial, an expiry, or an
+    /// approval its agent host applied before this decision).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<Grant>,
+}
+
+/// What a standing grant covers: later cards for `tool_name` within `scope`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Grant {
+    pub tool_name: String,
+    /// `run`, `tool` or `always`.
+    pub scope: String,
 }
 
 /// An approval card as listed and read.

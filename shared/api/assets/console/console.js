@@ -745,7 +745,7 @@
       if (r.status === 200 && b.resolved) {
         // The decision won, or the card had already ended: no longer offered.
         const mine = verb === 'approve' && b.state === 'approved' && b.decided_by === state.me;
-        resolveCard(this.key, { state: b.state, by: b.decided_by, scope: mine ? scope : undefined, reason: b.decision_reason });
+        resolveCard(this.key, { state: b.state, by: b.decided_by, scope: mine ? scope : undefined, reason: b.decision_reason, grant: mine ? b.grant : undefined });
       } else if (r.status === 404 && b.state === 'unknown') {
         hideCard(this.key, 'Request ' + this.requestId.slice(0, 8) + ' no longer exists.');
       } else if (r.status === 503 && b.state === 'agenthost_unreachable') {
@@ -782,6 +782,8 @@
       else if (this.state === 'expired') text = 'Expired — nobody decided in time';
       else text = 'Resolved' + by;
       if (info.reason && this.state !== 'expired') text += ': “' + info.reason + '”';
+      // What later cards this approval approves without a human, as the server says.
+      if (info.grant && info.grant.tool_name) text += ' — standing grant: ' + info.grant.tool_name + ' within scope ' + info.grant.scope;
       setText(this.outcome, text);
       setText(this.time, '—');
       announce(this.toolName + ' ' + this.requestId.slice(0, 8) + ': ' + text + '.');
