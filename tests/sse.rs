@@ -462,8 +462,9 @@ async fn operator_stream_serves_operators_only(backend: Backend) {
 /// GIVEN a server whose caps are 2 streams per run token, 3 per agent and 4 per project
 /// WHEN one run token opens a third stream THEN 429 JSON with `Retry-After` (before any
 /// stream byte), while another agent's run token and an operator still get streams; the
-/// creating agent's JWT streams and its runs' token streams together stop at the tenant
-/// cap (4); once a stream closes, its place is free again.
+/// creating agent's JWT streams and its runs' token streams together stop at the
+/// agent's cap (3: runs, which cost nothing, buy no more places); once a stream closes,
+/// its place is free again.
 async fn streams_are_capped_per_run_agent_and_project(backend: Backend) {
     let sse = SseConfig {
         caps: tollgate_api::sse::StreamCaps {
@@ -507,12 +508,10 @@ async fn streams_are_capped_per_run_agent_and_project(backend: Backend) {
     let _op = open(&srv, &path, &srv.operator_token, None).await;
     let _op2 = open(&srv, &path, &srv.operator_token, None).await;
     let _op3 = open(&srv, &path, &srv.operator_token, None).await;
-    // The creating agent's own JWT: its own cap (3); the runs without a project belong
-    // to their creating agent's tenant (4 with the two run-token streams).
+    // The creating agent's own JWT shares its cap (3) with its runs' token streams.
     let _j1 = open(&srv, &path, &srv.agent_token, None).await;
-    let _j2 = open(&srv, &path, &srv.agent_token, None).await;
     let error = refused(get(path.clone(), srv.agent_token.clone()).await).await;
-    assert!(error.contains("project"), "{error}");
+    assert!(error.contains("agent"), "{error}");
     // A place freed by a closed stream is free again (the server notices the close).
     drop(a);
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -415,9 +415,14 @@ fn expected_access() -> BTreeMap<&'static str, BTreeMap<String, BTreeSet<String>
                         "dynamodb:UpdateItem",
                     ],
                 ),
+                ("ConnectionsTable/index/by_holder", &["dynamodb:Query"]),
                 ("FanoutDeadLetterQueue", &["sqs:SendMessage"]),
                 (
                     "WebSocketApi/live/POST/@connections/*",
+                    &["execute-api:ManageConnections"],
+                ),
+                (
+                    "WebSocketApi/live/DELETE/@connections/*",
                     &["execute-api:ManageConnections"],
                 ),
             ]),
@@ -503,9 +508,12 @@ fn every_function_has_its_own_least_privilege_role() {
                         None if text.ends_with(".StreamArn") => text,
                         None => target,
                     };
-                    // The one wildcard allowed: any connection of one API's stage.
+                    // The one wildcard allowed: any connection of one API's stage (posted
+                    // to, or closed).
                     assert!(
-                        !key.contains('*') || key.ends_with("/live/POST/@connections/*"),
+                        !key.contains('*')
+                            || key.ends_with("/live/POST/@connections/*")
+                            || key.ends_with("/live/DELETE/@connections/*"),
                         "{name}: wildcard in {key}"
                     );
                     granted

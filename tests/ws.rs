@@ -194,6 +194,14 @@ async fn backlog_live_and_done(backend: Backend) {
     for _ in 0..3 {
         frames.push(next(&mut ws).await.unwrap());
     }
+    // The run token, in the query, connected while the run lives.
+    let mut by_token = connect(
+        &srv.base,
+        None,
+        &format!("?access_token={token}&run_id={run_id}"),
+    )
+    .await
+    .unwrap();
     let (status, _) = srv
         .post(&format!("/api/runs/{run_id}/complete"), &token, &json!({}))
         .await;
@@ -213,19 +221,14 @@ async fn backlog_live_and_done(backend: Backend) {
         done,
         json!({"run_id": run_id, "event": "done", "data": {"run_id": run_id, "terminal_sequence": 10}})
     );
-    // The run token, in the query, resuming after 8.
-    let mut ws = connect(
-        &srv.base,
-        None,
-        &format!("?access_token={token}&run_id={run_id}"),
-    )
-    .await
-    .unwrap();
-    subscribe(&mut ws, &run_id, 8).await;
-    assert_eq!(next(&mut ws).await.unwrap()["event"], "subscribed");
-    let (events, _) = events_until_done(&mut ws).await;
+    // The run token resuming after 8 once the run has ended: the rest and `done`, then
+    // the connection closes.
+    subscribe(&mut by_token, &run_id, 8).await;
+    assert_eq!(next(&mut by_token).await.unwrap()["event"], "subscribed");
+    let (events, _) = events_until_done(&mut by_token).await;
     let ids: Vec<u64> = events.iter().map(|f| f["id"].as_u64().unwrap()).collect();
     assert_eq!(ids, vec![9, 10]);
+    assert_eq!(closed_with(&mut by_token).await, Some(CloseCode::Normal));
 }
 
 /// A subscription to `run` is refused with an `error` frame of `code`; the connection
@@ -356,10 +359,26 @@ async fn bad_messages(backend: Backend) {
     assert_eq!(closed_with(&mut ws).await, Some(CloseCode::Policy));
 }
 
+/// Connects, retrying while refused 429 (a place given back is seen once the server
+/// noticed the close); panics on any other refusal or past the bound.
+async fn open_once_free(base: &str, token: &str, query: &str) -> Socket {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match connect(base, Some(token), query).await {
+            Ok(ws) => return ws,
+            Err((429, _)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("the place was not given back: {e:?}"),
+        }
+    }
+}
+
 /// GIVEN caps of 2 streams per run token and 3 per project WHEN a run token opens a
-/// third connection, an agent subscribes a fourth time in its project, or a connection
-/// subscribes to one run more than it may THEN 429 `too_many_streams` at the upgrade, an
-/// `error` frame `too_many_streams` at subscribe; a place freed is taken again.
+/// third connection, an agent's connections and subscriptions reach its tenant's cap,
+/// or a connection subscribes to one run more than it may THEN 429 `too_many_streams`
+/// at the upgrade, an `error` frame `too_many_streams` at subscribe; a connection takes
+/// its place whether or not it follows anything; a place freed is taken again.
 async fn caps(backend: Backend) {
     let mut deps = deps(backend).await;
     deps.sse = SseConfig {
@@ -374,35 +393,45 @@ async fn caps(backend: Backend) {
     let (run_id, token) = srv.create_run(json!({})).await;
     let q = format!("?run_id={run_id}");
     let first = open(&srv.base, &token, &q).await;
-    let _second = open(&srv.base, &token, &q).await;
+    let second = open(&srv.base, &token, &q).await;
     let (status, body) = connect(&srv.base, Some(&token), &q).await.err().unwrap();
     assert_eq!(status, 429, "{body}");
     assert_eq!(body["code"], "too_many_streams");
     drop(first);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        match connect(&srv.base, Some(&token), &q).await {
-            Ok(_) => break,
-            Err((429, _)) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            Err(e) => panic!("the place was not given back: {e:?}"),
-        }
-    }
-    // Per project (here: the creating agent's runs): subscriptions count.
+    let third = open_once_free(&srv.base, &token, &q).await;
+    // Per project (here: the creating agent's runs): the two idle run token connections
+    // hold two of its three places, so the agent's own connection is the last one.
     let mut ws = open(&srv.base, &srv.agent_token, "").await;
+    let (status, body) = connect(&srv.base, Some(&srv.agent_token), "")
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (429, Some("too_many_streams")),
+        "{body}"
+    );
+    drop((second, third));
+    // Freed: the connection holds one place, each subscription one more.
     let mut runs = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..3 {
         runs.push(srv.create_run(json!({})).await.0);
     }
-    // The run token connections above hold none of the tenant's places now (one is
-    // closed, the other two hold their run's place only).
-    for run in &runs[..3] {
-        subscribe(&mut ws, run, 0).await;
-        assert_eq!(next(&mut ws).await.unwrap()["event"], "subscribed");
+    let deadline = Instant::now() + WAIT;
+    for run in &runs[..2] {
+        loop {
+            subscribe(&mut ws, run, 0).await;
+            let f = next(&mut ws).await.unwrap();
+            if f["event"] == "subscribed" {
+                break;
+            }
+            assert_eq!(f["data"]["code"], "too_many_streams", "{f}");
+            assert!(Instant::now() < deadline, "the places were not given back");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         assert_eq!(next(&mut ws).await.unwrap()["id"], 1);
     }
-    subscribe(&mut ws, &runs[3], 0).await;
+    subscribe(&mut ws, &runs[2], 0).await;
     let f = next(&mut ws).await.unwrap();
     assert_eq!(
         (f["event"].as_str(), f["data"]["code"].as_str()),
@@ -411,7 +440,7 @@ async fn caps(backend: Backend) {
     );
     send(&mut ws, json!({"action": "unsubscribe", "run_id": runs[0]})).await;
     assert_eq!(next(&mut ws).await.unwrap()["event"], "unsubscribed");
-    subscribe(&mut ws, &runs[3], 0).await;
+    subscribe(&mut ws, &runs[2], 0).await;
     assert_eq!(next(&mut ws).await.unwrap()["event"], "subscribed");
     // Per connection: an operator (no tenant caps) up to the protocol's bound.
     let mut ws = open(&srv.base, &srv.operator_token, "").await;
@@ -425,6 +454,121 @@ async fn caps(backend: Backend) {
     subscribe(&mut ws, &run, 0).await;
     let f = next(&mut ws).await.unwrap();
     assert_eq!(f["data"]["code"], "too_many_streams", "{f}");
+}
+
+/// A run of an agent of `project`: `(run_id, run_token)`.
+async fn project_run(srv: &TestServer, agent: &str) -> (String, String) {
+    let (status, v) = srv.post("/api/runs", agent, &json!({})).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    (
+        v["run_id"].as_str().unwrap().to_owned(),
+        v["run_token"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// GIVEN the default caps and pool WHEN eight agents of one project each create 8 runs
+/// and open 8 idle WebSocket connections with each run's token (512 attempts: runs cost
+/// nothing) THEN each agent gets at most its 64 places and the project exactly its 250,
+/// every other attempt is 429 `too_many_streams`; and another tenant's run token still
+/// connects, subscribes and receives its events, its SSE stream opens, and an operator
+/// still connects.
+async fn one_projects_idle_connections_leave_the_others_streaming(backend: Backend) {
+    let srv = server(backend).await;
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let flooders: Vec<String> = (0..8)
+        .map(|i| {
+            srv.auth.mint_jwt(
+                &format!("flood-{i}"),
+                Role::Agent,
+                3600,
+                Some(format!("flood-{id}")),
+            )
+        })
+        .collect();
+    let quiet = srv
+        .auth
+        .mint_jwt("quiet", Role::Agent, 3600, Some(format!("quiet-{id}")));
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for flood in flooders.iter().flat_map(|f| std::iter::repeat_n(f, 8)) {
+        let (run_id, token) = project_run(&srv, flood).await;
+        let q = format!("?run_id={run_id}");
+        for _ in 0..8 {
+            match connect(&srv.base, Some(&token), &q).await {
+                Ok(ws) => held.push(ws),
+                Err((429, body)) => {
+                    assert_eq!(body["code"], "too_many_streams", "{body}");
+                    refused += 1;
+                }
+                Err(other) => panic!("refused otherwise: {other:?}"),
+            }
+        }
+    }
+    let defaults = tollgate_api::sse::StreamCaps::default();
+    assert_eq!(held.len(), defaults.per_project, "{refused} refused");
+    assert_eq!(held.len() + refused, 8 * 8 * 8);
+    // Another tenant streams.
+    let (run_id, token) = project_run(&srv, &quiet).await;
+    append(&srv, &run_id, &token, 2).await;
+    let mut ws = open(&srv.base, &token, &format!("?run_id={run_id}")).await;
+    subscribe(&mut ws, &run_id, 0).await;
+    assert_eq!(next(&mut ws).await.unwrap()["event"], "subscribed");
+    let ids: Vec<u64> = [next(&mut ws).await.unwrap(), next(&mut ws).await.unwrap()]
+        .iter()
+        .map(|f| f["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, [1, 2]);
+    let sse = srv
+        .http
+        .get(srv.url(&format!("/api/runs/{run_id}/stream")))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), StatusCode::OK);
+    drop(sse);
+    let _operator = open(&srv.base, &srv.operator_token, "").await;
+    drop(held);
+}
+
+/// GIVEN a live run with two connections opened with its token (one following the run,
+/// one following nothing) and an agent's connection following it WHEN the run completes
+/// THEN the follower gets `done` and both run token connections are closed (normal
+/// closure) — the idle one at the next ping at the latest; the agent's connection stays
+/// open (answers a ping); the ended run's token is refused at the upgrade with 409
+/// `run_terminal`, while replay still reads the run with it.
+async fn an_ended_runs_token_holds_no_connection(backend: Backend) {
+    let srv = server(backend).await;
+    let (run_id, token) = srv.create_run(json!({})).await;
+    let q = format!("?run_id={run_id}");
+    let mut follows = open(&srv.base, &token, &q).await;
+    let mut idle = open(&srv.base, &token, &q).await;
+    let mut agent = open(&srv.base, &srv.agent_token, "").await;
+    for ws in [&mut follows, &mut agent] {
+        subscribe(ws, &run_id, 0).await;
+        assert_eq!(next(ws).await.unwrap()["event"], "subscribed");
+        assert_eq!(next(ws).await.unwrap()["id"], 1);
+    }
+    let (status, v) = srv
+        .post(&format!("/api/runs/{run_id}/complete"), &token, &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    for ws in [&mut follows, &mut agent] {
+        let (_, done) = events_until_done(ws).await;
+        assert_eq!(done["data"]["run_id"], run_id.as_str());
+    }
+    assert_eq!(closed_with(&mut follows).await, Some(CloseCode::Normal));
+    assert_eq!(closed_with(&mut idle).await, Some(CloseCode::Normal));
+    send(&mut agent, json!({"action": "ping"})).await;
+    assert_eq!(next(&mut agent).await.unwrap()["event"], "pong");
+    let (status, body) = connect(&srv.base, Some(&token), &q).await.err().unwrap();
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("run_terminal")),
+        "{body}"
+    );
+    let events = srv.replay_all(&run_id, &token, 100).await;
+    assert_eq!(events.last().unwrap()["type"], "run_completed");
 }
 
 /// GIVEN at least 1,000 events appended in small batches (more until the subscriber has
@@ -605,6 +749,8 @@ tollgate_tests::for_each_backend! {
     refusals_at_upgrade_and_subscribe => super::refusals_at_upgrade_and_subscribe;
     bad_messages => super::bad_messages;
     caps => super::caps;
+    one_projects_idle_connections_leave_the_others_streaming => super::one_projects_idle_connections_leave_the_others_streaming;
+    an_ended_runs_token_holds_no_connection => super::an_ended_runs_token_holds_no_connection;
     dropped_twenty_times_misses_nothing => super::dropped_twenty_times_misses_nothing;
     client_follows_over_websocket_or_sse => super::client_follows_over_websocket_or_sse;
     gate_waits_over_websocket => super::gate_waits_over_websocket;

@@ -324,6 +324,18 @@ mod dynamo {
 
         let connected = rig.connect_run("conn-a", &run_token, &run_id).await;
         assert_eq!(connected["statusCode"], 200, "{connected}");
+        let conn = rig
+            .registry
+            .get_connection("conn-a")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(conn.kind, "run");
+        assert!(conn.token_digest.as_deref() != Some(run_token.as_str()));
+        assert_eq!(
+            conn.holder.as_deref(),
+            Some(format!("run:{run_id}").as_str())
+        );
         assert_eq!(
             connected["headers"]["sec-websocket-protocol"], "tollgate.v1",
             "{connected}"
@@ -371,25 +383,33 @@ mod dynamo {
             .map(|f| &f["data"])
             .collect();
         assert_eq!(delivered, replayed.iter().collect::<Vec<_>>());
-        // The run ended: its subscription is gone, the connection stays.
+        // The run ended: its subscription is gone, and its token's connection closed.
         assert!(rig.registry.subscribers(&run_id).await.unwrap().is_empty());
-        let conn = rig
+        assert_eq!(rig.endpoint.closed(), ["conn-a"]);
+        assert!(rig
             .registry
             .get_connection("conn-a")
             .await
             .unwrap()
-            .unwrap();
-        assert!(conn.runs.is_empty(), "{conn:?}");
-        assert_eq!(conn.kind, "run");
-        assert!(conn.token_digest.as_deref() != Some(run_token.as_str()));
+            .is_none());
 
-        // Subscribing to the ended run: backlog after 5, then done, nothing recorded.
+        // The agent subscribing to the ended run: backlog after 5, then done, nothing
+        // recorded.
+        let connected = rig.connect("conn-b", &s.agent_token).await;
+        assert_eq!(connected["statusCode"], 200, "{connected}");
+        let conn = rig
+            .registry
+            .get_connection("conn-b")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(conn.kind, "agent");
         rig.send(
-            "conn-a",
+            "conn-b",
             json!({"action": "subscribe", "run_id": run_id, "after": 5}),
         )
         .await;
-        let frames = rig.endpoint.take("conn-a");
+        let frames = rig.endpoint.take("conn-b");
         let mut last = 5;
         let kept = as_client(&frames, &mut last);
         assert_eq!(
@@ -399,18 +419,18 @@ mod dynamo {
         assert!(rig.registry.subscribers(&run_id).await.unwrap().is_empty());
 
         // ping → pong; unknown action → error frame (400, ErrorBody); disconnect.
-        rig.send("conn-a", json!({"action": "ping"})).await;
-        rig.send("conn-a", json!({"action": "dance"})).await;
-        let frames = rig.endpoint.take("conn-a");
+        rig.send("conn-b", json!({"action": "ping"})).await;
+        rig.send("conn-b", json!({"action": "dance"})).await;
+        let frames = rig.endpoint.take("conn-b");
         assert_eq!(frames[0], json!({"event": "pong", "data": {}}));
         assert_eq!(frames[1]["event"], "error");
         assert_eq!(frames[1]["data"]["code"], "invalid_request", "{frames:?}");
         assert!(frames[1].get("id").is_none());
-        let bye = rig.invoke("$disconnect", "conn-a", json!({})).await;
+        let bye = rig.invoke("$disconnect", "conn-b", json!({})).await;
         assert_eq!(bye["statusCode"], 200);
         assert!(rig
             .registry
-            .get_connection("conn-a")
+            .get_connection("conn-b")
             .await
             .unwrap()
             .is_none());
@@ -567,34 +587,110 @@ mod dynamo {
         );
     }
 
-    /// Caps: a run token holds at most `per_run` subscriptions across connections, a
-    /// connection at most 16 runs; one more is a `too_many_streams` error frame.
+    /// GIVEN a run with two connections opened with its token (one following the run,
+    /// one following nothing) and an agent's connection following it WHEN the run
+    /// completes and the fanout posts its end THEN the follower gets `done`, both run
+    /// token connections are closed (`DELETE @connections`) and gone from the
+    /// registry, the agent's stays; the ended run's token is refused at `$connect` with
+    /// 409 `run_terminal` and records nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_ended_runs_token_holds_no_connection() {
+        let rig = Rig::start().await;
+        let s = &rig.server;
+        let (run_id, run_token) = s.create_run(json!({})).await;
+        assert_eq!(rig.fan_out().await["batchItemFailures"], json!([]));
+        for c in ["follows", "idle"] {
+            let r = rig.connect_run(c, &run_token, &run_id).await;
+            assert_eq!(r["statusCode"], 200, "{r}");
+        }
+        assert_eq!(
+            rig.connect("agent", &s.agent_token).await["statusCode"],
+            200
+        );
+        for c in ["follows", "agent"] {
+            rig.send(c, json!({"action": "subscribe", "run_id": run_id}))
+                .await;
+            assert_eq!(rig.endpoint.take(c).last().unwrap()["id"], 1);
+        }
+        let (status, v) = s
+            .post(
+                &format!("/api/runs/{run_id}/complete"),
+                &run_token,
+                &json!({}),
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(rig.fan_out().await["batchItemFailures"], json!([]));
+        for c in ["follows", "agent"] {
+            let frames = rig.endpoint.take(c);
+            assert_eq!(frames.last().unwrap()["event"], "done", "{c}: {frames:?}");
+        }
+        let mut closed = rig.endpoint.closed();
+        closed.sort();
+        assert_eq!(closed, ["follows", "idle"]);
+        for c in ["follows", "idle"] {
+            assert!(
+                rig.registry.get_connection(c).await.unwrap().is_none(),
+                "{c}"
+            );
+        }
+        assert!(rig
+            .registry
+            .get_connection("agent")
+            .await
+            .unwrap()
+            .is_some());
+        let late = rig.connect_run("late", &run_token, &run_id).await;
+        assert_eq!(late["statusCode"], 409, "{late}");
+        let body: Value = serde_json::from_str(late["body"].as_str().unwrap()).unwrap();
+        assert_eq!(body["code"], "run_terminal", "{body}");
+        assert!(rig.registry.get_connection("late").await.unwrap().is_none());
+    }
+
+    /// Caps: a run token holds at most `per_run` connections (each counted in the
+    /// registry whether or not it follows anything), a connection at most 16 runs; one
+    /// more connection is 429 `too_many_streams` at `$connect` and writes nothing, one
+    /// more run an error frame; a connection gone frees its place.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn caps_are_counted_in_the_registry() {
         let mut rig = Rig::start().await;
         rig.ws.caps.per_run = 2;
         let s = &rig.server;
         let (run_id, run_token) = s.create_run(json!({})).await;
-        for c in ["c1", "c2", "c3"] {
+        for c in ["c1", "c2"] {
             assert_eq!(
                 rig.connect_run(c, &run_token, &run_id).await["statusCode"],
                 200
             );
+        }
+        let third = rig.connect_run("c3", &run_token, &run_id).await;
+        assert_eq!(third["statusCode"], 429, "{third}");
+        let body: Value = serde_json::from_str(third["body"].as_str().unwrap()).unwrap();
+        assert_eq!(body["code"], "too_many_streams", "{body}");
+        assert!(rig.registry.get_connection("c3").await.unwrap().is_none());
+        // Subscribing takes no place under the run token's cap: both connections follow.
+        for c in ["c1", "c2"] {
             rig.send(c, json!({"action": "subscribe", "run_id": run_id}))
                 .await;
+            assert_eq!(rig.endpoint.take(c)[0]["event"], "subscribed");
         }
-        assert_eq!(rig.endpoint.take("c1")[0]["event"], "subscribed");
-        assert_eq!(rig.endpoint.take("c2")[0]["event"], "subscribed");
-        let third = rig.endpoint.take("c3");
-        assert_eq!(third[0]["event"], "error", "{third:?}");
-        assert_eq!(third[0]["data"]["code"], "too_many_streams", "{third:?}");
-        // Unsubscribing frees a place.
-        rig.send("c1", json!({"action": "unsubscribe", "run_id": run_id}))
-            .await;
-        assert_eq!(rig.endpoint.take("c1")[0]["event"], "unsubscribed");
-        rig.send("c3", json!({"action": "subscribe", "run_id": run_id}))
-            .await;
-        assert_eq!(rig.endpoint.take("c3")[0]["event"], "subscribed");
+        // A connection gone frees its place.
+        rig.invoke("$disconnect", "c1", json!({})).await;
+        let again = rig.connect_run("c3", &run_token, &run_id).await;
+        assert_eq!(again["statusCode"], 200, "{again}");
+
+        // Per tenant: an agent's idle connections count against its project.
+        rig.ws.caps.per_project = 2;
+        let auth = Auth::new(tollgate_tests::TEST_SECRET.as_bytes());
+        let flood = auth.mint_jwt("flood", Role::Agent, 3600, Some("flood".into()));
+        let quiet = auth.mint_jwt("quiet", Role::Agent, 3600, Some("quiet".into()));
+        for c in ["f1", "f2"] {
+            assert_eq!(rig.connect(c, &flood).await["statusCode"], 200);
+        }
+        let f3 = rig.connect("f3", &flood).await;
+        assert_eq!(f3["statusCode"], 429, "{f3}");
+        assert_eq!(rig.connect("q1", &quiet).await["statusCode"], 200);
+        rig.ws.caps.per_project = 250;
 
         // Sixteen runs on one operator connection, then one more is refused.
         assert_eq!(

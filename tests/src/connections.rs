@@ -1,6 +1,7 @@
 //! A fake API Gateway `@connections` endpoint on loopback (docs/architecture.md §9): it
 //! records the frames posted to each connection, in order, and answers 410 Gone, as API
-//! Gateway does, for the connections marked gone. The deployed push's tests and the
+//! Gateway does, for the connections marked gone; a `DELETE` (the server closing a
+//! connection) is recorded and leaves it gone. The deployed push's tests and the
 //! lifecycle meter post through it with the real `Poster`.
 
 use std::collections::{BTreeMap, HashSet};
@@ -16,6 +17,23 @@ use serde_json::Value;
 pub struct Endpoint {
     posts: Arc<Mutex<BTreeMap<String, Vec<Value>>>>,
     gone: Arc<Mutex<HashSet<String>>>,
+    closed: Arc<Mutex<Vec<String>>>,
+}
+
+async fn delete_connection(
+    State(ep): State<Endpoint>,
+    Path(id): Path<String>,
+) -> axum::response::Response {
+    if !ep.gone.lock().unwrap().insert(id.clone()) {
+        return (
+            StatusCode::GONE,
+            [("x-amzn-errortype", "GoneException")],
+            r#"{"message":"gone"}"#,
+        )
+            .into_response();
+    }
+    ep.closed.lock().unwrap().push(id);
+    StatusCode::NO_CONTENT.into_response()
 }
 
 async fn post_to_connection(
@@ -43,7 +61,7 @@ impl Endpoint {
         let app = axum::Router::new()
             .route(
                 "/live/@connections/{id}",
-                axum::routing::post(post_to_connection),
+                axum::routing::post(post_to_connection).delete(delete_connection),
             )
             .with_state(ep.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -55,6 +73,11 @@ impl Endpoint {
     /// `connection` hangs up: every post to it answers 410 Gone from now on.
     pub fn hang_up(&self, connection: &str) {
         self.gone.lock().unwrap().insert(connection.to_owned());
+    }
+
+    /// The connections the server closed (`DELETE`), in order.
+    pub fn closed(&self) -> Vec<String> {
+        self.closed.lock().unwrap().clone()
     }
 
     /// Everything `connection` was sent so far, taken out.

@@ -361,40 +361,70 @@ pub(crate) async fn open(
         .into_response())
 }
 
-/// The caps a non-operator stream counts against: a run token's run, an agent's `sub`,
-/// and the run's tenant (its project, or without one, the agent that created it).
+/// The caps a non-operator SSE stream counts against: those of its caller
+/// ([`connection_keys`]) and, should the run be another tenant's than the caller's own,
+/// the run's tenant too.
 pub(crate) fn holder_keys(
     caller: &crate::auth::Caller,
     head: &RunHead,
     caps: &StreamCaps,
 ) -> Vec<(String, usize, &'static str)> {
-    let mut keys = caller_keys(caller, caps);
-    keys.push(tenant_key(head, caps));
+    let mut keys = connection_keys(caller, Some(head), caps);
+    let tenant = tenant_key(head, caps);
+    if !keys.iter().any(|(k, _, _)| *k == tenant.0) {
+        keys.push(tenant);
+    }
     keys
 }
 
-/// The cap a non-operator caller's streams count against: its run token's run, or its
-/// agent (`sub` in its project).
-pub(crate) fn caller_keys(
+/// The caps one non-operator connection (a WebSocket connection, an SSE stream) counts
+/// against, whether or not it follows anything: a run token's run, the agent that
+/// created that run and the run's tenant (so that runs, which cost nothing to create,
+/// buy no more places: every run token of a project shares the project's); an agent
+/// JWT's agent (its `sub` in its project) and its own tenant (its project, or without
+/// one, itself). `head` is the run token's run (unused for a JWT).
+pub(crate) fn connection_keys(
     caller: &crate::auth::Caller,
+    head: Option<&RunHead>,
     caps: &StreamCaps,
 ) -> Vec<(String, usize, &'static str)> {
-    let mut keys = Vec::with_capacity(2);
+    let mut keys = Vec::with_capacity(3);
     match caller {
         crate::auth::Caller::Run { run_id, .. } => {
             keys.push((format!("run:{run_id}"), caps.per_run, "run token"));
+            if let Some(head) = head {
+                keys.push((
+                    agent_key(head.project_id.as_deref(), &head.created_by),
+                    caps.per_agent,
+                    "agent",
+                ));
+                keys.push(tenant_key(head, caps));
+            }
         }
         crate::auth::Caller::Jwt(c) => {
-            // The same `sub` in two projects is two agents (quoted: no `sub` or project
-            // can make two keys meet).
             keys.push((
-                format!("agent:{:?}:{:?}", c.project_id, c.sub),
+                agent_key(c.project_id.as_deref(), &c.sub),
                 caps.per_agent,
                 "agent",
             ));
+            let tenant = match &c.project_id {
+                Some(p) => format!("project:{p:?}"),
+                None => format!("creator:{:?}", c.sub),
+            };
+            keys.push((tenant, caps.per_project, "project"));
         }
     }
     keys
+}
+
+/// The key of an agent: its `sub` in its project. The same `sub` in two projects is two
+/// agents (quoted: no `sub` or project can make two keys meet).
+fn agent_key(project_id: Option<&str>, sub: &str) -> String {
+    format!(
+        "agent:{:?}:{:?}",
+        project_id.map(str::to_owned),
+        sub.to_owned()
+    )
 }
 
 /// The cap of the run's tenant (its project, or without one, the agent that created it).

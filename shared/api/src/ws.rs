@@ -39,7 +39,7 @@ use tollgate_protocol::ws::{
 use crate::auth::{Caller, Credentials, Role};
 use crate::request::query_param;
 use crate::request_id::RequestId;
-use crate::sse::{caller_keys, follow, tenant_key, HeldPlaces, Sink, Stop, Wake};
+use crate::sse::{connection_keys, follow, tenant_key, HeldPlaces, Sink, Stop, Wake};
 use crate::{ApiError, Deps};
 
 /// How often the server pings an open connection; a peer silent for two intervals is
@@ -57,6 +57,17 @@ pub const CLOSE_GOING_AWAY: u16 = 1001;
 const MAX_READ_BYTES: usize = 64 * 1024;
 /// Frames queued for one connection's writer.
 const QUEUE: usize = 64;
+/// Close code: a run token's run has ended (its `done` sent): the token holds nothing
+/// more (RFC 6455 "normal closure").
+pub const CLOSE_RUN_ENDED: u16 = 1000;
+
+/// What a connection's writer is handed.
+enum Out {
+    /// A text frame.
+    Frame(String),
+    /// A run token's run has ended and its `done` is queued before this: close.
+    RunEnded,
+}
 
 pub fn routes() -> Router<Deps> {
     // The path is `tollgate_protocol::ws::WS_PATH` (spelled out: the route lists read it).
@@ -91,14 +102,30 @@ async fn upgrade(
         other => other?,
     };
     let operator = matches!(&caller, Caller::Jwt(c) if c.role == Role::Operator);
-    // Agents and run tokens: one place under their cap per connection (shared with SSE
-    // streams), then the pool's.
+    // A run token connects while its run lives: an ended run's token holds no place.
+    let run_head = match &caller {
+        Caller::Run { run_id, .. } => {
+            let head = deps.runs.readable_head(run_id, &caller.viewer()).await?;
+            if head.status.is_terminal() {
+                // 409 `run_terminal`, as any write with the token is: replay still
+                // reads the run's events.
+                return Err(ApiError::from(tollgate_store::StoreError::RunTerminal {
+                    status: head.status,
+                    terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
+                }));
+            }
+            Some(head)
+        }
+        Caller::Jwt(_) => None,
+    };
+    // Agents and run tokens: one place per connection under each of their caps (shared
+    // with SSE streams: the run token's run, the agent, the tenant), then the pool's.
     let places = if operator {
         None
     } else {
         Some(
             deps.streams
-                .hold(caller_keys(&caller, &deps.sse.caps))
+                .hold(connection_keys(&caller, run_head.as_ref(), &deps.sse.caps))
                 .map_err(|what| too_many(StatusCode::TOO_MANY_REQUESTS, what))?,
         )
     };
@@ -188,7 +215,7 @@ fn close(code: u16, reason: &'static str) -> Message {
 impl Connection {
     async fn run(mut self, socket: WebSocket, expires_at: Option<Instant>) {
         let (mut sink, mut stream) = socket.split();
-        let (tx, mut rx) = mpsc::channel::<String>(QUEUE);
+        let (tx, mut rx) = mpsc::channel::<Out>(QUEUE);
         let mut closing = self.deps.closing();
         let mut ping =
             tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
@@ -224,14 +251,25 @@ impl Connection {
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => heard = Instant::now(),
                     Some(Ok(Message::Close(_))) => break,
                 },
-                Some(frame) = rx.recv() => {
-                    if send(&mut sink, Message::Text(frame.into())).await.is_err() {
+                Some(out) = rx.recv() => match out {
+                    Out::Frame(frame) => {
+                        if send(&mut sink, Message::Text(frame.into())).await.is_err() {
+                            break;
+                        }
+                    }
+                    Out::RunEnded => {
+                        closed_with = Some(close(CLOSE_RUN_ENDED, "the run has ended"));
                         break;
                     }
-                }
+                },
                 _ = ping.tick() => {
                     // Finished subscriptions (`done` sent) give their places back.
                     self.subs.retain(|_, s| !s.task.is_finished());
+                    // A run token following nothing still goes once its run has ended.
+                    if self.run_has_ended().await {
+                        closed_with = Some(close(CLOSE_RUN_ENDED, "the run has ended"));
+                        break;
+                    }
                     if heard.elapsed() > PING_EVERY * 2 {
                         tracing::debug!("live socket: peer silent, dropped");
                         break;
@@ -259,6 +297,15 @@ impl Connection {
         let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
     }
 
+    /// Whether this is a run token's connection whose run has ended (a read that fails
+    /// says no: the next tick asks again).
+    async fn run_has_ended(&self) -> bool {
+        let Caller::Run { run_id, .. } = &self.caller else {
+            return false;
+        };
+        matches!(self.deps.runs.head(run_id).await, Ok(Some(h)) if h.status.is_terminal())
+    }
+
     fn error(&self, run_id: Option<&str>, e: ApiError) -> Frame {
         let body = e.body(&self.request_id);
         Frame::control(
@@ -270,7 +317,7 @@ impl Connection {
 
     /// One client message; the frame to answer at once, if any (a subscription's own
     /// frames go through `tx`, after its `subscribed`, which is answered here).
-    async fn handle(&mut self, text: &str, tx: &mpsc::Sender<String>) -> Option<Frame> {
+    async fn handle(&mut self, text: &str, tx: &mpsc::Sender<Out>) -> Option<Frame> {
         let msg: ClientMessage = match serde_json::from_str(text) {
             Ok(m) => m,
             Err(e) => {
@@ -315,7 +362,7 @@ impl Connection {
         &mut self,
         run_id: &str,
         after: u64,
-        tx: &mpsc::Sender<String>,
+        tx: &mpsc::Sender<Out>,
     ) -> Result<Frame, ApiError> {
         if !validate_run_id(run_id) {
             return Err(ApiError::bad_request(tollgate_app::runs::RUN_ID_RULE));
@@ -379,6 +426,8 @@ impl Connection {
             tx: tx.clone(),
             run_id: run_id.to_owned(),
             run_json: serde_json::Value::from(run_id).to_string(),
+            // A run token follows its own run only: after its `done`, the connection goes.
+            ends_connection: matches!(self.caller, Caller::Run { .. }),
         };
         let request_id = self.request_id.clone();
         let task = tokio::spawn(async move {
@@ -408,7 +457,7 @@ impl Connection {
                         Some(&run_id),
                         serde_json::to_value(e.body(&request_id)).unwrap_or_default(),
                     );
-                    let _ = sink.tx.send(text(&frame)).await;
+                    let _ = sink.tx.send(Out::Frame(text(&frame))).await;
                 }
             }
         });
@@ -438,10 +487,12 @@ async fn send(
 
 /// A subscription's frames, queued for the connection's writer.
 struct Subscriber {
-    tx: mpsc::Sender<String>,
+    tx: mpsc::Sender<Out>,
     run_id: String,
     /// `run_id` as a JSON string.
     run_json: String,
+    /// Close the connection after `done` (a run token's).
+    ends_connection: bool,
 }
 
 impl Sink for Subscriber {
@@ -454,7 +505,10 @@ impl Sink for Subscriber {
             serde_json::Value::from(e.event_type.as_str()),
             e.body
         );
-        self.tx.send(frame).await.map_err(|_| Stop::Gone)
+        self.tx
+            .send(Out::Frame(frame))
+            .await
+            .map_err(|_| Stop::Gone)
     }
 
     async fn done(&mut self, end: StreamEnd) -> Result<(), Stop> {
@@ -463,7 +517,14 @@ impl Sink for Subscriber {
             Some(&self.run_id),
             serde_json::to_value(end).unwrap_or_default(),
         );
-        self.tx.send(text(&frame)).await.map_err(|_| Stop::Gone)
+        self.tx
+            .send(Out::Frame(text(&frame)))
+            .await
+            .map_err(|_| Stop::Gone)?;
+        if self.ends_connection {
+            self.tx.send(Out::RunEnded).await.map_err(|_| Stop::Gone)?;
+        }
+        Ok(())
     }
 
     fn tick_at(&self) -> Option<Instant> {

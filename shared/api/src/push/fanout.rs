@@ -119,8 +119,14 @@ impl Fanout {
         run_id: &str,
         events: &[StoredEvent],
     ) -> Result<(), tollgate_store::StoreError> {
+        let ends = events
+            .iter()
+            .any(|e| TERMINAL_TYPES.contains(&e.event_type.as_str()));
         let subscribers = self.registry.subscribers(run_id).await?;
         if subscribers.is_empty() {
+            if ends {
+                self.close_run_token_connections(run_id).await;
+            }
             return Ok(());
         }
         let frames: Vec<String> = events
@@ -133,9 +139,6 @@ impl Fanout {
                 frames
             })
             .collect();
-        let ends = events
-            .iter()
-            .any(|e| TERMINAL_TYPES.contains(&e.event_type.as_str()));
         let results: Vec<Result<(), tollgate_store::StoreError>> =
             futures::stream::iter(subscribers)
                 .map(|sub| {
@@ -178,6 +181,32 @@ impl Fanout {
                 tracing::warn!(run_id, error = %e, "fanout: registry cleanup failed; left to the TTL");
             }
         }
+        if ends {
+            self.close_run_token_connections(run_id).await;
+        }
         Ok(())
+    }
+
+    /// After a run's terminal event (and its `done`, posted above): every connection
+    /// opened with the run's token is closed and removed, so a dead token holds no
+    /// place. A registry read or a close that fails is logged and left to the
+    /// connection's expiry (retrying the batch would post every frame again).
+    async fn close_run_token_connections(&self, run_id: &str) {
+        let ids = match self.registry.run_token_connections(run_id).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "fanout: an ended run's token connections not found; left to their expiry");
+                return;
+            }
+        };
+        for connection_id in ids {
+            if let Posted::Sent | Posted::Gone =
+                self.poster.close(&self.endpoint, &connection_id).await
+            {
+                if let Err(e) = self.registry.remove_connection(&connection_id).await {
+                    tracing::warn!(run_id, error = %e, "fanout: a closed connection's record left to the TTL");
+                }
+            }
+        }
     }
 }

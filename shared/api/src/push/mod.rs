@@ -159,7 +159,11 @@ impl Websocket {
             token_digest: None,
             expires_at: now + MAX_CONNECTION_SECS,
             runs: Vec::new(),
+            holder: None,
+            tenant: None,
         };
+        let caller;
+        let mut run_head = None;
         if creds.is_jwt() {
             let Caller::Jwt(claims) = self.auth.caller(&creds, None)? else {
                 return Err(ApiError::unauthorized("invalid token"));
@@ -171,8 +175,9 @@ impl Websocket {
             if claims.exp > 0 {
                 record.expires_at = record.expires_at.min(claims.exp);
             }
-            record.sub = Some(claims.sub);
-            record.project_id = claims.project_id;
+            record.sub = Some(claims.sub.clone());
+            record.project_id = claims.project_id.clone();
+            caller = Caller::Jwt(claims);
         } else {
             // A run token is a MAC over its run: the connection names the run, so a forged
             // token is refused here and holds no connection.
@@ -182,16 +187,55 @@ impl Websocket {
                     ws::RUN_QUERY
                 ))
             })?;
-            if !matches!(
-                self.auth.caller(&creds, Some(run_id)),
-                Ok(Caller::Run { .. })
-            ) {
-                return Err(ApiError::unauthorized("invalid token"));
+            let run_caller = match self.auth.caller(&creds, Some(run_id)) {
+                Ok(c @ Caller::Run { .. }) => c,
+                _ => return Err(ApiError::unauthorized("invalid token")),
+            };
+            // A run token connects while its run lives: an ended run's token holds no
+            // place (409 `run_terminal`; replay still reads the run).
+            let head = self
+                .runs
+                .readable_head(run_id, &run_caller.viewer())
+                .await?;
+            if head.status.is_terminal() {
+                return Err(ApiError::from(tollgate_store::StoreError::RunTerminal {
+                    status: head.status,
+                    terminal_seq: head.terminal_seq.unwrap_or(head.last_sequence()),
+                }));
             }
             let (incarnation, digest) = self.auth.unbound_run_token(&creds)?;
             record.kind = "run".into();
             record.incarnation = Some(incarnation);
             record.token_digest = Some(digest);
+            caller = run_caller;
+            run_head = Some(head);
+        }
+        // Agents and run tokens: the connection itself takes a place under its holder
+        // (a run token's run, an agent) and its tenant, as on `tollgate serve`, whether
+        // or not it ever follows a run. Operators are not capped.
+        if record.kind != "operator" {
+            let caps = Self::caps(crate::sse::connection_keys(
+                &caller,
+                run_head.as_ref(),
+                &self.caps,
+            ));
+            if let Some(what) = self.registry.full_cap(&caps).await? {
+                return Err(ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "too many open live connections for this {what}; close one or retry later"
+                    ),
+                )
+                .with_state(ErrorState::TooManyStreams));
+            }
+            record.holder = caps
+                .iter()
+                .find(|c| c.index == BY_HOLDER_INDEX)
+                .map(|c| c.key.clone());
+            record.tenant = caps
+                .iter()
+                .find(|c| c.index == BY_TENANT_INDEX)
+                .map(|c| c.key.clone());
         }
         self.registry.put_connection(&record).await?;
         Ok(Connected {
@@ -472,25 +516,42 @@ impl Websocket {
         }
     }
 
-    /// The caps a subscription counts against, as the SSE stream's: none for operators;
-    /// a run token's run or an agent, and the run's tenant.
+    /// The caps a subscription counts against, as a `tollgate serve` subscription's:
+    /// none for operators; else one place under the run's tenant (the connection holds
+    /// its holder's place already).
     fn caps_for(&self, caller: &Caller, head: &RunHead) -> Vec<Cap> {
         if matches!(caller, Caller::Jwt(c) if c.role == Role::Operator) {
             return Vec::new();
         }
-        crate::sse::holder_keys(caller, head, &self.caps)
-            .into_iter()
-            .enumerate()
-            .map(|(i, (key, max, what))| Cap {
-                index: if i == 0 {
-                    BY_HOLDER_INDEX
-                } else {
-                    BY_TENANT_INDEX
-                },
+        let (key, max, what) = crate::sse::tenant_key(head, &self.caps);
+        vec![Cap {
+            index: BY_TENANT_INDEX,
+            key,
+            max,
+            what,
+        }]
+    }
+
+    /// The registry's caps for a connection's keys ([`crate::sse::connection_keys`]):
+    /// the run token's run or the agent under `by_holder`, the tenant under
+    /// `by_tenant`. (A run token's connection counts against its run and its tenant
+    /// here; against the creating agent only on `tollgate serve`.)
+    fn caps(keys: Vec<(String, usize, &'static str)>) -> Vec<Cap> {
+        let mut keys = keys.into_iter();
+        let holder = keys.next().map(|(key, max, what)| Cap {
+            index: BY_HOLDER_INDEX,
+            key,
+            max,
+            what,
+        });
+        let tenant = keys
+            .find(|(key, _, _)| key.starts_with("project:") || key.starts_with("creator:"))
+            .map(|(key, max, what)| Cap {
+                index: BY_TENANT_INDEX,
                 key,
                 max,
                 what,
-            })
-            .collect()
+            });
+        holder.into_iter().chain(tenant).collect()
     }
 }

@@ -81,6 +81,27 @@ impl Poster {
             .clone()
     }
 
+    /// Closes one connection (one `DeleteConnection` call): API Gateway then hangs up and
+    /// invokes `$disconnect`. A connection already gone is [`Posted::Gone`].
+    pub async fn close(&self, endpoint: &str, connection_id: &str) -> Posted {
+        let result = self
+            .client(endpoint)
+            .delete_connection()
+            .connection_id(connection_id)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Posted::Sent,
+            Err(e) => failed(
+                e.as_service_error()
+                    .is_some_and(|se| se.is_gone_exception()),
+                &aws_sdk_apigatewaymanagement::error::DisplayErrorContext(&e),
+                connection_id,
+                "closing a WebSocket connection failed; left to its expiry",
+            ),
+        }
+    }
+
     /// Posts one frame to one connection (one `PostToConnection` call).
     pub async fn post(&self, endpoint: &str, connection_id: &str, frame: Vec<u8>) -> Posted {
         let result = self
@@ -92,20 +113,28 @@ impl Poster {
             .await;
         match result {
             Ok(_) => Posted::Sent,
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|se| se.is_gone_exception()) =>
-            {
-                Posted::Gone
-            }
-            Err(e) => {
-                tracing::warn!(
-                    connection_id,
-                    error = %aws_sdk_apigatewaymanagement::error::DisplayErrorContext(&e),
-                    "post to a WebSocket connection failed; skipped"
-                );
-                Posted::Failed
-            }
+            Err(e) => failed(
+                e.as_service_error()
+                    .is_some_and(|se| se.is_gone_exception()),
+                &aws_sdk_apigatewaymanagement::error::DisplayErrorContext(&e),
+                connection_id,
+                "post to a WebSocket connection failed; skipped",
+            ),
         }
     }
+}
+
+/// A call to a connection that failed: [`Posted::Gone`] when API Gateway said 410,
+/// else logged as `what` and [`Posted::Failed`].
+fn failed(
+    gone: bool,
+    error: &dyn std::fmt::Display,
+    connection_id: &str,
+    what: &'static str,
+) -> Posted {
+    if gone {
+        return Posted::Gone;
+    }
+    tracing::warn!(connection_id, error = %error, "{what}");
+    Posted::Failed
 }

@@ -4,7 +4,7 @@
 //!
 //! | item | `pk` | `sk` | attributes |
 //! |---|---|---|---|
-//! | connection | `conn#<connection_id>` | `conn` | who (kind, sub, project, run token's incarnation and digest), `runs` (a string set: the runs it follows), `expires_at` |
+//! | connection | `conn#<connection_id>` | `conn` | who (kind, sub, project, run token's incarnation and digest), `holder`, `tenant` (its cap keys, none for an operator), `runs` (a string set: the runs it follows), `expires_at` |
 //! | subscription | `run#<run_id>` | `conn#<connection_id>` | `connection_id`, `holder`, `tenant`, `expires_at` |
 //!
 //! - get by connection: `GetItem conn#<id>/conn`;
@@ -16,8 +16,12 @@
 //! - a connection's subscriptions on disconnect: its `runs` set (the connection item,
 //!   deleted with `ReturnValues ALL_OLD`), then one `BatchWriteItem` of deletes;
 //! - caps: the sparse indexes `by_holder` (a run token's run, or an agent) and
-//!   `by_tenant` (a run's project, or its creator) count live subscriptions (`Select
-//!   COUNT`, expired ones filtered out);
+//!   `by_tenant` (a run's project, or its creator) count live places (`Select COUNT`,
+//!   expired ones filtered out): a connection takes one under its holder and its tenant
+//!   whether or not it follows anything, each subscription one more under its run's
+//!   tenant;
+//! - a run's token connections: `Query by_holder = run:<run_id>` (what the fanout closes
+//!   once the run has ended);
 //! - `expires_at` (epoch seconds) is the table's TTL attribute: at most API Gateway's
 //!   2-hour connection limit, and never past the credential's expiry. DynamoDB deletes
 //!   expired items late, so every read here also ignores them.
@@ -55,6 +59,10 @@ pub struct ConnectionRecord {
     pub expires_at: u64,
     /// The runs it follows.
     pub runs: Vec<String>,
+    /// The cap key of its holder (`by_holder`: a run token's run, an agent), if capped.
+    pub holder: Option<String>,
+    /// The cap key of its holder's tenant (`by_tenant`), if capped.
+    pub tenant: Option<String>,
 }
 
 /// One connection following one run.
@@ -143,6 +151,8 @@ impl Connections {
             ("project_id", &c.project_id),
             ("incarnation", &c.incarnation),
             ("token_digest", &c.token_digest),
+            ("holder", &c.holder),
+            ("tenant", &c.tenant),
         ] {
             if let Some(v) = value {
                 item.insert(name.into(), s(v));
@@ -181,7 +191,54 @@ impl Connections {
         }
     }
 
-    /// Live subscriptions under `cap`'s key (`Query … Select COUNT` on its index).
+    /// The first of `caps` that is full, if any (one `Query … Select COUNT` each; the
+    /// count is approximate under concurrent writers, by at most those in flight).
+    pub async fn full_cap(&self, caps: &[Cap]) -> Result<Option<&'static str>, StoreError> {
+        for cap in caps {
+            if self.count(cap).await? >= cap.max {
+                return Ok(Some(cap.what));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The live connections opened with `run_id`'s token (`Query by_holder =
+    /// run:<run_id>`, connection items only): the fanout closes them after the run's
+    /// terminal event.
+    pub async fn run_token_connections(&self, run_id: &str) -> Result<Vec<String>, StoreError> {
+        let now = now_secs();
+        let mut ids = Vec::new();
+        let mut start = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(BY_HOLDER_INDEX)
+                .key_condition_expression("holder = :k")
+                .expression_attribute_values(":k", s(format!("run:{run_id}")))
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(unavailable)?;
+            for item in out.items.unwrap_or_default() {
+                let live = get_n::<u64>(&item, "expires_at").is_ok_and(|at| at > now);
+                if let Some(id) =
+                    opt_s(&item, "pk").and_then(|pk| pk.strip_prefix("conn#").map(str::to_owned))
+                {
+                    if live {
+                        ids.push(id);
+                    }
+                }
+            }
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                return Ok(ids);
+            }
+        }
+    }
+
+    /// Live places under `cap`'s key (`Query … Select COUNT` on its index).
     async fn count(&self, cap: &Cap) -> Result<usize, StoreError> {
         let attr = if cap.index == BY_HOLDER_INDEX {
             "holder"
@@ -233,10 +290,8 @@ impl Connections {
             if connection.runs.len() >= max_per_connection {
                 return Ok(Subscribed::TooManyOnConnection);
             }
-            for cap in caps {
-                if self.count(cap).await? >= cap.max {
-                    return Ok(Subscribed::CapFull(cap.what));
-                }
+            if let Some(what) = self.full_cap(caps).await? {
+                return Ok(Subscribed::CapFull(what));
             }
         }
         let mut item = sub_key(&sub.run_id, &sub.connection_id);
@@ -446,5 +501,7 @@ fn connection_from_item(item: &Item) -> Result<ConnectionRecord, StoreError> {
         token_digest: opt_s(item, "token_digest"),
         expires_at: get_n(item, "expires_at")?,
         runs,
+        holder: opt_s(item, "holder"),
+        tenant: opt_s(item, "tenant"),
     })
 }
