@@ -484,6 +484,9 @@ async fn main() {
                 .await
                 .with_slack(slack.clone());
             deps.sse = sse;
+            deps.slack_channels = tollgate_api::slack::channels::SlackChannels::from_env()
+                .unwrap_or_else(|e| fail(e))
+                .map(std::sync::Arc::new);
             // `GET /api/live` advertises this server's WebSocket endpoint, or the one
             // configured (a deployment's API Gateway URL).
             deps.websocket_url = Some(

@@ -38,6 +38,21 @@ async fn create_run(
             other => other,
         })
         .map_err(|e| ApiError::bad_request(format!("invalid run: {e}")))?;
+    // A run names only one of its project's Slack channels, when they are configured
+    // (the run's project is its token's).
+    if let (Some(channels), Some(channel)) = (&deps.slack_channels, &body.channel_id) {
+        let project = claims.project_id.as_deref();
+        if !channels.allows(project, channel) {
+            return Err(ApiError::bad_request(format!(
+                "channel_id {channel:?} is not one of {} Slack channels ({})",
+                match project {
+                    Some(p) => format!("project {p:?}'s"),
+                    None => "the runs without a project's".to_owned(),
+                },
+                crate::slack::channels::CHANNELS_VAR
+            )));
+        }
+    }
     let allow_loopback = deps.gate.config().allow_loopback_origins;
     let created = deps
         .runs

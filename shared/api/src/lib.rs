@@ -88,6 +88,9 @@ pub struct Deps {
     pub(crate) wakes: Option<Arc<live::Wakes>>,
     /// The stream reader feeding [`Deps::wakes`] (stops when the deps are dropped).
     _stream_reader: Option<Arc<AbortOnDrop>>,
+    /// The Slack channels each project's runs may name (`TOLLGATE_SLACK_CHANNELS`);
+    /// `None`: any.
+    pub slack_channels: Option<Arc<slack::channels::SlackChannels>>,
     /// Slack, when configured: the interactivity endpoint's signing secret and user
     /// mapping, the Web API client (docs/architecture.md §11).
     pub slack: Option<Arc<slack::Slack>>,
@@ -118,6 +121,7 @@ impl Deps {
         Self {
             notifier: Arc::new(notify::Notifier::new(store.clone(), Vec::new())),
             _notify_feed: None,
+            slack_channels: None,
             runs: RunLog::new(store.clone()),
             gate: Arc::new(Gate::new(store, timers, gate)),
             auth: Arc::new(auth),
@@ -287,6 +291,7 @@ impl Deps {
         );
         deps.sse = sse::SseConfig::from_env()?;
         deps.websocket_url = live::websocket_url_from_env();
+        deps.slack_channels = slack::channels::SlackChannels::from_env()?.map(Arc::new);
         deps.slack = slack::Slack::from_secrets_manager_env()
             .await?
             .map(Arc::new);

@@ -43,6 +43,14 @@ impl JsonBody {
         Ok(bytes)
     }
 
+    /// The raw body when it is at most `limit` bytes; past that 413 at once, reading no
+    /// further (for unauthenticated callers whose bodies are small, as Slack's clicks).
+    pub async fn bytes_within(self, limit: usize) -> Result<axum::body::Bytes, ApiError> {
+        axum::body::to_bytes(self.0, limit)
+            .await
+            .map_err(|_| ApiError::payload_too_large())
+    }
+
     pub async fn value(self) -> Result<Value, ApiError> {
         let bytes = self.bytes().await?;
         if bytes.iter().all(u8::is_ascii_whitespace) {

@@ -27,19 +27,21 @@ pub enum Viewer<'a> {
     },
 }
 
-/// Who may read a run (`head`): its own token (of this incarnation), the creating agent,
-/// an operator — limited to one project when the token names one. A run outside the
+/// Who may read a run (`head`): its own token (of this incarnation), the creating agent
+/// (its token's project, or none, must be the run's), an operator — limited to one
+/// project when the token names one. A run outside the
 /// viewer's reach answers as if it did not exist (404); another agent's run is 403.
 pub fn may_read(viewer: &Viewer<'_>, head: &RunHead) -> Result<(), AppError> {
     let project = head.project_id.as_deref();
     match *viewer {
         Viewer::RunToken { incarnation } if incarnation == head.incarnation => Ok(()),
         Viewer::RunToken { .. } => Err(AppError::run_not_found()),
-        Viewer::Operator { project: claim } | Viewer::Agent { project: claim, .. }
-            if !in_project(claim, project) =>
-        {
+        Viewer::Operator { project: claim } if !in_project(claim, project) => {
             Err(AppError::run_not_found())
         }
+        // An agent's token is of one tenant: without a project, of the runs without one
+        // (not every project's, as a global operator's is).
+        Viewer::Agent { project: claim, .. } if claim != project => Err(AppError::run_not_found()),
         Viewer::Operator { .. } => Ok(()),
         Viewer::Agent { sub, .. } if sub == head.created_by => Ok(()),
         Viewer::Agent { .. } => Err(AppError::Forbidden(
@@ -150,6 +152,11 @@ mod tests {
         ));
         assert!(matches!(
             read(agent("agent-a", Some("p2"))),
+            Err(AppError::NotFound { .. })
+        ));
+        // The same `sub` without a project is another tenant's agent.
+        assert!(matches!(
+            read(agent("agent-a", None)),
             Err(AppError::NotFound { .. })
         ));
     }

@@ -1,7 +1,10 @@
 //! The card message in Block Kit (docs/architecture.md §11): what a pending card shows
 //! (tool, URL, intention, message, the argument preview, the deadline, Approve / Deny
 //! and the scope menu) and what it becomes once resolved (who decided, how; no
-//! buttons). Every text is escaped for Slack's `mrkdwn` and cut to Slack's limits.
+//! buttons). Every text is cut to Slack's limits; what an agent supplies (tool name,
+//! URL, intention, message, owner, ids) is shown as `plain_text`, which Slack never
+//! formats, or, in the preview's code block and the context line, escaped for `mrkdwn`
+//! with backticks neutralized — so no agent text can format, link or mention.
 
 use serde_json::{json, Value};
 use tollgate_protocol::approvals::Card;
@@ -16,11 +19,28 @@ const MAX_PREVIEW: usize = 2800;
 /// Slack's limit on a message's notification text.
 const MAX_TEXT: usize = 3000;
 
+/// Slack's limit on a section field's text.
+const MAX_FIELD: usize = 2000;
+
 /// `&`, `<`, `>` as Slack's `mrkdwn` wants them.
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+/// `text` escaped to sit inside an inline `code` span: a backtick would end the span
+/// (and let the rest format), so it is shown as `ˋ` (U+02CB).
+fn code(text: &str) -> String {
+    escape(text).replace('`', "\u{2cb}")
+}
+
+/// A label (`mrkdwn`, ours) and a value (`plain_text`, the agent's: never formatted).
+fn field_pair(label: &str, value: &str) -> [Value; 2] {
+    [
+        json!({"type": "mrkdwn", "text": format!("*{label}:*")}),
+        json!({"type": "plain_text", "text": cut(value, MAX_FIELD), "emoji": false}),
+    ]
 }
 
 /// At most `max` characters of `text`, ending in `…` when cut.
@@ -49,19 +69,21 @@ fn deadline(expires_at: &str) -> String {
     }
 }
 
-/// What the card is about: tool, URL, intention, message, preview.
-fn details(card: &Card) -> Vec<Value> {
-    let mut lines = vec![format!("*Tool:* `{}`", escape(&cut(&card.tool_name, 200)))];
+/// What the card is about: tool, project, URL, intention, message, preview.
+fn details(card: &Card, project: Option<&str>) -> Vec<Value> {
+    let mut fields: Vec<Value> = Vec::with_capacity(10);
+    fields.extend(field_pair("Tool", &cut(&card.tool_name, 200)));
+    fields.extend(field_pair("Project", project.unwrap_or("(none)")));
     if let Some(url) = &card.url {
-        lines.push(format!("*URL:* {}", escape(&cut(url, 500))));
+        fields.extend(field_pair("URL", &cut(url, 500)));
     }
     if let Some(intention) = &card.intention {
-        lines.push(format!("*Intention:* {}", escape(&cut(intention, 1000))));
+        fields.extend(field_pair("Intention", &cut(intention, 1000)));
     }
     if let Some(message) = &card.message {
-        lines.push(format!("*Message:* {}", escape(&cut(message, 1000))));
+        fields.extend(field_pair("Message", &cut(message, 1000)));
     }
-    let mut blocks = vec![section(lines.join("\n"))];
+    let mut blocks = vec![json!({"type": "section", "fields": fields})];
     if let Some(preview) = &card.arguments_preview {
         let text = serde_json::to_string_pretty(preview).unwrap_or_default();
         // A code block cannot hold its own fence; cut after escaping, so the closing
@@ -75,8 +97,8 @@ fn details(card: &Card) -> Vec<Value> {
 fn context(card: &Card) -> String {
     format!(
         "Run `{}` · request `{}`",
-        escape(&cut(&card.run_id, 128)),
-        escape(&cut(&card.request_id, 128))
+        code(&cut(&card.run_id, 128)),
+        code(&cut(&card.request_id, 128))
     )
 }
 
@@ -112,18 +134,22 @@ pub fn button_value(project: Option<&str>, card: &Card, decision: &str) -> Strin
 /// the gate refuses anyone else, and the card stays pending.
 pub fn pending(card: &Card, project: Option<&str>, owner: Option<&str>) -> (String, Value) {
     let text = cut(
-        &format!("Approval needed: {} on run {}", card.tool_name, card.run_id),
+        &format!(
+            "Approval needed: {} on run {}",
+            code(&card.tool_name),
+            code(&card.run_id)
+        ),
         MAX_TEXT,
     );
     let mut blocks = vec![json!({
         "type": "header",
         "text": {"type": "plain_text", "text": cut(&format!("Approval needed: {}", card.tool_name), MAX_HEADER)},
     })];
-    blocks.extend(details(card));
+    blocks.extend(details(card, project));
     let owner_note = match owner {
         Some(owner) => format!(
-            "Scopes beyond *once* are the run owner's (*{}*) to grant.",
-            escape(&cut(owner, 128))
+            "Scopes beyond *once* are the run owner's (`{}`) to grant.",
+            code(&cut(owner, 128))
         ),
         None => "The run has no owner: only *once* can be granted.".to_owned(),
     };
@@ -184,18 +210,23 @@ pub fn outcome(card: &Card) -> String {
 }
 
 /// The message of a resolved card: the same details, the outcome, no buttons.
-pub fn resolved(card: &Card) -> (String, Value) {
+pub fn resolved(card: &Card, project: Option<&str>) -> (String, Value) {
     let outcome = outcome(card);
     let text = cut(
-        &format!("{} — {}: {}", card.tool_name, card.run_id, outcome),
+        &format!(
+            "{} — {}: {}",
+            code(&card.tool_name),
+            code(&card.run_id),
+            escape(&outcome)
+        ),
         MAX_TEXT,
     );
     let mut blocks = vec![json!({
         "type": "header",
         "text": {"type": "plain_text", "text": cut(&format!("{}: {}", outcome, card.tool_name), MAX_HEADER)},
     })];
-    blocks.extend(details(card));
-    blocks.push(section(format!("*{}*", escape(&cut(&outcome, 1000)))));
+    blocks.extend(details(card, project));
+    blocks.push(json!({"type": "section", "text": {"type": "plain_text", "text": cut(&outcome, 1000), "emoji": false}}));
     blocks
         .push(json!({"type": "context", "elements": [{"type": "mrkdwn", "text": context(card)}]}));
     (text, Value::Array(blocks))
@@ -219,14 +250,28 @@ mod tests {
         .unwrap()
     }
 
-    fn texts(blocks: &Value) -> Vec<String> {
+    /// Every text of the blocks, with its type (`mrkdwn` or `plain_text`).
+    fn typed_texts(blocks: &Value) -> Vec<(String, String)> {
         let mut out = Vec::new();
         for b in blocks.as_array().unwrap() {
-            if let Some(t) = b["text"]["text"].as_str() {
-                out.push(t.to_owned());
+            let mut parts: Vec<&Value> = vec![&b["text"]];
+            if let Some(fields) = b["fields"].as_array() {
+                parts.extend(fields);
+            }
+            if let Some(elements) = b["elements"].as_array() {
+                parts.extend(elements);
+            }
+            for t in parts {
+                if let (Some(kind), Some(text)) = (t["type"].as_str(), t["text"].as_str()) {
+                    out.push((kind.to_owned(), text.to_owned()));
+                }
             }
         }
         out
+    }
+
+    fn texts(blocks: &Value) -> Vec<String> {
+        typed_texts(blocks).into_iter().map(|(_, t)| t).collect()
     }
 
     #[test]
@@ -256,10 +301,14 @@ mod tests {
             assert!(t.chars().count() <= MAX_SECTION);
         }
         let all = texts(&blocks).join("\n");
-        assert!(
-            all.contains("&lt;x&gt;") && all.contains("clean &amp; tidy"),
-            "{all}"
-        );
+        // The agent's texts are plain text (shown as typed, never formatted).
+        let typed = typed_texts(&blocks);
+        for agent_text in ["https://example.com/<x>", "clean & tidy", "shell", "p1"] {
+            assert!(
+                typed.contains(&("plain_text".to_owned(), agent_text.to_owned())),
+                "{agent_text}: {typed:?}"
+            );
+        }
         assert!(all.contains("<!date^1767225900^"), "{all}");
         // The preview's code block is not closed early by a fence inside it.
         let preview = texts(&blocks)
@@ -269,13 +318,46 @@ mod tests {
         assert_eq!(preview.matches("```").count(), 2, "{preview}");
     }
 
+    /// GIVEN an agent whose tool name, message, owner and request id carry Slack
+    /// formatting (backticks, `*bold*`, `<!channel>`, a link) THEN none of it reaches a
+    /// `mrkdwn` text unescaped: in plain text as typed, in code spans with no backtick
+    /// and no `<`.
+    #[test]
+    fn agent_texts_cannot_format_link_or_mention() {
+        let mut c = card();
+        c.tool_name = "x` *pwn* <!channel> `y".into();
+        c.message = Some("*urgent* <https://evil.example|click> @here".into());
+        c.request_id = "r`<!here>`".into();
+        let (_, blocks) = pending(&c, Some("p1"), Some("own`er <@U1>"));
+        for (kind, text) in typed_texts(&blocks) {
+            if kind == "mrkdwn" {
+                for bad in [
+                    "<!channel>",
+                    "<!here>",
+                    "<@U1>",
+                    "<https://evil",
+                    "*pwn*",
+                    "*urgent*",
+                ] {
+                    assert!(!text.contains(bad), "{bad} in mrkdwn {text:?}");
+                }
+                // Only our own code spans (pairs of backticks) remain.
+                let spans = text.matches('`').count() - 6 * text.matches("```").count();
+                assert_eq!(spans % 2, 0, "{text:?}");
+                assert!(!text.contains("own`er"), "{text:?}");
+            }
+        }
+        let typed = typed_texts(&blocks);
+        assert!(typed.contains(&("plain_text".to_owned(), c.tool_name.clone())));
+    }
+
     #[test]
     fn a_resolved_card_says_who_and_has_no_buttons() {
         let mut c = card();
         c.state = "approved".into();
         c.decided_by = Some("alice".into());
         c.scope = Some("run".into());
-        let (_, blocks) = resolved(&c);
+        let (_, blocks) = resolved(&c, None);
         assert!(blocks
             .as_array()
             .unwrap()

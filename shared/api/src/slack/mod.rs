@@ -21,6 +21,7 @@
 //!    (docs/architecture.md §11).
 
 pub mod blocks;
+pub mod channels;
 pub mod client;
 pub mod signature;
 pub mod sink;
@@ -326,6 +327,9 @@ fn click(action: &Action, state: Option<&MessageState>) -> Result<Click, ApiErro
     })
 }
 
+/// The largest interaction body read (before its signature is checked): 413 beyond.
+pub const MAX_INTERACTION_BYTES: usize = 64 * 1024;
+
 /// `POST /api/slack/interactions`.
 async fn interaction(
     State(deps): State<Deps>,
@@ -339,7 +343,8 @@ async fn interaction(
             "Slack is not configured on this server",
         ));
     };
-    let raw = body.bytes().await?;
+    // A click is a few KiB: nothing more is read before the signature is checked.
+    let raw = body.bytes_within(MAX_INTERACTION_BYTES).await?;
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let now = tollgate_domain::now_millis().div_euclid(1000);
     if let Err(e) = signature::verify(

@@ -82,13 +82,13 @@ impl Sink for SlackSink {
                 let (text, blocks) = if notice.open {
                     blocks::pending(&notice.card, project(notice), notice.owner.as_deref())
                 } else {
-                    blocks::resolved(&notice.card)
+                    blocks::resolved(&notice.card, project(notice))
                 };
                 let posted = client.post_message(channel, &text, &blocks).await?;
                 Ok(Some(memo(&posted)))
             }
             NoticeKind::Resolved => {
-                let (text, blocks) = blocks::resolved(&notice.card);
+                let (text, blocks) = blocks::resolved(&notice.card, project(notice));
                 match memo_in.and_then(posted) {
                     Some(at) => {
                         client.update(&at, &text, &blocks).await?;
