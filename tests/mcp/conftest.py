@@ -171,6 +171,13 @@ class Server:
                     return sorted(cards, key=lambda c: c["created_at"])
                 await anyio.sleep(0.1)
 
+    async def wait_no_cards(self, run_id: str, timeout: float = 5) -> None:
+        """Waits until the run lists no pending card (a listing on DynamoDB reads an
+        index, which may lag a decision briefly)."""
+        with anyio.fail_after(timeout):
+            while await self.pending(run_id):
+                await anyio.sleep(0.1)
+
     async def wait_event(
         self, run_id: str, match: Callable[[dict[str, Any]], bool], timeout: float = 15
     ) -> dict[str, Any]:

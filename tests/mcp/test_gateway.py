@@ -119,7 +119,10 @@ async def test_git_add_and_commit_ask_and_run_once_approved(server: Server, repo
         call = start_call(tg, gw, "git_add", add_args)
         (card,) = await server.wait_cards(gw.run_id)
         assert card["tool_name"] == gw.tool("git_add")
-        assert card["arguments_preview"]["arguments"] == add_args
+        # (The listing from every tenant's cards on DynamoDB has no preview; the event has.)
+        (required,) = of_type(await server.events(gw.run_id), "tool.approval_required")
+        assert required["requestId"] == card["request_id"]
+        assert required["argumentsPreview"]["arguments"] == add_args
         # Nothing is staged while the card waits.
         await anyio.sleep(0.3)
         assert not call.done.is_set()
@@ -227,7 +230,7 @@ async def test_policy_rules_allow_and_deny_without_a_card(server: Server, tmp_pa
         assert not secret.exists()
         events = await server.events(gw.run_id)
         assert "tool.approval_required" not in types_of(events)
-        assert await server.pending(gw.run_id) == []
+        await server.wait_no_cards(gw.run_id)
         (ok,) = of_type(events, "mcp.call_allowed")
         assert (ok["tool"], ok["tool_name"], ok["rule"]) == ("echo", gw.tool("echo"), "echo is harmless")
         (no,) = of_type(events, "mcp.call_denied")
@@ -290,7 +293,7 @@ async def test_scope_tool_approves_the_next_call_of_the_tool_without_a_card(serv
         with anyio.fail_after(10):
             second = await gw.session.call_tool("append", {"path": str(target), "line": "two"})
         assert not second.is_error, text_of(second)
-        assert await server.pending(gw.run_id) == []
+        await server.wait_no_cards(gw.run_id)
     assert target.read_text() == "one\ntwo\n"
     events = await server.events(gw.run_id)
     assert len(of_type(events, "tool.approval_required")) == 1
@@ -322,7 +325,7 @@ async def test_a_call_without_an_answer_is_outcome_unknown_until_reconciled(serv
         # The identical call is refused, without a card.
         again = await gw.session.call_tool("hang", {})
         assert again.is_error and "Refused" in text_of(again) and tool_call_id in text_of(again)
-        assert await server.pending(gw.run_id) == []
+        await server.wait_no_cards(gw.run_id)
         assert len(of_type(await server.events(gw.run_id), "tool.approval_required")) == 1
 
         # An operator says it did not happen: the same call asks afresh.
@@ -367,7 +370,7 @@ async def test_cancelling_a_pending_call_withdraws_its_card(server: Server, tmp_
             gw.run_id, lambda e: e["type"] == "tool.approval_resolved" and e["requestId"] == card["request_id"]
         )
         assert resolved["reason"] == "withdrawn" and resolved["approved"] is False
-        assert await server.pending(gw.run_id) == []
+        await server.wait_no_cards(gw.run_id)
         # The session goes on.
         assert {t.name for t in (await gw.session.list_tools()).tools} >= {"append"}
     assert not target.exists()
@@ -383,7 +386,8 @@ async def test_twenty_concurrent_asks_are_each_answered_with_their_own_result(se
         calls = [start_call(tg, gw, "echo", {"text": f"message {i}"}) for i in range(n)]
         cards = await server.wait_cards(gw.run_id, n, timeout=30)
         assert len(cards) == n
-        assert sorted(c["arguments_preview"]["arguments"]["text"] for c in cards) == sorted(
+        required = of_type(await server.events(gw.run_id), "tool.approval_required")
+        assert sorted(e["argumentsPreview"]["arguments"]["text"] for e in required) == sorted(
             f"message {i}" for i in range(n)
         )
         async with anyio.create_task_group() as deciders:
@@ -448,7 +452,7 @@ async def test_a_killed_proxys_card_still_expires_on_the_servers_timer(server: S
             timeout=20,
         )
     assert resolved["expired"] is True and resolved["approved"] is False
-    assert await server.pending(gw.run_id) == []
+    await server.wait_no_cards(gw.run_id)
     assert not target.exists()
 
 
@@ -490,3 +494,25 @@ async def test_progress_notifications_arrive_while_a_card_waits(server: Server) 
     assert seen[0][0] - t0 < 6
     assert [v for _, v, _ in seen[:2]] == [1.0, 2.0]
     assert all(card["display_id"] in (m or "") for _, _, m in seen)
+
+
+# 13b: a host stopping its servers (SIGTERM) while a card waits: the run completes and
+# the card ends with it (reason run_ended); nothing runs.
+
+
+async def test_sigterm_while_a_card_waits_completes_the_run_and_ends_the_card(server: Server) -> None:
+    async with open_gateway(server) as gw, anyio.create_task_group() as tg:
+        call = start_call(tg, gw, "echo", {"text": "never"})
+        (card,) = await server.wait_cards(gw.run_id)
+        os.kill(gw.proxy_pid(), signal.SIGTERM)
+        with anyio.fail_after(10):
+            await call.done.wait()
+        ended = await server.wait_terminal(gw.run_id)
+        resolved = await server.wait_event(
+            gw.run_id, lambda e: e["type"] == "tool.approval_resolved" and e["requestId"] == card["request_id"]
+        )
+    assert ended["type"] == "run_completed"
+    assert (resolved["approved"], resolved["expired"], resolved["reason"]) == (False, True, "run_ended")
+    await server.wait_no_cards(gw.run_id)
+    events = await server.events(gw.run_id)
+    assert "tool_execution_started" not in types_of(events)
