@@ -472,6 +472,34 @@ async def test_closing_stdin_completes_the_run(server: Server) -> None:
     assert evs[-1]["type"] == "run_completed"
 
 
+# 13c: the session ends while an approved call is in flight upstream: the gateway settles
+# it (outcome unknown: it was sent, no answer came) before the run completes, so the
+# run's stream says so and the record is not left dispatched.
+
+
+async def test_a_call_in_flight_when_the_session_ends_is_settled_before_the_run_completes(
+    server: Server,
+) -> None:
+    async with open_gateway(server) as gw:
+        async with anyio.create_task_group() as tg:
+            start_call(tg, gw, "hang", {})
+            (card,) = await server.wait_cards(gw.run_id)
+            await server.approve(card)
+            await server.wait_event(gw.run_id, lambda e: e["type"] == "tool_execution_started")
+            # The agent gives up and leaves (after dispatch the cancel changes nothing).
+            tg.cancel_scope.cancel()
+        run = gw.run_id
+    await server.wait_terminal(run)
+    events = await server.events(run)
+    assert types_of(events)[-2:] == ["tool_execution", "run_completed"], types_of(events)
+    settled = events[-2]
+    assert (settled["tool_call_id"], settled["mutation_outcome"]) == (card["tool_call_id"], "outcome_unknown")
+    (record,) = (await anyio.to_thread.run_sync(lambda: server.request("GET", f"/api/runs/{run}/mutations")))[
+        "mutations"
+    ]
+    assert record["state"] == "outcome_unknown"
+
+
 # 14 -----------------------------------------------------------------------------------
 
 
