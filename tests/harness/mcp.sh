@@ -2,9 +2,11 @@
 # The MCP gateway (`tollgate mcp proxy`) from the outside: tests/mcp/, pytest scenarios
 # that each drive the proxy with the official Python MCP SDK (stdio client) and decide
 # its cards as an operator over HTTP, against real upstreams (mcp-server-git and
-# tollgate-mcp-echo). Test dependencies from PyPI, pinned in tests/mcp/requirements.txt,
-# installed into a venv under ${TOLLGATE_CACHE:-<repo>/.cache}/mcp-tests (again when the
-# pins change).
+# tollgate-mcp-echo), and one smoke test with the official TypeScript SDK (tests/mcp/ts).
+# Test dependencies from PyPI, pinned in tests/mcp/requirements.txt, installed into a venv
+# under ${TOLLGATE_CACHE:-<repo>/.cache}/mcp-tests (again when the pins change); the
+# TypeScript SDK from npm, pinned in tests/mcp/ts/package-lock.json (npm ci, again when
+# the lock changes).
 #
 #   tests/harness/mcp.sh                      # the embedded store; DynamoDB too when an
 #                                             # endpoint is set (AWS_ENDPOINT_URL[_DYNAMODB])
@@ -41,6 +43,18 @@ export TOLLGATE_MCP_ECHO=${TOLLGATE_MCP_ECHO:-$REPO/target/debug/tollgate-mcp-ec
 [ -x "$TOLLGATE_MCP_ECHO" ] || { echo "mcp.sh: no tollgate-mcp-echo at $TOLLGATE_MCP_ECHO (cargo build -p tollgate-tests --bin tollgate-mcp-echo, or TOLLGATE_MCP_ECHO)" >&2; exit 1; }
 # The upstream the git scenarios start (the venv's console script of the pinned package).
 export MCP_SERVER_GIT=$VENV/bin/mcp-server-git
+
+# The TypeScript SDK's smoke test (tests/mcp/ts): its pinned packages (package-lock.json),
+# npm's cache under the cache dir. Needs node (>= 20) and npm.
+command -v node >/dev/null && command -v npm >/dev/null ||
+  { echo "mcp.sh: node and npm are needed (the TypeScript SDK's smoke test)" >&2; exit 1; }
+mkdir -p "$CACHE/npm"
+if ! cmp -s "$SUITE/ts/package-lock.json" "$SUITE/ts/node_modules/.package-lock.json.installed"; then
+  echo "mcp.sh: npm ci in tests/mcp/ts" >&2
+  (cd "$SUITE/ts" && npm_config_cache=$CACHE/npm npm_config_update_notifier=false \
+    timeout 180 npm ci --no-audit --no-fund --loglevel=error </dev/null >/dev/null)
+  cp "$SUITE/ts/package-lock.json" "$SUITE/ts/node_modules/.package-lock.json.installed"
+fi
 
 stores=${MCP_TEST_STORES:-}
 if [ -z "$stores" ]; then
