@@ -59,14 +59,20 @@ test: lint
 	tests/harness/openapi.sh validate
 	tests/harness/openapi.sh fuzz
 	tests/harness/python-client.sh
+	cargo build -p tollgate-tests --bin tollgate-mcp-echo
+	MCP_TEST_STORES=memory tests/harness/mcp.sh
 	tests/harness/typescript-client.sh
 	$(EMULATORS) with $(MAKE) --no-print-directory test-integration
 
 # Runs every test; the AWS-backed ones use whatever AWS_ENDPOINT_URL* is set. Then the
 # Lambda-runtime tier: each function under `cargo lambda watch`, invoked with fixtures.
+# The MCP gateway's suite runs here on DynamoDB only (`make test` ran it on the embedded
+# store before the emulators were up).
 test-integration:
 	cargo build -p tollgate
+	cargo build -p tollgate-tests --bin tollgate-mcp-echo
 	tests/harness/browser.sh
+	MCP_TEST_STORES=dynamodb tests/harness/mcp.sh
 	cargo nextest run --workspace --no-fail-fast
 	tests/lambda/run.sh
 	$(MAKE) --no-print-directory chaos-short

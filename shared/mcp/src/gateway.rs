@@ -23,7 +23,7 @@ use rmcp::service::{
     RunningService, Service, ServiceError,
 };
 use serde_json::{json, Map, Value};
-use tokio::sync::OnceCell;
+use tokio::sync::{watch, OnceCell};
 use tokio_util::sync::CancellationToken;
 use tollgate_client::{
     arguments_hash, Budget, CallOutcome, Client, Decision, GateRequest, MutationState, Reply, Run,
@@ -98,6 +98,29 @@ struct Inner {
     upstream_gone: CancellationToken,
     /// Cancels the upstream session when the agent's ends.
     stop: CancellationToken,
+    /// How many approved calls are between the ledger's start and their settlement:
+    /// [`Gateway::finish`] waits for them before it ends the run.
+    executing: Arc<watch::Sender<usize>>,
+}
+
+/// How long [`Gateway::finish`] waits for approved calls in flight to be settled (the
+/// upstream is closed first, so each fails at once and is settled `outcome_unknown`).
+const SETTLE_GRACE: Duration = Duration::from_secs(10);
+
+/// One approved call between the ledger's start and its settlement (counted while held).
+struct Executing(Arc<watch::Sender<usize>>);
+
+impl Executing {
+    fn new(count: &Arc<watch::Sender<usize>>) -> Self {
+        count.send_modify(|n| *n += 1);
+        Self(count.clone())
+    }
+}
+
+impl Drop for Executing {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 /// One agent session: its run and its upstream session.
@@ -124,6 +147,7 @@ impl Gateway {
                 session: OnceCell::new(),
                 upstream_gone: CancellationToken::new(),
                 stop: CancellationToken::new(),
+                executing: Arc::new(watch::channel(0).0),
             }),
         }
     }
@@ -145,6 +169,19 @@ impl Gateway {
         let Some(session) = self.inner.session.get() else {
             return Ok(());
         };
+        // An approved call still in flight fails now that the upstream is closed, and is
+        // settled (`outcome_unknown`) before the run ends: after the run's end its
+        // stream takes no `tool_execution`, and an unsettled record stays `dispatched`.
+        let mut executing = self.inner.executing.subscribe();
+        if tokio::time::timeout(SETTLE_GRACE, executing.wait_for(|n| *n == 0))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                calls = *executing.borrow(),
+                "approved calls in flight were not settled in time; their records settle on the server's deadline"
+            );
+        }
         let ended = match failure {
             None => session.run.complete(None).await,
             Some(why) => {
@@ -544,6 +581,7 @@ impl Gateway {
                 .await
             }
             Decision::Approved { call, .. } => {
+                let _executing = Executing::new(&self.inner.executing);
                 let reference = call.reference();
                 let started = match run.start(call).await {
                     Ok(s) => s,

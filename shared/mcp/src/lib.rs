@@ -22,7 +22,12 @@ pub use gateway::{Gateway, Options, OUTCOME_UNKNOWN};
 pub use policy::{Policy, PolicyError, Verdict};
 pub use upstream::{Upstream, UpstreamError};
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use rmcp::ServiceExt;
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio_util::sync::CancellationToken;
 
 /// Why the gateway stopped.
 #[derive(Debug, PartialEq, Eq)]
@@ -40,10 +45,13 @@ pub enum Ended {
 pub async fn serve_stdio(
     gateway: Gateway,
 ) -> Result<Ended, Box<dyn std::error::Error + Send + Sync>> {
-    let running = gateway
-        .clone()
-        .serve(rmcp::transport::io::stdio_pipes())
-        .await?;
+    let (stdin, stdout) = rmcp::transport::io::stdio_pipes();
+    let agent_eof = CancellationToken::new();
+    let stdin = WatchEof {
+        inner: stdin,
+        eof: agent_eof.clone(),
+    };
+    let running = gateway.clone().serve((stdin, stdout)).await?;
     let agent_done = running.waiting();
     tokio::pin!(agent_done);
     let ended = tokio::select! {
@@ -51,9 +59,38 @@ pub async fn serve_stdio(
         _ = gateway.upstream_gone() => Ended::UpstreamClosed,
         _ = stop_signal() => Ended::Stopped,
     };
+    // The agent closed stdin first: the session's end is the agent's, even if the
+    // upstream died after (a host ending a session stops the whole process group, the
+    // upstream with it, once a grace period passes — the Python SDK's is 2 s — and the
+    // agent's side may still be draining a call in flight then).
+    let ended = match ended {
+        Ended::UpstreamClosed if agent_eof.is_cancelled() => Ended::AgentClosed,
+        other => other,
+    };
     let failure = (ended == Ended::UpstreamClosed).then_some("the upstream MCP server exited");
     gateway.finish(failure).await?;
     Ok(ended)
+}
+
+/// The agent's stdin, noting its end of file (the agent closed the session).
+struct WatchEof<R> {
+    inner: R,
+    eof: CancellationToken,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for WatchEof<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let (before, room) = (buf.filled().len(), buf.remaining() > 0);
+        let read = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(read, Poll::Ready(Ok(()))) && room && buf.filled().len() == before {
+            self.eof.cancel();
+        }
+        read
+    }
 }
 
 /// SIGINT or SIGTERM (an MCP host stopping its servers sends one of them).
