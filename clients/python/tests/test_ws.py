@@ -10,6 +10,7 @@ import time
 from contextlib import aclosing
 from typing import Any
 
+import anyio
 import pytest
 
 from tollgate import (
@@ -121,7 +122,8 @@ async def test_every_sequence_once_across_cuts_and_lost_frames(
 
 
 async def test_a_run_follows_itself_with_its_token_across_cuts(server: Server) -> None:
-    """``run.follow()`` with the run token (``?run_id=``), cut five times."""
+    """``run.follow()`` with the run token (``?run_id=``), cut five times while the run
+    lives: it reconnects each time and sees every sequence once and in order."""
     with WsProxy(upstream(server), cut_every=9, max_cuts=5) as proxy:
         async with AsyncClient(proxy.url, token=server.agent_token) as client:
             run = await client.create_run(owner="alice")
@@ -134,13 +136,53 @@ async def test_a_run_follows_itself_with_its_token_across_cuts(server: Server) -
                         seen.append(event["sequence"])
 
             task = asyncio.create_task(follow())
-            await writer(run, 60)
+            # More events while the follower is cut and reconnects; the run ends only
+            # after its fifth cut (a run token of an ended run connects no more).
+            for i in range(60):
+                await run.append({"type": "agent.message", "text": f"m{i}"})
+                await asyncio.sleep(0.01)
+            with anyio.fail_after(60):
+                while proxy.cuts < 5:
+                    await asyncio.sleep(0.05)
+            await run.complete()
             await asyncio.wait_for(task, 60)
             last = (await run.events(0, 1000)).events[-1]["sequence"]
     assert seen == list(range(1, last + 1))
     assert proxy.cuts == 5
     assert all("run_id=" in r for r in proxy.requests if r.split(" ")[1].startswith("/api/ws"))
     assert "/stream" not in " ".join(proxy.paths())
+
+
+async def test_a_follow_cut_as_its_run_ends_reads_the_rest_from_the_pages(
+    server: Server,
+) -> None:
+    """The connection is cut and the run ends before the follower reconnects: the run
+    token's upgrade is refused (409 ``run_terminal``), and the follow reads the rest from
+    the event pages instead of retrying for ever; every sequence once and in order."""
+    with WsProxy(upstream(server), cut_every=5, max_cuts=1) as proxy:
+        async with AsyncClient(proxy.url, token=server.agent_token) as client:
+            run = await client.create_run(owner="alice")
+            seen: list[int] = []
+
+            async def follow() -> None:
+                async with aclosing(run.follow()) as events:
+                    async for event in events:
+                        seen.append(event["sequence"])
+
+            await run.append(*[{"type": "agent.message", "text": str(i)} for i in range(3)])
+            task = asyncio.create_task(follow())
+            with anyio.fail_after(30):
+                while len(seen) < 4:  # run_started and the three messages
+                    await asyncio.sleep(0.02)
+            # The fifth event frame, the run's terminal event, is cut mid-frame.
+            await run.complete()
+            await asyncio.wait_for(task, 60)
+            last = (await run.events(0, 1000)).events[-1]["sequence"]
+    assert proxy.cuts == 1
+    assert seen == list(range(1, last + 1))
+    upgrades = [r for r in proxy.requests if r.split(" ")[1].startswith("/api/ws")]
+    assert len(upgrades) == 2, upgrades  # the first, and the one refused: no retry loop
+    assert any("/events?" in r for r in proxy.requests)
 
 
 async def test_refused_credentials_are_errors_not_retries(server: Server) -> None:

@@ -138,6 +138,15 @@ class WsProxy:
                 client_w.write(answer)
                 await client_w.drain()
                 if b" 101 " not in answer.split(b"\r\n", 1)[0]:
+                    # A refused upgrade: its body too, as the server sent it.
+                    length = 0
+                    for line in answer.decode("latin-1").split("\r\n")[1:]:
+                        name, _, value = line.partition(":")
+                        if name.strip().lower() == "content-length":
+                            length = int(value.strip())
+                    if length:
+                        client_w.write(await up_r.readexactly(length))
+                        await client_w.drain()
                     return
                 with self._lock:
                     self.upgrades += 1

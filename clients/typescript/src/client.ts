@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { inspect } from "node:util";
-import { UnexpectedResponse } from "./errors.js";
+import { runTerminal, UnexpectedResponse } from "./errors.js";
 import { executeCall, type ExecuteOptions, type Executed, type Execution } from "./execution.js";
 import { followSse, gateCall, type Decision, type GateOptions } from "./gate.js";
 import { Http, sleep, type ClientOptions } from "./http.js";
@@ -228,6 +228,12 @@ export class Run {
         }
         return;
       } catch (err) {
+        if (runTerminal(err)) {
+          // The run ended while the connection was down, and a run token of an ended run
+          // connects no more: the rest is read from the event pages.
+          yield* this.rest(after, init);
+          return;
+        }
         if (!(err instanceof WsUnavailable) || live.connections > 0) throw err;
       } finally {
         live.close();
@@ -236,7 +242,11 @@ export class Run {
     const state = { after, streaming: true };
     for await (const event of followSse(this, state, init.signal)) yield event;
     if (state.streaming) return; // the run ended
-    after = state.after;
+    yield* this.rest(state.after, init);
+  }
+
+  /** The events after `after` from the event pages, until the run ended and all were read. */
+  private async *rest(after: number, init: { signal?: AbortSignal }): AsyncGenerator<Event, void, undefined> {
     for (;;) {
       const page = await this.events(after, 1000, init);
       for (const event of page.events) {

@@ -78,6 +78,11 @@ export class Conflict extends TollgateError {
  */
 export class OutcomeUnknown extends Conflict {}
 
+/** @internal A 409 `run_terminal`: the run has ended. */
+export function runTerminal(err: unknown): boolean {
+  return err instanceof Conflict && err.state === "run_terminal";
+}
+
 /**
  * 429 or 5xx (after every retry allowed), or no answer at all ({@link TransportError}):
  * trying again later may succeed. `retryAfterMs` is the server's `Retry-After`.

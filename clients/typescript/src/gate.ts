@@ -3,7 +3,7 @@
 import { randomUUID } from "node:crypto";
 import type { ReadableStreamReadResult } from "node:stream/web";
 import { createParser, type EventSourceMessage } from "eventsource-parser";
-import { RunEnded, TollgateError, TransportError, Unavailable, WaitTimedOut } from "./errors.js";
+import { RunEnded, runTerminal, TollgateError, TransportError, Unavailable, WaitTimedOut } from "./errors.js";
 import { argumentsHash } from "./hash.js";
 import { bearer, describe, readCapped, refusal, sleep, USER_AGENT } from "./http.js";
 import type { Run } from "./client.js";
@@ -327,6 +327,8 @@ class Watch {
       return { kind: "ended" };
     } catch (err) {
       signal?.throwIfAborted();
+      // Reconnecting with the run token after the run ended: the card as the run left it.
+      if (runTerminal(err)) return { kind: "ended" };
       if (err instanceof WsUnavailable) return live.connections === 0 ? { kind: "sse" } : { kind: "again", delayMs: 0 };
       throw err;
     } finally {

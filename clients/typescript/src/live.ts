@@ -339,10 +339,13 @@ export class LiveConnection {
           } catch {
             body = undefined;
           }
+          (req as { destroy?(): void }).destroy?.();
           this.#refused(status, body);
         });
-        response.on("error", () => this.#refused(status, undefined));
-        (req as { destroy?(): void }).destroy?.();
+        response.on("error", () => {
+          (req as { destroy?(): void }).destroy?.();
+          this.#refused(status, undefined);
+        });
       });
       emitter.on("error", () => {});
     }
@@ -379,7 +382,9 @@ export class LiveConnection {
 
   #refused(status: number, body: unknown): void {
     if (this.#socket !== undefined) this.#socket = undefined;
-    if (status === 401 || status === 403) {
+    // 409 `run_terminal`: this run token's run has ended and its token connects no
+    // more; asking again changes nothing (the caller reads the rest from the pages).
+    if (status === 401 || status === 403 || status === 409) {
       this.#endAll(errorFromAnswer(status, body, undefined, undefined));
     } else if (this.connections === 0) {
       this.#endAll(new WsUnavailable(`the WebSocket upgrade was refused (${status})`));

@@ -129,7 +129,7 @@ describe("live over WebSocket", () => {
     });
   }
 
-  test("run.follow() with the run token (?run_id=), cut five times", async () => {
+  test("run.follow() with the run token (?run_id=), cut five times while the run lives", async () => {
     const proxy = await wsProxy(server.port, { cutEvery: 9, maxCuts: 5 });
     try {
       const client = new Client(proxy.url, { token: server.agentToken });
@@ -139,7 +139,13 @@ describe("live over WebSocket", () => {
       const follow = (async () => {
         for await (const e of run.follow()) seen.push(e.sequence);
       })();
-      await writer(run, 60);
+      for (let i = 0; i < 60; i++) {
+        await run.append([{ type: "agent.message", text: `m${i}` }]);
+        await new Promise((r) => setTimeout(r, 10));
+      }
+      // The run ends only after the fifth cut (a run token of an ended run connects no more).
+      await until("five cuts", () => proxy.cuts >= 5, 60_000);
+      await run.complete();
       await follow;
       assert.deepEqual(seen, range(1, await lastSequence(run)));
       assert.equal(proxy.cuts, 5);
@@ -147,6 +153,30 @@ describe("live over WebSocket", () => {
       assert.equal(ws.length, 6);
       assert.ok(ws.every((t) => t.includes(`run_id=${run.id}`)));
       assert.ok(!proxy.paths.some((p) => p.endsWith("/stream")));
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  test("a follow cut as its run ends reads the rest from the pages (409 run_terminal at the upgrade)", async () => {
+    const proxy = await wsProxy(server.port, { cutEvery: 5, maxCuts: 1 });
+    try {
+      const client = new Client(proxy.url, { token: server.agentToken });
+      const run = await client.createRun({ owner: "alice" });
+      await run.append(range(0, 2).map((i) => ({ type: "agent.message", text: String(i) })));
+      const seen: number[] = [];
+      const follow = (async () => {
+        for await (const e of run.follow()) seen.push(e.sequence);
+      })();
+      await until("the first four events", () => seen.length >= 4);
+      // The fifth event frame, the run's terminal event, is cut mid-frame.
+      await run.complete();
+      await follow;
+      assert.equal(proxy.cuts, 1);
+      assert.deepEqual(seen, range(1, await lastSequence(run)));
+      const ws = proxy.targets.filter((t) => t.startsWith("/api/ws"));
+      assert.equal(ws.length, 2, "the first upgrade and the refused one: no retry loop");
+      assert.ok(proxy.targets.some((t) => t.includes("/events?")));
     } finally {
       await proxy.close();
     }

@@ -619,7 +619,12 @@ impl Watch<'_> {
                 Err(_) => return Ok(Step::Again(Duration::ZERO)),
                 Ok(Ok(item)) => item,
                 Ok(Err(refused)) => {
-                    return Err(Error::from_answer(refused.status, &refused.body, None))
+                    return match Error::from_answer(refused.status, &refused.body, None) {
+                        // Reconnecting with the run token after the run ended (its
+                        // connection is refused then): the card as the run left it.
+                        Error::RunTerminal { .. } => Ok(Step::RunEnded),
+                        e => Err(e),
+                    };
                 }
             };
             self.after = ws.last();

@@ -23,6 +23,7 @@ from ._errors import (
     ConfigError,
     InvalidEvent,
     RunEnded,
+    RunTerminal,
     TollgateError,
     ToolDenied,
     TransportError,
@@ -748,6 +749,10 @@ class AsyncRun:
                 return _Step(_Step.AGAIN)
         except WsUnavailable as e:
             return _Step(_Step.SSE, error=e)
+        except RunTerminal:
+            # Reconnecting with the run token after the run ended (its connection is
+            # refused then): the card is read as the run left it.
+            return _Step(_Step.RUN_ENDED)
 
     async def follow(self, after: int = 0) -> AsyncGenerator[dict[str, Any], None]:
         """The run's events after ``after``, each once and in sequence order, until the run
@@ -770,6 +775,12 @@ class AsyncRun:
                     return
             except WsUnavailable as e:
                 log.debug("no WebSocket endpoint (%s); following the SSE stream", e)
+            except RunTerminal:
+                # The run ended while the connection was down, and a run token of an
+                # ended run connects no more: the rest is read from the event pages.
+                async for event in self._rest(after):
+                    yield event
+                return
         st = _Watch("", after, None)
         async with aclosing(self._follow_sse(st)) as sse:
             async for event in sse:
@@ -777,7 +788,12 @@ class AsyncRun:
         if st.streaming:
             return  # the run ended
         log.debug("no SSE stream here; reading the event pages")
-        after = st.after
+        async for event in self._rest(st.after):
+            yield event
+
+    async def _rest(self, after: int) -> AsyncGenerator[dict[str, Any], None]:
+        """The events after ``after`` from the event pages, read every ``poll_interval``,
+        until the run ended and every event was handed out."""
         poll = self.client.config.poll_interval
         while True:
             page = await self.events(after, 1000)

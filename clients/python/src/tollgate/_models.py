@@ -304,6 +304,19 @@ class Decided(Model):
     reason: str | None = None
     decision_reason: str | None = None
     pod_applied: bool | None = None
+    #: The standing grant this approval made (:class:`Grant`'s fields), else ``None``.
+    grant: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Grant(Model):
+    """What a standing grant covers: later cards for ``tool_name`` within ``scope``
+    (``run``, ``tool`` or ``always``)."""
+
+    schema_name: ClassVar[str] = "Grant"
+    tool_name: str
+    scope: str
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -800,6 +813,7 @@ MODELS: tuple[type[Model], ...] = (
     Armed,
     Decide,
     Decided,
+    Grant,
     Card,
     CardPage,
     RunCards,

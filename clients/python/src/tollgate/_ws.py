@@ -9,7 +9,8 @@ held (at most ``max_held`` per run; past that the held frames are dropped) and t
 is subscribed again with ``after`` = that last sequence; a dropped connection is opened
 again after a bounded, jittered backoff and every run subscribed again the same way. So
 every sequence comes out exactly once and in order, whatever the transport loses; after
-a run's ``done`` frame its follow ends. A refused upgrade (401, 403) raises the error it
+a run's ``done`` frame its follow ends. A refused upgrade (401, 403, and 409
+``run_terminal``: a run token of an ended run connects no more) raises the error it
 means at once; a first connection that cannot be opened at all raises
 :class:`WsUnavailable` (the caller falls back to the SSE stream).
 
@@ -291,7 +292,9 @@ class LiveConnection:
                     body = json.loads(e.response.body or b"null")
                 except ValueError:
                     body = None
-                if status in (401, 403):
+                if status in (401, 403, 409):
+                    # 409: this run token's run has ended (``run_terminal``); asking
+                    # again changes nothing. The caller reads the rest from the pages.
                     await self._end_all(error_from_answer(status, body))
                     return
                 why = f"the upgrade was refused ({status})"
