@@ -43,6 +43,7 @@ tollgate_tests::for_each_backend! {
     slack_a_slow_pod_is_answered_in_time => a_click_on_a_slow_pods_card_is_answered_without_waiting_for_the_pod;
     slack_retry_after_is_honoured => a_rate_limited_post_is_retried_no_sooner_than_asked;
     slack_an_expired_card_is_told_everywhere => an_expired_card_rewrites_its_message_and_reaches_the_webhook;
+    slack_channels_are_bounded_by_project => a_runs_channel_is_one_of_its_projects;
 }
 
 /// One Web API call the fake Slack received.
@@ -1060,4 +1061,86 @@ async fn dynamo_only_a_slow_store_decision_is_waited_for_not_answered_pending() 
     );
     let card = card(&srv, &run_id, &token, &rid).await;
     assert_eq!(card["state"], "approved", "{card}");
+}
+
+/// With `TOLLGATE_SLACK_CHANNELS` set, a run names only one of its project's channels:
+/// another project's channel, or a project's channel named by a run of no project, is
+/// refused at creation (400, nothing written); the posted message names the project;
+/// an interaction body past 64 KiB is refused (413) before its signature is looked at,
+/// and decides nothing.
+async fn a_runs_channel_is_one_of_its_projects(backend: Backend) {
+    const OPEN: &str = "C0OPENLAB";
+    let Setup { _serve, srv, slack } = setup_with(
+        backend,
+        vec![(
+            "TOLLGATE_SLACK_CHANNELS",
+            format!("{CHANNEL}@{PROJECT},{OPEN}@-"),
+        )],
+    )
+    .await;
+    let create = |token: String, body: Value| {
+        let srv = &srv;
+        async move { srv.post("/api/runs", &token, &body).await }
+    };
+    let other = srv
+        .auth
+        .mint_jwt("agent-other", Role::Agent, 3600, Some("proj-other".into()));
+    let none = srv.auth.mint_jwt("agent-none", Role::Agent, 3600, None);
+    let ours = srv
+        .auth
+        .mint_jwt("agent-slack", Role::Agent, 3600, Some(PROJECT.into()));
+    for (token, channel, who) in [
+        (&other, CHANNEL, "another project's run"),
+        (&none, CHANNEL, "a run of no project"),
+        (&ours, OPEN, "our project's run, the project-less channel"),
+    ] {
+        let run_id = format!("run-{}", uuid::Uuid::new_v4().simple());
+        let (status, v) = create(
+            token.clone(),
+            json!({"run_id": run_id, "owner": "alice", "channel_id": channel}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{who}: {v}");
+        assert_eq!(v["code"], "invalid_request", "{who}: {v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains("TOLLGATE_SLACK_CHANNELS"),
+            "{v}"
+        );
+        let (status, _) = srv
+            .get(&format!("/api/runs/{run_id}"), &srv.operator_token)
+            .await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{who}: nothing was written");
+    }
+    let (status, v) = create(none.clone(), json!({"owner": "dave", "channel_id": OPEN})).await;
+    assert_eq!(status, StatusCode::CREATED, "the project-less channel: {v}");
+    let (status, v) = create(other.clone(), json!({"owner": "alice"})).await;
+    assert_eq!(status, StatusCode::CREATED, "no channel named: {v}");
+
+    // Our project's run in our channel: posted, naming the project.
+    let (run_id, token) = run(&srv, "alice").await;
+    let rid = arm(&srv, &run_id, &token, "web_fetch").await;
+    let message = posted(&slack, &rid).await;
+    assert_eq!(message["channel"], CHANNEL, "{message}");
+    assert!(
+        message["blocks"].to_string().contains(PROJECT),
+        "the message names the project: {message}"
+    );
+
+    // A body past the bound: 413, whatever it carries, and the card stays pending.
+    let approve = element(&message, "tollgate.approve");
+    let mut body = click_body(
+        "U0BOB",
+        approve["action_id"].as_str().unwrap(),
+        approve["value"].as_str().unwrap(),
+        Some("once"),
+    );
+    body.push_str("&pad=");
+    body.push_str(&"x".repeat(70 * 1024));
+    let (status, v) = post_signed(&srv, &body, SIGNING_SECRET, now()).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("64 KiB"), "{v}");
+    assert_eq!(card(&srv, &run_id, &token, &rid).await["state"], "pending");
 }

@@ -46,9 +46,12 @@ impl JsonBody {
     /// The raw body when it is at most `limit` bytes; past that 413 at once, reading no
     /// further (for unauthenticated callers whose bodies are small, as Slack's clicks).
     pub async fn bytes_within(self, limit: usize) -> Result<axum::body::Bytes, ApiError> {
-        axum::body::to_bytes(self.0, limit)
-            .await
-            .map_err(|_| ApiError::payload_too_large())
+        axum::body::to_bytes(self.0, limit).await.map_err(|_| {
+            ApiError::new(
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body is over {} KiB", limit / 1024),
+            )
+        })
     }
 
     pub async fn value(self) -> Result<Value, ApiError> {
