@@ -712,7 +712,10 @@ async fn approve_and_deny_answer_in_words() {
     let out = click(vec!["approve", &run_id, "card-three", "--scope", "tool"]).await;
     assert_eq!(
         (out.code, out.stdout.as_str()),
-        (0, "approved (scope tool) by test-operator\n"),
+        (
+            0,
+            "approved (scope tool) by test-operator; standing grant: web_fetch within scope tool\n"
+        ),
         "{out:?}"
     );
 

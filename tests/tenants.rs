@@ -512,6 +512,69 @@ async fn listings_page_with_a_cursor(backend: Backend) {
 /// once), naming another project is 403, an operator of every project lists the project
 /// it names (or, naming none, the runs without one), an agent is refused, and a bad
 /// `limit`, `status`, filter or cursor is a 400 `ErrorBody`.
+/// Run ids are global (one id space for every project). A create naming an id another
+/// tenant holds answers exactly what a create naming an id of one's own project's run
+/// (with other fields) answers: 409 `run_exists`, the same body (but for a request id),
+/// nothing of the holder; reading that run answers what reading an id nobody holds
+/// answers (404). Nothing is written by the refused creates.
+async fn a_taken_run_id_says_nothing_of_its_holder(backend: Backend) {
+    let srv = TestServer::start(backend).await;
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let (acme, other) = (format!("acme-{tag}"), format!("other-{tag}"));
+    let agent = |sub: &str, project: &str| {
+        srv.auth
+            .mint_jwt(sub, Role::Agent, 600, Some(project.to_owned()))
+    };
+    let (ours, theirs) = (agent("agent", &acme), agent("intruder", &other));
+    let mine = format!("run-mine-{tag}");
+    let (status, v) = srv
+        .post(
+            "/api/runs",
+            &ours,
+            &json!({"run_id": mine, "owner": "alice"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let mut refusals = Vec::new();
+    for (token, who) in [(&theirs, "another tenant"), (&ours, "its own tenant")] {
+        let (status, mut v) = srv
+            .post(
+                "/api/runs",
+                token,
+                &json!({"run_id": mine, "owner": "mallory"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CONFLICT, "{who}: {v}");
+        assert_eq!(v["state"], "run_exists", "{who}: {v}");
+        v.as_object_mut().unwrap().remove("request_id");
+        refusals.push(v);
+    }
+    assert_eq!(refusals[0], refusals[1], "the holder's tenant is not told");
+    for key in ["owner", "project_id", "created_by", "status", "sequence"] {
+        assert!(refusals[0].get(key).is_none(), "{key} in {}", refusals[0]);
+    }
+    let (held, mut a) = srv.get(&format!("/api/runs/{mine}/events"), &theirs).await;
+    let nobody = format!("run-nobody-{tag}");
+    let (none, mut b) = srv
+        .get(&format!("/api/runs/{nobody}/events"), &theirs)
+        .await;
+    assert_eq!((held, none), (StatusCode::NOT_FOUND, StatusCode::NOT_FOUND));
+    for v in [&mut a, &mut b] {
+        v.as_object_mut().unwrap().remove("request_id");
+    }
+    assert_eq!(
+        a.to_string().replace(&mine, "ID"),
+        b.to_string().replace(&nobody, "ID"),
+        "another tenant's run reads as no run"
+    );
+    // The run is as its creator made it.
+    let (status, page) = srv
+        .get(&format!("/api/runs/{mine}/events"), &srv.operator_token)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page["events"][0]["owner"], "alice", "{page}");
+}
+
 async fn runs_are_listed_per_tenant(backend: Backend) {
     let srv = TestServer::start(backend).await;
     let tag = uuid::Uuid::new_v4().simple().to_string();
@@ -628,6 +691,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn card_timeouts_are_capped() {
                 super::card_timeouts_are_capped($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_taken_run_id_says_nothing_of_its_holder() {
+                super::a_taken_run_id_says_nothing_of_its_holder($backend).await
             }
         }
     };
