@@ -1,16 +1,22 @@
 """The agent side, blocking: :class:`Client` and :class:`Run` run the async client on
-an event loop of their own (one thread per client), so both behave the same."""
+an event loop of their own (one daemon thread per client), so both behave the same."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager
+import sys
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, TypeVar
 
+import anyio
 import httpx
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
 
 from ._async import AsyncClient, AsyncExecution, AsyncRun, Decision, EventHook
 from ._http import ClientConfig
@@ -18,19 +24,86 @@ from ._models import Budget, Card, EventPage, MutationRecord, RunEnded
 
 T = TypeVar("T")
 
+#: How long closing waits for the loop's thread to end, and a loop wound up unclosed
+#: for its owner's cleanup and for its tasks to stop (seconds).
+_WIND_UP = 5.0
+
+
+def _serve(ready: Future[BlockingPortal]) -> None:
+    """The loop's thread: a portal served until it is stopped."""
+
+    async def serve() -> None:
+        async with BlockingPortal() as portal:
+            ready.set_result(portal)
+            await portal.sleep_until_stopped()
+
+    try:
+        anyio.run(serve)
+    except BaseException as e:  # handed to the constructor while it waits
+        if not ready.done():
+            ready.set_exception(e)
+
+
+async def _bounded(aclose: Callable[[], Awaitable[None]]) -> None:
+    with anyio.move_on_after(_WIND_UP):
+        await aclose()
+
+
+def _wind_up(
+    portal: BlockingPortal,
+    thread: threading.Thread,
+    aclose: Callable[[], Awaitable[None]] | None,
+) -> None:
+    """A loop nobody closed, as it is collected: its owner's ``aclose`` (bounded), its
+    tasks cancelled, its thread joined (bounded). Never raises and never waits for
+    ever."""
+    if threading.current_thread() is thread:  # collected on the loop's own thread
+        threading.Thread(target=_wind_up, args=(portal, thread, aclose), daemon=True).start()
+        return
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            portal.start_task_soon(_bounded, aclose).result(_WIND_UP + 1)
+    with contextlib.suppress(Exception):
+        portal.start_task_soon(portal.stop, True).result(_WIND_UP)
+    thread.join(_WIND_UP)
+
 
 class _Loop:
-    """A blocking portal: an event loop in a thread of its own."""
+    """A blocking portal: an event loop in a daemon thread of its own, so it never keeps
+    the process alive. :meth:`close` stops it; one never closed is wound up (``aclose``
+    awaited, its tasks cancelled) when it is collected."""
 
-    def __init__(self) -> None:
-        self._cm: AbstractContextManager[BlockingPortal] = start_blocking_portal()
-        self.portal = self._cm.__enter__()
+    def __init__(self, aclose: Callable[[], Awaitable[None]] | None = None) -> None:
+        ready: Future[BlockingPortal] = Future()
+        kwargs: dict[str, Any] = {}
+        if sys.version_info >= (3, 14):  # a context of its own, as anyio's portals have
+            kwargs["context"] = contextvars.Context()
+        self._thread = threading.Thread(
+            target=_serve, args=(ready,), name="tollgate-loop", daemon=True, **kwargs
+        )
+        self._thread.start()
+        self.portal = ready.result()
+        self._unclosed = weakref.finalize(self, _wind_up, self.portal, self._thread, aclose)
+        # At exit the thread, a daemon, is simply left: nothing to wait for there.
+        self._unclosed.atexit = False
 
     def call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         return self.portal.call(functools.partial(fn, *args, **kw))
 
     def close(self) -> None:
-        self._cm.__exit__(None, None, None)
+        """Stops the portal (tasks still running may finish) and joins its thread
+        (bounded). Closing again does nothing."""
+        if self._unclosed.detach() is None:
+            return
+        if threading.current_thread() is self._thread:  # from a hook on the loop itself
+            threading.Thread(target=self._stop, daemon=True).start()
+            return
+        self._stop()
+
+    def _stop(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.portal.call(self.portal.stop, False)
+        self._thread.join(_WIND_UP)
 
 
 class Execution:
@@ -237,7 +310,7 @@ class Client:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.inner = AsyncClient(base_url, token, config=config, transport=transport)
-        self._loop = _Loop()
+        self._loop = _Loop(self.inner.aclose)
         self._closed = False
 
     def __repr__(self) -> str:

@@ -128,7 +128,7 @@ class Operator:
 
     def __init__(self, base_url: str, token: str, *, config: ClientConfig | None = None) -> None:
         self.inner = AsyncOperator(base_url, token, config=config)
-        self._loop = _Loop()
+        self._loop = _Loop(self.inner.aclose)
 
     def __enter__(self) -> Operator:
         return self
