@@ -44,6 +44,7 @@ tollgate_tests::for_each_backend! {
     slack_retry_after_is_honoured => a_rate_limited_post_is_retried_no_sooner_than_asked;
     slack_an_expired_card_is_told_everywhere => an_expired_card_rewrites_its_message_and_reaches_the_webhook;
     slack_channels_are_bounded_by_project => a_runs_channel_is_one_of_its_projects;
+    slack_a_flooding_project_leaves_the_others_their_turn => a_flooding_project_leaves_anothers_notices_their_turn;
 }
 
 /// One Web API call the fake Slack received.
@@ -60,7 +61,8 @@ struct Call {
 
 /// A fake Slack Web API: answers `chat.postMessage` with a fresh `ts`, everything else
 /// `ok`, and records every call; the first `limited` calls of `chat.postMessage` are
-/// answered 429 `ratelimited` with `Retry-After: RATE_LIMIT_SECONDS`.
+/// answered 429 `ratelimited` with `Retry-After: RATE_LIMIT_SECONDS`, and when paced, one
+/// within the pace of the last accepted one 429 `ratelimited` with `Retry-After: 1`.
 struct FakeSlack {
     base: String,
     calls: Arc<Mutex<Vec<Call>>>,
@@ -69,24 +71,53 @@ struct FakeSlack {
 /// The `Retry-After` of a rate-limited call.
 const RATE_LIMIT_SECONDS: u64 = 3;
 
-type FakeState = (Arc<Mutex<Vec<Call>>>, Arc<std::sync::atomic::AtomicUsize>);
+/// How the fake limits `chat.postMessage`.
+#[derive(Clone, Default)]
+struct Limits {
+    /// This many first calls are refused.
+    limited: Arc<std::sync::atomic::AtomicUsize>,
+    /// At most one accepted per this long.
+    pace: Option<Duration>,
+    last: Arc<Mutex<Option<Instant>>>,
+}
+
+impl Limits {
+    /// Whether this call is refused, and the `Retry-After` it is told.
+    fn refuse(&self) -> Option<u64> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self
+            .limited
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Some(RATE_LIMIT_SECONDS);
+        }
+        let pace = self.pace?;
+        let mut last = self.last.lock().unwrap();
+        if last.is_some_and(|at| at.elapsed() < pace) {
+            return Some(1);
+        }
+        *last = Some(Instant::now());
+        None
+    }
+}
+
+type FakeState = (Arc<Mutex<Vec<Call>>>, Limits);
 
 async fn record(
-    State((calls, limited)): State<FakeState>,
+    State((calls, limits)): State<FakeState>,
     Path(method): Path<String>,
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let mut calls = calls.lock().unwrap();
-    let throttled = method == "chat.postMessage"
-        && limited
-            .fetch_update(
-                std::sync::atomic::Ordering::SeqCst,
-                std::sync::atomic::Ordering::SeqCst,
-                |n| n.checked_sub(1),
-            )
-            .is_ok();
+    let refused = if method == "chat.postMessage" {
+        limits.refuse()
+    } else {
+        None
+    };
+    let throttled = refused.is_some();
     let answer = match method.as_str() {
         _ if throttled => json!({"ok": false, "error": "ratelimited"}),
         "chat.postMessage" => json!({
@@ -106,8 +137,8 @@ async fn record(
         answer: answer.clone(),
         at: Instant::now(),
     });
-    if throttled {
-        let after = [("retry-after", RATE_LIMIT_SECONDS.to_string())];
+    if let Some(after) = refused {
+        let after = [("retry-after", after.to_string())];
         return (
             axum::http::StatusCode::TOO_MANY_REQUESTS,
             after,
@@ -124,12 +155,28 @@ impl FakeSlack {
     }
 
     async fn start_limited(limited: usize) -> Self {
+        Self::start_with(Limits {
+            limited: Arc::new(limited.into()),
+            ..Limits::default()
+        })
+        .await
+    }
+
+    /// A fake accepting at most one `chat.postMessage` per `pace`.
+    async fn start_paced(pace: Duration) -> Self {
+        Self::start_with(Limits {
+            pace: Some(pace),
+            ..Limits::default()
+        })
+        .await
+    }
+
+    async fn start_with(limits: Limits) -> Self {
         let calls = Arc::new(Mutex::new(Vec::new()));
-        let limited = Arc::new(std::sync::atomic::AtomicUsize::new(limited));
         let (listener, base) = pods::listen().await;
         let app = Router::new()
             .route("/api/{method}", post(record))
-            .with_state((calls.clone(), limited));
+            .with_state((calls.clone(), limits));
         pods::serve(listener, app);
         Self {
             base: format!("{base}/api"),
@@ -1143,4 +1190,123 @@ async fn a_runs_channel_is_one_of_its_projects(backend: Backend) {
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
     assert!(v["error"].as_str().unwrap().contains("64 KiB"), "{v}");
     assert_eq!(card(&srv, &run_id, &token, &rid).await["state"], "pending");
+}
+
+/// One project floods (20 cards at once) a Slack that takes one post per 200 ms and
+/// answers the rest 429 `ratelimited`, `Retry-After: 1` (so about one post a second gets
+/// through); another project arms 3 cards just after, with
+/// `TOLLGATE_NOTIFY_MAX_ATTEMPTS=2` (a rate limit counting as an attempt would bury most
+/// of the flood and maybe the others): the other project's 3 are posted among the first
+/// accepted posts after they were armed, not behind the flood; every card of both is
+/// posted exactly once, and neither project has a dead letter.
+async fn a_flooding_project_leaves_anothers_notices_their_turn(backend: Backend) {
+    const FLOOD: usize = 20;
+    const OTHER: &str = "proj-quiet";
+    let Setup { _serve, srv, slack } = setup_against(
+        backend,
+        FakeSlack::start_paced(Duration::from_millis(200)).await,
+        vec![
+            ("TOLLGATE_NOTIFY_RETRY_BASE_MS", "100".to_owned()),
+            ("TOLLGATE_NOTIFY_MAX_ATTEMPTS", "2".to_owned()),
+        ],
+    )
+    .await;
+    let mut flood = Vec::new();
+    for _ in 0..FLOOD {
+        let (run_id, token) = run(&srv, "alice").await;
+        flood.push(arm(&srv, &run_id, &token, "web_fetch").await);
+    }
+    let quiet_agent = srv
+        .auth
+        .mint_jwt("agent-quiet", Role::Agent, 3600, Some(OTHER.into()));
+    let armed_at = Instant::now();
+    let mut quiet = Vec::new();
+    for _ in 0..3 {
+        let (status, v) = srv
+            .post(
+                "/api/runs",
+                &quiet_agent,
+                &json!({"owner": "erin", "project_id": OTHER, "channel_id": "C0QUIET"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{v}");
+        let (run_id, token) = (
+            v["run_id"].as_str().unwrap().to_owned(),
+            v["run_token"].as_str().unwrap().to_owned(),
+        );
+        quiet.push(arm(&srv, &run_id, &token, "web_fetch").await);
+    }
+    let accepted = |rid: &str| -> Vec<Call> {
+        slack
+            .about("chat.postMessage", rid)
+            .into_iter()
+            .filter(|c| c.answer["ok"] == true)
+            .collect()
+    };
+    // Every card of both projects is posted (bounded: about one a second gets through).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !flood
+        .iter()
+        .chain(&quiet)
+        .all(|rid| !accepted(rid).is_empty())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "not every card was posted: {} of the flood, {} of the others",
+            flood.iter().filter(|r| !accepted(r).is_empty()).count(),
+            quiet.iter().filter(|r| !accepted(r).is_empty()).count()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for rid in flood.iter().chain(&quiet) {
+        assert_eq!(accepted(rid).len(), 1, "card {rid} posted once");
+    }
+    // Their turn: the accepted posts after the others armed, in order; the others' 3
+    // come among the first few, while most of the flood is still waiting.
+    let after: Vec<Call> = slack
+        .calls("chat.postMessage")
+        .into_iter()
+        .filter(|c| c.answer["ok"] == true && c.at >= armed_at)
+        .collect();
+    let positions: Vec<usize> = quiet
+        .iter()
+        .map(|rid| {
+            after
+                .iter()
+                .position(|c| c.body.to_string().contains(rid.as_str()))
+                .expect("posted after it was armed")
+        })
+        .collect();
+    let flood_after = after.len() - quiet.len();
+    eprintln!(
+        "the others' posts came at {positions:?} of {} accepted after they armed",
+        after.len()
+    );
+    assert!(
+        flood_after >= 10,
+        "the flood was still being posted when the others armed ({flood_after} after)"
+    );
+    assert!(
+        positions.iter().all(|p| *p < 8),
+        "the others' posts came at {positions:?} of {} accepted after they armed",
+        after.len()
+    );
+    let throttled = slack
+        .calls("chat.postMessage")
+        .iter()
+        .filter(|c| c.answer["error"] == "ratelimited")
+        .count();
+    assert!(throttled > 0, "Slack did rate limit");
+    for project in [PROJECT, OTHER] {
+        let operator = srv
+            .auth
+            .mint_jwt("ops", Role::Operator, 600, Some(project.into()));
+        let (status, dead) = srv.get("/api/notifications/dead-letters", &operator).await;
+        assert_eq!(status, StatusCode::OK, "{dead}");
+        let letters = dead["dead_letters"].as_array().cloned().unwrap_or_default();
+        assert!(
+            letters.is_empty() && dead.to_string().find("dlv_").is_none(),
+            "{project}: no dead letter: {dead}"
+        );
+    }
 }

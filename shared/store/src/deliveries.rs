@@ -143,7 +143,10 @@ pub trait DeliveryStore: Send + Sync + 'static {
     async fn read_delivery(&self, delivery_id: &str) -> Result<Option<Delivery>, StoreError>;
 
     /// Pending deliveries due at `now` (every project: the notifier's retry loop), at
-    /// most `limit`, earliest first.
+    /// most `limit`, shared out by [`fair_share`]: each project's earliest first, the
+    /// projects taking turns, so one project with many due takes no more than its share
+    /// while another has some (docs/architecture.md §10). DynamoDB chooses among the
+    /// earliest [`DUE_WINDOW`] due.
     async fn due_deliveries(&self, now: i64, limit: usize) -> Result<Vec<Delivery>, StoreError>;
 
     /// One project's dead letters, newest first, at most `limit`.
@@ -157,8 +160,81 @@ pub trait DeliveryStore: Send + Sync + 'static {
     async fn sink_enabled_at(&self, sink: &str, at: i64) -> Result<i64, StoreError>;
 }
 
+/// How many of the earliest due deliveries [`DeliveryStore::due_deliveries`] chooses
+/// from on DynamoDB (its index is read that far, the records themselves only for those
+/// chosen).
+pub const DUE_WINDOW: usize = 1000;
+
+/// At most `limit` of `items`, shared between projects: each project's items in order of
+/// `at` (earliest first), and the projects taking turns, one item each per round, the
+/// project whose earliest item is earliest going first. With `k` projects having items,
+/// none gets more than `ceil(limit / k)` while the others still have some.
+pub fn fair_share<T>(
+    mut items: Vec<T>,
+    limit: usize,
+    project: impl Fn(&T) -> &str,
+    at: impl Fn(&T) -> i64,
+) -> Vec<T> {
+    items.sort_by_key(&at);
+    let mut queues: Vec<(String, std::collections::VecDeque<T>)> = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for item in items {
+        let p = project(&item).to_owned();
+        let i = *index.entry(p.clone()).or_insert_with(|| {
+            queues.push((p, std::collections::VecDeque::new()));
+            queues.len() - 1
+        });
+        queues[i].1.push_back(item);
+    }
+    let mut chosen = Vec::with_capacity(limit);
+    while chosen.len() < limit {
+        let mut any = false;
+        for (_, queue) in queues.iter_mut() {
+            if chosen.len() == limit {
+                break;
+            }
+            if let Some(item) = queue.pop_front() {
+                chosen.push(item);
+                any = true;
+            }
+        }
+        if !any {
+            break;
+        }
+    }
+    chosen
+}
+
 /// The key under which [`DeliveryStore::sink_enabled_at`] is kept, beside the delivery
 /// records (whose ids start `dlv_`).
 pub fn sink_marker_id(sink: &str) -> String {
     format!("sink#{sink}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fair_share;
+
+    #[test]
+    fn projects_take_turns_earliest_first() {
+        // a floods (10, all earlier), b has 2, c has 1: a limit of 6 takes b's and c's.
+        let mut items: Vec<(&str, i64)> = (0..10).map(|i| ("a", i)).collect();
+        items.extend([("b", 100), ("c", 150), ("b", 200)]);
+        let chosen = fair_share(items, 6, |(p, _)| p, |(_, at)| *at);
+        assert_eq!(
+            chosen,
+            vec![
+                ("a", 0),
+                ("b", 100),
+                ("c", 150),
+                ("a", 1),
+                ("b", 200),
+                ("a", 2)
+            ]
+        );
+        // Fewer than the limit: all of them, each project's in order.
+        let all = fair_share(vec![("a", 3), ("a", 1)], 5, |(p, _)| p, |(_, at)| *at);
+        assert_eq!(all, vec![("a", 1), ("a", 3)]);
+        assert!(fair_share(vec![("a", 1)], 0, |(p, _)| p, |(_, at)| *at).is_empty());
+    }
 }

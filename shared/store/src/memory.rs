@@ -1283,9 +1283,15 @@ impl crate::DeliveryStore for MemoryStore {
             .filter(|d| d.state == crate::DeliveryState::Pending && d.next_attempt_at <= now)
             .cloned()
             .collect();
-        due.sort_by_key(|d| d.next_attempt_at);
-        due.truncate(limit);
-        Ok(due)
+        due.sort_by(|a, b| {
+            (a.next_attempt_at, &a.delivery_id).cmp(&(b.next_attempt_at, &b.delivery_id))
+        });
+        Ok(crate::deliveries::fair_share(
+            due,
+            limit,
+            |d| d.key.project.as_str(),
+            |d| d.next_attempt_at,
+        ))
     }
 
     async fn dead_letters(

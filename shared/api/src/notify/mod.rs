@@ -73,10 +73,15 @@ pub struct CardNotice {
 /// Why a delivery failed. The text never contains a secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeliveryError {
-    /// Worth trying again later (a timeout, 429, 5xx).
+    /// Worth trying again later (a timeout, 5xx).
     Retry(String),
     /// Worth trying again, not before this long from now (the receiver's `Retry-After`).
     RetryAfter(String, std::time::Duration),
+    /// The receiver is limiting how fast this sender posts (HTTP 429, Slack's
+    /// `ratelimited`): not this delivery's failure. The sink is paused for this long (the
+    /// receiver's `Retry-After`, else a second), and the attempt is not counted towards
+    /// the dead letter (docs/architecture.md §10).
+    Throttled(String, std::time::Duration),
     /// Will never succeed as configured (another 4xx): dead-lettered at once.
     Permanent(String),
 }
@@ -87,6 +92,9 @@ impl fmt::Display for DeliveryError {
             DeliveryError::Retry(m) => write!(f, "retryable: {m}"),
             DeliveryError::RetryAfter(m, after) => {
                 write!(f, "retryable after {} s: {m}", after.as_secs())
+            }
+            DeliveryError::Throttled(m, after) => {
+                write!(f, "rate limited for {} s: {m}", after.as_secs())
             }
             DeliveryError::Permanent(m) => write!(f, "permanent: {m}"),
         }
@@ -101,6 +109,9 @@ pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<std::t
     retry_after_seconds(headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?)
         .map(std::time::Duration::from_secs)
 }
+
+/// How long a sink is paused after a [`DeliveryError::Throttled`] that named no time.
+pub const THROTTLE_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// [`retry_after`]'s value: whole seconds (digits only; too many for a `u64` is as many
 /// as can be), at most an hour; anything else is not taken.

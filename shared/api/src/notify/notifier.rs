@@ -10,6 +10,13 @@
 //! claimed the same way ([`Notifier::retry_due`]). A delivery is sent twice only if its
 //! sender died between sending and recording (the lease then runs out and it is sent
 //! again, with the same `delivery_id`).
+//!
+//! Fair between projects: a receiver's rate limit ([`DeliveryError::Throttled`]) pauses
+//! its sink in this process and counts towards no delivery's dead letter; notices that
+//! arrive during the pause wait, each project's spaced [`FAIR_SPACING`] apart, and each
+//! retry pass takes a bounded share of the due ones, the projects taking turns — so one
+//! project's flood neither spends another's attempts nor keeps its notices waiting
+//! behind the whole flood.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +47,10 @@ pub struct RetryPolicy {
     /// left to the processes that have the sink, and once overdue by
     /// [`RetryPolicy::stray_grace`] put off by as much, out of the due ones.
     pub stray_after: Duration,
+    /// A delivery still rate limited ([`DeliveryError::Throttled`]) this long after it
+    /// was created is a dead letter: rate limits alone never count towards
+    /// `max_attempts`, so one project's flood cannot spend another's attempts.
+    pub throttled_for: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -50,6 +61,7 @@ impl Default for RetryPolicy {
             max_delay: Duration::from_secs(15 * 60),
             lease: Duration::from_secs(60),
             stray_after: Duration::from_secs(24 * 3600),
+            throttled_for: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -123,12 +135,20 @@ fn is_put_off(delivery: &Delivery) -> bool {
         .is_some_and(|e| e.starts_with(PUT_OFF))
 }
 
+/// How many due deliveries one retry pass takes ([`Notifier::retry_due`]).
+pub const PASS_SHARE: usize = 100;
+
 /// [`RetryPolicy::stray_window`]: longer than the slowest retry pass of a process with
 /// the sink (the `notifier` function's schedule runs one a minute; `serve` one a second).
 pub const STRAY_WINDOW: Duration = Duration::from_secs(150);
 
 /// The least `TOLLGATE_NOTIFY_STRAY_AFTER_SECONDS` is taken as (seconds).
 pub const MIN_STRAY_AFTER_SECONDS: u64 = 3600;
+
+/// How far apart the notices of one project that wait out a sink's pause are put
+/// (`next_attempt_at`): a project's many take their turns after another's few, in the
+/// due index's order as in each retry pass ([`tollgate_store::deliveries::fair_share`]).
+pub const FAIR_SPACING: Duration = Duration::from_millis(50);
 
 /// How far before its first start a sink's notifier still notifies card events, by
 /// default: the `notifier` function starts on the first event it is given, so a sink
@@ -143,6 +163,16 @@ pub struct Notifier {
     backlog_grace: Duration,
     /// Each sink's first enabling (ms), once read.
     enabled: std::sync::Mutex<std::collections::HashMap<&'static str, i64>>,
+    /// Sinks whose receiver rate limits this process, until when (ms): nothing is sent
+    /// to them before.
+    paused: std::sync::Mutex<std::collections::HashMap<&'static str, i64>>,
+    /// The last slot (ms) given to a notice of each (sink, project) waiting out a pause
+    /// ([`FAIR_SPACING`]).
+    slots: std::sync::Mutex<std::collections::HashMap<(&'static str, String), i64>>,
+    /// When this process last attempted a delivery of each project (ms): a retry pass
+    /// takes the projects least recently served first, so when a rate limit lets one
+    /// post through per pause, the projects take turns at it.
+    served: std::sync::Mutex<std::collections::HashMap<String, i64>>,
 }
 
 impl Notifier {
@@ -153,6 +183,9 @@ impl Notifier {
             policy: RetryPolicy::default(),
             backlog_grace: BACKLOG_GRACE,
             enabled: Default::default(),
+            paused: Default::default(),
+            slots: Default::default(),
+            served: Default::default(),
         }
     }
 
@@ -189,6 +222,60 @@ impl Notifier {
         &self,
     ) -> std::sync::MutexGuard<'_, std::collections::HashMap<&'static str, i64>> {
         self.enabled.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Until when (ms) the sink named `sink` is paused by its receiver's rate limit, if
+    /// it is at `now`.
+    fn paused_until(&self, sink: &str, now: i64) -> Option<i64> {
+        let paused = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+        paused.get(sink).copied().filter(|until| *until > now)
+    }
+
+    fn pause(&self, sink: &'static str, until: i64) {
+        let mut paused = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+        let at = paused.entry(sink).or_insert(until);
+        *at = (*at).max(until);
+    }
+
+    /// When a notice of `project` waiting out `sink`'s pause is due: no sooner than
+    /// `from`, and [`FAIR_SPACING`] after the project's last one — so while one project
+    /// queues hundreds, another's first is due as soon as the pause ends.
+    fn slot(&self, sink: &'static str, project: &str, from: i64) -> i64 {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if slots.len() > 4096 {
+            let now = now_millis();
+            slots.retain(|_, at| *at > now);
+        }
+        let spacing = FAIR_SPACING.as_millis() as i64;
+        let key = (sink, project.to_owned());
+        let at = slots
+            .get(&key)
+            .map_or(from, |last| (*last + spacing).max(from));
+        slots.insert(key, at);
+        at
+    }
+
+    /// `due` (each project's in the store's order) with the projects taking turns, the
+    /// least recently served first.
+    fn in_turns(&self, due: Vec<Delivery>) -> Vec<Delivery> {
+        let served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+        let n = due.len();
+        tollgate_store::deliveries::fair_share(
+            due,
+            n,
+            |d| d.key.project.as_str(),
+            |d| served.get(&d.key.project).copied().unwrap_or(0),
+        )
+    }
+
+    /// Notes that a delivery of `project` was just attempted.
+    fn serve_turn(&self, project: &str) {
+        let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+        if served.len() > 4096 {
+            let oldest = now_millis() - 3_600_000;
+            served.retain(|_, at| *at > oldest);
+        }
+        served.insert(project.to_owned(), now_millis());
     }
 
     pub fn with_policy(mut self, policy: RetryPolicy) -> Self {
@@ -267,6 +354,15 @@ impl Notifier {
             // Due again only when the lease lapses (its sender died): a delivery in flight
             // never sits among the due ones, where it would crowd out those really due.
             record.next_attempt_at = record.leased_until;
+            if let Some(until) = self.paused_until(sink.name(), now) {
+                // The sink's receiver asked this process to slow down: the notice waits
+                // its project's turn after the pause, claimed by nobody yet.
+                record.leased_until = 0;
+                record.next_attempt_at = self.slot(sink.name(), &record.key.project, until);
+                // Lost: another instance created it (or this event was handed twice).
+                self.store.put_delivery(&record, 0).await?;
+                continue;
+            }
             if self.store.put_delivery(&record, 0).await? {
                 // An old arm is posted for being open: as the card stands now (a card
                 // decided meanwhile is posted without its buttons).
@@ -323,11 +419,23 @@ impl Notifier {
         }))
     }
 
-    /// Claims and sends every delivery due now (their retries); how many were attempted.
+    /// Claims and sends the deliveries due now (their retries), at most [`PASS_SHARE`],
+    /// shared between projects (each project's earliest first, the projects taking
+    /// turns); none of a sink while its receiver has it paused. How many were attempted.
     pub async fn retry_due(&self) -> Result<usize, StoreError> {
         let now = now_millis();
         let mut attempted = 0;
-        for due in self.store.due_deliveries(now, 100).await? {
+        if !self.sinks.is_empty()
+            && self
+                .sinks
+                .iter()
+                .all(|sink| self.paused_until(sink.name(), now).is_some())
+        {
+            // Nothing could be sent: the due ones are not even read.
+            return Ok(0);
+        }
+        let due = self.store.due_deliveries(now, PASS_SHARE).await?;
+        for due in self.in_turns(due) {
             if due.leased_until > now {
                 continue;
             }
@@ -338,6 +446,10 @@ impl Notifier {
                 }
                 continue;
             };
+            if self.paused_until(sink.name(), now_millis()).is_some() {
+                // Left due, unclaimed: after the pause, in the projects' turns.
+                continue;
+            }
             let mut claimed = due.clone();
             if is_put_off(&claimed) {
                 // Claimed by a process with the sink: no longer a stray.
@@ -488,6 +600,7 @@ impl Notifier {
                 memo = armed.memo;
             }
         }
+        self.serve_turn(&notice.project);
         let answer = sink.deliver(notice, memo.as_deref()).await;
         let mut done = claimed.clone();
         done.attempts += 1;
@@ -499,6 +612,37 @@ impl Notifier {
             _ => Duration::ZERO,
         };
         match answer {
+            Err(DeliveryError::Throttled(why, after))
+                if now - claimed.created_at < self.policy.throttled_for.as_millis() as i64 =>
+            {
+                // The receiver slows this sender down: the sink pauses, and this delivery
+                // waits its project's turn after, the attempt not counted.
+                let until = now_millis() + after.max(Duration::from_millis(100)).as_millis() as i64;
+                self.pause(sink.name(), until);
+                done.attempts = claimed.attempts;
+                done.next_attempt_at = self.slot(sink.name(), &done.key.project, until);
+                tracing::warn!(
+                    sink = sink.name(),
+                    delivery_id = %done.delivery_id,
+                    paused_ms = until - now,
+                    error = %why,
+                    "notifications: rate limited; the sink pauses"
+                );
+                done.last_error = Some(format!("rate limited: {why}"));
+            }
+            Err(DeliveryError::Throttled(why, _)) => {
+                done.state = DeliveryState::Dead;
+                tracing::warn!(
+                    sink = sink.name(),
+                    delivery_id = %done.delivery_id,
+                    error = %why,
+                    "notification dead-lettered: rate limited for too long"
+                );
+                done.last_error = Some(format!(
+                    "rate limited for more than {} s: {why}",
+                    self.policy.throttled_for.as_secs()
+                ));
+            }
             Ok(memo) => {
                 done.state = DeliveryState::Sent;
                 done.last_error = None;

@@ -209,9 +209,14 @@ impl Sink for WebhookSink {
         let why = format!("the receiver answered {status}");
         match (status, after) {
             (200..=299, _) => Ok(None),
-            // Put off no sooner than the receiver asked (429, 503).
-            (429 | 500..=599, Some(after)) => Err(DeliveryError::RetryAfter(why, after)),
-            (429 | 500..=599, None) => Err(DeliveryError::Retry(why)),
+            // Slowed down: the sink pauses as long as asked (a second if not said).
+            (429, after) => Err(DeliveryError::Throttled(
+                why,
+                after.unwrap_or(super::THROTTLE_PAUSE),
+            )),
+            // Put off no sooner than the receiver asked (503).
+            (500..=599, Some(after)) => Err(DeliveryError::RetryAfter(why, after)),
+            (500..=599, None) => Err(DeliveryError::Retry(why)),
             _ => Err(DeliveryError::Permanent(why)),
         }
     }

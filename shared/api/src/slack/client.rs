@@ -14,8 +14,8 @@ pub const DEFAULT_API_URL: &str = "https://slack.com/api";
 /// How long one call may take: well inside the notifier's claim on a delivery (its
 /// lease) and a notifier invocation's timeout, so a slow Slack never makes a second
 /// sender take the delivery over while the first may still post. A `Retry-After` is
-/// never waited out in place: the call answers [`SlackError::Retry`] and the notifier
-/// retries later.
+/// never waited out in place: the call answers [`SlackError::RateLimited`] (or
+/// [`SlackError::Retry`]) and the notifier retries later.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an ephemeral answer to a click may take: the click's own answer to Slack
 /// is due within 3 s.
@@ -34,20 +34,27 @@ pub enum SlackError {
         why: String,
         after: Option<Duration>,
     },
+    /// Slack is limiting how fast this app posts (HTTP 429, `ratelimited`,
+    /// `message_limit_exceeded`). `after`: Slack's `Retry-After`.
+    #[error("slack: {why} (rate limited)")]
+    RateLimited {
+        why: String,
+        after: Option<Duration>,
+    },
     /// Will fail the same way again: `channel_not_found`, `invalid_auth`, `not_in_channel`, …
     #[error("slack: {0}")]
     Permanent(String),
 }
 
-/// Slack's `ok: false` error codes that a later attempt may not see.
+/// Slack's `ok: false` error codes saying this app posts too fast.
+const RATE_LIMITED: &[&str] = &["ratelimited", "rate_limited", "message_limit_exceeded"];
+
+/// Slack's other `ok: false` error codes that a later attempt may not see.
 const RETRYABLE: &[&str] = &[
-    "ratelimited",
-    "rate_limited",
     "internal_error",
     "fatal_error",
     "service_unavailable",
     "request_timeout",
-    "message_limit_exceeded",
 ];
 
 /// A Slack Web API client for one bot token.
@@ -168,7 +175,13 @@ impl SlackClient {
             })?;
         let status = response.status();
         let after = crate::notify::retry_after(response.headers());
-        if status == reqwest::StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+        if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+            return Err(SlackError::RateLimited {
+                why: format!("{method}: HTTP 429"),
+                after,
+            });
+        }
+        if status.is_server_error() {
             return Err(SlackError::Retry {
                 why: format!("{method}: HTTP {}", status.as_u16()),
                 after,
@@ -201,7 +214,12 @@ impl SlackClient {
             .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
             .take(64)
             .collect::<String>();
-        if RETRYABLE.contains(&code.as_str()) {
+        if RATE_LIMITED.contains(&code.as_str()) {
+            Err(SlackError::RateLimited {
+                why: format!("{method}: {code}"),
+                after,
+            })
+        } else if RETRYABLE.contains(&code.as_str()) {
             Err(SlackError::Retry {
                 why: format!("{method}: {code}"),
                 after,

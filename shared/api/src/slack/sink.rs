@@ -29,6 +29,9 @@ impl From<SlackError> for DeliveryError {
                 after: Some(after),
             } => DeliveryError::RetryAfter(why, after),
             SlackError::Retry { why, after: None } => DeliveryError::Retry(why),
+            SlackError::RateLimited { why, after } => {
+                DeliveryError::Throttled(why, after.unwrap_or(crate::notify::THROTTLE_PAUSE))
+            }
             SlackError::Permanent(why) => DeliveryError::Permanent(why),
         }
     }

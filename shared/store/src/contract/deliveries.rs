@@ -136,6 +136,54 @@ pub async fn due_deliveries_and_dead_letters(store: Store) {
     );
 }
 
+/// One project with many due deliveries, all earlier than another's few: a retry pass's
+/// worth (`limit`) still takes the other's, and the flooding one no more than the rest.
+pub async fn due_deliveries_are_shared_between_projects(store: Store) {
+    let flooding = fresh_id("proj");
+    let other = fresh_id("proj");
+    let now = tollgate_domain::now_millis();
+    // Far in the past: earlier than anything another test leaves due.
+    let long_ago = now - 30 * 86_400_000;
+    for i in 0..120 {
+        let mut d = Delivery::new(key(&flooding, &fresh_id("dlv"), "armed"), 2, now);
+        d.next_attempt_at = long_ago + i;
+        d.version = 1;
+        assert!(store.put_delivery(&d, 0).await.expect("put"));
+    }
+    let mut theirs = Vec::new();
+    for _ in 0..2 {
+        let mut d = Delivery::new(key(&other, &fresh_id("dlv"), "armed"), 2, now);
+        d.next_attempt_at = now - 1000;
+        d.version = 1;
+        assert!(store.put_delivery(&d, 0).await.expect("put"));
+        theirs.push(d.delivery_id);
+    }
+    let limit = 40;
+    let due = store.due_deliveries(now, limit).await.expect("due");
+    assert!(due.len() <= limit);
+    for id in &theirs {
+        assert!(
+            due.iter().any(|d| &d.delivery_id == id),
+            "the other project's delivery {id} is among the {} taken",
+            due.len()
+        );
+    }
+    let flood: Vec<&Delivery> = due.iter().filter(|d| d.key.project == flooding).collect();
+    assert!(
+        !flood.is_empty() && flood.len() <= limit - theirs.len(),
+        "{} of the flood",
+        flood.len()
+    );
+    // Each project's earliest first.
+    assert!(
+        flood
+            .windows(2)
+            .all(|w| w[0].next_attempt_at <= w[1].next_attempt_at),
+        "in order"
+    );
+    assert_eq!(flood[0].next_attempt_at, long_ago);
+}
+
 /// Racing first enablings of one sink: one time is kept, every racer and every later
 /// call answers it; another sink has its own; the marker is neither due nor dead.
 pub async fn a_sink_is_first_enabled_once(store: Store) {

@@ -395,6 +395,10 @@ macro_rules! contract_suite {
             $crate::contract::due_deliveries_and_dead_letters(__store().await).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn due_deliveries_are_shared_between_projects() {
+            $crate::contract::due_deliveries_are_shared_between_projects(__store().await).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn nothing_follows_the_end_of_a_run() {
             $crate::contract::nothing_follows_the_end_of_a_run(__store().await).await
         }

@@ -11,10 +11,11 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::item::{get_n, get_s, n, opt_s, s, shard_of, unavailable};
 use super::DynamoStore;
-use crate::deliveries::{expires_at, sink_marker_id};
+use crate::deliveries::{expires_at, fair_share, sink_marker_id, DUE_WINDOW};
 use crate::{Delivery, DeliveryKey, DeliveryState, StoreError};
 
-/// The sparse index of pending deliveries by `next_attempt_at` (`due_key`).
+/// The sparse index of pending deliveries by `next_attempt_at` (`due_key`); it projects
+/// each one's project, which the retry pass shares its attempts out by.
 pub const DELIVERIES_DUE_INDEX: &str = "deliveries_due";
 /// The sparse index of one project's dead letters (`dead_key` = the project).
 pub const DEAD_LETTERS_INDEX: &str = "dead_by_project";
@@ -125,36 +126,54 @@ impl crate::DeliveryStore for DynamoStore {
     }
 
     async fn due_deliveries(&self, now: i64, limit: usize) -> Result<Vec<Delivery>, StoreError> {
-        let mut ids = Vec::new();
+        // The index (it projects the project too) read up to the window, earliest first
+        // in each shard; the share chosen from that; only those records read.
+        let per_shard = DUE_WINDOW.div_ceil(DUE_SHARDS as usize);
+        let mut entries: Vec<(String, String, i64)> = Vec::new();
         for shard in 0..DUE_SHARDS {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.tables.deliveries)
-                .index_name(DELIVERIES_DUE_INDEX)
-                .key_condition_expression("due_key = :k AND next_attempt_at <= :now")
-                .expression_attribute_values(":k", s(format!("due#{shard}")))
-                .expression_attribute_values(":now", n(now))
-                .limit(limit.clamp(1, 1000) as i32)
-                .send()
-                .await
-                .map_err(unavailable)?;
-            for item in out.items() {
-                ids.push(get_s(item, "delivery_id")?);
+            let mut start: Option<Item> = None;
+            let mut read = 0;
+            loop {
+                let out = self
+                    .client
+                    .query()
+                    .table_name(&self.tables.deliveries)
+                    .index_name(DELIVERIES_DUE_INDEX)
+                    .key_condition_expression("due_key = :k AND next_attempt_at <= :now")
+                    .expression_attribute_values(":k", s(format!("due#{shard}")))
+                    .expression_attribute_values(":now", n(now))
+                    .limit((per_shard - read).clamp(1, 1000) as i32)
+                    .set_exclusive_start_key(start.take())
+                    .send()
+                    .await
+                    .map_err(unavailable)?;
+                for item in out.items() {
+                    entries.push((
+                        get_s(item, "delivery_id")?,
+                        // An index built before it projected the project: one share.
+                        opt_s(item, "project").unwrap_or_default(),
+                        get_n(item, "next_attempt_at")?,
+                    ));
+                }
+                read += out.items().len();
+                match out.last_evaluated_key() {
+                    Some(key) if read < per_shard => start = Some(key.clone()),
+                    _ => break,
+                }
             }
         }
+        entries.sort_by(|a, b| (a.2, &a.0).cmp(&(b.2, &b.0)));
+        let chosen = fair_share(entries, limit, |e| e.1.as_str(), |e| e.2);
         // The index is eventually consistent: read each record itself, and keep those
         // still pending and due.
         let mut due = Vec::new();
-        for id in ids {
+        for (id, _, _) in chosen {
             if let Some(d) = self.read_delivery(&id).await? {
                 if d.state == DeliveryState::Pending && d.next_attempt_at <= now {
                     due.push(d);
                 }
             }
         }
-        due.sort_by_key(|d| d.next_attempt_at);
-        due.truncate(limit);
         Ok(due)
     }
 
