@@ -146,7 +146,7 @@ pub trait DeliveryStore: Send + Sync + 'static {
     /// most `limit`, shared out by [`fair_share`]: each project's earliest first, the
     /// projects taking turns, so one project with many due takes no more than its share
     /// while another has some (docs/architecture.md §10). DynamoDB chooses among the
-    /// earliest [`DUE_WINDOW`] due.
+    /// earliest [`DUE_WINDOW`] times `limit` due.
     async fn due_deliveries(&self, now: i64, limit: usize) -> Result<Vec<Delivery>, StoreError>;
 
     /// One project's dead letters, newest first, at most `limit`.
@@ -160,10 +160,10 @@ pub trait DeliveryStore: Send + Sync + 'static {
     async fn sink_enabled_at(&self, sink: &str, at: i64) -> Result<i64, StoreError>;
 }
 
-/// How many of the earliest due deliveries [`DeliveryStore::due_deliveries`] chooses
-/// from on DynamoDB (its index is read that far, the records themselves only for those
-/// chosen).
-pub const DUE_WINDOW: usize = 1000;
+/// How many times `limit` of the earliest due deliveries
+/// [`DeliveryStore::due_deliveries`] chooses from on DynamoDB (the index holds keys only:
+/// each of those records is read).
+pub const DUE_WINDOW: usize = 3;
 
 /// At most `limit` of `items`, shared between projects: each project's items in order of
 /// `at` (earliest first), and the projects taking turns, one item each per round, the

@@ -12,7 +12,8 @@
 //! again, with the same `delivery_id`).
 //!
 //! Fair between projects: a receiver's rate limit ([`DeliveryError::Throttled`]) pauses
-//! its sink in this process and counts towards no delivery's dead letter; notices that
+//! that project's notices to the sink in this process and counts towards no delivery's
+//! dead letter; notices that
 //! arrive during the pause wait, each project's spaced [`FAIR_SPACING`] apart, and each
 //! retry pass takes a bounded share of the due ones, the projects taking turns — so one
 //! project's flood neither spends another's attempts nor keeps its notices waiting
@@ -163,9 +164,11 @@ pub struct Notifier {
     backlog_grace: Duration,
     /// Each sink's first enabling (ms), once read.
     enabled: std::sync::Mutex<std::collections::HashMap<&'static str, i64>>,
-    /// Sinks whose receiver rate limits this process, until when (ms): nothing is sent
-    /// to them before.
-    paused: std::sync::Mutex<std::collections::HashMap<&'static str, i64>>,
+    /// The (sink, project)s whose receiver rate limits this process, until when (ms):
+    /// nothing of that project is sent to that sink before. Per project: a tenant's flood
+    /// into its own channel pauses only its own notices (a limit shared by every tenant
+    /// pauses each of them in turn).
+    paused: std::sync::Mutex<std::collections::HashMap<(&'static str, String), i64>>,
     /// The last slot (ms) given to a notice of each (sink, project) waiting out a pause
     /// ([`FAIR_SPACING`]).
     slots: std::sync::Mutex<std::collections::HashMap<(&'static str, String), i64>>,
@@ -224,16 +227,23 @@ impl Notifier {
         self.enabled.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Until when (ms) the sink named `sink` is paused by its receiver's rate limit, if
-    /// it is at `now`.
-    fn paused_until(&self, sink: &str, now: i64) -> Option<i64> {
+    /// Until when (ms) `project`'s notices to `sink` are paused by its receiver's rate
+    /// limit, if they are at `now`.
+    fn paused_until(&self, sink: &'static str, project: &str, now: i64) -> Option<i64> {
         let paused = self.paused.lock().unwrap_or_else(|p| p.into_inner());
-        paused.get(sink).copied().filter(|until| *until > now)
+        paused
+            .get(&(sink, project.to_owned()))
+            .copied()
+            .filter(|until| *until > now)
     }
 
-    fn pause(&self, sink: &'static str, until: i64) {
+    fn pause(&self, sink: &'static str, project: &str, until: i64) {
         let mut paused = self.paused.lock().unwrap_or_else(|p| p.into_inner());
-        let at = paused.entry(sink).or_insert(until);
+        if paused.len() > 4096 {
+            let now = now_millis();
+            paused.retain(|_, at| *at > now);
+        }
+        let at = paused.entry((sink, project.to_owned())).or_insert(until);
         *at = (*at).max(until);
     }
 
@@ -354,7 +364,7 @@ impl Notifier {
             // Due again only when the lease lapses (its sender died): a delivery in flight
             // never sits among the due ones, where it would crowd out those really due.
             record.next_attempt_at = record.leased_until;
-            if let Some(until) = self.paused_until(sink.name(), now) {
+            if let Some(until) = self.paused_until(sink.name(), &notice.project, now) {
                 // The sink's receiver asked this process to slow down: the notice waits
                 // its project's turn after the pause, claimed by nobody yet.
                 record.leased_until = 0;
@@ -421,21 +431,13 @@ impl Notifier {
 
     /// Claims and sends the deliveries due now (their retries), at most [`PASS_SHARE`],
     /// shared between projects (each project's earliest first, the projects taking
-    /// turns); none of a sink while its receiver has it paused. How many were attempted.
+    /// turns); none of a project its sink has paused. How many were attempted.
     pub async fn retry_due(&self) -> Result<usize, StoreError> {
-        let now = now_millis();
         let mut attempted = 0;
-        if !self.sinks.is_empty()
-            && self
-                .sinks
-                .iter()
-                .all(|sink| self.paused_until(sink.name(), now).is_some())
-        {
-            // Nothing could be sent: the due ones are not even read.
-            return Ok(0);
-        }
-        let due = self.store.due_deliveries(now, PASS_SHARE).await?;
+        let due = self.store.due_deliveries(now_millis(), PASS_SHARE).await?;
         for due in self.in_turns(due) {
+            // Each claim's own time: a long pass never claims with a lapsed lease.
+            let now = now_millis();
             if due.leased_until > now {
                 continue;
             }
@@ -446,8 +448,24 @@ impl Notifier {
                 }
                 continue;
             };
-            if self.paused_until(sink.name(), now_millis()).is_some() {
-                // Left due, unclaimed: after the pause, in the projects' turns.
+            if let Some(until) = self.paused_until(sink.name(), &due.key.project, now) {
+                // Put after the pause in its project's turn (out of the due ones, so a
+                // paused backlog never crowds out another project's), unclaimed; or, rate
+                // limited too long, a dead letter.
+                let mut waits = due.clone();
+                if now - due.created_at >= self.policy.throttled_for.as_millis() as i64 {
+                    waits.state = DeliveryState::Dead;
+                    waits.last_error = Some(format!(
+                        "rate limited for more than {} s",
+                        self.policy.throttled_for.as_secs()
+                    ));
+                } else {
+                    waits.next_attempt_at = self.slot(sink.name(), &due.key.project, until);
+                }
+                waits.version = due.version + 1;
+                waits.updated_at = now.max(due.updated_at);
+                // Lost: another process claimed it meanwhile — theirs.
+                self.store.put_delivery(&waits, due.version).await?;
                 continue;
             }
             let mut claimed = due.clone();
@@ -550,6 +568,8 @@ impl Notifier {
         revived.attempts = 0;
         revived.next_attempt_at = now;
         revived.leased_until = 0;
+        // Made again: its day of rate limits counts from now.
+        revived.created_at = now;
         revived.updated_at = now;
         revived.version += 1;
         if self.store.put_delivery(&revived, dead.version).await? {
@@ -618,7 +638,7 @@ impl Notifier {
                 // The receiver slows this sender down: the sink pauses, and this delivery
                 // waits its project's turn after, the attempt not counted.
                 let until = now_millis() + after.max(Duration::from_millis(100)).as_millis() as i64;
-                self.pause(sink.name(), until);
+                self.pause(sink.name(), &notice.project, until);
                 done.attempts = claimed.attempts;
                 done.next_attempt_at = self.slot(sink.name(), &done.key.project, until);
                 tracing::warn!(

@@ -14,8 +14,7 @@ use super::DynamoStore;
 use crate::deliveries::{expires_at, fair_share, sink_marker_id, DUE_WINDOW};
 use crate::{Delivery, DeliveryKey, DeliveryState, StoreError};
 
-/// The sparse index of pending deliveries by `next_attempt_at` (`due_key`); it projects
-/// each one's project, which the retry pass shares its attempts out by.
+/// The sparse index of pending deliveries by `next_attempt_at` (`due_key`).
 pub const DELIVERIES_DUE_INDEX: &str = "deliveries_due";
 /// The sparse index of one project's dead letters (`dead_key` = the project).
 pub const DEAD_LETTERS_INDEX: &str = "dead_by_project";
@@ -126,10 +125,10 @@ impl crate::DeliveryStore for DynamoStore {
     }
 
     async fn due_deliveries(&self, now: i64, limit: usize) -> Result<Vec<Delivery>, StoreError> {
-        // The index (it projects the project too) read up to the window, earliest first
-        // in each shard; the share chosen from that; only those records read.
-        let per_shard = DUE_WINDOW.div_ceil(DUE_SHARDS as usize);
-        let mut entries: Vec<(String, String, i64)> = Vec::new();
+        // The earliest [`DUE_WINDOW`] times the limit from the index (keys only), each
+        // shard's earliest first; the records read; the share chosen from those.
+        let per_shard = (limit.max(1) * DUE_WINDOW).div_ceil(DUE_SHARDS as usize);
+        let mut ids = Vec::new();
         for shard in 0..DUE_SHARDS {
             let mut start: Option<Item> = None;
             let mut read = 0;
@@ -148,12 +147,7 @@ impl crate::DeliveryStore for DynamoStore {
                     .await
                     .map_err(unavailable)?;
                 for item in out.items() {
-                    entries.push((
-                        get_s(item, "delivery_id")?,
-                        // An index built before it projected the project: one share.
-                        opt_s(item, "project").unwrap_or_default(),
-                        get_n(item, "next_attempt_at")?,
-                    ));
+                    ids.push(get_s(item, "delivery_id")?);
                 }
                 read += out.items().len();
                 match out.last_evaluated_key() {
@@ -162,19 +156,25 @@ impl crate::DeliveryStore for DynamoStore {
                 }
             }
         }
-        entries.sort_by(|a, b| (a.2, &a.0).cmp(&(b.2, &b.0)));
-        let chosen = fair_share(entries, limit, |e| e.1.as_str(), |e| e.2);
         // The index is eventually consistent: read each record itself, and keep those
         // still pending and due.
         let mut due = Vec::new();
-        for (id, _, _) in chosen {
+        for id in ids {
             if let Some(d) = self.read_delivery(&id).await? {
                 if d.state == DeliveryState::Pending && d.next_attempt_at <= now {
                     due.push(d);
                 }
             }
         }
-        Ok(due)
+        due.sort_by(|a, b| {
+            (a.next_attempt_at, &a.delivery_id).cmp(&(b.next_attempt_at, &b.delivery_id))
+        });
+        Ok(fair_share(
+            due,
+            limit,
+            |d| d.key.project.as_str(),
+            |d| d.next_attempt_at,
+        ))
     }
 
     async fn dead_letters(&self, project: &str, limit: usize) -> Result<Vec<Delivery>, StoreError> {
