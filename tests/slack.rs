@@ -1211,11 +1211,12 @@ async fn a_flooding_project_leaves_anothers_notices_their_turn(backend: Backend)
         ],
     )
     .await;
-    let mut flood = Vec::new();
-    for _ in 0..FLOOD {
+    // All at once (a slow store must not drain the flood before the others arm).
+    let flood: Vec<String> = futures::future::join_all((0..FLOOD).map(|_| async {
         let (run_id, token) = run(&srv, "alice").await;
-        flood.push(arm(&srv, &run_id, &token, "web_fetch").await);
-    }
+        arm(&srv, &run_id, &token, "web_fetch").await
+    }))
+    .await;
     let quiet_agent = srv
         .auth
         .mint_jwt("agent-quiet", Role::Agent, 3600, Some(OTHER.into()));
