@@ -184,11 +184,15 @@ for (const websocket of [true, false]) {
     assert.match(o.lines[0] ?? "", /^pending \S+ \S+$/);
     const [, runId, requestId] = (o.lines[0] ?? "").split(" ");
     // The card is still pending: the script's end did not decide or withdraw it.
-    const resp = await fetch(`${server.url}/api/runs/${encodeURIComponent(runId!)}/approval-requests/${encodeURIComponent(requestId!)}`, {
+    const resp = await fetch(`${server.url}/api/runs/${encodeURIComponent(runId!)}/approvals?state=pending`, {
       headers: { authorization: `Bearer ${server.operatorToken}` },
     });
     assert.equal(resp.status, 200);
-    assert.equal(((await resp.json()) as { state?: string }).state, "pending");
+    const cards = ((await resp.json()) as { approvals: { request_id: string }[] }).approvals;
+    assert.deepEqual(
+      cards.map((c) => c.request_id),
+      [requestId],
+    );
   });
 
   test(`a script that awaits a gate waits for its decision (${over})`, async () => {
