@@ -1,6 +1,7 @@
 // A script that never closes its client still exits: a gate decided (an Operator made
 // too), a live follow abandoned after one event, a gate wait nobody answers and nobody
-// awaits; and a script that awaits a gate still waits for its decision. Each script runs
+// awaits; and a script that awaits a gate, or reads a follow to the run's end, still
+// waits for it (no early exit, no "unsettled top-level await", code 13). Each script runs
 // as a subprocess (`node` on an .mjs importing the built package) against the real
 // server, over WebSocket and over the SSE stream, within a time limit (killed past it).
 import assert from "node:assert/strict";
@@ -93,6 +94,26 @@ const decision = await run.gate("shell", {
 console.log("decided", decision.state, decision.decidedBy);
 console.log(${JSON.stringify(LAST)});
 `,
+  // run.follow() read to the run's end, which comes ~3 s on from a timer that alone would
+  // not keep the process alive: the follow holds it open while it waits.
+  following: `
+const run = await client.createRun({ owner: "alice" });
+setTimeout(() => void run.complete(), 3000).unref();
+const types = [];
+for await (const event of run.follow()) types.push(event.type);
+console.log("followed", types.join(","));
+console.log(${JSON.stringify(LAST)});
+`,
+  // The same on a LiveConnection.
+  liveFollowing: `
+const run = await client.createRun({ owner: "alice" });
+setTimeout(() => void run.complete(), 3000).unref();
+const live = await client.live();
+const types = [];
+for await (const event of live.follow(run.id)) types.push(event.type);
+console.log("followed", types.join(","));
+console.log(${JSON.stringify(LAST)});
+`,
 };
 
 let server: Server;
@@ -178,6 +199,13 @@ for (const websocket of [true, false]) {
     assert.deepEqual(o.lines, ["followed 1 run_started", LAST]);
   });
 
+  test(`a script that reads run.follow() to the run's end waits for it (${over})`, async () => {
+    const o = await runScript("following", websocket);
+    assertExited(o);
+    assert.equal(o.lines.at(-2), "followed run_started,run_completed");
+    assert.ok(o.elapsedMs >= 3000, `${o.elapsedMs} ms`);
+  });
+
   test(`an unclosed client exits while a gate nobody awaits waits (${over})`, async () => {
     const o = await runScript("abandoned", websocket);
     assertExited(o);
@@ -212,6 +240,13 @@ for (const websocket of [true, false]) {
     assert.ok(Date.now() - pendingAt >= 3000);
   });
 }
+
+test("a script that reads a LiveConnection's follow to the run's end waits for it (over WebSocket)", async () => {
+  const o = await runScript("liveFollowing", true);
+  assertExited(o);
+  assert.equal(o.lines.at(-2), "followed run_started,run_completed");
+  assert.ok(o.elapsedMs >= 3000, `${o.elapsedMs} ms`);
+});
 
 test("an unclosed client exits after a LiveConnection was left after one event (over WebSocket)", async () => {
   const o = await runScript("live", true);
