@@ -4,6 +4,7 @@ import { runTerminal, UnexpectedResponse } from "./errors.js";
 import { executeCall, type ExecuteOptions, type Executed, type Execution } from "./execution.js";
 import { followSse, gateCall, type Decision, type GateOptions } from "./gate.js";
 import { Http, sleep, type ClientOptions } from "./http.js";
+import { heldWhileWaiting, whileAwaited } from "./keep.js";
 import { LiveConnection, WsUnavailable } from "./live.js";
 import type {
   Appended,
@@ -215,9 +216,15 @@ export class Run {
    * The run's events after `after`, each once and in sequence order, until the run ended
    * and every event was handed out: over WebSocket where `GET /api/live` advertises one,
    * else (or when it cannot be opened) on the SSE stream, resumed with `Last-Event-ID`,
-   * else from the event pages, read every `pollIntervalMs`.
+   * else from the event pages, read every `pollIntervalMs`. The process is held open
+   * while a `next()` waits for an event, not between events: a follow left as it is
+   * does not keep the process alive.
    */
-  async *follow(after = 0, init: { signal?: AbortSignal } = {}): AsyncGenerator<Event, void, undefined> {
+  follow(after = 0, init: { signal?: AbortSignal } = {}): AsyncGenerator<Event, void, undefined> {
+    return heldWhileWaiting(this.#follow(after, init));
+  }
+
+  async *#follow(after: number, init: { signal?: AbortSignal }): AsyncGenerator<Event, void, undefined> {
     const live = await this.live();
     if (live !== undefined) {
       try {
@@ -256,7 +263,7 @@ export class Run {
       }
       after = Math.max(after, page.next_after);
       if (page.terminal && !page.has_more) return;
-      if (!page.has_more || page.events.length === 0) await sleep(this.#http.config.pollIntervalMs, init.signal);
+      if (!page.has_more || page.events.length === 0) await sleep(this.#http.config.pollIntervalMs, init.signal, { ref: false });
     }
   }
 
@@ -301,10 +308,12 @@ export class Run {
    * Arms an approval gate before calling `toolName` and waits for its decision: at once
    * when a policy approves it, else on the live stream (resumed with `Last-Event-ID`
    * across drops and windows; polling the event pages where the stream is not
-   * offered). See {@link GateOptions}.
+   * offered). See {@link GateOptions}. The wait holds the process open once its promise
+   * is awaited (or given a `then`/`catch`); a gate nobody awaits does not keep the
+   * process alive (its card stays pending on the server).
    */
   gate(toolName: string, options: GateOptions = {}): Promise<Decision> {
-    return gateCall(this, toolName, options);
+    return whileAwaited(gateCall(this, toolName, options));
   }
 
   /**

@@ -7,6 +7,7 @@ import { RunEnded, runTerminal, TollgateError, TransportError, Unavailable, Wait
 import { argumentsHash } from "./hash.js";
 import { bearer, describe, readCapped, refusal, sleep, USER_AGENT } from "./http.js";
 import type { Run } from "./client.js";
+import { unref } from "./keep.js";
 import { WsUnavailable } from "./live.js";
 import type { Armed, Card, DecisionState, Event, Scope } from "./types.js";
 
@@ -282,7 +283,9 @@ class Watch {
         this.reconnects += 1;
         this.options.onReconnect?.({ after: this.after, reason, delayMs, count: this.reconnects, error });
       }
-      await sleep(Math.min(delayMs, Math.max(0, giveUpAt - Date.now())), signal);
+      // Unref'd, as are the wait's stream and timers: the gate's promise holds the process
+      // open while someone awaits it (keep.ts), nothing else does.
+      await sleep(Math.min(delayMs, Math.max(0, giveUpAt - Date.now())), signal, { ref: false });
     }
   }
 
@@ -317,10 +320,10 @@ class Watch {
     if (live === undefined) return { kind: "sse" };
     const signal = this.options.signal;
     const stop = () => live.close();
-    const timer = setTimeout(stop, Math.max(0, giveUpAt - Date.now()));
+    const timer = unref(setTimeout(stop, Math.max(0, giveUpAt - Date.now())));
     signal?.addEventListener("abort", stop, { once: true });
     try {
-      for await (const event of live.follow(this.run.id, this.after)) {
+      for await (const event of live.unheld(this.run.id, this.after)) {
         const v = this.take(event.sequence, event.type, event.data);
         if (v !== undefined) return { kind: "resolved", verdict: v };
       }
@@ -349,18 +352,18 @@ class Watch {
     const failed = (reason: ReconnectReason, error: unknown, retryAfterMs?: number): Step => ({ kind: "failed", reason, error, retryAfterMs, progressed });
     try {
       let resp: Response;
-      const openTimer = setTimeout(() => ctrl.abort(new TransportError("opening the live stream timed out")), http.config.requestTimeoutMs);
+      const openTimer = unref(setTimeout(() => ctrl.abort(new TransportError("opening the live stream timed out")), http.config.requestTimeoutMs));
       try {
-        resp = await http.fetch(http.url(["api", "runs", this.run.id, "stream"], undefined, http.streamBase), {
-          headers: {
+        resp = await http.openStream(
+          http.url(["api", "runs", this.run.id, "stream"], undefined, http.streamBase),
+          {
             authorization: bearer(this.run.token),
             accept: "text/event-stream",
             "last-event-id": String(this.after),
             "user-agent": USER_AGENT,
           },
-          redirect: "manual",
-          signal: ctrl.signal,
-        });
+          ctrl.signal,
+        );
       } catch (err) {
         signal?.throwIfAborted();
         return failed("dropped", new TransportError(`opening the live stream: ${describe(err)}`, { cause: err }));
@@ -375,7 +378,7 @@ class Watch {
         // The refusal's body, read within the request timeout and up to its cap (a
         // body that breaks off, trickles past the timeout or is too large is left out).
         let body: unknown = null;
-        const readTimer = setTimeout(() => ctrl.abort(new TransportError("reading the live stream's refusal timed out")), http.config.requestTimeoutMs);
+        const readTimer = unref(setTimeout(() => ctrl.abort(new TransportError("reading the live stream's refusal timed out")), http.config.requestTimeoutMs));
         try {
           const t = await readCapped(resp);
           body = t ? JSON.parse(t) : null;
@@ -418,7 +421,7 @@ class Watch {
         const wait = Math.min(http.config.streamStallMs, left);
         let timer: NodeJS.Timeout | undefined;
         const stalled = new Promise<"stalled">((resolve) => {
-          timer = setTimeout(() => resolve("stalled"), wait);
+          timer = unref(setTimeout(() => resolve("stalled"), wait));
         });
         let chunk: ReadableStreamReadResult<string> | "stalled";
         try {
@@ -513,13 +516,13 @@ export async function* followSse(run: Run, state: { after: number; streaming: bo
     signal?.addEventListener("abort", onAbort, { once: true });
     try {
       let resp: Response | undefined;
-      const openTimer = setTimeout(() => ctrl.abort(new TransportError("opening the live stream timed out")), http.config.requestTimeoutMs);
+      const openTimer = unref(setTimeout(() => ctrl.abort(new TransportError("opening the live stream timed out")), http.config.requestTimeoutMs));
       try {
-        resp = await http.fetch(http.url(["api", "runs", run.id, "stream"], undefined, http.streamBase), {
-          headers: { authorization: bearer(run.token), accept: "text/event-stream", "last-event-id": String(state.after), "user-agent": USER_AGENT },
-          redirect: "manual",
-          signal: ctrl.signal,
-        });
+        resp = await http.openStream(
+          http.url(["api", "runs", run.id, "stream"], undefined, http.streamBase),
+          { authorization: bearer(run.token), accept: "text/event-stream", "last-event-id": String(state.after), "user-agent": USER_AGENT },
+          ctrl.signal,
+        );
       } catch {
         signal?.throwIfAborted();
         failed = true;
@@ -556,7 +559,7 @@ export async function* followSse(run: Run, state: { after: number; streaming: bo
         const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
         for (;;) {
           let timer: NodeJS.Timeout | undefined;
-          const stalled = new Promise<"stalled">((resolve) => (timer = setTimeout(() => resolve("stalled"), http.config.streamStallMs)));
+          const stalled = new Promise<"stalled">((resolve) => (timer = unref(setTimeout(() => resolve("stalled"), http.config.streamStallMs))));
           let chunk: ReadableStreamReadResult<string> | "stalled";
           try {
             chunk = await Promise.race([reader.read(), stalled]);
@@ -604,6 +607,7 @@ export async function* followSse(run: Run, state: { after: number; streaming: bo
     failures = failed && !progressed ? failures + 1 : 0;
     const { reconnectMinMs: min, reconnectMaxMs: max } = http.config;
     const base = Math.min(Math.max(hintMs, min), max);
-    await sleep(failures === 0 ? base : Math.min(base * 2 ** Math.min(failures - 1, 16), max), signal);
+    // Unref'd, as is the stream: `run.follow()` holds the process open while a `next()` waits (keep.ts).
+    await sleep(failures === 0 ? base : Math.min(base * 2 ** Math.min(failures - 1, 16), max), signal, { ref: false });
   }
 }

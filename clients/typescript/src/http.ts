@@ -1,6 +1,10 @@
 // One server, requests with bounded retries, answers as JSON. Tokens go only into the
 // Authorization header and never into an error message.
 import { TransportError, UnexpectedResponse, errorFromAnswer, TollgateError } from "./errors.js";
+import { request as httpRequest, type IncomingMessage } from "node:http";
+import { request as httpsRequest } from "node:https";
+import { Readable } from "node:stream";
+import { unref } from "./keep.js";
 import { resolveWebSocketUrl, type WebSocketConstructor } from "./live.js";
 
 /** How often, and how far apart, a request is tried. */
@@ -104,8 +108,12 @@ export function parseRetryAfter(value: string | null): number | undefined {
   return Number.isNaN(at) ? undefined : Math.max(0, at - Date.now());
 }
 
-/** Sleeps `ms`, or rejects with the signal's reason when it aborts first. */
-export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+/**
+ * Sleeps `ms`, or rejects with the signal's reason when it aborts first. With `ref:
+ * false` the timer alone does not keep the process alive (for background waits, held
+ * open by whoever awaits them: keep.ts).
+ */
+export function sleep(ms: number, signal?: AbortSignal, options: { ref?: boolean } = {}): Promise<void> {
   return new Promise((resolve, reject) => {
     if (signal?.aborted) return reject(signal.reason);
     const onAbort = () => {
@@ -116,6 +124,7 @@ export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
       signal?.removeEventListener("abort", onAbort);
       resolve();
     }, Math.max(0, ms));
+    if (options.ref === false) unref(timer);
     signal?.addEventListener("abort", onAbort, { once: true });
   });
 }
@@ -141,7 +150,45 @@ export class Http {
     this.streamBase = options.streamUrl === undefined ? this.base : parseBase(options.streamUrl);
     this.config = config(options);
     this.fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
+    this.#ownFetch = options.fetch === undefined;
     this.websocket = { enabled: options.websocket ?? true, ctor: options.WebSocket };
+  }
+
+  /** No `fetch` was given: the live stream is opened with node:http (its socket unref'd). */
+  readonly #ownFetch: boolean;
+
+  /**
+   * @internal Opens the live stream (`GET`, no redirects followed): with the given
+   * `fetch`, else with node:http on a connection of its own whose socket is unref'd, so
+   * that a stream open only to follow a run does not keep the process alive (a follow or
+   * gate someone awaits holds it open: keep.ts). Aborting `signal` closes it.
+   */
+  openStream(url: URL, headers: Record<string, string>, signal: AbortSignal): Promise<Response> {
+    if (!this.#ownFetch || typeof process === "undefined" || typeof process.versions?.node !== "string") {
+      return this.fetch(url, { headers, redirect: "manual", signal });
+    }
+    return new Promise<Response>((resolve, reject) => {
+      signal.throwIfAborted();
+      const req = (url.protocol === "https:" ? httpsRequest : httpRequest)(url, { method: "GET", headers, signal, agent: false });
+      req.once("socket", (socket) => socket.unref());
+      req.on("error", reject);
+      req.once("response", (res: IncomingMessage) => {
+        const head = new Headers();
+        for (const [name, value] of Object.entries(res.headers)) {
+          for (const v of Array.isArray(value) ? value : value === undefined ? [] : [value]) head.append(name, v);
+        }
+        const status = res.statusCode ?? 0;
+        try {
+          const body = status === 204 || status === 304 ? null : (Readable.toWeb(res) as unknown as ReadableStream<Uint8Array>);
+          if (body === null) res.resume();
+          resolve(new Response(body, { status, headers: head }));
+        } catch (err) {
+          res.destroy();
+          reject(err);
+        }
+      });
+      req.end();
+    });
   }
 
   /** @internal The WebSocket settings. */

@@ -10,8 +10,11 @@
 // its follow ends. Events waiting for their reader are bounded too (`buffer` per run):
 // past that a frame is not taken, and the run is subscribed again once its reader caught up.
 import { randomInt } from "node:crypto";
+import { connect as netConnect, isIP, type NetConnectOpts, type Socket } from "node:net";
+import { connect as tlsConnect, type ConnectionOptions } from "node:tls";
 import { errorFromAnswer, TransportError } from "./errors.js";
 import { USER_AGENT } from "./http.js";
+import { heldWhileWaiting, unref } from "./keep.js";
 import type { Event } from "./types.js";
 
 /** The subprotocol offered (and answered by the server). */
@@ -92,16 +95,39 @@ export function resolveWebSocketUrl(base: URL | string, advertised: string): str
 
 let nodeWs: WebSocketConstructor | undefined;
 
-/** `globalThis.WebSocket` where there is one (browsers, Node >= 22), else the `ws` package. */
+/**
+ * On Node the `ws` package (its sockets are unref'd, see {@link unrefConnection}; Node's
+ * own `globalThis.WebSocket`, from 22 on, cannot be), elsewhere `globalThis.WebSocket`.
+ */
 async function webSocketConstructor(given: WebSocketConstructor | undefined): Promise<{ ctor: WebSocketConstructor; node: boolean }> {
   if (given !== undefined) return { ctor: given, node: false };
   const global = (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket;
-  if (global !== undefined) return { ctor: global, node: false };
+  const onNode = typeof process !== "undefined" && typeof process.versions?.node === "string";
+  if (global !== undefined && !onNode) return { ctor: global, node: false };
   if (nodeWs === undefined) {
     const mod = await import("ws");
     nodeWs = mod.WebSocket as unknown as WebSocketConstructor;
   }
   return { ctor: nodeWs, node: true };
+}
+
+/**
+ * The `ws` package's `createConnection` (what it uses by default, `net.connect` or
+ * `tls.connect`) with the socket unref'd: a connection open only to follow runs does
+ * not keep the process alive; a follow or gate someone awaits holds it open instead (keep.ts).
+ */
+function unrefConnection(secure: boolean): (options: Record<string, unknown>) => Socket {
+  return (options) => {
+    let socket: Socket;
+    if (secure) {
+      const servername = options.servername as string | undefined;
+      const host = String(options.host ?? "");
+      socket = tlsConnect({ ...options, path: undefined, servername: servername || servername === "" ? servername : isIP(host) ? "" : host } as ConnectionOptions);
+    } else {
+      socket = netConnect({ ...options, path: options.socketPath } as NetConnectOpts);
+    }
+    return socket.unref();
+  };
 }
 
 function statusOf(code: unknown): number {
@@ -199,9 +225,16 @@ export class LiveConnection {
   /**
    * The run's events after `after`, each once and in order, until the run ended and all
    * were handed out. Throws what the server refused (Unauthorized, Forbidden, NotFound, …),
-   * or WsUnavailable when the first connection could not be opened.
+   * or WsUnavailable when the first connection could not be opened. The process is held
+   * open while a `next()` waits for an event, not between events: a follow left as it
+   * is (on an unclosed connection) does not keep the process alive.
    */
-  async *follow(runId: string, after = 0): AsyncGenerator<LiveEvent, void, undefined> {
+  follow(runId: string, after = 0): AsyncGenerator<LiveEvent, void, undefined> {
+    return heldWhileWaiting(this.unheld(runId, after));
+  }
+
+  /** @internal {@link LiveConnection.follow} holding nothing open (a gate's wait, held by its promise's awaiter). */
+  async *unheld(runId: string, after = 0): AsyncGenerator<LiveEvent, void, undefined> {
     if (this.#closed) throw new TypeError("this LiveConnection is closed");
     if (this.#fatal !== undefined) throw this.#fatal;
     if (this.#subs.has(runId)) throw new TypeError(`run ${runId} is followed on this connection already`);
@@ -287,7 +320,7 @@ export class LiveConnection {
     if (this.#closed || this.#fatal !== undefined || this.#subs.size === 0) return;
     this.#failures += 1;
     clearTimeout(this.#retryTimer);
-    this.#retryTimer = setTimeout(() => void this.#open(), this.#backoff());
+    this.#retryTimer = unref(setTimeout(() => void this.#open(), this.#backoff()));
   }
 
   async #open(): Promise<void> {
@@ -300,7 +333,13 @@ export class LiveConnection {
       node = found.node;
       const protocols = [SUBPROTOCOL, BEARER_PREFIX + this.#token];
       socket = node
-        ? new found.ctor(this.#target(), protocols, { headers: { "user-agent": USER_AGENT }, handshakeTimeout: this.#openTimeoutMs, perMessageDeflate: false, maxPayload: 4 << 20 })
+        ? new found.ctor(this.#target(), protocols, {
+            headers: { "user-agent": USER_AGENT },
+            handshakeTimeout: this.#openTimeoutMs,
+            perMessageDeflate: false,
+            maxPayload: 4 << 20,
+            createConnection: unrefConnection(this.#url.startsWith("wss:")),
+          })
         : new found.ctor(this.#target(), protocols);
     } catch (err) {
       this.#opening = false;
@@ -316,9 +355,11 @@ export class LiveConnection {
     this.#socket = socket;
     let opened = false;
     let refused = false;
-    const openTimer = setTimeout(() => {
-      if (!opened) socket.close();
-    }, this.#openTimeoutMs);
+    const openTimer = unref(
+      setTimeout(() => {
+        if (!opened) socket.close();
+      }, this.#openTimeoutMs),
+    );
     if (node) {
       // The `ws` package shows a refused upgrade's status; a refused credential is an error, not a retry.
       const emitter = socket as unknown as { on(event: string, fn: (...args: unknown[]) => void): void };
@@ -356,8 +397,7 @@ export class LiveConnection {
       this.#lastReceived = Date.now();
       for (const sub of this.#subs.values()) this.#subscribe(sub);
       clearInterval(this.#pingTimer);
-      this.#pingTimer = setInterval(() => this.#keepAlive(socket), Math.min(15_000, this.#stallMs / 3));
-      (this.#pingTimer as { unref?(): void }).unref?.();
+      this.#pingTimer = unref(setInterval(() => this.#keepAlive(socket), Math.min(15_000, this.#stallMs / 3)));
     };
     socket.onmessage = (ev) => {
       this.#lastReceived = Date.now();
@@ -454,8 +494,7 @@ export class LiveConnection {
       case "error": {
         const status = statusOf(body["code"]);
         if (transient(status)) {
-          const timer = setTimeout(() => this.#subs.get(sub.runId) === sub && this.#subscribe(sub), this.#backoff() + 500);
-          (timer as { unref?(): void }).unref?.();
+          unref(setTimeout(() => this.#subs.get(sub.runId) === sub && this.#subscribe(sub), this.#backoff() + 500));
         } else {
           sub.ended = true;
           sub.push({ kind: "error", error: errorFromAnswer(status, body, undefined, undefined) });
