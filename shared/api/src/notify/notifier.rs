@@ -136,6 +136,14 @@ fn is_put_off(delivery: &Delivery) -> bool {
         .is_some_and(|e| e.starts_with(PUT_OFF))
 }
 
+/// Drops the entries of a per-project map at or before `after` once it holds more than
+/// 4096 (the pauses, slots and turns of [`Notifier`]).
+fn prune<K>(map: &mut std::collections::HashMap<K, i64>, after: i64) {
+    if map.len() > 4096 {
+        map.retain(|_, at| *at > after);
+    }
+}
+
 /// How many due deliveries one retry pass takes ([`Notifier::retry_due`]).
 pub const PASS_SHARE: usize = 100;
 
@@ -239,10 +247,7 @@ impl Notifier {
 
     fn pause(&self, sink: &'static str, project: &str, until: i64) {
         let mut paused = self.paused.lock().unwrap_or_else(|p| p.into_inner());
-        if paused.len() > 4096 {
-            let now = now_millis();
-            paused.retain(|_, at| *at > now);
-        }
+        prune(&mut paused, now_millis());
         let at = paused.entry((sink, project.to_owned())).or_insert(until);
         *at = (*at).max(until);
     }
@@ -252,10 +257,7 @@ impl Notifier {
     /// queues hundreds, another's first is due as soon as the pause ends.
     fn slot(&self, sink: &'static str, project: &str, from: i64) -> i64 {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        if slots.len() > 4096 {
-            let now = now_millis();
-            slots.retain(|_, at| *at > now);
-        }
+        prune(&mut slots, now_millis());
         let spacing = FAIR_SPACING.as_millis() as i64;
         let key = (sink, project.to_owned());
         let at = slots
@@ -281,10 +283,7 @@ impl Notifier {
     /// Notes that a delivery of `project` was just attempted.
     fn serve_turn(&self, project: &str) {
         let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
-        if served.len() > 4096 {
-            let oldest = now_millis() - 3_600_000;
-            served.retain(|_, at| *at > oldest);
-        }
+        prune(&mut served, now_millis() - 3_600_000);
         served.insert(project.to_owned(), now_millis());
     }
 
